@@ -1,0 +1,126 @@
+"""Element types of HLO shapes: the one table of their names, widths and kinds.
+
+Every byte count in hlo_audit comes from `bits_of` here, so a new XLA type
+needs one new row and nothing else.
+"""
+
+from __future__ import annotations
+
+import enum
+import types
+
+
+class Kind(enum.Enum):
+  """What an element type holds."""
+
+  PRED = "pred"
+  SIGNED = "signed"
+  UNSIGNED = "unsigned"
+  FLOAT = "float"
+  COMPLEX = "complex"
+  #: `token`, `opaque`: values with no bytes of data.
+  NONE = "none"
+
+
+#: name -> (bits per element, kind). Names as XLA prints them.
+_TABLE: dict[str, tuple[int, Kind]] = {
+    "pred": (8, Kind.PRED),
+    "s1": (1, Kind.SIGNED),
+    "s2": (2, Kind.SIGNED),
+    "s4": (4, Kind.SIGNED),
+    "s8": (8, Kind.SIGNED),
+    "s16": (16, Kind.SIGNED),
+    "s32": (32, Kind.SIGNED),
+    "s64": (64, Kind.SIGNED),
+    "u1": (1, Kind.UNSIGNED),
+    "u2": (2, Kind.UNSIGNED),
+    "u4": (4, Kind.UNSIGNED),
+    "u8": (8, Kind.UNSIGNED),
+    "u16": (16, Kind.UNSIGNED),
+    "u32": (32, Kind.UNSIGNED),
+    "u64": (64, Kind.UNSIGNED),
+    "f4e2m1fn": (4, Kind.FLOAT),
+    "f8e3m4": (8, Kind.FLOAT),
+    "f8e4m3": (8, Kind.FLOAT),
+    "f8e4m3fn": (8, Kind.FLOAT),
+    "f8e4m3b11fnuz": (8, Kind.FLOAT),
+    "f8e4m3fnuz": (8, Kind.FLOAT),
+    "f8e5m2": (8, Kind.FLOAT),
+    "f8e5m2fnuz": (8, Kind.FLOAT),
+    "f8e8m0fnu": (8, Kind.FLOAT),
+    "f16": (16, Kind.FLOAT),
+    "bf16": (16, Kind.FLOAT),
+    "f32": (32, Kind.FLOAT),
+    "f64": (64, Kind.FLOAT),
+    "c64": (64, Kind.COMPLEX),
+    "c128": (128, Kind.COMPLEX),
+    "token": (0, Kind.NONE),
+    "opaque": (0, Kind.NONE),
+}
+
+#: Element type names the HLO lexer treats as reserved words.
+ELEMENT_TYPES = frozenset(_TABLE)
+
+#: name -> numpy dtype name, for the types numpy (with ml_dtypes) knows.
+NUMPY_NAMES = types.MappingProxyType({
+    "pred": "bool", "s4": "int4", "s8": "int8", "s16": "int16", "s32": "int32",
+    "s64": "int64", "u4": "uint4", "u8": "uint8", "u16": "uint16",
+    "u32": "uint32", "u64": "uint64", "f16": "float16", "bf16": "bfloat16",
+    "f32": "float32", "f64": "float64", "c64": "complex64",
+    "c128": "complex128", "f8e4m3fn": "float8_e4m3fn", "f8e5m2": "float8_e5m2",
+    "f8e4m3": "float8_e4m3", "f8e3m4": "float8_e3m4",
+    "f8e4m3fnuz": "float8_e4m3fnuz", "f8e5m2fnuz": "float8_e5m2fnuz",
+    "f8e4m3b11fnuz": "float8_e4m3b11fnuz", "f4e2m1fn": "float4_e2m1fn",
+    "f8e8m0fnu": "float8_e8m0fnu",
+})
+
+
+def is_element_type(name: str) -> bool:
+  """Whether `name` is an XLA element type such as "f32" or "f8e4m3fn"."""
+  return name in _TABLE
+
+
+def bits_of(name: str) -> int:
+  """Bits of one element of type `name` (0 for token and opaque).
+
+  Raises:
+    KeyError: for a name that is not an element type.
+  """
+  return _TABLE[name][0]
+
+
+def storage_bits_of(name: str, element_size_bits: int = 0) -> int:
+  """Bits one element occupies in memory.
+
+  XLA stores sub-byte types one per byte unless the layout packs them with an
+  explicit element size (`E(4)` in `{1,0:E(4)}`), which `element_size_bits`
+  carries; `pred` always takes a byte.
+  """
+  if element_size_bits:
+    return element_size_bits
+  bits = _TABLE[name][0]
+  return 8 if 0 < bits < 8 else bits
+
+
+def kind_of(name: str) -> Kind:
+  """The `Kind` of element type `name`."""
+  return _TABLE[name][1]
+
+
+def is_floating(name: str) -> bool:
+  """Whether `name` is a real floating-point type (any width)."""
+  return _TABLE[name][1] is Kind.FLOAT
+
+
+def is_integral(name: str) -> bool:
+  """Whether `name` is a signed or unsigned integer type."""
+  return _TABLE[name][1] in (Kind.SIGNED, Kind.UNSIGNED)
+
+
+def from_numpy(dtype) -> str:
+  """The XLA name of a numpy/JAX dtype, e.g. float32 -> "f32"."""
+  name = getattr(dtype, "name", str(dtype))
+  for xla, np_name in NUMPY_NAMES.items():
+    if np_name == name:
+      return xla
+  raise KeyError(f"no XLA element type for dtype {name!r}")

@@ -1,0 +1,901 @@
+"""The HLO IR: immutable modules, computations, instructions and shapes.
+
+Every node is a frozen, slotted dataclass. Operands and called computations are
+referred to by name: each computation indexes its instructions once, and the
+module indexes its computations, so there are no object cycles and equality,
+hashing and pickling stay cheap.
+
+Attributes are kept as their raw text (`Instruction.attributes`) and decoded on
+first use by the typed properties (`metadata`, `dimensions`, `window`, ...):
+a dump of tens of thousands of instructions parses without decoding metadata
+or backend configs it never needs. Decoding errors are `HloParseError`s that
+point into the original text.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import types
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from hlo_audit._src.hlo import dtypes
+
+_EMPTY: Mapping[str, Any] = types.MappingProxyType({})
+
+
+def _empty() -> Mapping[str, Any]:
+  return _EMPTY
+
+#: Tile dimension printed as `*`: combine the dimension with the next one.
+COMBINE_DIMENSION = -(1 << 63)
+#: Size recorded for an unbounded dynamic dimension, printed as `?`.
+UNBOUNDED = -1
+
+
+# ----------------------------------------------------------------- shapes ----
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Tile:
+  """One tile of a tiled layout, e.g. `T(8,128)`."""
+
+  #: Tile sizes, minor-most last; `COMBINE_DIMENSION` for `*`.
+  dims: tuple[int, ...]
+
+  def __str__(self) -> str:
+    return "(" + ",".join("*" if d == COMBINE_DIMENSION else str(d)
+                          for d in self.dims) + ")"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Layout:
+  """An array layout, e.g. `{1,0:T(8,128)(2,1)E(4)S(1)}`."""
+
+  #: Dimension numbers from minor-most to major-most.
+  minor_to_major: tuple[int, ...]
+  #: Tiles, applied in order (`T(8,128)(2,1)`).
+  tiles: tuple[Tile, ...] = ()
+  #: Sparse dimension level types (`D(D,C)`), as written.
+  dim_level_types: tuple[str, ...] = ()
+  #: `L(n)`: tail padding alignment in elements.
+  tail_padding_alignment: int = 1
+  #: `#(u32)`: index primitive type of sparse layouts.
+  index_type: str | None = None
+  #: `*(u32)`: pointer primitive type of sparse layouts.
+  pointer_type: str | None = None
+  #: `E(n)`: bits per element when sub-byte elements are packed; 0 if unset.
+  element_size_bits: int = 0
+  #: `S(n)`: memory space (0 = default device memory; 1 is often on-chip/host).
+  memory_space: int = 0
+  #: `SC(dim:i,j,...)`: split configs, as (dimension, split indices).
+  split_configs: tuple[tuple[int, tuple[int, ...]], ...] = ()
+  #: `P(shape)`: physical shape of sparse layouts.
+  physical_shape: Shape | None = None
+  #: `M(n)`: bytes of dynamic-shape metadata before the data.
+  dynamic_metadata_prefix_bytes: int = 0
+
+  def __str__(self) -> str:
+    s = ",".join(map(str, self.minor_to_major))
+    extra = []
+    if self.dim_level_types:
+      extra.append("D(" + ",".join(self.dim_level_types) + ")")
+    if self.tiles:
+      extra.append("T" + "".join(map(str, self.tiles)))
+    if self.tail_padding_alignment != 1:
+      extra.append(f"L({self.tail_padding_alignment})")
+    if self.index_type:
+      extra.append(f"#({self.index_type})")
+    if self.pointer_type:
+      extra.append(f"*({self.pointer_type})")
+    if self.element_size_bits:
+      extra.append(f"E({self.element_size_bits})")
+    if self.memory_space:
+      extra.append(f"S({self.memory_space})")
+    if self.split_configs:
+      extra.append("SC" + "".join(
+          f"({d}:{','.join(map(str, idx))})" for d, idx in self.split_configs))
+    if self.physical_shape is not None:
+      extra.append(f"P({self.physical_shape})")
+    if self.dynamic_metadata_prefix_bytes:
+      extra.append(f"M({self.dynamic_metadata_prefix_bytes})")
+    if extra:
+      s += ":" + "".join(extra)
+    return "{" + s + "}"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Shape:
+  """An HLO shape: an array, a tuple, a token or an opaque value.
+
+  Byte sizes are computed here and nowhere else (`byte_size`,
+  `physical_byte_size`).
+  """
+
+  #: Element type name ("f32", "bf16", "s4", "pred", "token", "opaque"), or
+  #: "tuple" for tuples.
+  element_type: str
+  #: Dimension sizes; a bounded dynamic dimension (`<=N`) records N, an
+  #: unbounded one (`?`) records `UNBOUNDED`.
+  dims: tuple[int, ...] = ()
+  #: Per dimension, whether it is dynamic; empty when none is.
+  dynamic_dims: tuple[bool, ...] = ()
+  #: Element shapes of a tuple.
+  tuple_shapes: tuple[Shape, ...] = ()
+  #: Layout, or None when the text gives none.
+  layout: Layout | None = None
+  #: Whether the shape is a buffer, written `b(shape)`.
+  is_buffer: bool = False
+
+  @property
+  def is_tuple(self) -> bool:
+    return self.element_type == "tuple"
+
+  @property
+  def is_array(self) -> bool:
+    """True for arrays (rank 0 included); False for tuples, tokens, opaque."""
+    return self.element_type not in ("tuple", "token", "opaque")
+
+  @property
+  def rank(self) -> int:
+    return len(self.dims)
+
+  @property
+  def num_elements(self) -> int:
+    """Elements of an array (bounds for dynamic dims; 0 if one is unbounded)."""
+    n = 1
+    for d in self.dims:
+      if d < 0:
+        return 0
+      n *= d
+    return n
+
+  @property
+  def is_dynamic(self) -> bool:
+    return any(self.dynamic_dims)
+
+  @property
+  def byte_size(self) -> int:
+    """Dense bytes of the data: arrays by element storage width (sub-byte
+    types packed only when the layout says `E(n)`), tuples the sum of their
+    elements, tokens and opaque values 0."""
+    if self.element_type == "tuple":
+      return sum(s.byte_size for s in self.tuple_shapes)
+    if self.element_type in ("token", "opaque"):
+      return 0
+    esize = self.layout.element_size_bits if self.layout is not None else 0
+    bits = dtypes.storage_bits_of(self.element_type, esize)
+    return (self.num_elements * bits + 7) // 8
+
+  @property
+  def physical_byte_size(self) -> int:
+    """Bytes with the first tile's padding applied (TPU `T(8,128)` layouts
+    pad the minor dimensions up to tile multiples); equals `byte_size` for
+    untiled layouts."""
+    if self.element_type == "tuple":
+      return sum(s.physical_byte_size for s in self.tuple_shapes)
+    layout = self.layout
+    if layout is None or not layout.tiles or not self.is_array or not self.dims:
+      return self.byte_size
+    tile = layout.tiles[0].dims
+    if any(t == COMBINE_DIMENSION or t <= 0 for t in tile):
+      return self.byte_size
+    # Tiles apply to the most-minor dimensions in physical (major-to-minor) order.
+    physical = [self.dims[d] for d in reversed(layout.minor_to_major)]
+    if any(d < 0 for d in physical):
+      return self.byte_size
+    for i, t in enumerate(reversed(tile)):
+      j = len(physical) - 1 - i
+      if j < 0:
+        break
+      physical[j] = -(-physical[j] // t) * t
+    n = 1
+    for d in physical:
+      n *= d
+    bits = dtypes.storage_bits_of(self.element_type, layout.element_size_bits)
+    return (n * bits + 7) // 8
+
+  def leaves(self, index: tuple[int, ...] = ()) -> Iterator[tuple[tuple[int, ...], Shape]]:
+    """(shape index, shape) of every non-tuple leaf, depth first."""
+    if self.element_type == "tuple":
+      for i, s in enumerate(self.tuple_shapes):
+        yield from s.leaves(index + (i,))
+    else:
+      yield index, self
+
+  def subshape(self, index: tuple[int, ...]) -> Shape:
+    """The shape at `index` of a (nested) tuple shape.
+
+    Raises:
+      IndexError: if `index` does not exist in this shape.
+    """
+    s = self
+    for i in index:
+      if s.element_type != "tuple" or not 0 <= i < len(s.tuple_shapes):
+        raise IndexError(f"shape index {index} not in {self}")
+      s = s.tuple_shapes[i]
+    return s
+
+  def __str__(self) -> str:
+    if self.element_type == "tuple":
+      body = "(" + ", ".join(map(str, self.tuple_shapes)) + ")"
+    else:
+      if self.element_type in ("token", "opaque") and not self.dims:
+        body = f"{self.element_type}[]"
+      else:
+        dims = []
+        for i, d in enumerate(self.dims):
+          dyn = self.dynamic_dims[i] if self.dynamic_dims else False
+          dims.append("?" if d == UNBOUNDED else (f"<={d}" if dyn else str(d)))
+        body = f"{self.element_type}[{','.join(dims)}]"
+      if self.layout is not None:
+        body += str(self.layout)
+    return f"b({body})" if self.is_buffer else body
+
+  @property
+  def dtype_str(self) -> str:
+    """Element type and dims without layout, e.g. "f32[128,512]"."""
+    if self.element_type == "tuple":
+      return "(" + ", ".join(s.dtype_str for s in self.tuple_shapes) + ")"
+    return f"{self.element_type}[{','.join(map(str, self.dims))}]"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ProgramShape:
+  """Parameter and result shapes, as in `entry_computation_layout`."""
+
+  parameters: tuple[Shape, ...]
+  result: Shape
+
+
+# --------------------------------------------------------------- metadata ----
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SourceLocation:
+  """A place in the user's source code."""
+
+  file: str
+  line: int
+  column: int = 0
+  function: str = ""
+
+  def __str__(self) -> str:
+    return f"{self.file}:{self.line}"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Metadata:
+  """An instruction's `metadata={...}`."""
+
+  op_type: str = ""
+  #: The JAX name stack, e.g. "jit(f)/jvp(gelu)/mul".
+  op_name: str = ""
+  source_file: str = ""
+  source_line: int = 0
+  source_end_line: int = 0
+  source_column: int = 0
+  source_end_column: int = 0
+  #: 1-based index into the module's StackFrames table; 0 when absent.
+  stack_frame_id: int = 0
+  deduplicated_name: str = ""
+  scheduling_name: str = ""
+  profile_type: tuple[int, ...] = ()
+  #: Keys this version of hlo_audit does not know, kept raw (newer XLA).
+  extra: Mapping[str, str] = dataclasses.field(default_factory=_empty)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class FileLocation:
+  """A row of the module's FileLocations table (ids are 1-based)."""
+
+  file_name_id: int
+  function_name_id: int
+  line: int
+  end_line: int
+  column: int
+  end_column: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class StackFrame:
+  """A row of the module's StackFrames table.
+
+  `parent_frame_id` is the 1-based id of the caller's frame, 0 for none (the
+  text prints it one higher, as XLA does).
+  """
+
+  file_location_id: int
+  parent_frame_id: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class StackFrameIndex:
+  """The FileNames/FunctionNames/FileLocations/StackFrames tables."""
+
+  file_names: tuple[str, ...]
+  function_names: tuple[str, ...]
+  file_locations: tuple[FileLocation, ...]
+  stack_frames: tuple[StackFrame, ...]
+
+  def location(self, frame_id: int) -> SourceLocation | None:
+    """The source location of frame `frame_id` (1-based), or None."""
+    if not 1 <= frame_id <= len(self.stack_frames):
+      return None
+    frame = self.stack_frames[frame_id - 1]
+    if not 1 <= frame.file_location_id <= len(self.file_locations):
+      return None
+    loc = self.file_locations[frame.file_location_id - 1]
+    file = (self.file_names[loc.file_name_id - 1]
+            if 1 <= loc.file_name_id <= len(self.file_names) else "")
+    func = (self.function_names[loc.function_name_id - 1]
+            if 1 <= loc.function_name_id <= len(self.function_names) else "")
+    return SourceLocation(file=file, line=loc.line, column=loc.column,
+                          function=func)
+
+  def stack(self, frame_id: int) -> tuple[SourceLocation, ...]:
+    """Locations from frame `frame_id` outwards to the outermost caller."""
+    out = []
+    seen = set()
+    while frame_id and frame_id not in seen:
+      seen.add(frame_id)
+      loc = self.location(frame_id)
+      if loc is None:
+        break
+      out.append(loc)
+      frame_id = self.stack_frames[frame_id - 1].parent_frame_id
+    return tuple(out)
+
+
+# ------------------------------------------------------ attribute values ----
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SliceDim:
+  """One dimension of `slice={[start:limit:stride], ...}`."""
+
+  start: int
+  limit: int
+  stride: int = 1
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class WindowDim:
+  """One dimension of a convolution or reduce-window `window={...}`."""
+
+  size: int = 1
+  stride: int = 1
+  padding_low: int = 0
+  padding_high: int = 0
+  window_dilation: int = 1
+  base_dilation: int = 1
+  window_reversal: bool = False
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PaddingDim:
+  """One dimension of a pad's `padding=low_high_interior`."""
+
+  low: int
+  high: int
+  interior: int = 0
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class DotDimensionNumbers:
+  """`lhs_batch_dims`, `rhs_batch_dims`, `lhs_contracting_dims`, ... of a dot."""
+
+  lhs_batch: tuple[int, ...] = ()
+  rhs_batch: tuple[int, ...] = ()
+  lhs_contracting: tuple[int, ...] = ()
+  rhs_contracting: tuple[int, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ConvDimensionNumbers:
+  """A convolution's `dim_labels`, e.g. `b01f_01io->b01f`."""
+
+  #: The labels as written.
+  labels: str
+  input_batch: int
+  input_feature: int
+  input_spatial: tuple[int, ...]
+  kernel_input_feature: int
+  kernel_output_feature: int
+  kernel_spatial: tuple[int, ...]
+  output_batch: int
+  output_feature: int
+  output_spatial: tuple[int, ...]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class OutputOperandAlias:
+  """One entry of `output_to_operand_aliasing={{out}: (operand, {index})}`."""
+
+  output_index: tuple[int, ...]
+  operand: int
+  operand_index: tuple[int, ...]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ModuleAlias:
+  """One entry of the module's `input_output_alias={ {out}: (param, {index}, kind) }`."""
+
+  output_index: tuple[int, ...]
+  parameter: int
+  parameter_index: tuple[int, ...]
+  must_alias: bool = False
+
+
+# ------------------------------------------------------------------- nodes ----
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TextContext:
+  """The text a module was parsed from; decoders point their errors into it."""
+
+  text: str
+  source: str | None = None
+  #: Computation renames XLA's name uniquifier made (old -> new).
+  computation_renames: Mapping[str, str] = dataclasses.field(default_factory=_empty)
+
+
+#: Attributes that name computations, by role.
+COMPUTATION_ROLES = ("calls", "to_apply", "condition", "body",
+                     "branch_computations", "true_computation",
+                     "false_computation", "select", "scatter",
+                     "called_computations")
+
+
+@dataclasses.dataclass(frozen=True, slots=True, eq=False)
+class Instruction:
+  """One HLO instruction.
+
+  Attributes are kept as written and split on first use (`attributes`); the
+  typed views (`metadata`, `dimensions`, `window`, ...) decode them on first
+  use and cache the result. A dump's instructions are mostly never asked for
+  most of their attributes, which is why parsing can skip the work.
+  """
+
+  #: Name, unique in the module (XLA's uniquifier applied, `%` dropped).
+  name: str
+  #: Opcode as printed, e.g. "fusion", "get-tuple-element", "async-start".
+  opcode: str
+  #: Result shape; None only when the text omits a shape that cannot be
+  #: inferred (XLA allows omitting inferable shapes).
+  shape: Shape | None
+  #: Operand instruction names, in order.
+  operands: tuple[str, ...] = ()
+  #: The attributes: a mapping of raw value text by name, or the raw text of
+  #: the whole `, k=v, ...` run, split on first use. Read `attributes`.
+  attribute_source: Mapping[str, str] | str = dataclasses.field(default_factory=_empty)
+  #: Control predecessors' names (`control-predecessors={...}`).
+  control_predecessors: tuple[str, ...] = ()
+  #: Raw literal text of a constant, e.g. "{1, 2}" or "{...}" when elided.
+  literal: str | None = None
+  #: Parameter number of a parameter instruction.
+  parameter_number: int | None = None
+  #: For `X-start`/`X-update`/`X-done` forms of async ops: X's opcode.
+  async_wrapped_opcode: str | None = None
+  #: Offset of the instruction in the parsed text.
+  offset: int = dataclasses.field(default=-1, repr=False)
+  _ctx: TextContext | None = dataclasses.field(default=None, repr=False)
+  _cache: dict | None = dataclasses.field(default=None, repr=False, init=False)
+
+  @property
+  def attributes(self) -> Mapping[str, str]:
+    """Attributes as raw text by name, e.g. {"kind": "kLoop", "calls": "%f"}."""
+    src = self.attribute_source
+    if not isinstance(src, str):
+      return src
+    return self._cached("attributes", lambda: _attributes.split_attributes(
+        src, _Where(self, "", src)))
+
+  def _key(self) -> tuple:
+    return (self.name, self.opcode, self.shape, self.operands,
+            tuple(sorted(self.attributes.items())), self.control_predecessors,
+            self.literal, self.parameter_number, self.async_wrapped_opcode)
+
+  def __eq__(self, other) -> bool:
+    if not isinstance(other, Instruction):
+      return NotImplemented
+    return self._key() == other._key()
+
+  def __hash__(self) -> int:
+    return hash(self._key())
+
+  def _cached(self, key: str, decode):
+    cache = self._cache
+    if cache is None:
+      cache = {}
+      object.__setattr__(self, "_cache", cache)
+    try:
+      return cache[key]
+    except KeyError:
+      value = cache[key] = decode()
+      return value
+
+  def _decode(self, key: str, decoder, default=None):
+    raw = self.attributes.get(key)
+    if raw is None:
+      return default
+    return self._cached(key, lambda: decoder(raw, _Where(self, key, raw)))
+
+  # --- structure -------------------------------------------------------------
+
+  @property
+  def called_computations(self) -> Mapping[str, tuple[str, ...]]:
+    """Names of computations this instruction calls, by role ("calls",
+    "to_apply", "condition", "body", "branch_computations", ...)."""
+    def decode():
+      out = {}
+      for role in COMPUTATION_ROLES:
+        raw = self.attributes.get(role)
+        if raw is not None:
+          names = _attributes.computation_list(raw, _Where(self, role, raw))
+          renames = self._ctx.computation_renames if self._ctx else _EMPTY
+          out[role] = tuple(renames.get(n, n) for n in names)
+      return types.MappingProxyType(out)
+    if not self.attributes:
+      return _EMPTY
+    return self._cached("called_computations", decode)
+
+  def called_computation_names(self) -> tuple[str, ...]:
+    """All called computations, in role order, without duplicates."""
+    seen: dict[str, None] = {}
+    for names in self.called_computations.values():
+      for n in names:
+        seen[n] = None
+    return tuple(seen)
+
+  @property
+  def fusion_kind(self) -> str | None:
+    """"kLoop", "kInput", "kOutput" or "kCustom" for fusions, else None."""
+    return self.attributes.get("kind")
+
+  @property
+  def custom_call_target(self) -> str | None:
+    return self._decode("custom_call_target", _attributes.string)
+
+  @property
+  def tuple_index(self) -> int | None:
+    """`index=` of a get-tuple-element."""
+    return self._decode("index", _attributes.integer)
+
+  @property
+  def dimensions(self) -> tuple[int, ...] | None:
+    return self._decode("dimensions", _attributes.int_list)
+
+  @property
+  def slices(self) -> tuple[SliceDim, ...] | None:
+    return self._decode("slice", _attributes.slice_ranges)
+
+  @property
+  def window(self) -> tuple[WindowDim, ...] | None:
+    return self._decode("window", _attributes.window)
+
+  @property
+  def convolution_dimension_numbers(self) -> ConvDimensionNumbers | None:
+    return self._decode("dim_labels", _attributes.dim_labels)
+
+  @property
+  def padding(self) -> tuple[PaddingDim, ...] | None:
+    """A pad's `padding=` config."""
+    return self._decode("padding", _attributes.padding_config)
+
+  @property
+  def dot_dimension_numbers(self) -> DotDimensionNumbers:
+    """Batch and contracting dimensions of a dot (empty when unset)."""
+    def get(key):
+      return self._decode(key, _attributes.int_list, ())
+    return self._cached("dot_dimension_numbers", lambda: DotDimensionNumbers(
+        lhs_batch=get("lhs_batch_dims"), rhs_batch=get("rhs_batch_dims"),
+        lhs_contracting=get("lhs_contracting_dims"),
+        rhs_contracting=get("rhs_contracting_dims")))
+
+  @property
+  def metadata(self) -> Metadata:
+    return self._decode("metadata", _attributes.metadata, _NO_METADATA)
+
+  @property
+  def backend_config(self) -> str | None:
+    """The raw backend_config: a JSON dict or string, as written."""
+    raw = self.attributes.get("backend_config")
+    if raw is None:
+      return None
+    if raw.startswith('"'):
+      return self._decode("backend_config", _attributes.string)
+    return raw
+
+  def backend_config_json(self) -> dict | None:
+    """backend_config decoded as JSON; None if absent, empty or not JSON."""
+    def decode():
+      raw = self.backend_config
+      if not raw:
+        return None
+      try:
+        value = json.loads(raw)
+      except ValueError:
+        return None
+      return value if isinstance(value, dict) else None
+    return self._cached("backend_config_json", decode)
+
+  @property
+  def frontend_attributes(self) -> Mapping[str, str]:
+    return self._decode("frontend_attributes", _attributes.string_map, _EMPTY)
+
+  @property
+  def sharding(self) -> str | None:
+    """The raw sharding text, e.g. "{devices=[2,1]<=[2]}"."""
+    return self.attributes.get("sharding")
+
+  @property
+  def output_to_operand_aliasing(self) -> tuple[OutputOperandAlias, ...]:
+    return self._decode("output_to_operand_aliasing",
+                        _attributes.output_operand_aliasing, ())
+
+  @property
+  def custom_call_schedule(self) -> str | None:
+    return self.attributes.get("schedule")
+
+  @property
+  def parameter_replication(self) -> tuple[bool, ...] | None:
+    return self._decode("parameter_replication", _attributes.bool_list)
+
+  @property
+  def channel_id(self) -> int | None:
+    return self._decode("channel_id", _attributes.integer)
+
+  @property
+  def replica_groups(self) -> str | None:
+    """The raw replica_groups text ("{{0,1},{2,3}}" or "[2,2]<=[4]")."""
+    return self.attributes.get("replica_groups")
+
+  def decode_all(self) -> None:
+    """Decodes every attribute this module knows how to type.
+
+    Raises:
+      HloParseError: if an attribute's text is malformed.
+    """
+    for prop in _TYPED_PROPERTIES:
+      getattr(self, prop)
+    self.backend_config_json()
+
+
+_NO_METADATA = Metadata()
+_TYPED_PROPERTIES = (
+    "called_computations", "custom_call_target", "tuple_index", "dimensions",
+    "slices", "window", "convolution_dimension_numbers", "padding",
+    "dot_dimension_numbers", "metadata", "backend_config",
+    "frontend_attributes", "output_to_operand_aliasing",
+    "parameter_replication", "channel_id")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Where:
+  """Where an attribute value sits, for decoder error messages."""
+
+  instruction: Instruction
+  key: str
+  raw: str
+
+  @property
+  def ctx(self) -> TextContext | None:
+    return self.instruction._ctx
+
+  def offset(self) -> int:
+    ctx = self.instruction._ctx
+    if ctx is None or self.instruction.offset < 0:
+      return -1
+    if not self.key:  # the whole attribute run
+      at = ctx.text.find(self.raw, self.instruction.offset)
+      return at if at >= 0 else self.instruction.offset
+    at = ctx.text.find(f"{self.key}={self.raw}", self.instruction.offset)
+    return at + len(self.key) + 1 if at >= 0 else self.instruction.offset
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Computation:
+  """A computation: instructions in text order, and its root."""
+
+  name: str
+  instructions: tuple[Instruction, ...]
+  root_name: str
+  is_entry: bool = False
+  #: `execution_thread=` of the computation ("main" unless written).
+  execution_thread: str = "main"
+  offset: int = dataclasses.field(default=-1, compare=False, repr=False)
+  _index: Mapping[str, Instruction] = dataclasses.field(
+      default_factory=_empty, compare=False, repr=False, init=False)
+
+  def __post_init__(self):
+    object.__setattr__(self, "_index", types.MappingProxyType(
+        {i.name: i for i in self.instructions}))
+
+  @property
+  def root(self) -> Instruction:
+    return self._index[self.root_name]
+
+  def is_root(self, inst: Instruction | str) -> bool:
+    """Whether `inst` (or the instruction of that name) is the root."""
+    return (inst if isinstance(inst, str) else inst.name) == self.root_name
+
+  @property
+  def parameters(self) -> tuple[Instruction, ...]:
+    """Parameter instructions ordered by parameter number."""
+    params = [i for i in self.instructions if i.opcode == "parameter"]
+    return tuple(sorted(params, key=lambda i: i.parameter_number or 0))
+
+  def instruction(self, name: str) -> Instruction:
+    """The instruction called `name`.
+
+    Raises:
+      KeyError: naming the computation, if there is none.
+    """
+    try:
+      return self._index[name]
+    except KeyError:
+      raise KeyError(f"no instruction {name!r} in computation {self.name!r}") from None
+
+  def __contains__(self, name: str) -> bool:
+    return name in self._index
+
+  def __len__(self) -> int:
+    return len(self.instructions)
+
+  def __iter__(self) -> Iterator[Instruction]:
+    return iter(self.instructions)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class HloModule:
+  """A parsed HLO module."""
+
+  name: str
+  #: Computations in XLA's order (callees usually before callers).
+  computations: tuple[Computation, ...]
+  entry_name: str
+  #: Header attributes as raw text (`is_scheduled`, `entry_computation_layout`,
+  #: `input_output_alias`, ...).
+  attributes: Mapping[str, str] = dataclasses.field(default_factory=_empty)
+  #: The FileNames/FunctionNames/FileLocations/StackFrames tables, if present.
+  stack_frame_index: StackFrameIndex | None = None
+  _ctx: TextContext | None = dataclasses.field(
+      default=None, compare=False, repr=False)
+  _index: Mapping[str, Computation] = dataclasses.field(
+      default_factory=_empty, compare=False, repr=False, init=False)
+  _cache: dict | None = dataclasses.field(
+      default=None, compare=False, repr=False, init=False)
+
+  def __post_init__(self):
+    object.__setattr__(self, "_index", types.MappingProxyType(
+        {c.name: c for c in self.computations}))
+
+  def _cached(self, key, decode):
+    cache = self._cache
+    if cache is None:
+      cache = {}
+      object.__setattr__(self, "_cache", cache)
+    if key not in cache:
+      cache[key] = decode()
+    return cache[key]
+
+  @property
+  def source(self) -> str | None:
+    """The file the module was read from, if any."""
+    return self._ctx.source if self._ctx else None
+
+  @property
+  def text(self) -> str | None:
+    """The text the module was parsed from."""
+    return self._ctx.text if self._ctx else None
+
+  @property
+  def entry(self) -> Computation:
+    return self._index[self.entry_name]
+
+  @property
+  def is_scheduled(self) -> bool:
+    return self.attributes.get("is_scheduled") == "true"
+
+  @property
+  def entry_computation_layout(self) -> ProgramShape | None:
+    raw = self.attributes.get("entry_computation_layout")
+    if raw is None:
+      return None
+    return self._cached("entry_computation_layout",
+                        lambda: _attributes.program_shape(raw, self._where(
+                            "entry_computation_layout", raw)))
+
+  @property
+  def input_output_alias(self) -> tuple[ModuleAlias, ...]:
+    raw = self.attributes.get("input_output_alias")
+    if raw is None:
+      return ()
+    return self._cached("input_output_alias",
+                        lambda: _attributes.module_aliasing(raw, self._where(
+                            "input_output_alias", raw)))
+
+  def _where(self, key: str, raw: str) -> _ModuleWhere:
+    return _ModuleWhere(self, key, raw)
+
+  def computation(self, name: str) -> Computation:
+    """The computation called `name`.
+
+    Raises:
+      KeyError: if there is none.
+    """
+    try:
+      return self._index[name]
+    except KeyError:
+      raise KeyError(f"no computation {name!r} in module {self.name!r}") from None
+
+  def __contains__(self, name: str) -> bool:
+    return name in self._index
+
+  def instructions(self) -> Iterator[tuple[Computation, Instruction]]:
+    """Every (computation, instruction) pair, computations in module order."""
+    for comp in self.computations:
+      for inst in comp.instructions:
+        yield comp, inst
+
+  @property
+  def instruction_count(self) -> int:
+    return sum(len(c.instructions) for c in self.computations)
+
+  def callers(self) -> Mapping[str, tuple[tuple[str, str, str], ...]]:
+    """computation name -> ((caller computation, instruction, role), ...)."""
+    def decode():
+      out: dict[str, list] = {}
+      for comp in self.computations:
+        for inst in comp.instructions:
+          for role, names in inst.called_computations.items():
+            for n in names:
+              out.setdefault(n, []).append((comp.name, inst.name, role))
+      return types.MappingProxyType({k: tuple(v) for k, v in out.items()})
+    return self._cached("callers", decode)
+
+  def source_location(self, inst: Instruction) -> SourceLocation | None:
+    """The user's source location of `inst`: `source_file`/`source_line` of
+    its metadata, else the innermost frame of its `stack_frame_id`."""
+    md = inst.metadata
+    if md.source_file and md.source_line:
+      return SourceLocation(file=md.source_file, line=md.source_line,
+                            column=md.source_column)
+    if md.stack_frame_id and self.stack_frame_index is not None:
+      return self.stack_frame_index.location(md.stack_frame_id)
+    return None
+
+  def decode_all(self) -> None:
+    """Decodes every typed attribute of every instruction and the header.
+
+    Raises:
+      HloParseError: at the first malformed attribute.
+    """
+    self.entry_computation_layout  # noqa: B018 - decoded for its errors
+    self.input_output_alias  # noqa: B018
+    for _, inst in self.instructions():
+      inst.decode_all()
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _ModuleWhere:
+  module: HloModule
+  key: str
+  raw: str
+
+  def offset(self) -> int:
+    ctx = self.module._ctx
+    if ctx is None:
+      return -1
+    at = ctx.text.find(f"{self.key}={self.raw}")
+    return at + len(self.key) + 1 if at >= 0 else 0
+
+  @property
+  def ctx(self) -> TextContext | None:
+    return self.module._ctx
+
+
+# Decoders need the IR's value types; imported last to break the cycle.
+from hlo_audit._src.hlo import attributes as _attributes  # noqa: E402

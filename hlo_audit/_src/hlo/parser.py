@@ -1,0 +1,1130 @@
+"""HLO text parser: text -> `HloModule`, accepting what XLA's parser accepts.
+
+Two paths share one grammar:
+
+* The fast path reads an instruction that sits on one line in the dialect XLA
+  prints (`%x = f32[2]{0} add(%a, %b), metadata={...}`) with a few regular
+  expressions, and keeps attribute values as raw text. Optimized dumps are
+  almost entirely such lines.
+* The slow path is a recursive-descent parser over `Lexer` tokens that mirrors
+  `xla/hlo/parser/hlo_parser.cc`: nested instructions, inline computations,
+  multi-line constants, omitted shapes, comments anywhere. Whenever the fast
+  path meets anything it does not expect, it hands the statement to the slow
+  path, so errors always come from one place, with line and column.
+
+After parsing, names go through XLA's module-wide name uniquifier so that
+instruction and computation names match what XLA itself reports.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import re
+import types
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
+
+from hlo_audit._src.errors import HloParseError
+from hlo_audit._src.hlo import attributes, dtypes, grammar, opcodes, shape_inference
+from hlo_audit._src.hlo.ir import (COMPUTATION_ROLES, Computation, FileLocation,
+                                   HloModule, Instruction, Shape, StackFrame,
+                                   StackFrameIndex, TextContext)
+from hlo_audit._src.hlo.lexer import KEYWORDS, Lexer, Tok, error_at
+
+__all__ = ["parse_hlo", "parse_hlo_file", "parse_shape"]
+
+_log = logging.getLogger("hlo_audit")
+
+_NAME = r"[A-Za-z_][A-Za-z0-9_.\-]*"
+_STR = r'"(?:[^"\\]|\\.)*+"'
+
+
+def _braced(depth: int) -> str:
+  inner = r'[^{}"]++|' + _STR
+  b = r"\{(?:" + inner + r")*+\}"
+  for _ in range(depth):
+    b = r"\{(?:" + inner + "|" + b + r")*+\}"
+  return b
+
+
+_SHAPE_RE = (r"[a-z][a-z0-9]*\[[^\]\n]*\](?:\{[0-9,]*(?::[^{}()\n]*(?:\([^()\n]*\)[^{}()\n]*)*)?\})?"
+             r"|\((?:[^()\n]|\((?:[^()\n]|\([^()\n]*\))*\))*\)")
+# A whole instruction line in the dialect XLA prints; the attribute run is
+# validated here and split on first use (ir.Instruction.attributes).
+_FAST_LINE = re.compile(
+    r"[ \t]*(ROOT[ \t]+)?(%?)(" + _NAME + r")[ \t]*=[ \t]*(" + _SHAPE_RE +
+    r")[ \t]+([a-z][a-z0-9\-]*)\(([^()\n]*)\)(" + attributes.ATTRIBUTE_RUN +
+    r")[ \t]*\r?(?:\n|\Z)")
+# Attribute names the parser must see at once: called computations and
+# control predecessors.
+_STRUCTURAL_KEY = re.compile(
+    r",[ \t]*(?:calls|to_apply|condition|body|branch_computations|"
+    r"true_computation|false_computation|select|scatter|called_computations|"
+    r"control-predecessors)=")
+_FAST_COMP = re.compile(
+    r"[ \t]*(ENTRY[ \t]+)?(%?)(" + _NAME + r")[ \t]*(?:\((.*)\)[ \t]*->[ \t]*(.*?))?[ \t]*\{[ \t]*\r?")
+_SIMPLE_REF = re.compile(r"%?(" + _NAME + r")")
+_SIMPLE_NAMES = re.compile(r"\{(%?" + _NAME + r"(?:,[ \t]*%?" + _NAME + r")*)?\}")
+_WS = re.compile(r"[ \t\r\n]*")
+_TRIVIA = re.compile(r"(?:[ \t\r\n]+|//[^\n\r]*)*")
+_FILE_NAME_ROW = re.compile(r"[ \t]*(\d+)[ \t]+\"((?:[^\"\\]|\\.)*)\"[ \t]*\r?")
+_FILE_LOC_ROW = re.compile(
+    r"[ \t]*(\d+)[ \t]+\{file_name_id=(\d+) function_name_id=(\d+) line=(-?\d+) "
+    r"end_line=(-?\d+) column=(-?\d+) end_column=(-?\d+)\}[ \t]*\r?")
+_FRAME_ROW = re.compile(
+    r"[ \t]*(\d+)[ \t]+\{file_location_id=(\d+) parent_frame_id=(\d+)\}[ \t]*\r?")
+_SIMPLE_ATOI = re.compile(r"[+-]?\d+")
+_INT64_MAX = (1 << 63) - 1
+
+_LIST_ROLES = frozenset({"branch_computations", "called_computations"})
+_ROLES = frozenset(COMPUTATION_ROLES)
+#: Attributes the parser decodes itself: called computations and
+#: control predecessors (names to check and, rarely, rename).
+_STRUCTURAL = (*COMPUTATION_ROLES, "control-predecessors")
+_STRUCTURAL_SET = frozenset(_STRUCTURAL)
+_RESERVED = frozenset(KEYWORDS | dtypes.ELEMENT_TYPES)
+_ARITY = opcodes.ARITY
+_COMMENT = re.compile(r"/\*.*?\*/", re.DOTALL)
+_PERCENT_NAMES = re.compile(r"%(" + _NAME + r")")
+_EMPTY_ATTRS = types.MappingProxyType({})
+
+
+class _NameUniquer:
+  """XLA's `NameUniquer` with "." as separator (xla/service/name_uniquer.cc)."""
+
+  __slots__ = ("_generators",)
+
+  def __init__(self):
+    self._generators: dict[str, list] = {}
+
+  def unique(self, prefix: str, clean: bool = False) -> str:
+    """A unique name for `prefix`; `clean` skips sanitizing a name already
+    known to be valid (every instruction name the parser accepted)."""
+    root = prefix if clean else sanitize_name(prefix or "name")
+    has_suffix = False
+    number = 0
+    sep = root.rfind(".")
+    if 0 < sep < len(root) - 1:
+      after = root[sep + 1:]
+      if (after.isdigit() or _SIMPLE_ATOI.fullmatch(after)) and abs(int(after)) <= _INT64_MAX:
+        number = int(after)
+        has_suffix = True
+        root = root[:sep]
+    gen = self._generators.get(root)
+    if gen is None:
+      gen = self._generators[root] = [0, set()]
+    used = gen[1]
+    if number in used:
+      nxt = gen[0]
+      while nxt in used:
+        nxt += 1
+      used.add(nxt)
+      gen[0] = nxt + 1
+      number = nxt
+    else:
+      used.add(number)
+    if number == 0:
+      return root + ".0" if has_suffix else root
+    return f"{root}.{number}"
+
+
+_CLEAN = re.compile(_NAME)
+
+
+def _plain_name(name: str) -> bool:
+  """Whether XLA keeps `name` as is (no sanitizing needed)."""
+  return not (dtypes.is_element_type(name) or
+              (name[:2] == "__" and name[:6] != "__xla_"))
+
+
+def sanitize_name(name: str) -> str:
+  """XLA's `NameUniquer::GetSanitizedName`."""
+  if not name:
+    return ""
+  if _CLEAN.fullmatch(name) and _plain_name(name):
+    return name
+  chars = list(name)
+  if not (chars[0].isascii() and (chars[0].isalpha() or chars[0] == "_")):
+    chars[0] = "_"
+  for i in range(1, len(chars)):
+    c = chars[i]
+    if not (c.isascii() and (c.isalnum() or c in "_.-")):
+      chars[i] = "_"
+  out = "".join(chars)
+  if dtypes.is_element_type(out):
+    out += "_"
+  if out.startswith("__") and not out.startswith("__xla_"):
+    out = "a" + out[1:]
+  return out
+
+
+class _Comp:
+  """A computation being built."""
+
+  __slots__ = ("name", "offset", "insts", "names", "root_name", "root_offset",
+               "is_entry", "thread", "param_count")
+
+  def __init__(self, name: str, offset: int, is_entry: bool = False):
+    self.name = name
+    self.offset = offset
+    self.insts: list[Instruction] = []
+    self.names: dict[str, Instruction] = {}
+    self.root_name: str | None = None
+    self.root_offset = -1
+    self.is_entry = is_entry
+    self.thread = "main"
+    self.param_count = 0
+
+
+class _Parser:
+  """One parse of one text. Use `parse_hlo`."""
+
+  def __init__(self, text: str, source: str | None, fast: bool = True):
+    self.text = text
+    self.source = source
+    self.fast = fast
+    self.n = len(text)
+    self.renames: dict[str, str] = {}
+    self.ctx = TextContext(text, source, types.MappingProxyType(self.renames))
+    self.shapes: dict[str, Shape] = {}
+    self.done: list[_Comp] = []  # in XLA's computations_ order
+    self.pool: dict[str, int] = {}  # computation name -> offset
+    self.refs: list[tuple[str, int]] = []  # (computation name, offset)
+    self.anon = _NameUniquer()  # XLA's parser-level uniquifier for anon names
+    self.pending_names: list[str] = []
+    self.generated: dict[str, str] = {}  # placeholder -> base name
+    self.single = False  # single-instruction mode creates missing parameters
+    self.scopes = 0
+    self.lx: Lexer | None = None
+
+  # ---------------------------------------------------------------- errors --
+
+  def error(self, offset: int, message: str):
+    error_at(self.text, offset, message, self.source)
+
+  def lexer_at(self, pos: int) -> Lexer:
+    self.lx = Lexer(self.text, pos, self.source)
+    return self.lx
+
+  # ---------------------------------------------------------------- module --
+
+  def parse(self) -> HloModule:
+    nul = self.text.find("\0")
+    if nul >= 0:
+      self.error(nul, "NUL character in HLO text")
+    lx = self.lexer_at(0)
+    tok = lx.tok
+    if tok.kind is Tok.EOF:
+      self.error(0, "empty HLO text: expected 'HloModule', a computation or an instruction")
+    if ((tok.kind is Tok.KEYWORD and tok.value in ("HloModule", "ENTRY")) or
+        lx.peek().kind is Tok.LBRACE):
+      return self.parse_module(with_header=tok.kind is Tok.KEYWORD and
+                               tok.value == "HloModule")
+    return self.parse_single_instruction()
+
+  def parse_module(self, with_header: bool) -> HloModule:
+    lx = self.lx
+    name = None
+    header: dict[str, str] = {}
+    if with_header:
+      lx.lex()
+      tok = lx.tok
+      if tok.kind not in (Tok.NAME, Tok.IDENT):
+        lx.error(f"expected the module name after HloModule, found {grammar.describe(tok)}")
+      name = tok.value
+      lx.lex()
+      header = self.parse_attributes(lx, module_header=True)
+    pos = lx.tok.start
+    stack_frames = None
+    if lx.tok.kind is Tok.KEYWORD and lx.tok.value == "FileNames":
+      stack_frames, pos = self.parse_stack_frame_index(lx.tok.end)
+    entry: _Comp | None = None
+    while True:
+      pos = self.skip_trivia(pos)
+      if pos >= self.n:
+        break
+      comp, pos = self.parse_computation(pos)
+      if comp.is_entry:
+        if entry is not None:
+          self.error(comp.offset, "expected only one ENTRY computation")
+        entry = comp
+    if not self.done:
+      self.error(pos, "expected a computation")
+    if entry is None:
+      entry = self.done[-1]
+      entry.is_entry = True
+    self.check_refs()
+    return self.assemble(name, header, stack_frames, entry)
+
+  def parse_single_instruction(self) -> HloModule:
+    """A text holding one instruction: XLA makes missing operands parameters."""
+    self.single = True
+    comp = _Comp("_", 0, is_entry=True)
+    lx = self.lx
+    self.scopes = 1
+    if grammar.can_be_shape(lx):
+      self.parse_instruction_rhs(comp, "_", lx.tok.start, allow_attributes=True)
+    else:
+      self.parse_instruction(comp)
+    if lx.tok.kind is not Tok.EOF:
+      lx.error("expected end of input after a single instruction "
+               "(is the 'HloModule' header missing?)")
+    if comp.root_name is None:
+      comp.root_name = comp.insts[-1].name
+    # XLA adds the entry first, then computations made along the way.
+    self.done.insert(0, comp)
+    self.check_refs()
+    return self.assemble("_", {}, None, comp)
+
+  def skip_trivia(self, pos: int) -> int:
+    """Skips whitespace and comments; returns the next token's offset."""
+    pos = _TRIVIA.match(self.text, pos).end()
+    if self.text.startswith("/*", pos):
+      return self.lexer_at(pos).tok.start
+    return pos
+
+  def parse_stack_frame_index(self, pos: int) -> tuple[StackFrameIndex, int]:
+    """FileNames / FunctionNames / FileLocations / StackFrames tables."""
+    file_names, pos = self.parse_string_rows(pos)
+    pos = self.expect_keyword(pos, "FunctionNames")
+    function_names, pos = self.parse_string_rows(pos)
+    pos = self.expect_keyword(pos, "FileLocations")
+    locations, pos = self.parse_rows(
+        pos, _FILE_LOC_ROW, lambda g: FileLocation(*(int(x) for x in g[1:])),
+        self.slow_file_location)
+    pos = self.expect_keyword(pos, "StackFrames")
+    frames, pos = self.parse_rows(
+        pos, _FRAME_ROW, lambda g: StackFrame(int(g[1]), int(g[2]) - 1),
+        self.slow_frame)
+    return StackFrameIndex(tuple(file_names), tuple(function_names),
+                           tuple(locations), tuple(frames)), pos
+
+  def expect_keyword(self, pos: int, word: str) -> int:
+    lx = self.lexer_at(pos)
+    if not (lx.tok.kind is Tok.KEYWORD and lx.tok.value == word):
+      lx.error(f"expected '{word}', found {grammar.describe(lx.tok)}")
+    return lx.tok.end
+
+  def parse_string_rows(self, pos: int) -> tuple[list[str], int]:
+    out: list[str] = []
+    lx = self.lexer_at(pos)
+    while lx.tok.kind is Tok.INT:
+      lx.lex()
+      tok = grammar.expect(lx, Tok.STRING, "expected a string")
+      out.append(tok.value)  # type: ignore[arg-type]
+    return out, lx.tok.start
+
+  def parse_rows(self, pos: int, row: re.Pattern, make: Callable,
+                 slow: Callable[[Lexer], object]) -> tuple[list, int]:
+    """Rows `N {k=v ...}` of a table: a regex per line, the lexer if odd."""
+    text = self.text
+    out = []
+    while True:
+      pos = self.skip_trivia(pos)
+      if pos >= self.n or not text[pos].isdigit():
+        return out, pos
+      end = text.find("\n", pos)
+      end = self.n if end < 0 else end
+      m = row.match(text, pos, end)
+      if m is not None and m.end() == end:
+        out.append(make(m.groups()))
+        pos = end
+        continue
+      lx = self.lexer_at(pos)
+      lx.lex()
+      out.append(slow(lx))
+      pos = lx.tok.start
+
+  def _sub_ints(self, lx: Lexer, keys: tuple[str, ...]) -> list[int]:
+    grammar.expect(lx, Tok.LBRACE, "expected '{'")
+    values: dict[str, int] = {}
+    while lx.tok.kind is not Tok.RBRACE:
+      grammar.eat(lx, Tok.COMMA)
+      tok = lx.tok
+      if tok.kind is not Tok.ATTRIBUTE_NAME or tok.value not in keys:
+        lx.error(f"expected one of {', '.join(k + '=' for k in keys)}")
+      if tok.value in values:
+        lx.error(f"{tok.value} given twice")
+      lx.lex()
+      values[tok.value] = grammar.parse_int(lx)
+    missing = [k for k in keys if k not in values]
+    if missing:
+      lx.error(f"missing {', '.join(missing)}")
+    lx.lex()
+    return [values[k] for k in keys]
+
+  def slow_file_location(self, lx: Lexer) -> FileLocation:
+    return FileLocation(*self._sub_ints(lx, (
+        "file_name_id", "function_name_id", "line", "end_line", "column",
+        "end_column")))
+
+  def slow_frame(self, lx: Lexer) -> StackFrame:
+    fl, parent = self._sub_ints(lx, ("file_location_id", "parent_frame_id"))
+    return StackFrame(fl, parent - 1)
+
+  # ------------------------------------------------------------ attributes --
+
+  def parse_attributes(self, lx: Lexer, module_header: bool = False,
+                       comp: _Comp | None = None,
+                       allow: bool = True) -> dict[str, str]:
+    """attributes ::= (',' name=value)*, values kept as raw text."""
+    attrs: dict[str, str] = {}
+    while lx.tok.kind is Tok.COMMA:
+      if not allow:
+        return attrs
+      lx.lex()
+      tok = lx.tok
+      if tok.kind is not Tok.ATTRIBUTE_NAME:
+        lx.error(f"expected an attribute like name=value, found {grammar.describe(tok)}")
+      key = tok.value
+      if key in attrs:
+        lx.error(f"attribute {key} given twice")
+      lx.lex()
+      if comp is not None and key in _ROLES:
+        attrs[key] = self.parse_computation_ref(lx, key in _LIST_ROLES)
+      else:
+        attrs[key] = self.raw_value(lx, key)  # type: ignore[index]
+    return attrs
+
+  def raw_value(self, lx: Lexer, key: str = "") -> str:
+    """Consumes one attribute value and returns its text.
+
+    A value is one unit (a token, a group, or a shape), followed by any
+    groups and `<=`-joined units glued to it: `[2,2]<=[4]T(1,0)` and
+    `mesh['x'=2] {'x'}` are single values. Braced values are scanned by
+    characters, as XLA's LexJsonDict does for JSON and frontend attributes,
+    so they may hold text the lexer has no tokens for.
+    """
+    start = lx.tok.start
+    shape = self.value_unit(lx)
+    if shape and key == "literal":
+      self.value_unit(lx)  # `literal=s32[] 10`: a shape, then the data
+    while True:
+      kind = lx.tok.kind
+      if kind is Tok.LEQ:
+        lx.lex()
+        self.value_unit(lx)
+      elif grammar.is_open(kind):
+        self.value_unit(lx)
+      elif (kind is Tok.IDENT and lx.tok.value == "T" and
+            lx.peek().kind is Tok.LPAREN):
+        lx.lex()
+        grammar.skip_group(lx)
+      else:
+        break
+    return self.text[start:lx.prev_end]
+
+  def value_unit(self, lx: Lexer) -> bool:
+    """Consumes one unit of a value; True if it was a shape."""
+    tok = lx.tok
+    kind = tok.kind
+    if kind is Tok.LBRACE:
+      lx.seek(grammar.scan_braces(lx, tok.start))
+      return False
+    if grammar.is_open(kind):
+      grammar.skip_group(lx)
+      return False
+    if kind is Tok.PRIMITIVE_TYPE or (kind is Tok.IDENT and tok.value == "b" and
+                                      lx.peek().kind is Tok.LPAREN):
+      grammar.parse_shape(lx)
+      return True
+    if kind in (Tok.EOF, Tok.COMMA, Tok.RBRACE, Tok.RPAREN, Tok.RSQUARE,
+                Tok.EQUAL, Tok.ATTRIBUTE_NAME):
+      lx.error(f"expected an attribute value, found {grammar.describe(tok)}")
+    lx.lex()
+    return False
+
+  def parse_computation_ref(self, lx: Lexer, is_list: bool) -> str:
+    """A called computation (name or inline `{...}` body), or a list of them.
+
+    Inline bodies become computations of their own; the raw value names them.
+    """
+    if is_list:
+      grammar.expect(lx, Tok.LBRACE, "expected '{' to start a computation list")
+      names = []
+      if lx.tok.kind is not Tok.RBRACE:
+        while True:
+          names.append(self.parse_one_computation_ref(lx))
+          if not grammar.eat(lx, Tok.COMMA):
+            break
+      grammar.expect(lx, Tok.RBRACE, "expected '}' to end a computation list")
+      return "{" + ", ".join("%" + n for n in names) + "}"
+    return "%" + self.parse_one_computation_ref(lx)
+
+  def parse_one_computation_ref(self, lx: Lexer) -> str:
+    tok = lx.tok
+    if tok.kind is Tok.LBRACE:
+      # An inline computation body, named "_" as XLA names it.
+      comp = _Comp(self.placeholder("_"), tok.start)
+      self.parse_instruction_list(comp, lx)
+      self.done.append(comp)
+      return comp.name
+    if tok.kind not in (Tok.NAME, Tok.IDENT):
+      lx.error(f"expected a computation name, found {grammar.describe(tok)}")
+    lx.lex()
+    self.refs.append((tok.value, tok.start))  # type: ignore[arg-type]
+    return tok.value  # type: ignore[return-value]
+
+  def placeholder(self, base: str) -> str:
+    """A unique stand-in name for a computation the parser makes; `assemble`
+    replaces it with what XLA's uniquifier makes of `base`."""
+    key = f"\0{len(self.generated)}\0"
+    self.generated[key] = base
+    return key
+
+  # ----------------------------------------------------------- computation --
+
+  def parse_computation(self, pos: int) -> tuple[_Comp, int]:
+    text = self.text
+    if self.fast:
+      end = text.find("\n", pos)
+      end = self.n if end < 0 else end
+      m = _FAST_COMP.match(text, pos, end)
+      if (m is not None and m.end() == end and
+          (m.group(2) or not _reserved(m.group(3)))):
+        comp = _Comp(m.group(3), pos + m.start(3) - m.start(), bool(m.group(1)))
+        pos = self.parse_instructions(comp, end + 1 if end < self.n else end)
+        return comp, pos
+    lx = self.lexer_at(pos)
+    is_entry = False
+    if lx.tok.kind is Tok.KEYWORD and lx.tok.value == "ENTRY":
+      is_entry = True
+      lx.lex()
+    tok = lx.tok
+    if tok.kind not in (Tok.NAME, Tok.IDENT):
+      lx.error(f"expected a computation name, found {grammar.describe(tok)}")
+    lx.lex()
+    comp = _Comp(tok.value, tok.start, is_entry)  # type: ignore[arg-type]
+    if lx.tok.kind is Tok.LPAREN:
+      self.parse_param_list(lx)
+      grammar.expect(lx, Tok.ARROW, "expected '->' after the parameter list")
+      grammar.parse_shape(lx)
+    if lx.tok.kind is not Tok.LBRACE:
+      lx.error(f"expected '{{' to start the computation body, found {grammar.describe(lx.tok)}")
+    pos = self.parse_instructions(comp, lx.tok.end)
+    return comp, pos
+
+  def parse_param_list(self, lx: Lexer) -> None:
+    grammar.expect(lx, Tok.LPAREN, "expected '(' to start the parameter list")
+    if lx.tok.kind is not Tok.RPAREN:
+      while True:
+        tok = lx.tok
+        if tok.kind not in (Tok.NAME, Tok.IDENT):
+          lx.error(f"expected a parameter name, found {grammar.describe(tok)}")
+        lx.lex()
+        grammar.parse_shape(lx)
+        if not grammar.eat(lx, Tok.COMMA):
+          break
+    grammar.expect(lx, Tok.RPAREN, "expected ')' to end the parameter list")
+
+  def parse_instructions(self, comp: _Comp, pos: int) -> int:
+    """Instructions up to the closing '}' (the '{' is consumed); then the
+    computation's own attributes. Returns the offset after them."""
+    text = self.text
+    match = _FAST_LINE.match if self.fast else None
+    self.scopes += 1
+    while True:
+      if match is not None:
+        m = match(text, pos)
+        if m is not None and self.fast_instruction(comp, m):
+          pos = m.end()
+          continue
+      pos = self.skip_trivia(pos)
+      if pos >= self.n:
+        self.error(pos, f"expected '}}' to end computation {comp.name}")
+      if text[pos] == "}":
+        if not comp.insts:
+          self.error(pos, "expected an instruction: a computation cannot be empty")
+        break
+      if match is not None:
+        m = match(text, pos)
+        if m is not None and self.fast_instruction(comp, m):
+          pos = m.end()
+          continue
+      lx = self.lexer_at(pos)
+      self.parse_instruction(comp)
+      pos = lx.tok.start
+    self.scopes -= 1
+    lx = self.lexer_at(pos)
+    lx.lex()  # the '}'
+    attrs = self.parse_attributes(lx)
+    for key, raw in attrs.items():
+      if key != "execution_thread":
+        self.error(lx.tok.start, f"unexpected computation attribute {key!r}")
+      comp.thread = attributes.string(raw)
+    self.finish_computation(comp)
+    self.done.append(comp)
+    return lx.tok.start
+
+  def parse_instruction_list(self, comp: _Comp, lx: Lexer) -> None:
+    """An inline `{ instructions }` body, with the lexer on the '{'."""
+    grammar.expect(lx, Tok.LBRACE, "expected '{'")
+    self.scopes += 1
+    if self.scopes > grammar.MAX_DEPTH:
+      lx.error("computations nested too deeply")
+    while True:
+      self.parse_instruction(comp)
+      if lx.tok.kind is Tok.RBRACE:
+        break
+      if lx.tok.kind is Tok.EOF:
+        lx.error("expected '}' to end the inline computation")
+    lx.lex()
+    self.scopes -= 1
+    self.finish_computation(comp)
+
+  def finish_computation(self, comp: _Comp) -> None:
+    if comp.name in self.pool:
+      self.error(comp.offset, f"computation {comp.name} is defined twice "
+                 f"(first at line {self.text.count(chr(10), 0, self.pool[comp.name]) + 1})")
+    self.pool[comp.name] = comp.offset
+    if comp.root_name is None:
+      comp.root_name = comp.insts[-1].name
+
+  # ------------------------------------------------------------ fast path --
+
+  def fast_instruction(self, comp: _Comp, m: re.Match) -> bool:
+    """Builds the instruction `_FAST_LINE` matched, if nothing in it needs the
+    slow path. Returns False, having changed nothing, otherwise.
+
+    This is the hot loop of parsing a dump: keep it free of avoidable calls.
+    """
+    root_kw, pct, name, shape_text, word, ops, run = m.groups()
+    if (not pct and name in _RESERVED) or (name[:2] == "__" and name[:6] != "__xla_"):
+      return False
+    names = comp.names
+    if name in names or (root_kw and comp.root_name is not None):
+      return False
+    resolved = _RESOLVE.get(word)
+    if resolved is None:
+      return False
+    opcode, wrapped = resolved
+    if wrapped is not None and opcode == "async-start":
+      return False  # builds a wrapped computation: the slow path does that
+    shape = self.shapes.get(shape_text)
+    if shape is None:
+      shape = self.shape(shape_text)
+      if shape is None:
+        return False
+    preds: tuple[str, ...] = ()
+    refs: list[str] = []
+    attrs: Mapping[str, str] | str = run or _EMPTY_ATTRS
+    if run and _STRUCTURAL_KEY.search(run) is not None:
+      # Split now: called computations must exist, control predecessors too.
+      split = {key: value for _, key, value in attributes.ATTRIBUTE.findall(run)}
+      for key in _STRUCTURAL:
+        raw = split.get(key)
+        if raw is None:
+          continue
+        if key == "control-predecessors":
+          nm = _SIMPLE_NAMES.fullmatch(raw)
+          if nm is None or not nm.group(1):
+            return False
+          preds = tuple(r.strip().lstrip("%") for r in nm.group(1).split(","))
+          if any(p not in names for p in preds):
+            return False
+          del split[key]
+        elif key in _LIST_ROLES:
+          nm = _SIMPLE_NAMES.fullmatch(raw)
+          if nm is None:
+            return False
+          these = [r.strip().lstrip("%") for r in nm.group(1).split(",")] if nm.group(1) else []
+          split[key] = "{" + ", ".join("%" + r for r in these) + "}"
+          refs += these
+        else:
+          rm = _SIMPLE_REF.fullmatch(raw)
+          if rm is None:
+            return False
+          ref = rm.group(1)
+          if raw[0] != "%":
+            split[key] = "%" + ref
+          refs.append(ref)
+      attrs = MappingProxyType(split)
+    # Operands.
+    literal = None
+    param = None
+    operands: tuple[str, ...] = ()
+    if opcode == "parameter":
+      ops = ops.strip()
+      if not ops.isdigit():
+        return False
+      param = int(ops)
+    elif opcode == "constant":
+      literal = ops.strip()
+      if not literal:
+        return False
+    elif ops:
+      # Common form "%a, %b": one findall, a length check, a set check.
+      out = _PERCENT_NAMES.findall(ops)
+      if (out and len(ops) == sum(map(len, out)) + 3 * len(out) - 2 and
+          all(map(names.__contains__, out))):
+        operands = tuple(out)
+      else:
+        operands = self.general_operands(ops, names)
+        if operands is None:
+          return False
+    arity = _ARITY.get(opcode)
+    if arity is not None and arity != len(operands):
+      return False
+    at = m.start(2)
+    for r in refs:
+      self.refs.append((r, at))
+    if root_kw:
+      comp.root_name = name
+    self.pending_names.append(name)
+    inst = _make_instruction(name, opcode, shape, operands, attrs, preds,
+                             literal, param, wrapped, at, self.ctx)
+    comp.insts.append(inst)
+    names[name] = inst
+    return True
+
+  def general_operands(self, ops: str, names: dict) -> tuple[str, ...] | None:
+    """Operands written with types, comments or odd spacing; None if the slow
+    path must look."""
+    if "/*" in ops:
+      ops = _COMMENT.sub("", ops)
+    if ops.isspace() or not ops:
+      return ()
+    out = []
+    for op in ops.split(","):
+      op = op.strip()
+      if op[:1] == "%":
+        op = op[1:]
+      elif " " in op:
+        typed, op = op.rsplit(" ", 1)
+        if self.shape(typed.strip()) is None:
+          return None
+        if op[:1] == "%":
+          op = op[1:]
+        elif op in _RESERVED:
+          return None
+      elif op in _RESERVED:
+        return None
+      if op not in names:
+        return None
+      out.append(op)
+    return tuple(out)
+
+  def shape(self, text: str) -> Shape | None:
+    """The shape written `text` (memoized), or None if it is not one."""
+    shape = self.shapes.get(text)
+    if shape is None:
+      try:
+        shape = parse_shape(text)
+      except HloParseError:
+        return None
+      self.shapes[text] = shape
+    return shape
+
+  # ------------------------------------------------------------ slow path --
+
+  def parse_instruction(self, comp: _Comp) -> None:
+    """instruction ::= ('ROOT')? name '=' rhs."""
+    lx = self.lx
+    is_root = False
+    root_at = lx.tok.start
+    if lx.tok.kind is Tok.KEYWORD and lx.tok.value == "ROOT":
+      is_root = True
+      lx.lex()
+    tok = lx.tok
+    if tok.kind not in (Tok.NAME, Tok.IDENT):
+      lx.error(f"expected an instruction name, found {grammar.describe(tok)}")
+    lx.lex()
+    grammar.expect(lx, Tok.EQUAL, "expected '=' after the instruction name")
+    if is_root:
+      if comp.root_name is not None:
+        self.error(root_at, "a computation can have only one ROOT")
+      comp.root_name = tok.value  # type: ignore[assignment]
+    self.parse_instruction_rhs(comp, tok.value, tok.start, True)  # type: ignore[arg-type]
+
+  def parse_instruction_rhs(self, comp: _Comp, name: str, name_at: int,
+                            allow_attributes: bool, depth: int = 0) -> Instruction:
+    """rhs ::= shape? opcode operands attributes."""
+    lx = self.lx
+    if depth > grammar.MAX_DEPTH:
+      lx.error("instructions nested too deeply")
+    shape = grammar.parse_shape(lx) if grammar.can_be_shape(lx) else None
+    tok = lx.tok
+    if tok.kind is not Tok.IDENT:
+      lx.error(f"expected an opcode, found {grammar.describe(tok)}")
+    resolved = opcodes.resolve(tok.value)  # type: ignore[arg-type]
+    if resolved is None:
+      lx.error(f"unknown opcode {tok.value!r}")
+    opcode, wrapped = resolved
+    lx.lex()
+    if shape is None and opcode not in opcodes.CAN_INFER_SHAPE:
+      self.error(tok.start, f"cannot infer the shape of {opcode}: write it before the opcode")
+    literal = None
+    param = None
+    operands: list[str] = []
+    if opcode == "parameter":
+      grammar.expect(lx, Tok.LPAREN, "expected '(' before the parameter number")
+      at = lx.tok.start
+      param = grammar.parse_int(lx, "parameter number")
+      if param < 0:
+        self.error(at, "parameter number must be >= 0")
+      grammar.expect(lx, Tok.RPAREN, "expected ')' after the parameter number")
+    elif opcode == "constant":
+      open_tok = lx.tok
+      if open_tok.kind is not Tok.LPAREN:
+        lx.error("expected '(' before the constant literal")
+      grammar.skip_group(lx)
+      literal = self.text[open_tok.end:lx.prev_end - 1].strip()
+      if not literal:
+        self.error(open_tok.end, "expected a literal")
+    else:
+      at = lx.tok.start
+      operands = self.parse_operands(comp, depth)
+      arity = _ARITY.get(opcode)
+      if arity is not None and arity != len(operands):
+        self.error(at, f"{tok.value} expects {arity} operand"
+                   f"{'' if arity == 1 else 's'}, but has {len(operands)}")
+    attrs = self.parse_attributes(lx, comp=comp, allow=allow_attributes)
+    preds: tuple[str, ...] = ()
+    raw_preds = attrs.pop("control-predecessors", None)
+    if raw_preds is not None:
+      preds = self.check_predecessors(comp, raw_preds, name_at)
+    if opcode == "async-start" and wrapped is not None:
+      attrs = self.wrap_async(comp, shape, operands, wrapped, attrs, name_at)
+    if shape is None:
+      shape = shape_inference.infer(
+          opcode, [comp.names[o].shape for o in operands], attrs,
+          self.computation_root)
+    if not name:
+      self.flush_pending_names()
+      name = self.anon.unique(f"{opcode}.anon")
+    else:
+      self.pending_names.append(name)
+    if sanitize_name(name) != name:
+      self.error(name_at, f"illegal instruction name {name!r}; XLA would call it "
+                 f"{sanitize_name(name)!r}")
+    if name in comp.names:
+      self.error(name_at, f"instruction {name} is defined twice in computation "
+                 f"{comp.name}")
+    inst = Instruction(name, opcode, shape, tuple(operands),
+                       types.MappingProxyType(attrs) if attrs else _EMPTY_ATTRS,
+                       preds, literal, param, wrapped, name_at, self.ctx)
+    comp.insts.append(inst)
+    comp.names[name] = inst
+    return inst
+
+  def flush_pending_names(self) -> None:
+    """Registers fast-path names with the anonymous-name uniquifier, in order
+    (deferred: only modules with nested instructions ever need it)."""
+    for n in self.pending_names:
+      self.anon.unique(n)
+    self.pending_names.clear()
+
+  def computation_root(self, name: str) -> Shape | None:
+    for c in self.done:
+      if c.name == name and c.root_name is not None:
+        return c.names[c.root_name].shape
+    return None
+
+  def check_predecessors(self, comp: _Comp, raw: str, at: int) -> tuple[str, ...]:
+    lx = Lexer(raw, 0)
+    names = []
+    grammar.expect(lx, Tok.LBRACE, "expected '{' to start control-predecessors")
+    while True:
+      tok = lx.tok
+      if tok.kind not in (Tok.NAME, Tok.IDENT):
+        self.error(at, "expected an instruction name in control-predecessors")
+      if tok.value not in comp.names:
+        self.error(at, f"control predecessor {tok.value} is not defined before it is used")
+      names.append(tok.value)
+      lx.lex()
+      if not grammar.eat(lx, Tok.COMMA):
+        break
+    if lx.tok.kind is not Tok.RBRACE:
+      self.error(at, "expected '}' to end control-predecessors")
+    return tuple(names)  # type: ignore[arg-type]
+
+  def wrap_async(self, comp: _Comp, shape: Shape | None, operands: list[str],
+                 wrapped: str, attrs: dict[str, str], at: int) -> dict[str, str]:
+    """`X-start(...)`: XLA wraps X in a computation of its own."""
+    if shape is None or not shape.is_tuple or len(shape.tuple_shapes) < 2 or \
+        not shape.tuple_shapes[0].is_tuple:
+      self.error(at, "an async start needs a shape ((operands), outputs, state)")
+    inner = _Comp(self.placeholder("async_wrapped"), at)
+    for i, op in enumerate(operands):
+      p = Instruction("async_param" if i == 0 else f"async_param.{i}",
+                      "parameter", comp.names[op].shape, (), _EMPTY_ATTRS, (),
+                      None, i, None, at, self.ctx)
+      inner.insts.append(p)
+      inner.names[p.name] = p
+    keep = {k: v for k, v in attrs.items()
+            if k in ("metadata", "backend_config", "frontend_attributes",
+                     "sharding", "statistics", "origin")}
+    op_attrs = {k: v for k, v in attrs.items() if k not in ("async_execution_thread",
+                                                           "output_to_operand_aliasing")}
+    # jaxlib <= 0.10 gives the wrapped op its default name, its opcode (newer
+    # XLA names it "async_op"); parity tests hold us to the installed jaxlib.
+    root = Instruction(wrapped, wrapped, shape.tuple_shapes[1],
+                       tuple(p.name for p in inner.insts),
+                       types.MappingProxyType(op_attrs) if op_attrs else _EMPTY_ATTRS,
+                       (), None, None, None, at, self.ctx)
+    inner.insts.append(root)
+    inner.names[root.name] = root
+    inner.root_name = root.name
+    self.done.append(inner)
+    key = inner.name
+    self.pool[key] = at
+    out = dict(keep)
+    for k in ("async_execution_thread", "output_to_operand_aliasing"):
+      if k in attrs:
+        out[k] = attrs[k]
+    out["calls"] = "%" + key
+    return out
+
+  def parse_operands(self, comp: _Comp, depth: int) -> list[str]:
+    """operands ::= '(' (operand (',' operand)*)? ')'; operand ::= shape? name
+    | nested instruction."""
+    lx = self.lx
+    grammar.expect(lx, Tok.LPAREN, "expected '(' to start the operands")
+    out: list[str] = []
+    if lx.tok.kind is Tok.RPAREN:
+      lx.lex()
+      return out
+    while True:
+      state = lx.save()
+      try:
+        out.append(self.parse_named_operand(comp))
+      except HloParseError as named_error:
+        lx.restore(state)
+        try:
+          nested = self.parse_instruction_rhs(comp, "", lx.tok.start, False,
+                                              depth=depth + 1)
+          out.append(nested.name)
+        except HloParseError as nested_error:
+          # XLA's ParseOperands records both errors but does not stop: the
+          # operand is dropped and parsing goes on from where the nested
+          # attempt failed. Modules XLA accepts this way must parse here too.
+          _log.warning("%s; dropping the operand, as XLA's parser does "
+                       "(it also failed as a named operand: %s)",
+                       nested_error, named_error.message)
+      if not grammar.eat(lx, Tok.COMMA):
+        break
+    grammar.expect(lx, Tok.RPAREN, "expected ')' to end the operands")
+    return out
+
+  def parse_named_operand(self, comp: _Comp) -> str:
+    lx = self.lx
+    shape = grammar.parse_shape(lx) if grammar.can_be_shape(lx) else None
+    tok = lx.tok
+    if tok.kind not in (Tok.NAME, Tok.IDENT):
+      if shape is not None and self.single and self.scopes == 1:
+        return self.missing_parameter(comp, "", shape, tok.start)
+      lx.error(f"expected an operand name, found {grammar.describe(tok)}")
+    name = tok.value
+    lx.lex()
+    if lx.tok.kind not in (Tok.COMMA, Tok.RPAREN):
+      lx.error(f"expected ',' or ')' after operand {name}")
+    if name not in comp.names:
+      if self.single and self.scopes == 1 and shape is not None:
+        return self.missing_parameter(comp, name, shape, tok.start)  # type: ignore[arg-type]
+      self.error(tok.start, f"instruction {name} is not defined before it is used")
+    return name  # type: ignore[return-value]
+
+  def missing_parameter(self, comp: _Comp, name: str, shape: Shape, at: int) -> str:
+    name = name or f"_{comp.param_count}"
+    p = Instruction(name, "parameter", shape, (), _EMPTY_ATTRS, (), None,
+                    comp.param_count, None, at, self.ctx)
+    comp.param_count += 1
+    comp.insts.append(p)
+    comp.names[name] = p
+    return name
+
+  # -------------------------------------------------------------- assembly --
+
+  def check_refs(self) -> None:
+    for name, at in self.refs:
+      if name not in self.pool:
+        self.error(at, f"computation {name} does not exist")
+
+  def assemble(self, name: str | None, header: dict[str, str],
+               stack_frames: StackFrameIndex | None, entry: _Comp) -> HloModule:
+    """Applies XLA's module-wide name uniquifier and builds the IR."""
+    comp_names = _NameUniquer()
+    inst_names = _NameUniquer()
+    generated: dict[str, str] = {}
+    for comp in self.done:
+      old = comp.name
+      new = comp_names.unique(self.generated.get(old, old))
+      if old in self.generated:
+        generated[old] = new
+      elif new != old:
+        self.renames[old] = new
+      comp.name = new
+    all_names = [i.name for c in self.done for i in c.insts]
+    identity = _uniquifier_is_identity(all_names)
+    computations = []
+    for comp in self.done:
+      local: dict[str, str] = {}
+      unique = inst_names.unique
+      for inst in () if identity else comp.insts:
+        new = unique(inst.name, True)
+        if new != inst.name:
+          local[inst.name] = new
+      insts = comp.insts
+      if local or generated:
+        insts = [_rename(i, local, generated) for i in insts]
+      root = local.get(comp.root_name, comp.root_name)
+      computations.append(Computation(
+          comp.name, tuple(insts), root, comp is entry, comp.thread, comp.offset))
+    if name is None:
+      name = "module_" + entry.name
+    return HloModule(name, tuple(computations), entry.name,
+                     types.MappingProxyType(header), stack_frames, self.ctx)
+
+
+_NONCANONICAL_SUFFIX = re.compile(r"^(.+)\.(0\d*|[+-]\d+|\d{19,})$", re.MULTILINE)
+
+
+def _uniquifier_is_identity(names: list[str]) -> bool:
+  """Whether XLA's uniquifier would keep every name as it is.
+
+  It keeps a name unless its (root, numeric suffix) pair was taken before, or
+  its suffix is not written canonically (".007" comes back as ".7"). For
+  distinct names with canonical suffixes the pairs are distinct; a ".0"
+  suffix takes the same pair as the bare root.
+  """
+  taken = set(names)
+  if len(taken) != len(names):
+    return False
+  for m in _NONCANONICAL_SUFFIX.finditer("\n".join(names)):
+    root, suffix = m.groups()
+    if len(suffix.lstrip("+-")) > 18:
+      return False
+    number = int(suffix)
+    if suffix != "0" and str(number) != suffix:
+      return False  # ".007" comes back as ".7"
+    canonical = root if number == 0 else f"{root}.{number}"
+    if canonical in taken:
+      return False
+    taken.add(canonical)
+  return True
+
+
+def _reserved(name: str) -> bool:
+  """Names a bare identifier cannot have (keywords, element types)."""
+  return name in _RESERVED
+
+
+_new = object.__new__
+_FIELD_SETTERS = tuple(Instruction.__dict__[f.name].__set__
+                       for f in dataclasses.fields(Instruction))
+
+
+def _make_instruction(name, opcode, shape, operands, attrs, preds, literal,
+                      param, wrapped, offset, ctx) -> Instruction:
+  """`Instruction(...)` at half the cost: the frozen dataclass __init__ makes
+  an attribute lookup per field, which is most of parsing a dump's time spent
+  outside regular expressions. Sets exactly the fields __init__ sets."""
+  inst = _new(Instruction)
+  (s_name, s_opcode, s_shape, s_operands, s_attrs, s_preds, s_literal,
+   s_param, s_wrapped, s_offset, s_ctx, s_cache) = _FIELD_SETTERS
+  s_name(inst, name)
+  s_opcode(inst, opcode)
+  s_shape(inst, shape)
+  s_operands(inst, operands)
+  s_attrs(inst, attrs)
+  s_preds(inst, preds)
+  s_literal(inst, literal)
+  s_param(inst, param)
+  s_wrapped(inst, wrapped)
+  s_offset(inst, offset)
+  s_ctx(inst, ctx)
+  s_cache(inst, None)
+  return inst
+
+
+def _rename(inst: Instruction, local: dict[str, str],
+            generated: dict[str, str]) -> Instruction:
+  """`inst` with renamed instructions and parser-made computations."""
+  src = inst.attribute_source
+  if generated and not isinstance(src, str):
+    roles = [r for r in COMPUTATION_ROLES if "\0" in src.get(r, "")]
+    if roles:
+      fixed = dict(src)
+      for r in roles:
+        fixed[r] = _PLACEHOLDER.sub(lambda m: generated[m.group()], fixed[r])
+      src = types.MappingProxyType(fixed)
+  if not local and src is inst.attribute_source:
+    return inst
+  return Instruction(local.get(inst.name, inst.name), inst.opcode, inst.shape,
+                     tuple(local.get(o, o) for o in inst.operands), src,
+                     tuple(local.get(p, p) for p in inst.control_predecessors),
+                     inst.literal, inst.parameter_number,
+                     inst.async_wrapped_opcode, inst.offset, inst._ctx)
+
+
+_PLACEHOLDER = re.compile("\0\\d+\0")
+_RESOLVE: dict[str, tuple[str, str | None]] = {}
+for _op in opcodes.OPCODES:
+  _RESOLVE[_op] = (_op, None)
+  for _suffix, _async in (("-start", "async-start"), ("-update", "async-update"),
+                          ("-done", "async-done")):
+    if _op + _suffix not in opcodes.OPCODES:
+      _RESOLVE[_op + _suffix] = (_async, _op)
+
+
+# ------------------------------------------------------------------ public --
+
+
+def parse_hlo(text: str, *, source: str | None = None) -> HloModule:
+  """Parses HLO text (a module, a computation list, or one instruction).
+
+  Accepts everything XLA's `ParseAndReturnUnverifiedModule` accepts: CPU, GPU
+  and TPU dumps, scheduled modules, async pairs, comments, elided constants.
+  Names are uniquified module-wide exactly as XLA does.
+
+  Args:
+    text: the HLO text.
+    source: file name to show in error messages.
+
+  Returns:
+    The module.
+
+  Raises:
+    HloParseError: with line, column and the offending text; no other
+      exception escapes for malformed input.
+  """
+  if not isinstance(text, str):
+    raise TypeError(f"parse_hlo expects str, got {type(text).__name__}")
+  return _parse(text, source, fast=True)
+
+
+def _parse(text: str, source: str | None, fast: bool) -> HloModule:
+  parser = _Parser(text, source, fast)
+  try:
+    return parser.parse()
+  except RecursionError:
+    error_at(text, parser.lx.tok.start if parser.lx else 0,
+             "input nested too deeply", source)
+
+
+def parse_hlo_file(path: str | os.PathLike) -> HloModule:
+  """Reads and parses an HLO text file (see `parse_hlo`).
+
+  Raises:
+    HloParseError: for malformed text, naming the file.
+    OSError: if the file cannot be read.
+  """
+  path = os.fspath(path)
+  with open(path, encoding="utf-8", errors="surrogateescape", newline="") as f:
+    text = f.read()
+  return parse_hlo(text, source=path)
+
+
+def parse_shape(text: str) -> Shape:
+  """Parses one shape, e.g. "f32[8,128]{1,0}" or "(s32[], bf16[2])".
+
+  Raises:
+    HloParseError: if `text` is not exactly one shape.
+  """
+  lx = Lexer(text, 0)
+  shape = grammar.parse_shape(lx)
+  if lx.tok.kind is not Tok.EOF:
+    lx.error(f"unexpected {grammar.describe(lx.tok)} after the shape")
+  return shape
