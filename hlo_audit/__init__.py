@@ -14,3 +14,9 @@ from hlo_audit._src.hlo.ir import SourceLocation as SourceLocation
 from hlo_audit._src.hlo.parser import parse_hlo as parse_hlo
 from hlo_audit._src.hlo.parser import parse_hlo_file as parse_hlo_file
 from hlo_audit._src.hlo.parser import parse_shape as parse_shape
+from hlo_audit._src.capture.capture import Capture as Capture
+from hlo_audit._src.capture.capture import MemoryStats as MemoryStats
+from hlo_audit._src.capture.capture import capture as capture
+from hlo_audit._src.capture.dump import Dump as Dump
+from hlo_audit._src.capture.dump import DumpedModule as DumpedModule
+from hlo_audit._src.capture.dump import load_dump as load_dump

@@ -483,7 +483,10 @@ class _Parser:
       end = self.n if end < 0 else end
       m = _FAST_COMP.match(text, pos, end)
       if (m is not None and m.end() == end and
-          (m.group(2) or not _reserved(m.group(3)))):
+          (m.group(2) or not _reserved(m.group(3))) and
+          m.group(4) is None):
+        # A signature `(p: f32[]) -> f32[]` goes to the lexer below, which
+        # checks its shapes as XLA does; the regex would take any text.
         comp = _Comp(m.group(3), pos + m.start(3) - m.start(), bool(m.group(1)))
         pos = self.parse_instructions(comp, end + 1 if end < self.n else end)
         return comp, pos

@@ -1,0 +1,403 @@
+"""Live ranges over the flattened schedule, and the peak memory they imply.
+
+Live ranges follow XLA's `HloLiveRange`: a value lives from its definition
+(a computation's parameters from the computation's start) to its last use;
+values reaching a computation's root live to the end of its span; read-only
+entry parameters live to the end of the run.
+
+Peak memory follows XLA's accounting, so that it can be held against the
+numbers XLA reports (`memory_analysis()`, the buffer-assignment report):
+
+1. Allocations, as XLA's BufferAssigner makes them: buffers largest first;
+   entry parameters and constants get read-only allocations; every other
+   buffer first tries its operands' allocations, then the smallest existing
+   allocation it fits, where "fits" means no live range overlaps, except that
+   an output may start the moment an operand it can overwrite dies (XLA's
+   `CanShareBuffer`). Outputs that find none get their own allocation.
+2. The heap: temporaries that found no allocation. Its peak is the largest sum
+   of temporaries live at one time, an output again taking the memory of an
+   operand that dies where it is written.
+
+`peak_bytes` = allocations + heap peak. `timeline` gives live bytes per step
+for charts: allocations (which the runtime holds for the whole run) plus the
+heap at that step.
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import types
+from collections.abc import Mapping
+
+from hlo_audit._src.analysis.dataflow import Dataflow, ValueId, in_place_pairs
+from hlo_audit._src.analysis.schedule import Schedule
+from hlo_audit._src.hlo import opcodes
+from hlo_audit._src.hlo.ir import Computation, HloModule, Instruction
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Liveness:
+  """Live ranges and peak memory of one module."""
+
+  #: value -> (first, last) time it is live, inclusive (XLA's live ranges).
+  value_ranges: Mapping[ValueId, tuple[int, int]]
+  #: buffer -> (first, last): the union of its values' ranges.
+  ranges: Mapping[ValueId, tuple[int, int]]
+  #: buffer -> bytes.
+  sizes: Mapping[ValueId, int]
+  #: Buffers of read-only entry parameters, and of the entry's result.
+  parameter_buffers: frozenset[ValueId]
+  output_buffers: frozenset[ValueId]
+  #: buffer -> index of the allocation it was placed in (absent: the heap).
+  allocation_of: Mapping[ValueId, int]
+  #: Sizes of the allocations, by index.
+  allocation_sizes: tuple[int, ...]
+  #: Temporaries on the heap.
+  heap_buffers: frozenset[ValueId]
+  #: heap buffer -> heap buffer whose memory it takes over in place.
+  heap_reuses: Mapping[ValueId, ValueId]
+  #: Live bytes at each time (allocations + heap).
+  timeline: tuple[int, ...]
+  peak_bytes: int
+  #: Time of the heap's peak.
+  peak_time: int
+  peak_heap_bytes: int
+  #: Buffers live at `peak_time` (allocation and heap buffers alike).
+  live_at_peak: tuple[ValueId, ...]
+
+  @property
+  def allocation_bytes(self) -> int:
+    return sum(self.allocation_sizes)
+
+  @property
+  def argument_bytes(self) -> int:
+    return sum(self.sizes[b] for b in self.parameter_buffers)
+
+
+def analyze_liveness(module: HloModule, schedule: Schedule,
+                     dataflow: Dataflow) -> Liveness:
+  """Live ranges of `dataflow`'s values and buffers, and the peak memory."""
+  end = schedule.end
+  time = schedule.time
+  span = schedule.span
+  entry = module.entry
+  comps = {name: module.computation(name) for name in span}
+
+  value_ranges: dict[ValueId, list[int]] = {}
+  for vid, value in dataflow.values.items():
+    inst = comps[value.computation].instruction(vid[0])
+    t = time[vid[0]]
+    start = span[value.computation][0] if inst.opcode == "parameter" else t
+    last = t
+    for user, _ in dataflow.uses.get(vid, ()):
+      ut = time.get(user)
+      if ut is not None and ut > last:
+        last = ut
+    value_ranges[vid] = [start, last]
+  for comp_name, comp in comps.items():
+    for _, vid in dataflow.holds.get(comp.root_name, ()):
+      if vid in value_ranges:
+        value_ranges[vid][1] = max(value_ranges[vid][1], span[comp_name][1])
+  donated = {(a.parameter, a.parameter_index) for a in module.input_output_alias}
+  parameter_buffers = set()
+  for p in entry.parameters:
+    for index, vid in dataflow.holds.get(p.name, ()):
+      if vid[0] == p.name and (p.parameter_number, index) not in donated:
+        value_ranges[vid][1] = end
+        parameter_buffers.add(dataflow.buffer_of[vid])
+  output_buffers = {dataflow.buffer_of[vid]
+                    for _, vid in dataflow.holds.get(entry.root_name, ())}
+
+  sizes = {b: max(dataflow.values[v].byte_size for v in members)
+           for b, members in dataflow.buffers.items()}
+  ranges = {b: (min(value_ranges[v][0] for v in members),
+                max(value_ranges[v][1] for v in members))
+            for b, members in dataflow.buffers.items()}
+
+  sharer = _Sharer(module, comps, dataflow, value_ranges)
+  allocation_of, allocation_sizes, heap = _assign(
+      dataflow, schedule, comps, sizes, value_ranges, parameter_buffers,
+      output_buffers, sharer)
+  heap_reuses = _heap_reuses(dataflow, schedule, comps, heap, ranges, sizes, sharer)
+
+  # Heap occupancy over time, buffers that take over another's memory merged.
+  merged: dict[ValueId, list[int]] = {}
+  for b in heap:
+    root = b
+    while root in heap_reuses:
+      root = heap_reuses[root]
+    m = merged.setdefault(root, [ranges[b][0], ranges[b][1], sizes[b]])
+    m[0] = min(m[0], ranges[b][0])
+    m[1] = max(m[1], ranges[b][1])
+    m[2] = max(m[2], sizes[b])
+  heap_line = _timeline(merged.values(), end)
+  peak_heap = max(heap_line, default=0)
+  peak_time = heap_line.index(peak_heap) if heap_line else 0
+  fixed = sum(allocation_sizes)
+  live_at_peak = tuple(b for b, (s, e) in ranges.items() if s <= peak_time <= e)
+  return Liveness(
+      value_ranges=types.MappingProxyType({v: tuple(r) for v, r in value_ranges.items()}),
+      ranges=types.MappingProxyType(ranges),
+      sizes=types.MappingProxyType(sizes),
+      parameter_buffers=frozenset(parameter_buffers),
+      output_buffers=frozenset(output_buffers),
+      allocation_of=types.MappingProxyType(allocation_of),
+      allocation_sizes=tuple(allocation_sizes),
+      heap_buffers=frozenset(heap),
+      heap_reuses=types.MappingProxyType(heap_reuses),
+      timeline=tuple(fixed + x for x in heap_line),
+      peak_bytes=fixed + peak_heap, peak_time=peak_time,
+      peak_heap_bytes=peak_heap, live_at_peak=live_at_peak)
+
+
+class _Sharer:
+  """Answers XLA's "may this value start where that one ends?" question."""
+
+  def __init__(self, module, comps, dataflow, value_ranges):
+    self.module = module
+    self.comps = comps
+    self.dataflow = dataflow
+    self.value_ranges = value_ranges
+    self._holders: dict[ValueId, list[str]] = {}
+    for inst, pairs in dataflow.holds.items():
+      for _, vid in pairs:
+        self._holders.setdefault(vid, []).append(inst)
+    self._cache: dict = {}
+
+  def can_follow(self, operand: ValueId, user: ValueId) -> bool:
+    """Whether value `user` may take `operand`'s memory when `operand`'s live
+    range ends exactly where `user`'s starts (LiveRangeInterferes)."""
+    key = (operand, user)
+    hit = self._cache.get(key)
+    if hit is not None:
+      return hit
+    result = False
+    user_value = self.dataflow.values[user]
+    comp = self.comps[user_value.computation]
+    user_inst = comp.instruction(user[0])
+    if user_inst.opcode != "copy" and user_inst.opcode not in ("parameter", "constant"):
+      holders = set(self._holders.get(operand, ()))
+      for k, o in enumerate(user_inst.operands):
+        if o in holders:
+          index = dict(self.dataflow.holds.get(o, ()))
+          if any(v == operand and idx == user[1] for idx, v in index.items()) and \
+              can_share_buffer(self.module, comp, user_inst, k, user[1]):
+            result = True
+            break
+    self._cache[key] = result
+    return result
+
+
+def _interferes(a: tuple[int, int], a_id: ValueId, b: tuple[int, int],
+                b_id: ValueId, sharer: _Sharer) -> bool:
+  if a[0] > b[1] or b[0] > a[1]:
+    return False
+  if a[1] == b[0]:
+    return not sharer.can_follow(a_id, b_id)
+  if b[1] == a[0]:
+    return not sharer.can_follow(b_id, a_id)
+  return True
+
+
+class _Allocation:
+  """One allocation: its size and the values in it, sorted by start."""
+
+  __slots__ = ("size", "readonly", "starts", "spans")
+
+  def __init__(self, size: int, readonly: bool):
+    self.size = size
+    self.readonly = readonly
+    self.starts: list[int] = []
+    self.spans: list[tuple[int, int, ValueId]] = []
+
+  def fits(self, values, sharer: _Sharer) -> bool:
+    for start, last, vid in values:
+      # Only spans starting at or before `last` can overlap; the one before
+      # `start` may reach into it.
+      i = bisect.bisect_right(self.starts, last)
+      j = i - 1
+      while j >= 0:
+        s, e, other = self.spans[j]
+        if e < start:
+          # Spans are disjoint but for touching ends, so earlier ones end
+          # earlier still, except a touching neighbour: look one further.
+          if j > 0 and self.spans[j - 1][1] >= start:
+            j -= 1
+            continue
+          break
+        if _interferes((start, last), vid, (s, e), other, sharer):
+          return False
+        j -= 1
+    return True
+
+  def add(self, values) -> None:
+    for start, last, vid in values:
+      i = bisect.bisect_right(self.starts, start)
+      self.starts.insert(i, start)
+      self.spans.insert(i, (start, last, vid))
+
+
+def _assign(dataflow, schedule, comps, sizes, value_ranges, parameter_buffers,
+            output_buffers, sharer):
+  """XLA's BufferAssigner over our buffers; returns (allocation of each
+  placed buffer, allocation sizes, heap buffers)."""
+  order = sorted(dataflow.buffers, key=lambda b: (
+      -sizes[b], b not in output_buffers,
+      min(schedule.time.get(v[0], 0) for v in dataflow.buffers[b])))
+  allocations: list[_Allocation] = []
+  reusable: list[int] = []  # indices, in creation order
+  allocation_of: dict[ValueId, int] = {}
+  heap: list[ValueId] = []
+  for b in order:
+    members = dataflow.buffers[b]
+    values = [(value_ranges[v][0], value_ranges[v][1], v) for v in members]
+    size = sizes[b]
+    first = dataflow.values[b]
+    inst = comps[first.computation].instruction(first.instruction)
+    if inst.opcode == "constant" or b in parameter_buffers:
+      allocations.append(_Allocation(size, readonly=True))
+      allocations[-1].add(values)
+      allocation_of[b] = len(allocations) - 1
+      continue
+    live_out = b in output_buffers
+
+    def try_place(i: int) -> bool:
+      alloc = allocations[i]
+      if alloc.readonly or alloc.size < size or (live_out and alloc.size != size):
+        return False
+      if not alloc.fits(values, sharer):
+        return False
+      alloc.add(values)
+      allocation_of[b] = i
+      return True
+
+    placed = False
+    # Operands' allocations first (top-level values only), for locality.
+    for v in members:
+      if v[1] != () or placed:
+        continue
+      user = comps[dataflow.values[v].computation].instruction(v[0])
+      for operand in user.operands:
+        for idx, ov in dataflow.holds.get(operand, ()):
+          if idx != ():
+            continue
+          i = allocation_of.get(dataflow.buffer_of[ov])
+          if i is not None and try_place(i):
+            placed = True
+            break
+        if placed:
+          break
+    if not placed:
+      for i in reversed(reusable):
+        if try_place(i):
+          placed = True
+          break
+    if placed:
+      continue
+    if not live_out:
+      heap.append(b)
+      continue
+    allocations.append(_Allocation(size, readonly=False))
+    allocations[-1].add(values)
+    allocation_of[b] = len(allocations) - 1
+    reusable.append(len(allocations) - 1)
+  return allocation_of, [a.size for a in allocations], heap
+
+
+def _heap_reuses(dataflow, schedule, comps, heap, ranges, sizes, sharer):
+  """Heap buffers that take over a dying operand's heap memory in place (the
+  heap simulator's ShareWith): buffer -> the buffer whose memory it takes."""
+  in_heap = set(heap)
+  reuses: dict[ValueId, ValueId] = {}
+  taken: set[ValueId] = set()
+  for b in sorted(heap, key=lambda b: ranges[b][0]):
+    start = ranges[b][0]
+    for v in dataflow.buffers[b]:
+      if start != schedule.time.get(v[0]):
+        continue
+      user = comps[dataflow.values[v].computation].instruction(v[0])
+      for operand in user.operands:
+        for idx, ov in dataflow.holds.get(operand, ()):
+          ob = dataflow.buffer_of[ov]
+          if (ob in in_heap and ob not in taken and ob != b and idx == v[1] and
+              ranges[ob][1] == start and sizes[ob] >= sizes[b] and
+              sharer.can_follow(ov, v)):
+            reuses[b] = ob
+            taken.add(ob)
+            break
+        if b in reuses:
+          break
+      if b in reuses:
+        break
+  return reuses
+
+
+def _timeline(intervals, end: int) -> list[int]:
+  delta = [0] * (end + 2)
+  for start, last, size in intervals:
+    delta[max(start, 0)] += size
+    delta[min(last, end) + 1] -= size
+  out = []
+  cur = 0
+  for t in range(end):
+    cur += delta[t]
+    out.append(cur)
+  return out
+
+
+def can_share_buffer(module: HloModule, comp: Computation, user: Instruction,
+                     operand_number: int, index: tuple[int, ...]) -> bool:
+  """Whether `user`'s output at `index` may reuse its operand's memory.
+
+  After XLA's `HloDataflowAnalysis::CanShareBuffer`: same shape and layout,
+  and either an in-place pair, an elementwise op, or a loop/input fusion in
+  which the operand's parameter is only used elementwise up to the root.
+  """
+  operand = comp.instruction(user.operands[operand_number])
+  if operand.opcode == "constant":
+    return False
+  try:
+    out_shape = user.shape.subshape(index) if user.shape is not None else None
+    in_shape = operand.shape.subshape(index) if operand.shape is not None else None
+  except IndexError:
+    return False
+  if out_shape is None or in_shape is None or out_shape != in_shape:
+    return False
+  for out_index, k, operand_index in in_place_pairs(user, module):
+    if k == operand_number and out_index == index and operand_index == index:
+      return True
+  if user.opcode == "fusion":
+    if user.fusion_kind not in ("kLoop", "kInput"):
+      return False
+    calls = user.called_computations.get("calls", ())
+    if not calls or calls[0] not in module:
+      return False
+    return _uses_elementwise(module.computation(calls[0]), operand_number)
+  return user.opcode in opcodes.ELEMENTWISE and user.opcode not in (
+      "convert", "bitcast-convert", "reduce-precision")
+
+
+def _uses_elementwise(fused: Computation, parameter_number: int) -> bool:
+  """XLA's AreTransitiveUsesElementwiseOrTuple for a fused parameter."""
+  params = [p for p in fused.instructions if p.opcode == "parameter" and
+            p.parameter_number == parameter_number]
+  if not params:
+    return False
+  users: dict[str, list[Instruction]] = {}
+  for inst in fused.instructions:
+    for o in inst.operands:
+      users.setdefault(o, []).append(inst)
+  stack = [params[0].name]
+  seen = set()
+  while stack:
+    name = stack.pop()
+    if name in seen:
+      continue
+    seen.add(name)
+    for u in users.get(name, ()):
+      if u.opcode == "tuple" or u.opcode in opcodes.ELEMENTWISE:
+        stack.append(u.name)
+      else:
+        return False
+  return True

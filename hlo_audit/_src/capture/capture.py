@@ -1,0 +1,284 @@
+"""Capture: compile a JAX function and keep everything XLA says about it.
+
+`capture(fn, *args)` lowers and compiles `fn` (a `jax.jit` function, a plain
+callable, a `Lowered` or a `Compiled`) and returns a `Capture`: the optimized
+HLO text and parsed module, the pre-optimization HLO, cost and memory
+analyses, platform and versions, and XLA's own buffer assignment and live
+ranges.
+
+XLA's buffer assignment and live ranges are read from the text reports it
+writes when compiled with per-compile dump options (`xla_dump_to` in
+`compiler_options`), not decoded from `serialized_buffer_assignment_proto`:
+the proto names instructions by unique ids that HLO text does not carry, while
+the text reports name them, and they are the very files users get from
+`XLA_FLAGS=--xla_dump_to` on GPU and TPU, so one parser serves both paths.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+import tempfile
+import types
+from collections.abc import Mapping
+from typing import Any
+
+from hlo_audit._src.errors import CaptureError
+from hlo_audit._src.hlo.ir import HloModule
+from hlo_audit._src.hlo.parser import parse_hlo
+from hlo_audit._src.hlo.xla_reports import (BufferAssignment, LiveRange,
+                                            parse_buffer_assignment,
+                                            parse_live_range)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class MemoryStats:
+  """XLA's `memory_analysis()` of a compiled executable, in bytes."""
+
+  argument_bytes: int
+  output_bytes: int
+  alias_bytes: int
+  temp_bytes: int
+  generated_code_bytes: int
+  #: XLA's peak memory estimate (None when this jaxlib does not report it).
+  peak_bytes: int | None = None
+  host_argument_bytes: int = 0
+  host_output_bytes: int = 0
+  host_temp_bytes: int = 0
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Capture:
+  """Everything captured about one compiled module."""
+
+  #: The optimized HLO, parsed.
+  module: HloModule
+  #: The optimized HLO text.
+  hlo_text: str
+  #: HLO before XLA's optimizations, when known.
+  pre_optimization_text: str | None = None
+  #: "cpu", "gpu", "tpu", or "" when unknown (e.g. a bare text file).
+  platform: str = ""
+  #: e.g. "NVIDIA H200", "TPU v5 lite", "cpu".
+  device_kind: str = ""
+  jax_version: str = ""
+  jaxlib_version: str = ""
+  #: XLA's cost analysis ("flops", "bytes accessed", ...).
+  cost_analysis: Mapping[str, float] | None = None
+  memory_stats: MemoryStats | None = None
+  #: XLA's buffer assignment, when XLA dumped it.
+  buffer_assignment: BufferAssignment | None = None
+  #: XLA's live ranges, when XLA dumped them.
+  live_range: LiveRange | None = None
+  #: XLA's memory usage report, as text.
+  memory_usage_report: str | None = None
+  #: Where it came from: "jit", "lowered", "compiled", "dump" or "text".
+  origin: str = ""
+  #: File the HLO text was read from, for dumps and text files.
+  path: str | None = None
+  #: Why some of the above is missing, for reports to say.
+  notes: tuple[str, ...] = ()
+
+  @property
+  def name(self) -> str:
+    return self.module.name
+
+  def memory_analysis(self) -> MemoryStats | None:
+    """XLA's memory analysis (`peak_bytes` is its peak estimate)."""
+    return self.memory_stats
+
+
+def capture(fn: Any, *args: Any, **kwargs: Any) -> Capture:
+  """Compiles `fn` for `args` and captures what XLA made of it.
+
+  Args:
+    fn: a `jax.jit`-wrapped function (its static and donated arguments are
+      honoured), a plain callable (jitted here), a `jax.stages.Lowered`, or a
+      `jax.stages.Compiled`.
+    *args: arguments: arrays, `jax.ShapeDtypeStruct`s, or pytrees of them (none
+      for `Lowered` and `Compiled`).
+    **kwargs: keyword arguments of `fn`.
+
+  Returns:
+    The capture. A `Compiled` carries no dump, so its capture has no XLA
+    buffer assignment or live ranges (`notes` says so): pass the function or
+    its `Lowered` to get them.
+
+  Raises:
+    CaptureError: if `fn` is not a function or stage, cannot be traced with
+      these arguments, or fails to compile; the message names the problem.
+  """
+  import jax  # Imported here: parsing HLO text must not need JAX.
+  from jax import stages
+
+  if isinstance(fn, stages.Compiled):
+    if args or kwargs:
+      raise CaptureError("a Compiled stage takes no arguments: capture(compiled)")
+    return _from_compiled(fn, origin="compiled", lowered=None)
+  if isinstance(fn, stages.Lowered):
+    if args or kwargs:
+      raise CaptureError("a Lowered stage takes no arguments: capture(lowered)")
+    return _compile_and_capture(fn, origin="lowered")
+  if isinstance(fn, stages.Wrapped) or hasattr(fn, "lower"):
+    jitted, origin = fn, "jit"
+  elif callable(fn):
+    jitted, origin = jax.jit(fn), "jit"
+  else:
+    raise CaptureError(
+        f"capture expects a function, a jax.jit-wrapped function, a Lowered or "
+        f"a Compiled; got {type(fn).__name__}")
+  name = getattr(fn, "__name__", type(fn).__name__)
+  try:
+    lowered = jitted.lower(*args, **kwargs)
+  except CaptureError:
+    raise
+  except Exception as e:  # JAX raises TypeError, ValueError, tracer errors...
+    raise CaptureError(f"could not trace {name}{_signature(args, kwargs)}: "
+                       f"{type(e).__name__}: {_first_line(e)}") from e
+  return _compile_and_capture(lowered, origin=origin)
+
+
+def _compile_and_capture(lowered, *, origin: str) -> Capture:
+  dump_dir = tempfile.mkdtemp(prefix="hlo_audit_")
+  notes: list[str] = []
+  try:
+    options = {"xla_dump_to": dump_dir, "xla_dump_hlo_as_text": True}
+    try:
+      compiled = lowered.compile(compiler_options=options)
+    except TypeError:
+      # A JAX without per-compile options: compile plainly, no XLA reports.
+      compiled = lowered.compile()
+      notes.append("this JAX cannot pass per-compile dump options; XLA's "
+                   "buffer assignment and live ranges are unavailable")
+    except Exception as e:
+      raise CaptureError(f"XLA failed to compile: {type(e).__name__}: "
+                         f"{_first_line(e)}") from e
+    from hlo_audit._src.capture.dump import read_dump_dir  # same package
+    dumped = [m for m in read_dump_dir(dump_dir) if m.after_optimizations]
+    pre = None
+    try:
+      pre = lowered.as_text(dialect="hlo")
+    except Exception:  # pragma: no cover - older JAX spells it differently
+      pre = None
+    return _from_compiled(compiled, origin=origin, lowered=lowered,
+                          dumped=dumped[-1] if dumped else None,
+                          pre=pre, notes=notes)
+  finally:
+    shutil.rmtree(dump_dir, ignore_errors=True)
+
+
+def _from_compiled(compiled, *, origin: str, lowered, dumped=None, pre=None,
+                   notes=None) -> Capture:
+  import jax
+  import jaxlib
+
+  notes = list(notes or [])
+  text = compiled.as_text()
+  if not text:
+    raise CaptureError("the compiled executable has no HLO text")
+  module = parse_hlo(text, source=f"<optimized HLO of {origin}>")
+  buffer_assignment = live_range = report = None
+  if dumped is not None:
+    buffer_assignment = dumped.read_buffer_assignment()
+    live_range = dumped.read_live_range()
+    report = dumped.read_memory_usage_report()
+    if pre is None:
+      pre = dumped.read_before_optimizations()
+  elif origin == "compiled":
+    notes.append("a Compiled stage carries no XLA dump: buffer assignment and "
+                 "live ranges are unavailable (capture the function or its "
+                 "Lowered to get them)")
+  device = _device(compiled)
+  return Capture(
+      module=module, hlo_text=text, pre_optimization_text=pre,
+      platform=device.platform if device is not None else jax.default_backend(),
+      device_kind=device.device_kind if device is not None else "",
+      jax_version=jax.__version__, jaxlib_version=jaxlib.__version__,
+      cost_analysis=_cost(compiled), memory_stats=_memory(compiled),
+      buffer_assignment=buffer_assignment, live_range=live_range,
+      memory_usage_report=report, origin=origin, notes=tuple(notes))
+
+
+def _device(compiled):
+  try:
+    shardings = compiled.input_shardings[0] or compiled.output_shardings
+    for s in (shardings if isinstance(shardings, (list, tuple)) else [shardings]):
+      devices = getattr(s, "device_set", None)
+      if devices:
+        return next(iter(devices))
+  except Exception:  # noqa: BLE001 - best effort; fall back to the default
+    pass
+  import jax
+  return jax.devices()[0]
+
+
+def _cost(compiled) -> Mapping[str, float] | None:
+  try:
+    cost = compiled.cost_analysis()
+  except Exception:  # noqa: BLE001 - some backends do not implement it
+    return None
+  if isinstance(cost, (list, tuple)):  # older JAX: one dict per device
+    cost = cost[0] if cost else None
+  if not cost:
+    return None
+  return types.MappingProxyType({str(k): float(v) for k, v in cost.items()})
+
+
+def _memory(compiled) -> MemoryStats | None:
+  try:
+    m = compiled.memory_analysis()
+  except Exception:  # noqa: BLE001 - some backends do not implement it
+    return None
+  if m is None:
+    return None
+  if isinstance(m, (list, tuple)):
+    m = m[0] if m else None
+    if m is None:
+      return None
+  get = lambda name: int(getattr(m, name, 0) or 0)  # noqa: E731
+  peak = getattr(m, "peak_memory_in_bytes", None)
+  return MemoryStats(
+      argument_bytes=get("argument_size_in_bytes"),
+      output_bytes=get("output_size_in_bytes"),
+      alias_bytes=get("alias_size_in_bytes"),
+      temp_bytes=get("temp_size_in_bytes"),
+      generated_code_bytes=get("generated_code_size_in_bytes"),
+      peak_bytes=int(peak) if peak is not None else None,
+      host_argument_bytes=get("host_argument_size_in_bytes"),
+      host_output_bytes=get("host_output_size_in_bytes"),
+      host_temp_bytes=get("host_temp_size_in_bytes"))
+
+
+def capture_text(text: str, *, source: str | None = None,
+                 buffer_assignment: str | None = None,
+                 live_range: str | None = None) -> Capture:
+  """A capture of HLO text alone (a file, a string), optionally with XLA's
+  buffer assignment and live-range report texts."""
+  module = parse_hlo(text, source=source)
+  return Capture(
+      module=module, hlo_text=text, origin="text", path=source,
+      buffer_assignment=(parse_buffer_assignment(buffer_assignment)
+                         if buffer_assignment else None),
+      live_range=parse_live_range(live_range) if live_range else None,
+      notes=("HLO text alone: no XLA buffer assignment or live ranges",)
+      if buffer_assignment is None else ())
+
+
+def _signature(args, kwargs) -> str:
+  try:
+    import jax
+    leaves = jax.tree_util.tree_leaves((args, kwargs))
+    parts = []
+    for leaf in leaves[:6]:
+      shape = getattr(leaf, "shape", None)
+      dtype = getattr(leaf, "dtype", None)
+      parts.append(f"{dtype}{list(shape)}" if shape is not None else type(leaf).__name__)
+    more = ", ..." if len(leaves) > 6 else ""
+    return "(" + ", ".join(parts) + more + ")"
+  except Exception:  # noqa: BLE001 - only for the message
+    return "(...)"
+
+
+def _first_line(e: BaseException) -> str:
+  text = str(e).strip()
+  return text.splitlines()[0] if text else type(e).__name__
