@@ -20,3 +20,17 @@ from hlo_audit._src.capture.capture import capture as capture
 from hlo_audit._src.capture.dump import Dump as Dump
 from hlo_audit._src.capture.dump import DumpedModule as DumpedModule
 from hlo_audit._src.capture.dump import load_dump as load_dump
+from hlo_audit._src.analysis.backend_traits import KernelKind as KernelKind
+from hlo_audit._src.analysis.buffers import Buffer as Buffer
+from hlo_audit._src.analysis.buffers import Lifetime as Lifetime
+from hlo_audit._src.analysis.detectors import AuditOptions as AuditOptions
+from hlo_audit._src.analysis.kernels import Kernel as Kernel
+from hlo_audit._src.analysis.records import FindingKind as FindingKind
+from hlo_audit._src.analysis.records import FusionDecisionRecord as FusionDecisionRecord
+from hlo_audit._src.analysis.records import NumericalClass as NumericalClass
+from hlo_audit._src.analysis.records import Verdict as Verdict
+from hlo_audit._src.audit import audit as audit
+from hlo_audit._src.audit import audit_capture as audit_capture
+from hlo_audit._src.audit import audit_hlo as audit_hlo
+from hlo_audit._src.report.diff import AuditDiff as AuditDiff
+from hlo_audit._src.report.report import AuditReport as AuditReport

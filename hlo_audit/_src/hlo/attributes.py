@@ -11,7 +11,7 @@ import re
 import types
 from typing import Protocol
 
-from hlo_audit._src.hlo import grammar
+from hlo_audit._src.hlo import dtypes, grammar
 from hlo_audit._src.hlo.ir import (ConvDimensionNumbers, Metadata, ModuleAlias,
                                    OutputOperandAlias, PaddingDim,
                                    ProgramShape, SliceDim, TextContext,
@@ -57,9 +57,19 @@ def _braced(depth: int) -> str:
 #: strings, bare words, nested braces (JSON backend configs, shardings), and
 #: iota device lists `[2,2]<=[4]T(1,0)`. Atomic, so a run of attributes
 #: splits one way only.
+_ETYPES = "|".join(sorted(dtypes.ELEMENT_TYPES, key=len, reverse=True))
+#: A bare value the lexer reads as exactly one token, without error: dim
+#: labels, a padding pattern, a float, an integer that fits, `%name`, or an
+#: identifier that is not an element type (which would start a shape).
+_BARE = (r"[0-9bf?]{2,}_[0-9io?]{2,}->[0-9bf?]{2,}"
+         r"|-?[0-9]+_-?[0-9]+(?:_[0-9]+)?(?:x-?[0-9]+_-?[0-9]+(?:_[0-9]+)?)*"
+         r"|-?\d+(?:\.\d*(?:[eE][+-]?\d+)?|[eE][+-]?\d+)|-?\d{1,18}(?!\d)"
+         r"|%?(?!(?:" + _ETYPES + r")(?![A-Za-z0-9_.\-]))[A-Za-z_][A-Za-z0-9_.\-]*")
+#: A list of integers in brackets, as in iota device lists.
+_INTS = r"\[(?:[ \t,]|\d{1,18}(?!\d))*\]"
 VALUE = (r"(?>\{[^{}\"\n]*+(?:" + _STR + r"[^{}\"\n]*+)*+\}|" + _STR +
-         r"|[%A-Za-z0-9_.?\-]+(?:->[A-Za-z0-9_.?]+)?|" + _braced(6) +
-         r"|\[[^\]\n]*\](?:<=\[[^\]\n]*\](?:T\([^)\n]*\))?)?)")
+         r"|(?:" + _BARE + r")(?![A-Za-z0-9_.?%\-])|" + _braced(6) +
+         r"|" + _INTS + r"(?:<=" + _INTS + r"(?:T\((?:[ \t,]|\d{1,18}(?!\d))*\))?)?)")
 #: One `, name=value` attribute, capturing the whole, the name and the value.
 ATTRIBUTE = re.compile(r"(,[ \t]*(" + _NAME + r")=(" + VALUE + r")[ \t]*)")
 #: A run of attributes, without captures (for embedding in line patterns).

@@ -616,7 +616,7 @@ class Instruction:
         return None
       try:
         value = json.loads(raw)
-      except ValueError:
+      except (ValueError, RecursionError):  # deeply nested arrays recurse
         return None
       return value if isinstance(value, dict) else None
     return self._cached("backend_config_json", decode)

@@ -56,7 +56,9 @@ _SHAPE_RE = (r"[a-z][a-z0-9]*\[[^\]\n]*\](?:\{[0-9,]*(?::[^{}()\n]*(?:\([^()\n]*
 _FAST_LINE = re.compile(
     r"[ \t]*(ROOT[ \t]+)?(%?)(" + _NAME + r")[ \t]*=[ \t]*(" + _SHAPE_RE +
     r")[ \t]+([a-z][a-z0-9\-]*)\(([^()\n]*)\)(" + attributes.ATTRIBUTE_RUN +
-    r")[ \t]*\r?(?:\n|\Z)")
+    r")[ \t]*\r?(?:\n|\Z)"
+    # Not when the statement goes on: `\n  , metadata={...}` adds attributes.
+    r"(?!(?:[ \t\r\n]+|//[^\n\r]*|/\*.*?\*/)*,)", re.DOTALL)
 # Attribute names the parser must see at once: called computations and
 # control predecessors.
 _STRUCTURAL_KEY = re.compile(
@@ -65,6 +67,8 @@ _STRUCTURAL_KEY = re.compile(
     r"control-predecessors)=")
 _FAST_COMP = re.compile(
     r"[ \t]*(ENTRY[ \t]+)?(%?)(" + _NAME + r")[ \t]*(?:\((.*)\)[ \t]*->[ \t]*(.*?))?[ \t]*\{[ \t]*\r?")
+_SIG_PARAM = re.compile(_NAME + r":[ \t]*(" + _SHAPE_RE + ")")
+_WS_INLINE = re.compile(r"[ \t]*")
 _SIMPLE_REF = re.compile(r"%?(" + _NAME + r")")
 _SIMPLE_NAMES = re.compile(r"\{(%?" + _NAME + r"(?:,[ \t]*%?" + _NAME + r")*)?\}")
 _WS = re.compile(r"[ \t\r\n]*")
@@ -84,9 +88,19 @@ _ROLES = frozenset(COMPUTATION_ROLES)
 #: control predecessors (names to check and, rarely, rename).
 _STRUCTURAL = (*COMPUTATION_ROLES, "control-predecessors")
 _STRUCTURAL_SET = frozenset(_STRUCTURAL)
-_RESERVED = frozenset(KEYWORDS | dtypes.ELEMENT_TYPES)
+_RESERVED = frozenset(KEYWORDS | dtypes.ELEMENT_TYPES | {"nan"})
 _ARITY = opcodes.ARITY
 _COMMENT = re.compile(r"/\*.*?\*/", re.DOTALL)
+#: `, key=` at the start of each attribute, and possibly inside values: a
+#: superset of a run's keys, to rule out repeated keys cheaply.
+_ATTR_KEY = re.compile(r",[ \t]*(" + _NAME + r")=")
+#: A constant's literal the lexer reads token by token without error:
+#: numbers (integers that fit), true/false/inf/nan, `...`, braces, commas.
+_FAST_LITERAL = re.compile(
+    r"(?:[ \t]*(?>-?\d+(?:\.\d*(?:[eE][+-]?\d+)?|[eE][+-]?\d+)|-?\d{1,18}(?!\d)|"
+    r"true(?![\w.\-])|false(?![\w.\-])|-?inf(?![\w.\-])|-?nan(?![\w.\-(])|"
+    r"\.\.\.|[{},]))*+[ \t]*")
+_NOT_BRACE = re.compile(r"[^{}]+")
 _PERCENT_NAMES = re.compile(r"%(" + _NAME + r")")
 _EMPTY_ATTRS = types.MappingProxyType({})
 
@@ -484,9 +498,7 @@ class _Parser:
       m = _FAST_COMP.match(text, pos, end)
       if (m is not None and m.end() == end and
           (m.group(2) or not _reserved(m.group(3))) and
-          m.group(4) is None):
-        # A signature `(p: f32[]) -> f32[]` goes to the lexer below, which
-        # checks its shapes as XLA does; the regex would take any text.
+          (m.group(4) is None or self.fast_signature(m.group(4), m.group(5)))):
         comp = _Comp(m.group(3), pos + m.start(3) - m.start(), bool(m.group(1)))
         pos = self.parse_instructions(comp, end + 1 if end < self.n else end)
         return comp, pos
@@ -508,6 +520,28 @@ class _Parser:
       lx.error(f"expected '{{' to start the computation body, found {grammar.describe(lx.tok)}")
     pos = self.parse_instructions(comp, lx.tok.end)
     return comp, pos
+
+  def fast_signature(self, params: str, result: str) -> bool:
+    """Whether `(params) -> result` is a signature the lexer would accept:
+    `name: shape` pairs with memoized, fully parsed shapes. False sends the
+    header to the lexer, which reports what is wrong (the regex that split
+    the header takes any text there)."""
+    if self.shape(result) is None:
+      return False
+    pos = _WS_INLINE.match(params).end()
+    n = len(params)
+    while pos < n:
+      p = _SIG_PARAM.match(params, pos)
+      if p is None or self.shape(p.group(1)) is None:
+        return False
+      pos = _WS_INLINE.match(params, p.end()).end()
+      if pos < n:
+        if params[pos] != ",":
+          return False
+        pos = _WS_INLINE.match(params, pos + 1).end()
+        if pos >= n:
+          return False
+    return True
 
   def parse_param_list(self, lx: Lexer) -> None:
     grammar.expect(lx, Tok.LPAREN, "expected '(' to start the parameter list")
@@ -594,7 +628,8 @@ class _Parser:
     This is the hot loop of parsing a dump: keep it free of avoidable calls.
     """
     root_kw, pct, name, shape_text, word, ops, run = m.groups()
-    if (not pct and name in _RESERVED) or (name[:2] == "__" and name[:6] != "__xla_"):
+    if (not pct and (name in _RESERVED or m.string[m.end(3)] == "=")) or (
+        name[:2] == "__" and name[:6] != "__xla_"):
       return False
     names = comp.names
     if name in names or (root_kw and comp.root_name is not None):
@@ -611,11 +646,19 @@ class _Parser:
       if shape is None:
         return False
     preds: tuple[str, ...] = ()
-    refs: list[str] = []
+    refs: list[tuple[str, int]] = []
     attrs: Mapping[str, str] | str = run or _EMPTY_ATTRS
     if run and _STRUCTURAL_KEY.search(run) is not None:
       # Split now: called computations must exist, control predecessors too.
-      split = {key: value for _, key, value in attributes.ATTRIBUTE.findall(run)}
+      split = {}
+      where = {}
+      for a in attributes.ATTRIBUTE.finditer(run):
+        key = a.group(2)
+        if key in split:
+          return False  # repeated: the slow path reports it
+        split[key] = a.group(3)
+        where[key] = a.start(3)
+      base = m.start(7)
       for key in _STRUCTURAL:
         raw = split.get(key)
         if raw is None:
@@ -624,7 +667,10 @@ class _Parser:
           nm = _SIMPLE_NAMES.fullmatch(raw)
           if nm is None or not nm.group(1):
             return False
-          preds = tuple(r.strip().lstrip("%") for r in nm.group(1).split(","))
+          parts = [r.strip() for r in nm.group(1).split(",")]
+          if any(r in _RESERVED for r in parts):
+            return False
+          preds = tuple(r.lstrip("%") for r in parts)
           if any(p not in names for p in preds):
             return False
           del split[key]
@@ -632,30 +678,41 @@ class _Parser:
           nm = _SIMPLE_NAMES.fullmatch(raw)
           if nm is None:
             return False
-          these = [r.strip().lstrip("%") for r in nm.group(1).split(",")] if nm.group(1) else []
+          these = []
+          for r in _SIMPLE_REF.finditer(raw):
+            if r.group() in _RESERVED:
+              return False
+            these.append(r.group(1))
+            refs.append((r.group(1), base + where[key] + r.start()))
           split[key] = "{" + ", ".join("%" + r for r in these) + "}"
-          refs += these
         else:
           rm = _SIMPLE_REF.fullmatch(raw)
-          if rm is None:
+          if rm is None or raw in _RESERVED:
             return False
           ref = rm.group(1)
           if raw[0] != "%":
             split[key] = "%" + ref
-          refs.append(ref)
+          refs.append((ref, base + where[key]))
       attrs = MappingProxyType(split)
+    elif run:
+      keys = _ATTR_KEY.findall(run)
+      if len(keys) > 1 and len(set(keys)) != len(keys):
+        exact = [key for _, key, _ in attributes.ATTRIBUTE.findall(run)]
+        if len(set(exact)) != len(exact):
+          return False  # repeated: the slow path reports it
     # Operands.
     literal = None
     param = None
     operands: tuple[str, ...] = ()
     if opcode == "parameter":
       ops = ops.strip()
-      if not ops.isdigit():
+      # ASCII only ("²".isdigit()), and small enough for the lexer's range.
+      if not (ops.isascii() and ops.isdigit()) or len(ops) > 18:
         return False
       param = int(ops)
     elif opcode == "constant":
       literal = ops.strip()
-      if not literal:
+      if not literal or not _fast_literal(literal):
         return False
     elif ops:
       # Common form "%a, %b": one findall, a length check, a set check.
@@ -671,8 +728,7 @@ class _Parser:
     if arity is not None and arity != len(operands):
       return False
     at = m.start(2)
-    for r in refs:
-      self.refs.append((r, at))
+    self.refs += refs
     if root_kw:
       comp.root_name = name
     self.pending_names.append(name)
@@ -1007,6 +1063,21 @@ def _uniquifier_is_identity(names: list[str]) -> bool:
       return False
     taken.add(canonical)
   return True
+
+
+def _fast_literal(literal: str) -> bool:
+  """Whether the slow path would read `literal` without error (its braces
+  balanced and not nested past `grammar.MAX_DEPTH`)."""
+  if _FAST_LITERAL.fullmatch(literal) is None:
+    return False
+  if "{" not in literal and "}" not in literal:
+    return True
+  depth = 0
+  for c in _NOT_BRACE.sub("", literal):
+    depth += 1 if c == "{" else -1
+    if depth < 0 or depth >= grammar.MAX_DEPTH:
+      return False
+  return depth == 0
 
 
 def _reserved(name: str) -> bool:

@@ -1,0 +1,166 @@
+"""What backends put in optimized HLO: the one table of library calls, fusion
+kinds and fused epilogues, so no analysis keeps its own list of names.
+
+Sources: custom-call targets and backend configs printed by XLA's CPU, GPU
+(cuBLAS, cuBLASLt, cuDNN, Triton) and TPU pipelines, as seen in XLA's tests.
+"""
+
+from __future__ import annotations
+
+import enum
+
+from hlo_audit._src.hlo.ir import Instruction
+
+
+class KernelKind(enum.Enum):
+  """What launches the work of one kernel."""
+
+  LOOP_FUSION = "loop fusion"
+  INPUT_FUSION = "input fusion"
+  OUTPUT_FUSION = "output fusion"
+  CUSTOM_FUSION = "custom fusion"
+  TRITON_GEMM = "triton gemm fusion"
+  TRITON_FUSION = "triton fusion"
+  CUDNN_FUSION = "cudnn fusion"
+  CPU_LIBRARY_FUSION = "cpu library fusion"
+  LIBRARY_CALL = "library call"
+  PALLAS = "pallas kernel"
+  CUSTOM_CALL = "custom call"
+  COLLECTIVE = "collective"
+  COPY = "copy"
+  UNFUSED_OP = "unfused op"
+
+
+#: Custom-call target prefixes of vendor libraries, with the library's name.
+LIBRARY_TARGETS: tuple[tuple[str, str], ...] = (
+    ("__cublas$lt", "cuBLASLt"),
+    ("__cublas$", "cuBLAS"),
+    ("__cudnn$", "cuDNN"),
+    ("__cusolver$", "cuSOLVER"),
+    ("__onednn$", "oneDNN"),
+    ("__op$", "XLA library op"),
+    ("__gpu$TopK", "XLA GPU TopK"),
+    ("__gpu$xla.gpu.ptx", "PTX kernel"),
+)
+
+#: Custom-call targets of user kernels (Pallas, Mosaic, Triton).
+KERNEL_TARGETS: tuple[tuple[str, str], ...] = (
+    ("tpu_custom_call", "Pallas/Mosaic TPU"),
+    ("__gpu$xla.gpu.triton", "Pallas/Triton GPU"),
+    ("mosaic_gpu", "Pallas/Mosaic GPU"),
+    ("triton_kernel_call", "Triton (jax-triton)"),
+)
+
+#: Custom-call targets that launch nothing (markers and annotations).
+NO_OP_TARGETS = frozenset({
+    "Sharding", "SPMDFullToShardShape", "SPMDShardToFullShape",
+    "LayoutConstraint", "AllocateBuffer", "MoveToHost", "MoveToDevice",
+    "PartitionId", "annotate_device_placement", "xla_python_cpu_callback",
+})
+
+#: Library custom calls that compute a matrix product.
+GEMM_TARGETS = ("__cublas$gemm", "__cublas$lt$matmul", "__onednn$matmul",
+                "__op$block_scaled_dot")
+#: Library custom calls that compute a convolution.
+CONV_TARGETS = ("__cudnn$conv",)
+
+#: GPU fusion backend-config kinds, by kernel kind.
+_FUSION_CONFIG_KINDS = {
+    "__triton_gemm": KernelKind.TRITON_GEMM,
+    "__triton_nested_gemm_fusion": KernelKind.TRITON_GEMM,
+    "__triton": KernelKind.TRITON_FUSION,
+    "__triton_softmax": KernelKind.TRITON_FUSION,
+    "__triton_collective": KernelKind.TRITON_FUSION,
+    "__cudnn$fusion": KernelKind.CUDNN_FUSION,
+    "__custom_fusion": KernelKind.CUSTOM_FUSION,
+    "__ynn_fusion": KernelKind.CPU_LIBRARY_FUSION,
+    "__onednn_fusion": KernelKind.CPU_LIBRARY_FUSION,
+}
+_FUSION_KINDS = {"kLoop": KernelKind.LOOP_FUSION, "kInput": KernelKind.INPUT_FUSION,
+                 "kOutput": KernelKind.OUTPUT_FUSION, "kCustom": KernelKind.CUSTOM_FUSION}
+
+#: cuBLASLt epilogues, and the elementwise work each one fuses.
+GEMM_EPILOGUES: dict[str, tuple[str, ...]] = {
+    "DEFAULT": (),
+    "BIAS": ("bias",),
+    "RELU": ("activation",),
+    "BIAS_RELU": ("bias", "activation"),
+    "GELU": ("activation",),
+    "GELU_AUX": ("activation",),
+    "BIAS_GELU": ("bias", "activation"),
+    "BIAS_GELU_AUX": ("bias", "activation"),
+    "SILU": ("activation",),
+    "BIAS_SILU": ("bias", "activation"),
+}
+
+
+def fusion_config_kind(inst: Instruction) -> str | None:
+  """The backend-config fusion kind ("__triton_gemm", "__ynn_fusion", ...)."""
+  config = inst.backend_config_json()
+  if not config:
+    return None
+  for key in ("fusion_backend_config", "fusion_config"):
+    sub = config.get(key)
+    if isinstance(sub, dict) and isinstance(sub.get("kind"), str):
+      return sub["kind"]
+  return None
+
+
+def library_of(target: str) -> str | None:
+  """"cuBLASLt", "cuDNN", ... for a library custom-call target."""
+  for prefix, name in LIBRARY_TARGETS:
+    if target.startswith(prefix):
+      return name
+  return None
+
+
+def user_kernel_of(target: str) -> str | None:
+  """"Pallas/Mosaic TPU", ... for a user-kernel custom-call target."""
+  for prefix, name in KERNEL_TARGETS:
+    if target.startswith(prefix):
+      return name
+  return None
+
+
+def classify_fusion(inst: Instruction) -> tuple[KernelKind, str]:
+  """Kernel kind of a fusion instruction and a short detail string."""
+  config_kind = fusion_config_kind(inst)
+  if config_kind in _FUSION_CONFIG_KINDS:
+    return _FUSION_CONFIG_KINDS[config_kind], config_kind
+  kind = _FUSION_KINDS.get(inst.fusion_kind or "", KernelKind.LOOP_FUSION)
+  return kind, config_kind or (inst.fusion_kind or "")
+
+
+def gemm_epilogue(inst: Instruction) -> str | None:
+  """The cuBLAS/cuBLASLt epilogue of a library gemm ("BIAS_GELU", ...)."""
+  config = inst.backend_config_json()
+  if not config:
+    return None
+  gemm = config.get("gemm_backend_config")
+  if isinstance(gemm, dict) and isinstance(gemm.get("epilogue"), str):
+    return gemm["epilogue"]
+  return None
+
+
+def is_gemm_call(inst: Instruction) -> bool:
+  target = inst.custom_call_target or ""
+  return inst.opcode == "custom-call" and any(target.startswith(t) for t in GEMM_TARGETS)
+
+
+def is_conv_call(inst: Instruction) -> bool:
+  target = inst.custom_call_target or ""
+  return inst.opcode == "custom-call" and any(target.startswith(t) for t in CONV_TARGETS)
+
+
+def trip_count(inst: Instruction) -> int | None:
+  """A while loop's trip count when XLA states it (`known_trip_count`)."""
+  config = inst.backend_config_json()
+  if not config:
+    return None
+  known = config.get("known_trip_count")
+  if isinstance(known, dict) and "n" in known:
+    try:
+      return int(known["n"])
+    except (TypeError, ValueError):
+      return None
+  return None

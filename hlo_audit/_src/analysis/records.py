@@ -1,0 +1,100 @@
+"""Findings as records: the method's fusion decision record, and its enums.
+
+A finding is data, not prose: renderers write the sentences. Every field of
+the method's record is here (producer and consumer, boundary removed, logical
+bytes saved, launches removed, extra arithmetic, extra registers and shared
+memory, numerical class, guard or fallback, downstream layout effect, evidence
+of what XLA did), with a legality verdict and the anti-benefit risks to check.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+
+from hlo_audit._src.hlo.ir import SourceLocation
+
+
+class FindingKind(enum.Enum):
+  """The classes of findings, in the order the audit reports them."""
+
+  STANDALONE_COPY = "standalone copy or transpose"
+  LAYOUT_CONFLICT = "layout conflict"
+  EXPANDED_BROADCAST = "expanded broadcast"
+  UNFUSED_EPILOGUE = "unfused epilogue"
+  UNFUSED_PROLOGUE = "unfused prologue"
+  SEPARATE_REDUCTION = "separate reduction"
+  KEEP_REUSE = "multi-consumer buffer worth keeping"
+  ALREADY_FUSED = "already fused"
+
+  @property
+  def slug(self) -> str:
+    """Short id for flags and JSON, e.g. "unfused-epilogue"."""
+    return self.name.lower().replace("_", "-")
+
+
+class NumericalClass(enum.Enum):
+  """How fusing changes the numbers."""
+
+  #: Same bits: data movement only.
+  EXACT = "bit-exact"
+  #: Same operations in the same precision; compilers may contract a*b+c
+  #: into an FMA, so last-bit differences are possible.
+  SAME_OPS = "same ops (FMA contraction may differ in the last bit)"
+  #: The fused kernel applies the epilogue to the f32 accumulator before
+  #: rounding: more precise than XLA's, not bit-identical.
+  MORE_PRECISE = "more precise (epilogue on the f32 accumulator)"
+  #: Reductions are reassociated (tile-local partials).
+  REASSOCIATED = "reassociated reduction"
+
+
+class Verdict(enum.Enum):
+  """Outcome of the method's legality test."""
+
+  SAFE = "safe"
+  RISKY = "risky"
+  KEEP = "keep"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class FusionDecisionRecord:
+  """One finding: a boundary XLA left, and what closing it would do."""
+
+  kind: FindingKind
+  #: Kernel that writes the boundary buffer ("" when none, e.g. a parameter).
+  producer: str
+  #: Kernel(s) that read it.
+  consumers: tuple[str, ...]
+  #: The buffer whose write and read the fusion would remove.
+  boundary: str
+  #: e.g. "f32[128,512]".
+  boundary_shape: str
+  #: Logical bytes saved per run: ~2*N*s per removed write/read pair, times
+  #: the trip count of enclosing loops.
+  bytes_saved: int
+  launches_removed: int
+  #: Work the fused kernel adds, e.g. "none", "broadcast index math".
+  extra_arithmetic: str
+  #: Expected extra registers/shared memory, e.g. "one f32 tile of bias".
+  extra_resources: str
+  numerical_class: NumericalClass
+  #: When the fused kernel cannot run, what runs instead.
+  guard: str
+  #: What the next consumers see, e.g. "none: same layout".
+  layout_effect: str
+  #: What XLA did, read from the HLO (fusion kinds, library epilogues).
+  evidence: str
+  verdict: Verdict
+  #: Why the verdict: items of the method's safe/risky lists.
+  reasons: tuple[str, ...]
+  #: Anti-benefit checklist items to check for this fusion.
+  risks: tuple[str, ...]
+  #: The epilogue or prologue work found, e.g. ("bias", "activation:gelu").
+  ops: tuple[str, ...] = ()
+  #: The `pallas_kernels` op that would close it, e.g. "pallas_kernels.matmul".
+  kernel: str | None = None
+  #: Times the boundary is crossed per run (enclosing loops); None: unknown.
+  trip_count: int | None = 1
+  source: SourceLocation | None = None
+  #: Computation the boundary lives in.
+  computation: str = ""

@@ -1,0 +1,133 @@
+"""The audit pipeline: capture -> parse -> analyse -> report.
+
+`audit(jax.jit(f), *args)` compiles and audits a function; `audit_hlo(...)`
+audits HLO text, a file or an XLA dump folder; `audit_capture(capture)` runs
+the analyses on a capture already made.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from hlo_audit._src.analysis.buffers import find_buffers
+from hlo_audit._src.analysis.dataflow import analyze_dataflow
+from hlo_audit._src.analysis.detectors import AuditOptions, find_findings
+from hlo_audit._src.analysis.kernels import find_kernels
+from hlo_audit._src.analysis.liveness import analyze_liveness
+from hlo_audit._src.analysis.schedule import flatten_schedule
+from hlo_audit._src.capture.capture import Capture, capture, capture_text
+from hlo_audit._src.capture.dump import load_dump
+from hlo_audit._src.errors import HloAuditError
+from hlo_audit._src.hlo.ir import HloModule
+from hlo_audit._src.report.report import AuditReport, ModuleInfo
+
+#: Our peak and XLA's are expected to agree this closely.
+PEAK_TOLERANCE = 0.01
+
+
+def audit(fn: Any, *args: Any, **kwargs: Any) -> AuditReport:
+  """Compiles `fn` for `args` (as `capture` does) and audits the result.
+
+  Args:
+    fn: a `jax.jit` function, a plain callable, a `Lowered`, a `Compiled`, or
+      a `Capture` (then no arguments).
+    *args: arrays, `jax.ShapeDtypeStruct`s or pytrees of them.
+    **kwargs: keyword arguments of `fn`.
+
+  Returns:
+    The audit report.
+
+  Raises:
+    CaptureError: if `fn` cannot be traced or compiled with these arguments.
+  """
+  if isinstance(fn, Capture):
+    if args or kwargs:
+      raise HloAuditError("audit(capture) takes no further arguments")
+    return audit_capture(fn)
+  return audit_capture(capture(fn, *args, **kwargs))
+
+
+def audit_hlo(source: str | os.PathLike | HloModule | Capture, *,
+              module: str | None = None,
+              options: AuditOptions | None = None) -> AuditReport:
+  """Audits HLO text, an HLO text file, an XLA dump folder, or a parsed module.
+
+  Args:
+    source: HLO text; a path to an HLO text file or to a dump folder written by
+      `XLA_FLAGS=--xla_dump_to=DIR`; an `HloModule`; or a `Capture`.
+    module: for dump folders, a regex picking the module (default: the
+      largest optimized module).
+    options: audit thresholds.
+
+  Raises:
+    HloParseError: for malformed HLO.
+    DumpError: for an empty or foreign folder, or a `module` matching none.
+  """
+  if isinstance(source, Capture):
+    return audit_capture(source, options)
+  if isinstance(source, HloModule):
+    cap = Capture(module=source, hlo_text=source.text or "", origin="text",
+                  path=source.source,
+                  notes=("HLO module alone: no XLA buffer assignment",))
+    return audit_capture(cap, options)
+  if isinstance(source, os.PathLike) or (
+      isinstance(source, str) and "\n" not in source and
+      not source.lstrip().startswith(("HloModule", "ENTRY", "%"))):
+    path = os.fspath(source)
+    return audit_capture(load_dump(path, module).capture(module), options)
+  return audit_capture(capture_text(source), options)
+
+
+def audit_capture(cap: Capture, options: AuditOptions | None = None) -> AuditReport:
+  """Runs the analyses on a capture and builds the report."""
+  options = options or AuditOptions()
+  module = cap.module
+  schedule = flatten_schedule(module)
+  dataflow = analyze_dataflow(module, schedule)
+  liveness = analyze_liveness(module, schedule, dataflow)
+  kernels = find_kernels(module, schedule, dataflow)
+  buffers = find_buffers(module, schedule, dataflow, liveness, kernels)
+  findings = find_findings(module, schedule, dataflow, kernels, buffers,
+                           liveness.peak_bytes, options)
+  xla_peak = _xla_peak(cap)
+  notes = list(cap.notes)
+  if not module.is_scheduled:
+    notes.append("the module is not scheduled: text order stands in for XLA's schedule")
+  if xla_peak:
+    gap = (liveness.peak_bytes - xla_peak) / xla_peak
+    if abs(gap) > PEAK_TOLERANCE:
+      notes.append(f"our peak differs from XLA's by {100 * gap:+.1f}% "
+                   "(more than 1%): XLA's heap packing or sharing decisions differ "
+                   "from this model for this module")
+  info = ModuleInfo(
+      name=module.name, platform=cap.platform, device_kind=cap.device_kind,
+      jax_version=cap.jax_version, jaxlib_version=cap.jaxlib_version,
+      instruction_count=module.instruction_count,
+      computation_count=len(module.computations),
+      schedule_length=schedule.end, is_scheduled=module.is_scheduled,
+      origin=cap.origin, path=cap.path)
+  names = {b: b[0] + ("{" + ",".join(map(str, b[1])) + "}" if b[1] else "")
+           for b in liveness.live_at_peak}
+  return AuditReport(
+      module=info, kernels=kernels, buffers=buffers, findings=findings,
+      peak_bytes=liveness.peak_bytes, xla_peak_bytes=xla_peak,
+      xla_reported_peak_bytes=(cap.memory_stats.peak_bytes
+                               if cap.memory_stats is not None else None),
+      allocation_bytes=liveness.allocation_bytes,
+      heap_peak_bytes=liveness.peak_heap_bytes, peak_time=liveness.peak_time,
+      timeline=liveness.timeline,
+      live_at_peak=tuple(names[b] for b in liveness.live_at_peak),
+      cost_analysis=cap.cost_analysis, notes=tuple(notes), options=options)
+
+
+def _xla_peak(cap: Capture) -> int | None:
+  """XLA's total: its allocations plus its temp buffer (thread-local scratch
+  excluded), from the buffer assignment when dumped, else memory_analysis."""
+  if cap.buffer_assignment is not None:
+    return sum(a.size for a in cap.buffer_assignment.allocations
+               if not a.is_thread_local)
+  m = cap.memory_stats
+  if m is not None:
+    return m.argument_bytes + m.output_bytes + m.temp_bytes - m.alias_bytes
+  return None

@@ -1,0 +1,79 @@
+"""What every CLI verb shares: exit codes, output options, report emission."""
+
+from __future__ import annotations
+
+import argparse
+import enum
+import sys
+
+from hlo_audit._src.report.report import AuditReport, finding_kind
+
+
+class ExitCode(enum.IntEnum):
+  """Exit codes scripts can rely on."""
+
+  #: Audited; no finding of a `--fail-on` class.
+  OK = 0
+  #: A finding of a `--fail-on` class was found (CI mode).
+  FINDINGS = 1
+  #: Bad usage or input: unknown flag, unreadable file, malformed HLO.
+  USAGE = 2
+
+
+class UsageError(Exception):
+  """A problem with the command line or its inputs (exit code 2)."""
+
+
+def add_output_flags(p: argparse.ArgumentParser) -> None:
+  out = p.add_argument_group("output")
+  fmt = out.add_mutually_exclusive_group()
+  fmt.add_argument("--json", action="store_true", help="print the report as JSON")
+  fmt.add_argument("--markdown", action="store_true", help="print the report as Markdown")
+  out.add_argument("--html", metavar="PATH", help="also write a self-contained HTML report")
+  out.add_argument("--fail-on", metavar="CLASS", action="append", default=[],
+                   help="exit 1 if a finding of this class appears (repeatable or "
+                        "comma-separated; e.g. unfused-epilogue,standalone-copy)")
+  out.add_argument("--width", type=int, default=None,
+                   help="terminal width for the text report")
+
+
+def fail_on_classes(values: list[str]):
+  kinds = []
+  for v in values:
+    for part in v.split(","):
+      part = part.strip()
+      if part:
+        try:
+          kinds.append(finding_kind(part))
+        except ValueError as e:
+          raise UsageError(str(e)) from None
+  return kinds
+
+
+def emit(report: AuditReport, args, out=None) -> ExitCode:
+  """Writes the report as asked and returns the exit code."""
+  out = out or sys.stdout
+  kinds = fail_on_classes(args.fail_on)
+  if args.json:
+    out.write(report.to_json() + "\n")
+  elif args.markdown:
+    out.write(report.to_markdown() + "\n")
+  else:
+    from rich.console import Console
+
+    from hlo_audit._src.report import terminal
+    console = Console(file=out, width=args.width) if args.width else Console(file=out)
+    terminal.render_terminal(report, console)
+  if args.html:
+    try:
+      report.to_html(args.html)
+    except OSError as e:
+      raise UsageError(f"cannot write {args.html!r}: {e.strerror}") from None
+    if not (args.json or args.markdown):
+      out.write(f"HTML report written to {args.html}\n")
+  hits = [f for f in report.findings if f.kind in kinds]
+  if hits:
+    print(f"hlo-audit: {len(hits)} finding(s) of class "
+          f"{', '.join(sorted({f.kind.slug for f in hits}))} (--fail-on)", file=sys.stderr)
+    return ExitCode.FINDINGS
+  return ExitCode.OK

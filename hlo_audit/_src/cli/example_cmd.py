@@ -1,0 +1,59 @@
+"""`hlo-audit example`: audit the built-in transformer block."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+
+from hlo_audit._src.cli.common import ExitCode, UsageError, add_output_flags, emit
+
+
+def add_parser(sub) -> None:
+  p = sub.add_parser(
+      "example", help="audit the built-in transformer block (forward and backward)",
+      description="Compile and audit the built-in transformer block, a training "
+                  "step in plain JAX.")
+  p.add_argument("--forward-only", action="store_true",
+                 help="audit the forward loss only (no backward pass)")
+  p.add_argument("--set", metavar="NAME=VALUE", action="append", default=[],
+                 help="set a size of the example, e.g. --set batch=8 --set dtype=bfloat16")
+  p.add_argument("--swap", action="store_true",
+                 help="also swap pallas_kernels into the example and show the "
+                      "before/after audit and numerics check")
+  add_output_flags(p)
+  p.set_defaults(handler=run)
+
+
+def config_from(pairs: list[str]):
+  from hlo_audit._src.examples.transformer import TransformerConfig
+
+  fields = {f.name: f for f in dataclasses.fields(TransformerConfig)}
+  values = {}
+  for pair in pairs:
+    name, sep, value = pair.partition("=")
+    if not sep or name not in fields:
+      raise UsageError(f"--set {pair!r}: expected NAME=VALUE with NAME one of "
+                       + ", ".join(fields))
+    if name == "dtype":
+      values[name] = value
+    else:
+      try:
+        values[name] = int(value)
+      except ValueError:
+        raise UsageError(f"--set {pair!r}: {name} must be an integer") from None
+  try:
+    return TransformerConfig(**values)
+  except ValueError as e:
+    raise UsageError(str(e)) from None
+
+
+def run(args: argparse.Namespace) -> ExitCode:
+  from hlo_audit._src.audit import audit
+  from hlo_audit._src.examples.transformer import example
+
+  cfg = config_from(args.set)
+  fn, fn_args = example(cfg, backward=not args.forward_only)
+  if args.swap:
+    from hlo_audit._src.cli.swap_cmd import run_swap
+    return run_swap(fn, fn_args, args)
+  return emit(audit(fn, *fn_args), args)

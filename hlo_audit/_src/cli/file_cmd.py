@@ -1,0 +1,33 @@
+"""`hlo-audit file PATH`: audit an HLO text file or an XLA dump folder."""
+
+from __future__ import annotations
+
+import argparse
+
+from hlo_audit._src.cli.common import ExitCode, add_output_flags, emit
+
+
+def add_parser(sub) -> None:
+  p = sub.add_parser(
+      "file", help="audit an HLO text file or an XLA dump folder",
+      description="Audit optimized HLO from a text file, or from a folder written "
+                  "by XLA_FLAGS=--xla_dump_to=DIR (CPU, GPU or TPU).")
+  p.add_argument("path", help="HLO text file or XLA dump folder")
+  p.add_argument("--module", metavar="REGEX",
+                 help="pick the dump's module whose name matches (default: the largest)")
+  p.add_argument("--list", action="store_true",
+                 help="list the dump's optimized modules and exit")
+  add_output_flags(p)
+  p.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> ExitCode:
+  from hlo_audit._src.audit import audit_capture
+  from hlo_audit._src.capture.dump import load_dump
+
+  dump = load_dump(args.path, args.module)
+  if args.list:
+    for m in dump.modules:
+      print(f"{m.id:6d}  {m.name:40s}  {m.stage:36s}  {m.size:>10d} bytes")
+    return ExitCode.OK
+  return emit(audit_capture(dump.capture(args.module)), args)

@@ -1,0 +1,57 @@
+"""The `hlo-audit` command line.
+
+Verbs live in their own modules (`example`, `file`, `run`, `diff`). `run(argv)`
+returns an `ExitCode` and is callable from Python; `main()` is the console
+script. The CLI uses argparse rather than absl flags: absl's flags are
+process-global, which does not suit several verbs with their own options, or
+calling `run` repeatedly from tests. The scripts in scripts/ use absl.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from hlo_audit._src.cli import diff_cmd, example_cmd, file_cmd, run_cmd
+from hlo_audit._src.cli.common import ExitCode, UsageError
+from hlo_audit._src.errors import HloAuditError
+
+
+def build_parser() -> argparse.ArgumentParser:
+  p = argparse.ArgumentParser(
+      prog="hlo-audit",
+      description="See what XLA materializes in optimized HLO, and which fusions "
+                  "would close the gaps.")
+  sub = p.add_subparsers(dest="verb", metavar="VERB")
+  sub.required = True
+  for verb in (example_cmd, file_cmd, run_cmd, diff_cmd):
+    verb.add_parser(sub)
+  return p
+
+
+def run(argv: list[str] | None = None) -> ExitCode:
+  """Runs the CLI on `argv` (without the program name)."""
+  parser = build_parser()
+  try:
+    args = parser.parse_args(argv)
+  except SystemExit as e:  # argparse printed the usage error
+    return ExitCode.OK if e.code == 0 else ExitCode.USAGE
+  try:
+    return args.handler(args)
+  except (UsageError, HloAuditError) as e:
+    print(f"hlo-audit: error: {e}", file=sys.stderr)
+    return ExitCode.USAGE
+  except OSError as e:
+    print(f"hlo-audit: error: {e}", file=sys.stderr)
+    return ExitCode.USAGE
+  except KeyboardInterrupt:
+    return ExitCode.USAGE
+
+
+def main() -> None:
+  """Console script entry point."""
+  sys.exit(int(run(sys.argv[1:])))
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,89 @@
+"""`hlo-audit run MODULE:FUNCTION --arg 'f32[8,128]' ...`: audit a function
+of an importable module for abstract arguments (no data needed)."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import re
+import sys
+
+from hlo_audit._src.cli.common import ExitCode, UsageError, add_output_flags, emit
+
+_SPEC = re.compile(r"^\s*([a-z][a-z0-9]*)\[([0-9,\s]*)\]\s*$")
+
+
+def add_parser(sub) -> None:
+  p = sub.add_parser(
+      "run", help="audit MODULE:FUNCTION for abstract arguments",
+      description="Import MODULE (a dotted name, or a .py path), take FUNCTION, "
+                  "and audit it for arguments given as HLO-style shapes.")
+  p.add_argument("target", help="module:function, e.g. mypkg.model:forward or model.py:loss")
+  p.add_argument("--arg", metavar="SHAPE", action="append", default=[],
+                 help="a positional argument, e.g. 'f32[8,128]', 'bf16[128,256]', 's32[]'")
+  p.add_argument("--kwarg", metavar="NAME=SHAPE", action="append", default=[],
+                 help="a keyword argument, e.g. 'mask=pred[128,128]'")
+  add_output_flags(p)
+  p.set_defaults(handler=run)
+
+
+def parse_arg_spec(spec: str):
+  """'f32[8,128]' -> jax.ShapeDtypeStruct((8, 128), float32)."""
+  import jax
+  import jax.numpy as jnp
+
+  from hlo_audit._src.hlo import dtypes
+
+  m = _SPEC.match(spec)
+  if m is None:
+    raise UsageError(f"--arg {spec!r}: expected an HLO shape like f32[8,128]")
+  name, dims = m.group(1), m.group(2)
+  if not dtypes.is_element_type(name) or name not in dtypes.NUMPY_NAMES:
+    raise UsageError(f"--arg {spec!r}: unknown element type {name!r}")
+  shape = tuple(int(d) for d in dims.replace(" ", "").split(",") if d)
+  return jax.ShapeDtypeStruct(shape, jnp.dtype(dtypes.NUMPY_NAMES[name]))
+
+
+def load_function(target: str):
+  module_name, sep, fn_name = target.rpartition(":")
+  if not sep or not module_name or not fn_name:
+    raise UsageError(f"{target!r}: expected MODULE:FUNCTION")
+  try:
+    if module_name.endswith(".py") or os.sep in module_name:
+      path = os.path.abspath(module_name)
+      if not os.path.exists(path):
+        raise UsageError(f"{target!r}: no file {module_name!r}")
+      spec = importlib.util.spec_from_file_location(
+          os.path.splitext(os.path.basename(path))[0], path)
+      module = importlib.util.module_from_spec(spec)
+      sys.path.insert(0, os.path.dirname(path))
+      spec.loader.exec_module(module)
+    else:
+      sys.path.insert(0, os.getcwd())
+      module = importlib.import_module(module_name)
+  except UsageError:
+    raise
+  except Exception as e:  # the user's module failed to import
+    raise UsageError(f"cannot import {module_name!r}: {type(e).__name__}: {e}") from None
+  fn = getattr(module, fn_name, None)
+  if fn is None:
+    raise UsageError(f"{module_name!r} has no attribute {fn_name!r}")
+  if not callable(fn):
+    raise UsageError(f"{target!r} is not callable")
+  return fn
+
+
+def run(args: argparse.Namespace) -> ExitCode:
+  from hlo_audit._src.audit import audit
+
+  # Check the argument specs before importing the user's module.
+  fn_args = [parse_arg_spec(a) for a in args.arg]
+  kwargs = {}
+  for kv in args.kwarg:
+    name, sep, spec = kv.partition("=")
+    if not sep:
+      raise UsageError(f"--kwarg {kv!r}: expected NAME=SHAPE")
+    kwargs[name] = parse_arg_spec(spec)
+  fn = load_function(args.target)
+  return emit(audit(fn, *fn_args, **kwargs), args)

@@ -1,0 +1,181 @@
+"""JSON rendering: `dataclasses.asdict` shapes, enums as values, stable keys.
+
+Schema (version 1), top level:
+  schema_version, module, peak_bytes, xla_peak_bytes, xla_reported_peak_bytes,
+  allocation_bytes, heap_peak_bytes, peak_time, kernels_by_kind, kernels,
+  buffers, intermediates (buffer names), findings, timeline, notes.
+Each finding has at least: class (slug), class_name, bytes_saved,
+launches_removed, source ("file:line" or null), kernel, verdict.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+
+from hlo_audit._src.report.report import SCHEMA_VERSION
+
+
+def _source(loc) -> str | None:
+  return f"{loc.file}:{loc.line}" if loc is not None else None
+
+
+def _location(loc) -> dict | None:
+  if loc is None:
+    return None
+  return {"file": loc.file, "line": loc.line, "column": loc.column,
+          "function": loc.function}
+
+
+def _value(x):
+  if isinstance(x, enum.Enum):
+    return x.value
+  if isinstance(x, tuple):
+    return [_value(v) for v in x]
+  if isinstance(x, dict):
+    return {k: _value(v) for k, v in x.items()}
+  return x
+
+
+def kernel_dict(k) -> dict:
+  return {
+      "name": k.name, "computation": k.computation, "kind": k.kind.value,
+      "opcode": k.opcode, "detail": k.detail, "fused_ops": dict(k.fused_ops),
+      "bytes_read": k.bytes_read, "bytes_written": k.bytes_written,
+      "trip_count": k.trip_count, "time": k.time, "op_name": k.op_name,
+      "source": _source(k.source), "source_location": _location(k.source), "members": list(k.members),
+  }
+
+
+def buffer_dict(b) -> dict:
+  return {
+      "name": b.name, "instruction": b.instruction, "index": list(b.index),
+      "computation": b.computation, "shape": b.shape, "dtype": b.dtype,
+      "dims": list(b.dims), "bytes": b.bytes, "producer": b.producer,
+      "producer_opcode": b.producer_opcode, "consumers": list(b.consumers),
+      "reuse_count": b.reuse_count, "live_range": list(b.live_range),
+      "lifetime": b.lifetime.value, "source": _source(b.source), "source_location": _location(b.source),
+      "op_name": b.op_name, "aliases": list(b.aliases), "placement": b.placement,
+      "internal": b.internal,
+  }
+
+
+def finding_dict(f) -> dict:
+  return {
+      "class": f.kind.slug, "class_name": f.kind.value,
+      "producer": f.producer, "consumers": list(f.consumers),
+      "boundary": f.boundary, "boundary_shape": f.boundary_shape,
+      "bytes_saved": f.bytes_saved, "launches_removed": f.launches_removed,
+      "extra_arithmetic": f.extra_arithmetic, "extra_resources": f.extra_resources,
+      "numerical_class": f.numerical_class.value, "guard": f.guard,
+      "layout_effect": f.layout_effect, "evidence": f.evidence,
+      "verdict": f.verdict.value, "reasons": list(f.reasons),
+      "risks": list(f.risks), "ops": list(f.ops), "kernel": f.kernel,
+      "trip_count": f.trip_count, "source": _source(f.source), "source_location": _location(f.source),
+      "computation": f.computation,
+  }
+
+
+def to_dict(report) -> dict:
+  m = report.module
+  return {
+      "schema_version": SCHEMA_VERSION,
+      "module": {
+          "name": m.name, "platform": m.platform, "device_kind": m.device_kind,
+          "jax_version": m.jax_version, "jaxlib_version": m.jaxlib_version,
+          "instruction_count": m.instruction_count,
+          "computation_count": m.computation_count,
+          "schedule_length": m.schedule_length, "is_scheduled": m.is_scheduled,
+          "origin": m.origin, "path": m.path,
+      },
+      "peak_bytes": report.peak_bytes,
+      "xla_peak_bytes": report.xla_peak_bytes,
+      "xla_reported_peak_bytes": report.xla_reported_peak_bytes,
+      "allocation_bytes": report.allocation_bytes,
+      "heap_peak_bytes": report.heap_peak_bytes,
+      "peak_time": report.peak_time,
+      "materialized_bytes": report.materialized_bytes,
+      "bytes_saved": report.bytes_saved,
+      "kernels_by_kind": dict(report.kernels_by_kind()),
+      "kernels": [kernel_dict(k) for k in report.kernels],
+      "buffers": [buffer_dict(b) for b in report.buffers],
+      "intermediates": [b.name for b in report.intermediates],
+      "findings": [finding_dict(f) for f in report.findings],
+      "live_at_peak": list(report.live_at_peak),
+      "timeline": list(report.timeline),
+      "cost_analysis": dict(report.cost_analysis) if report.cost_analysis else None,
+      "notes": list(report.notes),
+  }
+
+
+def render_json(report, indent: int | None = 2) -> str:
+  return json.dumps(to_dict(report), indent=indent, sort_keys=False)
+
+
+def _loc(d):
+  from hlo_audit._src.hlo.ir import SourceLocation
+  if not d:
+    return None
+  return SourceLocation(file=d["file"], line=d["line"], column=d.get("column", 0),
+                        function=d.get("function", ""))
+
+
+def report_from_dict(d: dict):
+  """Rebuilds an AuditReport from `to_dict` output (for `diff` of saved JSON).
+
+  Raises:
+    ValueError: for an unknown schema version.
+    KeyError: for a missing field.
+  """
+  import types
+
+  from hlo_audit._src.analysis.backend_traits import KernelKind
+  from hlo_audit._src.analysis.buffers import Buffer, Lifetime
+  from hlo_audit._src.analysis.kernels import Kernel
+  from hlo_audit._src.analysis.records import (FindingKind, FusionDecisionRecord,
+                                               NumericalClass, Verdict)
+  from hlo_audit._src.report.report import AuditReport, ModuleInfo
+
+  version = d.get("schema_version")
+  if version != SCHEMA_VERSION:
+    raise ValueError(f"schema_version {version!r}; this hlo-audit reads {SCHEMA_VERSION}")
+  m = d["module"]
+  kernels = tuple(Kernel(
+      name=k["name"], computation=k["computation"], kind=KernelKind(k["kind"]),
+      opcode=k["opcode"], detail=k["detail"],
+      fused_ops=types.MappingProxyType(k["fused_ops"]), bytes_read=k["bytes_read"],
+      bytes_written=k["bytes_written"], trip_count=k["trip_count"], time=k["time"],
+      op_name=k["op_name"], source=_loc(k["source_location"]), members=tuple(k["members"]))
+      for k in d["kernels"])
+  buffers = tuple(Buffer(
+      name=b["name"], instruction=b["instruction"], index=tuple(b["index"]),
+      computation=b["computation"], shape=b["shape"], dtype=b["dtype"],
+      dims=tuple(b["dims"]), bytes=b["bytes"], producer=b["producer"],
+      producer_opcode=b["producer_opcode"], consumers=tuple(b["consumers"]),
+      live_range=tuple(b["live_range"]), lifetime=Lifetime(b["lifetime"]),
+      source=_loc(b["source_location"]), op_name=b["op_name"], aliases=tuple(b["aliases"]),
+      placement=b["placement"], internal=b["internal"]) for b in d["buffers"])
+  kinds = {k.slug: k for k in FindingKind}
+  findings = tuple(FusionDecisionRecord(
+      kind=kinds[f["class"]], producer=f["producer"], consumers=tuple(f["consumers"]),
+      boundary=f["boundary"], boundary_shape=f["boundary_shape"],
+      bytes_saved=f["bytes_saved"], launches_removed=f["launches_removed"],
+      extra_arithmetic=f["extra_arithmetic"], extra_resources=f["extra_resources"],
+      numerical_class=NumericalClass(f["numerical_class"]), guard=f["guard"],
+      layout_effect=f["layout_effect"], evidence=f["evidence"],
+      verdict=Verdict(f["verdict"]), reasons=tuple(f["reasons"]),
+      risks=tuple(f["risks"]), ops=tuple(f["ops"]), kernel=f["kernel"],
+      trip_count=f["trip_count"], source=_loc(f["source_location"]),
+      computation=f["computation"]) for f in d["findings"])
+  info = ModuleInfo(**{k: m[k] for k in (
+      "name", "platform", "device_kind", "jax_version", "jaxlib_version",
+      "instruction_count", "computation_count", "schedule_length", "is_scheduled",
+      "origin", "path")})
+  return AuditReport(
+      module=info, kernels=kernels, buffers=buffers, findings=findings,
+      peak_bytes=d["peak_bytes"], xla_peak_bytes=d["xla_peak_bytes"],
+      xla_reported_peak_bytes=d["xla_reported_peak_bytes"],
+      allocation_bytes=d["allocation_bytes"], heap_peak_bytes=d["heap_peak_bytes"],
+      peak_time=d["peak_time"], timeline=tuple(d["timeline"]),
+      live_at_peak=tuple(d["live_at_peak"]),
+      cost_analysis=d.get("cost_analysis"), notes=tuple(d["notes"]))

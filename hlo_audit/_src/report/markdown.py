@@ -1,0 +1,48 @@
+"""Markdown rendering: summary, tables and fusion decision records."""
+
+from __future__ import annotations
+
+from hlo_audit._src.analysis.records import FindingKind
+from hlo_audit._src.report import text
+from hlo_audit._src.report.units import fmt_bytes
+
+
+def _escape(cell: str) -> str:
+  return str(cell).replace("|", "\\|").replace("\n", " ")
+
+
+def table(columns, rows) -> str:
+  out = ["| " + " | ".join(columns) + " |",
+         "|" + "|".join("---:" if c in ("Bytes", "Read", "Written", "Runs", "Reuse",
+                                         "Bytes saved", "Launches", "#", "Count")
+                        else "---" for c in columns) + "|"]
+  for r in rows:
+    out.append("| " + " | ".join(_escape(c) for c in r) + " |")
+  return "\n".join(out)
+
+
+def render_markdown(report, max_kernels: int = 40) -> str:
+  m = report.module
+  parts = [f"# hlo-audit: `{m.name}`", "", "```", text.summary(report), "```", ""]
+  parts += ["## Kernels by kind", "",
+            table(("Kind", "Count"), [(k, str(n)) for k, n in report.kernels_by_kind().items()]),
+            ""]
+  rows = text.kernel_rows(report, limit=max_kernels)
+  parts += [f"## Kernels by bytes moved (top {len(rows)} of {len(report.kernels)})", "",
+            table(text.KERNEL_COLUMNS, rows), ""]
+  parts += [f"## Intermediate tensors (>= {100 * report.options.intermediate_fraction:g}% "
+            f"of peak {fmt_bytes(report.peak_bytes)})", "",
+            table(text.INTERMEDIATE_COLUMNS, text.intermediate_rows(report)), ""]
+  parts += ["## Peak memory", "", text.peak_line(report), ""]
+  parts += ["## Findings", ""]
+  if not report.findings:
+    parts += ["None.", ""]
+  else:
+    parts += [table(text.FINDING_COLUMNS, text.finding_rows(report)), ""]
+    for i, f in enumerate(report.findings, 1):
+      if f.kind in (FindingKind.KEEP_REUSE, FindingKind.ALREADY_FUSED):
+        continue
+      parts += [f"### {i}. {_escape(text.finding_sentence(f))}", ""]
+      parts += [f"- **{k}**: {_escape(v)}" for k, v in text.record_fields(f)]
+      parts.append("")
+  return "\n".join(parts)

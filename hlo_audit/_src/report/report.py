@@ -1,0 +1,210 @@
+"""The audit report: one frozen object that every renderer reads.
+
+`AuditReport` holds the results of the analyses (kernels, buffers, liveness,
+findings) for one module, and the renderers turn it into a terminal view,
+JSON, Markdown or HTML; they format, they compute nothing new.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import types
+from collections.abc import Mapping
+
+from hlo_audit._src.analysis.backend_traits import KernelKind
+from hlo_audit._src.analysis.buffers import Buffer, Lifetime
+from hlo_audit._src.analysis.detectors import AuditOptions
+from hlo_audit._src.analysis.kernels import Kernel
+from hlo_audit._src.analysis.records import FindingKind, FusionDecisionRecord, Verdict
+
+#: Version of the JSON schema written by `to_json`.
+SCHEMA_VERSION = 1
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ModuleInfo:
+  """What module was audited, from where."""
+
+  name: str
+  platform: str = ""
+  device_kind: str = ""
+  jax_version: str = ""
+  jaxlib_version: str = ""
+  instruction_count: int = 0
+  computation_count: int = 0
+  #: Length of the flattened schedule.
+  schedule_length: int = 0
+  is_scheduled: bool = False
+  #: "jit", "lowered", "compiled", "dump" or "text".
+  origin: str = ""
+  path: str | None = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class AuditReport:
+  """The materialization audit of one compiled module."""
+
+  module: ModuleInfo
+  #: Every kernel launch, in schedule order.
+  kernels: tuple[Kernel, ...]
+  #: Every materialized buffer, largest first.
+  buffers: tuple[Buffer, ...]
+  #: Fusion decision records, grouped by class, largest saving first.
+  findings: tuple[FusionDecisionRecord, ...]
+  #: Our peak memory (allocations + heap peak), in XLA's accounting.
+  peak_bytes: int
+  #: XLA's own total (its allocations + temp buffer), when known.
+  xla_peak_bytes: int | None
+  #: `memory_analysis().peak_memory_in_bytes` as XLA reports it.
+  xla_reported_peak_bytes: int | None
+  #: Bytes of allocations (parameters, outputs, constants).
+  allocation_bytes: int
+  #: Peak of the temporaries' heap, and when it happens.
+  heap_peak_bytes: int
+  peak_time: int
+  #: Live bytes per schedule step.
+  timeline: tuple[int, ...]
+  #: Buffers live at the peak (names).
+  live_at_peak: tuple[str, ...]
+  #: XLA's cost analysis, when captured.
+  cost_analysis: Mapping[str, float] | None = None
+  notes: tuple[str, ...] = ()
+  options: AuditOptions = AuditOptions()
+
+  # ------------------------------------------------------------ views ----
+
+  @property
+  def intermediates(self) -> tuple[Buffer, ...]:
+    """The method's intermediate-tensor table: buffers other than inputs and
+    outputs holding at least `options.intermediate_fraction` of peak."""
+    floor = self.options.intermediate_fraction * self.peak_bytes
+    return tuple(b for b in self.buffers
+                 if b.lifetime not in (Lifetime.INPUT, Lifetime.EXTERNAL_OUTPUT)
+                 and not b.internal and b.bytes >= floor)
+
+  @property
+  def peak_agreement(self) -> float | None:
+    """(ours - XLA's) / XLA's peak; None when XLA's is unknown."""
+    if not self.xla_peak_bytes:
+      return None
+    return (self.peak_bytes - self.xla_peak_bytes) / self.xla_peak_bytes
+
+  def kernels_by_kind(self) -> Mapping[str, int]:
+    counts = collections.Counter(k.kind.value for k in self.kernels)
+    return types.MappingProxyType(dict(counts.most_common()))
+
+  def findings_of(self, kind: FindingKind | str) -> tuple[FusionDecisionRecord, ...]:
+    """Findings of one class (a `FindingKind` or its slug, e.g. "unfused-epilogue")."""
+    if isinstance(kind, str):
+      kind = finding_kind(kind)
+    return tuple(f for f in self.findings if f.kind is kind)
+
+  @property
+  def actionable(self) -> tuple[FusionDecisionRecord, ...]:
+    """Findings that propose a change (not "keep" or "already fused")."""
+    return tuple(f for f in self.findings if f.verdict is not Verdict.KEEP)
+
+  @property
+  def bytes_saved(self) -> int:
+    """Bytes per run the actionable findings would save, each boundary
+    counted once (several findings may name the same buffer)."""
+    best: dict[str, int] = {}
+    for f in self.actionable:
+      key = f.boundary or f"{f.producer}:{f.kind.slug}"
+      best[key] = max(best.get(key, 0), f.bytes_saved)
+    return sum(best.values())
+
+  @property
+  def materialized_bytes(self) -> int:
+    """Bytes of buffers the program writes that are neither its inputs nor
+    its outputs (Pallas-internal buffers excluded)."""
+    return sum(b.bytes for b in self.buffers
+               if b.lifetime not in (Lifetime.INPUT, Lifetime.EXTERNAL_OUTPUT)
+               and not b.internal)
+
+  def buffer(self, name: str) -> Buffer:
+    for b in self.buffers:
+      if b.name == name:
+        return b
+    raise KeyError(f"no buffer {name!r} in the audit of {self.module.name}")
+
+  def kernel(self, name: str) -> Kernel:
+    for k in self.kernels:
+      if k.name == name:
+        return k
+    raise KeyError(f"no kernel {name!r} in the audit of {self.module.name}")
+
+  def summary(self) -> str:
+    """A few lines: module, kernels by kind, buffers, peak, findings."""
+    from hlo_audit._src.report import text
+
+    return text.summary(self)
+
+  # -------------------------------------------------------- renderers ----
+
+  def __str__(self) -> str:
+    from hlo_audit._src.report import terminal
+
+    return terminal.render_text(self)
+
+  def to_dict(self) -> dict:
+    """The JSON document as Python data (see `to_json`)."""
+    from hlo_audit._src.report import json_report
+
+    return json_report.to_dict(self)
+
+  def to_json(self, indent: int | None = 2) -> str:
+    """JSON with top-level `schema_version`, `module`, `kernels`, `buffers`,
+    `findings`, `peak_bytes`, `xla_peak_bytes` (schema in README)."""
+    from hlo_audit._src.report import json_report
+
+    return json_report.render_json(self, indent=indent)
+
+  def to_markdown(self) -> str:
+    from hlo_audit._src.report import markdown
+
+    return markdown.render_markdown(self)
+
+  def to_html(self, path: str | None = None) -> str:
+    """A self-contained HTML page; written to `path` when given."""
+    from hlo_audit._src.report import html
+
+    page = html.render_html(self)
+    if path is not None:
+      with open(path, "w", encoding="utf-8") as f:
+        f.write(page)
+    return page
+
+  def diff(self, other: AuditReport):
+    """What changed from this report to `other` (see `AuditDiff`)."""
+    from hlo_audit._src.report.diff import diff_reports
+
+    return diff_reports(self, other)
+
+  def print(self, console=None) -> None:
+    """Prints the terminal report with rich (to `console`, or stdout)."""
+    from hlo_audit._src.report import terminal
+
+    terminal.render_terminal(self, console)
+
+
+def finding_kind(slug: str) -> FindingKind:
+  """A finding class from its slug ("unfused-epilogue") or value.
+
+  Raises:
+    ValueError: naming the known classes.
+  """
+  for k in FindingKind:
+    if slug in (k.slug, k.value, k.name):
+      return k
+  raise ValueError(f"unknown finding class {slug!r}; known: "
+                   + ", ".join(k.slug for k in FindingKind))
+
+
+def is_lifetime_transient(b: Buffer) -> bool:
+  return b.lifetime not in (Lifetime.INPUT, Lifetime.EXTERNAL_OUTPUT)
+
+
+__all__ = ["AuditReport", "ModuleInfo", "SCHEMA_VERSION", "finding_kind",
+           "KernelKind"]

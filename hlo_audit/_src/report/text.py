@@ -1,0 +1,148 @@
+"""Sentences and table rows shared by the terminal, Markdown and HTML views.
+
+Renderers call these so the three views say the same thing in the same words.
+"""
+
+from __future__ import annotations
+
+from hlo_audit._src.analysis.buffers import Buffer, Lifetime
+from hlo_audit._src.analysis.records import FindingKind, FusionDecisionRecord, Verdict
+from hlo_audit._src.report.units import fmt_bytes, fmt_pct, fmt_source, fmt_trip
+
+#: Columns of the method's intermediate-tensor table.
+INTERMEDIATE_COLUMNS = ("Buffer", "Shape", "Dtype", "Bytes", "Producer",
+                        "Consumer(s)", "Reuse", "Live", "Lifetime",
+                        "Removable?", "Strategy", "Source")
+
+KERNEL_COLUMNS = ("Kernel", "Kind", "Detail", "Fused ops", "Read", "Written",
+                  "Runs", "Source")
+
+FINDING_COLUMNS = ("#", "Class", "Boundary", "Shape", "Bytes saved", "Launches",
+                   "Kernel", "Verdict", "Source")
+
+
+def removable(report, b: Buffer) -> tuple[str, str]:
+  """("yes"/"no"/"-", strategy) for a buffer, from the findings about it."""
+  if b.lifetime is Lifetime.INPUT:
+    return "no", "input or carried state"
+  if b.lifetime is Lifetime.EXTERNAL_OUTPUT:
+    return "no", "program output"
+  related = [f for f in report.findings if f.boundary == b.name]
+  for f in related:
+    if f.verdict is Verdict.KEEP:
+      continue
+    strategy = f.kind.value + (f" -> {f.kernel}" if f.kernel else "")
+    return ("yes" if f.verdict is Verdict.SAFE else "maybe"), strategy
+  if any(f.kind is FindingKind.KEEP_REUSE for f in related):
+    return "no", f"keep: read by {b.reuse_count} kernels"
+  return "-", ""
+
+
+def intermediate_rows(report) -> list[tuple[str, ...]]:
+  rows = []
+  for b in report.intermediates:
+    yes, strategy = removable(report, b)
+    rows.append((b.name, b.shape, b.dtype, fmt_bytes(b.bytes), b.producer or "-",
+                 _short_list(b.consumers), str(b.reuse_count),
+                 f"{b.live_range[0]}-{b.live_range[1]}", b.lifetime.value, yes,
+                 strategy, fmt_source(b.source)))
+  return rows
+
+
+def kernel_rows(report, limit: int | None = None) -> list[tuple[str, ...]]:
+  kernels = sorted(report.kernels, key=lambda k: -k.bytes_moved)
+  if limit is not None:
+    kernels = kernels[:limit]
+  rows = []
+  for k in kernels:
+    fused = ", ".join(f"{op}" + (f"x{n}" if n > 1 else "")
+                      for op, n in sorted(k.fused_ops.items(), key=lambda x: -x[1])[:6])
+    rows.append((k.name, k.kind.value, k.detail if k.detail != k.opcode else "",
+                 fused, fmt_bytes(k.bytes_read), fmt_bytes(k.bytes_written),
+                 fmt_trip(k.trip_count), fmt_source(k.source)))
+  return rows
+
+
+def finding_rows(report) -> list[tuple[str, ...]]:
+  rows = []
+  for i, f in enumerate(report.findings, 1):
+    rows.append((str(i), f.kind.value, f.boundary or f.producer, f.boundary_shape,
+                 fmt_bytes(f.bytes_saved), str(f.launches_removed),
+                 f.kernel or "-", f.verdict.value, fmt_source(f.source)))
+  return rows
+
+
+def finding_sentence(f: FusionDecisionRecord) -> str:
+  """One line saying what the finding proposes."""
+  where = f" at {fmt_source(f.source)}" if f.source else ""
+  if f.kind is FindingKind.ALREADY_FUSED:
+    return f"already fused{where}: {f.evidence}"
+  if f.kind is FindingKind.KEEP_REUSE:
+    return f"keep {f.boundary} ({f.boundary_shape}){where}: {f.evidence}"
+  saving = f"saves {fmt_bytes(f.bytes_saved)}"
+  if f.launches_removed:
+    saving += f" and {f.launches_removed} launch{'es' if f.launches_removed != 1 else ''}"
+  saving += " per run"
+  close = f" with {f.kernel}" if f.kernel else ""
+  return f"{f.kind.value}{where}: {f.boundary} ({f.boundary_shape}); closing it{close} {saving}"
+
+
+def record_fields(f: FusionDecisionRecord) -> list[tuple[str, str]]:
+  """The fusion decision record as (field, value) lines, in the method's order."""
+  return [
+      ("producer and consumer", f"{f.producer or '-'} -> {', '.join(f.consumers) or '-'}"),
+      ("boundary removed", f"{f.boundary or '-'} {f.boundary_shape}".strip()),
+      ("logical bytes saved", f"{fmt_bytes(f.bytes_saved)} per run"
+       + (f" (x{fmt_trip(f.trip_count)} in loops)" if f.trip_count not in (1, None) else "")),
+      ("launches removed", str(f.launches_removed)),
+      ("extra arithmetic", f.extra_arithmetic),
+      ("extra registers/shared memory", f.extra_resources),
+      ("numerical class", f.numerical_class.value),
+      ("guard/fallback", f.guard),
+      ("downstream layout effect", f.layout_effect),
+      ("evidence", f.evidence),
+      ("legality", f"{f.verdict.value}: " + "; ".join(f.reasons)),
+      ("anti-benefit checks", "; ".join(f.risks) or "-"),
+      ("source", fmt_source(f.source) or "unknown"),
+  ]
+
+
+def peak_line(report) -> str:
+  ours = fmt_bytes(report.peak_bytes)
+  if report.xla_peak_bytes is None:
+    return f"peak {ours} (allocations {fmt_bytes(report.allocation_bytes)} + heap {fmt_bytes(report.heap_peak_bytes)}); XLA's peak unknown"
+  return (f"peak {ours} (allocations {fmt_bytes(report.allocation_bytes)} + heap "
+          f"{fmt_bytes(report.heap_peak_bytes)}); XLA's {fmt_bytes(report.xla_peak_bytes)} "
+          f"({fmt_pct(report.peak_agreement)})")
+
+
+def summary(report) -> str:
+  m = report.module
+  lines = [f"module {m.name}" + (f" on {m.platform}" if m.platform else "") +
+           (f" ({m.device_kind})" if m.device_kind and m.device_kind != m.platform else ""),
+           f"  {m.instruction_count} instructions, {m.computation_count} computations, "
+           f"{m.schedule_length} scheduled steps"]
+  kinds = ", ".join(f"{n} {kind}" for kind, n in report.kernels_by_kind().items())
+  lines.append(f"  kernels: {len(report.kernels)} ({kinds})")
+  top = [b for b in report.buffers if not b.internal]
+  lines.append(f"  buffers: {len(top)} top-level, {fmt_bytes(sum(b.bytes for b in top))}; "
+               f"{len(report.intermediates)} intermediates >= "
+               f"{100 * report.options.intermediate_fraction:g}% of peak")
+  lines.append("  " + peak_line(report))
+  by_class = {}
+  for f in report.findings:
+    by_class[f.kind.value] = by_class.get(f.kind.value, 0) + 1
+  lines.append(f"  findings: {len(report.findings)}" +
+               (" (" + ", ".join(f"{n} {k}" for k, n in by_class.items()) + ")" if by_class else "") +
+               f"; fusing the gaps would save {fmt_bytes(report.bytes_saved)} per run")
+  for note in report.notes:
+    lines.append(f"  note: {note}")
+  return "\n".join(lines)
+
+
+def _short_list(items, n: int = 3) -> str:
+  items = list(items)
+  if not items:
+    return "-"
+  more = f" +{len(items) - n}" if len(items) > n else ""
+  return ", ".join(items[:n]) + more

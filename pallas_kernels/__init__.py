@@ -1,0 +1,12 @@
+"""Pallas kernels with fused prologues and epilogues, each held against XLA."""
+
+from pallas_kernels._src.ops.normalization.api import layer_norm as layer_norm
+from pallas_kernels._src.ops.normalization.api import rms_norm as rms_norm
+from pallas_kernels._src.ops.matmul.api import matmul as matmul
+from pallas_kernels._src.ops.softmax.api import softmax as softmax
+from pallas_kernels._src.validate import validate as validate
+from pallas_kernels._src.validate import ValidationReport as ValidationReport
+from pallas_kernels._src.bench import bench as bench
+from pallas_kernels._src.bench import BenchReport as BenchReport
+from pallas_kernels._src.guard import fallbacks as fallbacks
+from pallas_kernels._src.guard import clear_fallbacks as clear_fallbacks

@@ -1,0 +1,87 @@
+"""GPU (Triton-lowered Pallas) specifics shared by the row-wise ops.
+
+Decision: JAX 0.11 deprecated Pallas's Triton lowering in favour of Mosaic GPU.
+We still compile through `pallas_call` with Triton compiler params because that
+one kernel runs on A100, H100 and H200 alike (Mosaic GPU targets Hopper and
+newer), and the same body runs in interpret mode on CPU for tests. Everything
+Triton-specific lives in this module, so a Mosaic GPU implementation for Hopper
+can sit beside it without touching the ops' math.
+
+The Triton lowering neither bounds-checks nor pads blocks: a load or store past
+the end of an array touches foreign memory. The kernels therefore read and write
+only through `load` and `store` below, always with a mask. Interpret mode pads
+blocks with NaN instead, so an unmasked access shows up there as NaN in tests.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import jax
+
+from pallas_kernels._src import backend
+
+try:
+  # Deprecated since JAX 0.11 and slated for removal; importing it may warn.
+  # Without it the ops fall back to XLA (see `unavailable_reason`).
+  with warnings.catch_warnings():
+    warnings.simplefilter("ignore", DeprecationWarning)
+    from jax.experimental.pallas import triton as _plgpu
+except ImportError:  # pragma: no cover - depends on the installed JAX.
+  _plgpu = None
+
+
+def unavailable_reason(interpret: bool) -> str | None:
+  """Why a row-wise Pallas kernel cannot run here, or None if it can.
+
+  Args:
+    interpret: whether the kernel would run in interpret mode.
+  """
+  if _plgpu is None:
+    return "jax.experimental.pallas.triton is missing from this JAX version"
+  if interpret:
+    return None
+  kind = backend.current_backend()
+  if kind is not backend.Backend.GPU:
+    # TPU (Mosaic) needs (8, 128)-aligned blocks and has no masked loads.
+    return f"no compiled row-wise kernel for backend {kind.value!r}"
+  return None
+
+
+def compute_capability() -> int | None:
+  """Compute capability of the first GPU as an int (90 for H100), else None."""
+  if backend.current_backend() is not backend.Backend.GPU:
+    return None
+  cc = getattr(jax.devices()[0], "compute_capability", None)
+  if cc is None:
+    return None
+  try:
+    return int(str(cc).replace(".", ""))
+  except ValueError:
+    return None
+
+
+def float8_reason(interpret: bool) -> str | None:
+  """Why float8 conversions cannot be compiled here (Triton needs sm_89+)."""
+  if interpret:
+    return None
+  cc = compute_capability()
+  if cc is not None and cc < 89:
+    return f"float8_e4m3fn conversion needs compute capability >= 8.9, got {cc}"
+  return None
+
+
+def compiler_params(*, num_warps: int, num_stages: int) -> Any:
+  """Triton compiler params for `pallas_call` (ignored in interpret mode)."""
+  return _plgpu.CompilerParams(num_warps=num_warps, num_stages=num_stages)
+
+
+def load(ref: Any, mask: Any, other: float | int) -> Any:
+  """Masked load: `ref[...]` where `mask` holds, `other` elsewhere."""
+  return _plgpu.load(ref, mask=mask, other=other)
+
+
+def store(ref: Any, value: Any, mask: Any) -> None:
+  """Masked store: writes `value` into `ref` only where `mask` holds."""
+  _plgpu.store(ref, value.astype(ref.dtype), mask=mask)

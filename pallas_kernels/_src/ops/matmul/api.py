@@ -1,0 +1,243 @@
+"""`pallas_kernels.matmul`: validation, implementation choice, guard, launch."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from pallas_kernels._src import backend as backend_lib
+from pallas_kernels._src import guard as guard_lib
+from pallas_kernels._src.ops import quantize as quant
+from pallas_kernels._src.ops.matmul import config as config_lib
+from pallas_kernels._src.ops.matmul import guard
+from pallas_kernels._src.ops.matmul import reference
+from pallas_kernels._src.ops.matmul import vjp
+from pallas_kernels._src.ops.matmul.config import Config
+
+IMPLEMENTATIONS = ("pallas", "xla")
+
+
+def _shape(a) -> tuple[int, ...]:
+  return tuple(int(d) for d in a.shape)
+
+
+def _check_clamp(clamp) -> tuple[float | None, float | None] | None:
+  if clamp is None:
+    return None
+  try:
+    lo, hi = clamp
+  except (TypeError, ValueError):
+    raise ValueError(f"clamp must be a (lo, hi) pair, got {clamp!r}") from None
+  lo = None if lo is None else float(lo)
+  hi = None if hi is None else float(hi)
+  if lo is not None and hi is not None and lo > hi:
+    raise ValueError(f"clamp lo {lo} > hi {hi}")
+  return lo, hi
+
+
+def _real_numeric(name: str, a) -> None:
+  dt = jnp.dtype(a.dtype)
+  if not (jnp.issubdtype(dt, jnp.floating) or jnp.issubdtype(dt, jnp.integer)):
+    raise ValueError(f"{name} must be a real floating or integer array, got "
+                     f"{dt.name}{list(_shape(a))}")
+
+
+def matmul(x: jax.Array, w: jax.Array, *, bias: jax.Array | None = None,
+           activation: str | None = None, residual: jax.Array | None = None,
+           out_dtype: Any = None, scale: jax.Array | float | None = None,
+           clamp: tuple[float | None, float | None] | None = None,
+           x_scale: jax.Array | float | None = None,
+           w_scale: jax.Array | float | None = None, w_group_size: int | None = None,
+           transpose_x: bool = False, transpose_w: bool = False,
+           transpose_out: bool = False, quantize: str | None = None,
+           implementation: str | None = None, interpret: bool | None = None,
+           config: Config | None = None):
+  """`x @ w` with a fused dequantizing prologue and a fused epilogue.
+
+  Computes, in float32 from the accumulator on (x_l, w_l are the logical
+  operands, i.e. after the transpose flags)::
+
+    acc = (x_l * x_scale[..., None]) @ (w_l * w_scale)   # f32 accumulation
+    y   = acc * scale                                    # 1. scale
+    y   = y + bias                                       # 2. bias
+    y   = act(y)                                         # 3. activation
+    y   = y + residual                                   # 4. residual add
+    y   = clip(y, lo, hi)                                # 5. clamp
+    out = y.astype(out_dtype)  or  quantize(y) per row   # 6. cast / quantize
+
+  The jnp equivalent (see `reference.reference` for the exact code)::
+
+    xd = jnp.swapaxes(x, -1, -2) if transpose_x else x
+    wd = jnp.swapaxes(w, -1, -2) if transpose_w else w
+    xd = xd.astype(f32) * x_scale[..., None]
+    wd = wd.astype(f32) * jnp.repeat(w_scale, G, axis=0)[:K]  # or * w_scale
+    y = jnp.matmul(xd, wd, preferred_element_type=f32)
+    y = jnp.clip(act(y * scale + bias) + residual, lo, hi).astype(out_dtype)
+    out = jnp.swapaxes(y, -1, -2) if transpose_out else y
+
+  Args:
+    x: [..., M, K] ([..., K, M] if transpose_x): float32/bfloat16/float16, or
+      int8 / float8_e4m3fn / float8_e5m2 with an optional `x_scale`.
+    w: [..., K, N] ([..., N, K] if transpose_w): float, int8, int4 or fp8 with
+      an optional `w_scale`. Batch dims of x and w broadcast like jnp.matmul.
+    bias: [N], added after `scale`.
+    activation: None/"identity", "relu", "gelu" (exact erf form, as
+      jax.nn.gelu(approximate=False)), "gelu_tanh", "silu", "sigmoid", "tanh".
+    residual: added after the activation; the result's shape (so [..., N, M]
+      when transpose_out).
+    out_dtype: result dtype; default x's dtype, or for an int8/fp8 x the
+      dequantized compute dtype (w's float dtype, else bfloat16).
+    scale: epilogue multiplier, scalar or [N], applied to the accumulator first.
+    clamp: (lo, hi) bounds applied last (either may be None).
+    x_scale: dequantization scale of x: scalar or per logical row [..., M].
+    w_scale: dequantization scale of w: scalar, per output channel [N], or per
+      group of `w_group_size` rows along K: [ceil(K / G), N]. Scales are in the
+      logical [K, N] orientation whatever transpose_w says.
+    w_group_size: G for per-group w scales (e.g. 32/64/128 for int4).
+    transpose_x: x is stored [..., K, M] and read in place (no transpose copy).
+    transpose_w: w is stored [..., N, K] (PyTorch's Linear layout).
+    transpose_out: store the result transposed, [..., N, M].
+    quantize: None, "int8" or "float8_e4m3fn": return (values, scales) with
+      float32 scales per logical row (amax / qmax, 1 for zero rows) shaped
+      [..., M, 1] ([..., 1, M] when transpose_out) so that
+      `values.astype(f32) * scales` approximates the result; values =
+      quantize(y / scales) (see `pallas_kernels._src.ops.quantize`).
+    implementation: "pallas" (the kernel; interpreted where nothing compiles
+      it), "xla" (the reference), or None: the kernel where it compiles (GPU)
+      or when `interpret=True` is passed, else XLA.
+    interpret: Pallas interpret mode; None interprets exactly when no GPU/TPU.
+    config: tiling (`Config`); None picks `config.heuristic_config`.
+
+  Returns:
+    The result [..., M, N] (or [..., N, M]) in out_dtype, or (values, scales)
+    when quantizing. Differentiable with respect to float x and w, bias, scale
+    and residual (quantized operands and dequantization scales are constants).
+
+  Raises:
+    ValueError: for invalid calls: mismatched K, non-broadcastable batch dims,
+      misshapen bias/residual/scale/x_scale/w_scale, unknown activation,
+      implementation or quantize kind, or both quantize and out_dtype. A call
+      the kernel cannot run (dtype, backend, shape limits) is not an error: it
+      runs the XLA reference and is recorded in `pallas_kernels` fallbacks.
+  """
+  x = jnp.asarray(x)
+  w = jnp.asarray(w)
+  _real_numeric("x", x)
+  _real_numeric("w", w)
+  if x.ndim < 2 or w.ndim < 2:
+    raise ValueError(f"x and w need at least 2 dims, got x{list(_shape(x))} "
+                     f"w{list(_shape(w))}")
+  if implementation not in (None,) + IMPLEMENTATIONS:
+    raise ValueError(f"implementation must be one of {IMPLEMENTATIONS} or None, got "
+                     f"{implementation!r}")
+  if config is not None and not isinstance(config, Config):
+    raise ValueError(f"config must be a matmul Config, got {type(config).__name__}")
+  act = reference.canonical_activation(activation)
+  clamp = _check_clamp(clamp)
+  if quantize is not None and quantize not in quant.KINDS:
+    raise ValueError(f"quantize must be one of {quant.KINDS} or None, got {quantize!r}")
+  if quantize is not None and out_dtype is not None:
+    raise ValueError("pass either quantize or out_dtype, not both")
+
+  m, n, k = guard.dims(x.shape, w.shape, transpose_x, transpose_w)
+  k_w = w.shape[-1] if transpose_w else w.shape[-2]
+  if k != k_w:
+    raise ValueError(
+        f"contraction mismatch: x{list(_shape(x))} (transpose_x={transpose_x}) has "
+        f"K={k} but w{list(_shape(w))} (transpose_w={transpose_w}) has K={k_w}")
+  try:
+    batch = tuple(jnp.broadcast_shapes(_shape(x)[:-2], _shape(w)[:-2]))
+  except ValueError:
+    raise ValueError(f"batch dims of x{list(_shape(x))} and w{list(_shape(w))} do not "
+                     "broadcast") from None
+  result_shape = batch + ((n, m) if transpose_out else (m, n))
+
+  if bias is not None:
+    bias = jnp.asarray(bias)
+    if _shape(bias) != (n,):
+      raise ValueError(f"bias must have shape [N]=[{n}], got {list(_shape(bias))}")
+  if residual is not None:
+    residual = jnp.asarray(residual)
+    if _shape(residual) != result_shape:
+      raise ValueError(f"residual must have the result's shape {list(result_shape)}, got "
+                       f"{list(_shape(residual))}")
+  if scale is not None:
+    scale = jnp.asarray(scale, None if hasattr(scale, "dtype") else jnp.float32)
+    if _shape(scale) not in ((), (n,)):
+      raise ValueError(f"scale must be a scalar or [N]=[{n}], got {list(_shape(scale))}")
+
+  x_kind = "none"
+  if x_scale is not None:
+    x_scale = jnp.asarray(x_scale, None if hasattr(x_scale, "dtype") else jnp.float32)
+    rows = _shape(x)[:-2] + (m,)
+    if x_scale.ndim == 0:
+      x_kind = "scalar"
+    elif x_scale.shape[-1] == m and len(x_scale.shape) <= len(rows) and all(
+        a in (1, b) for a, b in zip(_shape(x_scale)[::-1], rows[::-1])):
+      x_kind = "row"
+    else:
+      raise ValueError(f"x_scale must be a scalar or per row {list(rows)} of x"
+                       f"{list(_shape(x))}, got {list(_shape(x_scale))}")
+
+  w_kind, group = "none", None
+  if w_group_size is not None and (not isinstance(w_group_size, int) or w_group_size < 1):
+    raise ValueError(f"w_group_size must be a positive int, got {w_group_size!r}")
+  if w_scale is not None:
+    w_scale = jnp.asarray(w_scale, None if hasattr(w_scale, "dtype") else jnp.float32)
+    if w_group_size is not None:
+      want = (reference.num_groups(k, w_group_size), n)
+      if _shape(w_scale) != want:
+        raise ValueError(f"per-group w_scale for w{list(_shape(w))} with w_group_size="
+                         f"{w_group_size} must have shape {list(want)}, got "
+                         f"{list(_shape(w_scale))}")
+      w_kind, group = "group", w_group_size
+    elif w_scale.ndim == 0:
+      w_kind = "scalar"
+    elif _shape(w_scale) == (n,):
+      w_kind = "channel"
+    else:
+      raise ValueError(f"w_scale for w{list(_shape(w))} must be a scalar or [N]=[{n}] "
+                       f"(or [K // G, N] with w_group_size), got {list(_shape(w_scale))}")
+  elif w_group_size is not None:
+    raise ValueError("w_group_size needs a per-group w_scale")
+  for label, a in (("scale", scale), ("x_scale", x_scale), ("w_scale", w_scale)):
+    if a is not None and not jnp.issubdtype(a.dtype, jnp.floating):
+      raise ValueError(f"{label} must be floating, got {jnp.dtype(a.dtype).name}")
+
+  cdt = reference.compute_dtype(x.dtype, w.dtype)
+  odt = (jnp.dtype(out_dtype) if out_dtype is not None
+         else reference.default_out_dtype(x.dtype, w.dtype))
+  interp = backend_lib.resolve_interpret(interpret)
+  # The kernel folds x's batch into M when w has no batch (see kernel.py).
+  folded = not transpose_x and not transpose_out and math.prod(_shape(w)[:-2]) == 1
+  cfg = config if config is not None else config_lib.choose_config(
+      m * (math.prod(_shape(x)[:-2]) if folded else 1), n, k,
+      cdt, interp, group_size=group, fused_quantize=quantize is not None,
+      packed_n=jnp.dtype(w.dtype).name == "int4" and not transpose_w)
+  static = vjp.Static(
+      activation=act, clamp=clamp, out_dtype=odt.name, compute_dtype=jnp.dtype(cdt).name,
+      quantize=quantize, transpose_x=bool(transpose_x), transpose_w=bool(transpose_w),
+      transpose_out=bool(transpose_out), x_scale_kind=x_kind, w_scale_kind=w_kind,
+      group_size=group, config=cfg, interpret=interp,
+      backend=backend_lib.current_backend())
+  operands = (x, w, bias, residual, scale, x_scale, w_scale)
+
+  if implementation is None:
+    # The kernel where it compiles; XLA where it would only be interpreted
+    # (unless the caller asked for interpret mode). Same rule as the other ops.
+    compiled = static.backend in backend_lib.COMPILED_BACKENDS
+    implementation = "pallas" if compiled or interpret else "xla"
+  if implementation == "xla":
+    return vjp.reference_call(static, *operands)
+  reason = guard.unsupported_reason(
+      x, w, out_dtype=odt, bias=bias, residual=residual, scale=scale,
+      group_size=group, quantize=quantize, transpose_x=transpose_x,
+      transpose_w=transpose_w, backend=static.backend, interpret=interp, config=cfg)
+  if reason is not None:
+    guard_lib.record_fallback("matmul", reason, guard_lib.signature(
+        **dict(zip(vjp.Operands.NAMES, operands))))
+    return vjp.reference_call(static, *operands)
+  return vjp.build(static)(*operands)

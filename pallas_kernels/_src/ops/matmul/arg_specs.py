@@ -1,0 +1,272 @@
+"""Named matmul cases for `validate`, `bench` and the tests, and the `SPEC`.
+
+Positional arguments of a case are a prefix of (x, w, bias, residual), the
+differentiable arrays; everything else (activation, scale, quantization
+scales, layout flags) is a keyword. Shapes include 1, primes and sizes that
+are not multiples of any block; inputs are random normal, integer weights are
+random integers with random positive scales.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Iterator
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from pallas_kernels._src import inputs
+from pallas_kernels._src.ops.matmul import reference
+from pallas_kernels._src.ops.matmul.api import matmul
+from pallas_kernels._src.spec import Case, OpSpec
+
+_POSITIONAL = ("x", "w", "bias", "residual")
+#: Keywords of `matmul` that only steer the implementation (not the math).
+_IMPL_KEYWORDS = ("implementation", "interpret", "config")
+
+
+@dataclasses.dataclass(frozen=True)
+class CaseDef:
+  """A case before its arrays exist: shapes, dtypes and options."""
+
+  m: int
+  k: int
+  n: int
+  dtype: str = "float32"
+  w_dtype: str | None = None
+  batch: tuple[int, ...] = ()
+  w_batch: tuple[int, ...] = ()
+  bias: bool = False
+  residual: bool = False
+  activation: str | None = None
+  scale: str | None = None  # None | "scalar" | "vector"
+  clamp: tuple[float | None, float | None] | None = None
+  w_scale: str | None = None  # None | "scalar" | "channel" | "group"
+  group_size: int | None = None
+  x_scale: str | None = None  # None | "scalar" | "row"
+  transpose_x: bool = False
+  transpose_w: bool = False
+  transpose_out: bool = False
+  quantize: str | None = None
+  out_dtype: str | None = None
+  tags: frozenset[str] = frozenset({"ci"})
+  grad: bool = False
+
+  @property
+  def name(self) -> str:
+    wd = self.w_dtype or self.dtype
+    xs = self.batch + ((self.k, self.m) if self.transpose_x else (self.m, self.k))
+    ws = self.w_batch + ((self.n, self.k) if self.transpose_w else (self.k, self.n))
+    parts = [inputs.describe("x", xs, self.dtype), inputs.describe("w", ws, wd)]
+    extras = []
+    if self.scale:
+      extras.append(f"scale:{self.scale}")
+    if self.bias:
+      extras.append("bias")
+    if self.activation:
+      extras.append(self.activation)
+    if self.residual:
+      extras.append("residual")
+    if self.clamp:
+      extras.append(f"clamp{self.clamp}")
+    if self.w_scale:
+      group = f"/{self.group_size}" if self.group_size else ""
+      extras.append(f"w_scale:{self.w_scale}{group}")
+    if self.x_scale:
+      extras.append(f"x_scale:{self.x_scale}")
+    for flag in ("transpose_x", "transpose_w", "transpose_out"):
+      if getattr(self, flag):
+        extras.append(flag.replace("transpose_", "T"))
+    if self.quantize:
+      extras.append(f"quantize:{self.quantize}")
+    if self.out_dtype:
+      extras.append(f"out:{inputs.short_dtype(self.out_dtype)}")
+    return " ".join(parts + (["+".join(extras)] if extras else []))
+
+
+def _random_weights(key, shape, dtype: str) -> jax.Array:
+  if dtype in ("int8", "int4"):
+    hi = 127 if dtype == "int8" else 7
+    return jax.random.randint(key, shape, -hi, hi + 1, jnp.int32).astype(dtype)
+  return inputs.normal(key, shape, dtype)
+
+
+def _positive_scales(key, shape, magnitude: float) -> jax.Array:
+  # Random, strictly positive, and about `magnitude` so outputs stay O(1).
+  return magnitude * jax.random.uniform(key, shape, jnp.float32, 0.5, 1.5)
+
+
+def build_case(d: CaseDef, seed: int) -> Case:
+  """Materializes a `CaseDef` into a `Case` with deterministic random arrays."""
+  keys = inputs.Keys(seed, d.name)
+  wd = d.w_dtype or d.dtype
+  xs = d.batch + ((d.k, d.m) if d.transpose_x else (d.m, d.k))
+  ws = d.w_batch + ((d.n, d.k) if d.transpose_w else (d.k, d.n))
+  x = _random_weights(keys.next(), xs, d.dtype)
+  w = _random_weights(keys.next(), ws, wd)
+  args: list[Any] = [x, w]
+  kwargs: dict[str, Any] = {}
+  # Keep the accumulator O(1): 1/sqrt(K) for normal weights, 1/(hi*sqrt(K)) for ints.
+  w_mag = {"int8": 1 / 64, "int4": 1 / 4}.get(wd, 1.0) / math.sqrt(d.k)
+  x_mag = 1 / 64 if d.dtype == "int8" else 1.0
+  out_dtype = (jnp.dtype(d.out_dtype) if d.out_dtype
+               else reference.default_out_dtype(d.dtype, wd))
+  batch = tuple(jnp.broadcast_shapes(d.batch, d.w_batch))
+  out_shape = batch + ((d.n, d.m) if d.transpose_out else (d.m, d.n))
+  epi = out_dtype if jnp.dtype(out_dtype).itemsize >= 2 else jnp.bfloat16
+  if d.residual and not d.bias:
+    raise ValueError(f"{d.name}: a residual without a bias is not expressible positionally")
+  if d.bias:
+    args.append(inputs.normal(keys.next(), (d.n,), epi))
+  if d.residual:
+    args.append(inputs.normal(keys.next(), out_shape, epi))
+  if d.w_scale == "scalar":
+    kwargs["w_scale"] = _positive_scales(keys.next(), (), w_mag)
+  elif d.w_scale == "channel":
+    kwargs["w_scale"] = _positive_scales(keys.next(), (d.n,), w_mag)
+  elif d.w_scale == "group":
+    kwargs["w_scale"] = _positive_scales(keys.next(), (-(-d.k // d.group_size), d.n), w_mag)
+    kwargs["w_group_size"] = d.group_size
+  elif wd in ("int8", "int4"):
+    raise ValueError(f"{d.name}: integer weights need a w_scale")
+  if d.x_scale == "scalar":
+    kwargs["x_scale"] = _positive_scales(keys.next(), (), x_mag)
+  elif d.x_scale == "row":
+    kwargs["x_scale"] = _positive_scales(keys.next(), d.batch + (d.m,), x_mag)
+  if d.scale == "scalar":
+    kwargs["scale"] = _positive_scales(keys.next(), (), 1.0)
+  elif d.scale == "vector":
+    kwargs["scale"] = inputs.normal(keys.next(), (d.n,), jnp.float32)
+  for key in ("activation", "clamp", "quantize", "out_dtype", "transpose_x",
+              "transpose_w", "transpose_out"):
+    value = getattr(d, key)
+    if value:
+      kwargs[key] = value
+  grad_argnums = ()
+  if d.grad:
+    grad_argnums = tuple(i for i, a in enumerate(args) if not reference.is_quantized(a.dtype))
+  return Case(name=d.name, args=tuple(args), kwargs=kwargs, tags=d.tags,
+              grad_argnums=grad_argnums)
+
+
+_CI = frozenset({"ci"})
+_CI_GRAD = frozenset({"ci", "grad"})
+_BENCH = frozenset({"bench"})
+
+#: Every case definition, in display order.
+CASE_DEFS: tuple[CaseDef, ...] = (
+    # Plain products over awkward shapes and the three float dtypes.
+    CaseDef(1, 1, 1),
+    CaseDef(1, 64, 17, "bfloat16"),
+    CaseDef(7, 129, 33, "bfloat16", bias=True, activation="gelu", tags=_CI_GRAD, grad=True),
+    CaseDef(13, 31, 97, "float16", bias=True, residual=True, activation="silu",
+            tags=_CI_GRAD, grad=True),
+    CaseDef(37, 53, 41, "float32", bias=True, residual=True, activation="gelu_tanh",
+            scale="vector", clamp=(-2.0, 2.0), tags=_CI_GRAD, grad=True),
+    CaseDef(64, 96, 80, "bfloat16", bias=True, activation="relu", scale="scalar"),
+    CaseDef(16, 40, 24, "float32", activation="sigmoid", batch=(2, 3), bias=True,
+            tags=_CI_GRAD, grad=True),
+    CaseDef(19, 40, 23, "bfloat16", activation="tanh", batch=(3,), w_batch=(3,),
+            transpose_x=True, transpose_w=True, bias=True, residual=True,
+            tags=_CI_GRAD, grad=True),
+    CaseDef(11, 64, 48, "float32", transpose_out=True, bias=True, residual=True,
+            activation="relu", tags=_CI_GRAD, grad=True),
+    # Dequantizing prologues.
+    CaseDef(9, 96, 40, "bfloat16", w_dtype="int8", w_scale="channel", bias=True,
+            activation="gelu"),
+    CaseDef(5, 128, 64, "bfloat16", w_dtype="int4", w_scale="group", group_size=32),
+    CaseDef(8, 64, 48, "float16", w_dtype="int4", w_scale="channel", transpose_w=True),
+    CaseDef(12, 48, 36, "bfloat16", w_dtype="float8_e4m3fn", w_scale="scalar"),
+    CaseDef(10, 32, 24, "float8_e4m3fn", w_dtype="float8_e4m3fn", x_scale="row",
+            w_scale="channel"),
+    CaseDef(6, 80, 20, "int8", w_dtype="int8", x_scale="row", w_scale="channel",
+            out_dtype="float32"),
+    # Quantizing epilogues.
+    CaseDef(17, 64, 50, "bfloat16", bias=True, activation="gelu", quantize="int8"),
+    CaseDef(9, 32, 40, "float32", residual=True, bias=True, quantize="float8_e4m3fn"),
+    # Realistic sizes for benchmarks.
+    CaseDef(4096, 4096, 4096, "bfloat16", bias=True, residual=True, activation="gelu",
+            tags=_BENCH),
+    CaseDef(8192, 8192, 8192, "bfloat16", tags=_BENCH),
+    CaseDef(4096, 4096, 4096, "float16", tags=_BENCH),
+    CaseDef(4096, 4096, 4096, "float32", tags=_BENCH),
+    CaseDef(16, 8192, 8192, "bfloat16", w_dtype="int8", w_scale="channel", tags=_BENCH),
+    CaseDef(16, 8192, 8192, "bfloat16", w_dtype="int4", w_scale="group", group_size=128,
+            tags=_BENCH),
+    CaseDef(4096, 4096, 4096, "bfloat16", w_dtype="float8_e4m3fn", w_scale="scalar",
+            tags=_BENCH),
+    CaseDef(4096, 4096, 11008, "bfloat16", transpose_w=True, activation="silu",
+            tags=_BENCH),
+    CaseDef(4096, 4096, 4096, "bfloat16", bias=True, residual=True, activation="gelu",
+            tags=frozenset({"bench", "grad"}), grad=True),
+)
+
+
+def cases(tag: str, seed: int) -> Iterator[Case]:
+  """Yields the cases carrying `tag`, arrays drawn deterministically from `seed`."""
+  for d in CASE_DEFS:
+    if tag in d.tags:
+      yield build_case(d, seed)
+
+
+def _split(args: tuple[Any, ...]) -> dict[str, Any]:
+  if len(args) > len(_POSITIONAL):
+    raise TypeError(f"matmul case takes at most {len(_POSITIONAL)} positional arrays")
+  return dict(zip(_POSITIONAL, args))
+
+
+def call(*args: Any, implementation: str | None = None, **kwargs: Any):
+  """`OpSpec.fn`: `matmul` with positional (x, w, bias, residual)."""
+  named = _split(args)
+  x, w = named.pop("x"), named.pop("w")
+  return matmul(x, w, implementation=implementation, **named, **kwargs)
+
+
+def reference_f32(*args: Any, **kwargs: Any):
+  """`OpSpec.reference_f32`: the reference at Precision.HIGHEST."""
+  named = _split(args)
+  x, w = named.pop("x"), named.pop("w")
+  options = {k: v for k, v in kwargs.items() if k not in _IMPL_KEYWORDS}
+  return reference.reference(x, w, precision=jax.lax.Precision.HIGHEST, **named,
+                             **options)
+
+
+def _bits(dtype) -> int:
+  dt = jnp.dtype(dtype)
+  return 4 if dt.name in ("int4", "uint4") else 8 * dt.itemsize
+
+
+def _nbytes(a: Any) -> int:
+  return -(-math.prod(a.shape) * _bits(a.dtype) // 8)
+
+
+def bytes_moved(case: Case) -> int:
+  """Bytes the op must read (every array argument) and write (its outputs)."""
+  total = sum(_nbytes(a) for a in case.args if a is not None)
+  total += sum(_nbytes(v) for v in case.kwargs.values() if hasattr(v, "shape"))
+  out = jax.eval_shape(lambda *a: reference_f32(*a, **case.kwargs), *case.args)
+  total += sum(_nbytes(o) for o in jax.tree_util.tree_leaves(out))
+  return int(total)
+
+
+def flops(case: Case) -> int:
+  """2 * batch * M * N * K (the epilogue's O(M * N) is left out)."""
+  x, w = case.args[0], case.args[1]
+  tx = case.kwargs.get("transpose_x", False)
+  tw = case.kwargs.get("transpose_w", False)
+  m, k = (x.shape[-1], x.shape[-2]) if tx else (x.shape[-2], x.shape[-1])
+  n = w.shape[-2] if tw else w.shape[-1]
+  batch = math.prod(jnp.broadcast_shapes(x.shape[:-2], w.shape[:-2]))
+  return int(2 * batch * m * n * k)
+
+
+SPEC = OpSpec(
+    name="matmul",
+    fn=call,
+    reference_f32=reference_f32,
+    cases=cases,
+    bytes_moved=bytes_moved,
+    flops=flops,
+)

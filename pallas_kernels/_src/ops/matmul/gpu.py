@@ -1,0 +1,149 @@
+"""GPU specifics of the matmul kernels: Triton compiler params and limits.
+
+Decision: JAX 0.11 deprecated Pallas's Triton lowering in favour of Mosaic GPU.
+The matmul still compiles through `pallas_call` with explicit Triton compiler
+params on GPU, because that one BlockSpec program runs on A100, H100 and H200
+alike (Mosaic GPU targets Hopper and newer), and the same body runs in
+interpret mode on CPU, where the tests run. Passing Triton params explicitly
+also pins the lowering: with `compiler_params=None` newer JAX may pick Mosaic
+GPU (`jax_pallas_use_mosaic_gpu`), which this kernel body is not written for.
+The planned Hopper path is a Mosaic GPU kernel (`plgpu.kernel`, TMA loads and
+WGMMA) in a sibling module, chosen by `api.py`; nothing in `kernel.py`'s math
+would change, only this module's launch details.
+
+What the Triton lowering implies for the kernel body (see `kernel.py`):
+  * Blocks are neither padded nor bounds-checked: every access at a ragged
+    edge goes through the masked `load`/`store` of `pallas_kernels._src.gpu`.
+  * Tensor shapes must be powers of two, and `tt.dot` needs every tile edge
+    >= 16 (`config.GPU_MIN_BLOCK`).
+  * Both dot operands must have the same element type: quantized tiles are
+    converted to the compute dtype in registers before the dot.
+  * `Precision.DEFAULT` on float32 operands lowers to TF32; the kernel asks for
+    `HIGHEST` (IEEE fp32) so that float32 meets its 1e-5 tolerance.
+  * There is no `erf` and no `round` lowering: the epilogue uses its own erf
+    (`kernel.erf`) and the shared quantizer rounds with floor.
+  * float8_e4m3fn conversions need compute capability >= 8.9.
+  * int4 is loaded packed (two per byte) when a tile is contiguous and even
+    along the array's last axis, which every matmul tile is.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import jax
+
+from pallas_kernels._src import backend as backend_lib
+from pallas_kernels._src import gpu as shared_gpu
+
+try:
+  # JAX >= 0.5 spells it `jax.experimental.pallas.triton.CompilerParams`; the
+  # module is deprecated since 0.11 (it may warn on import) and may go away.
+  with warnings.catch_warnings():
+    warnings.simplefilter("ignore", DeprecationWarning)
+    from jax.experimental.pallas import triton as _pltriton
+  _PARAMS_CLS: Any = getattr(_pltriton, "CompilerParams", None) or getattr(
+      _pltriton, "TritonCompilerParams", None)
+except ImportError:  # pragma: no cover - depends on the installed JAX.
+  _PARAMS_CLS = None
+
+if _PARAMS_CLS is None:  # pragma: no cover - older JAX spelled it this way.
+  try:
+    from jax.experimental.pallas import gpu as _plgpu_old
+    _PARAMS_CLS = getattr(_plgpu_old, "TritonCompilerParams", None)
+  except ImportError:
+    _PARAMS_CLS = None
+
+#: Shared memory per block (bytes) that Triton may use, by compute capability
+#: major.minor (opt-in maximum, minus a little for Triton's own bookkeeping).
+_SMEM_BYTES = {90: 227 * 1024, 100: 227 * 1024, 80: 163 * 1024, 87: 163 * 1024,
+               86: 99 * 1024, 89: 99 * 1024, 75: 64 * 1024, 70: 96 * 1024}
+#: Used when the capability is unknown (lowering without a GPU): A100's value.
+_DEFAULT_SMEM_BYTES = 163 * 1024
+
+
+def unavailable_reason(interpret: bool) -> str | None:
+  """Why the matmul Pallas kernel cannot run here, or None if it can.
+
+  Args:
+    interpret: whether the kernel would run in interpret mode.
+  """
+  reason = shared_gpu.unavailable_reason(True)
+  if reason:
+    return reason
+  if interpret:
+    return None
+  kind = backend_lib.current_backend()
+  if kind is not backend_lib.Backend.GPU:
+    # The body relies on Triton's masked loads; Mosaic TPU needs another kernel.
+    return f"no compiled matmul kernel for backend {kind.value!r}"
+  if _PARAMS_CLS is None:
+    return "this JAX has no Triton CompilerParams for pallas_call"
+  return None
+
+
+def compiler_params(*, num_warps: int, num_stages: int) -> Any:
+  """Triton compiler params for `pallas_call` (ignored in interpret mode).
+
+  Args:
+    num_warps: warps per program.
+    num_stages: software-pipelining depth of the kernel's loops.
+
+  Returns:
+    An instance of this JAX's Triton params class (None if it has none; the
+    guard keeps such a JAX from compiling).
+  """
+  if _PARAMS_CLS is None:
+    return None
+  return _PARAMS_CLS(num_warps=num_warps, num_stages=num_stages)
+
+
+def compute_capability() -> int | None:
+  """Compute capability of the default GPU (90 for H100/H200), else None."""
+  return shared_gpu.compute_capability()
+
+
+def float8_reason(interpret: bool) -> str | None:
+  """Why float8_e4m3fn tiles cannot be converted here, or None."""
+  return shared_gpu.float8_reason(interpret)
+
+
+def shared_memory_bytes() -> int:
+  """Shared memory a Triton program may use on the default GPU."""
+  cc = compute_capability()
+  if cc is None:
+    return _DEFAULT_SMEM_BYTES
+  return _SMEM_BYTES.get(cc, _SMEM_BYTES.get(cc // 10 * 10, _DEFAULT_SMEM_BYTES))
+
+
+def shared_memory_bytes_of(device_kind: str) -> int:
+  """Shared memory per program by device name (for tiling without a device).
+
+  Args:
+    device_kind: e.g. "NVIDIA H200"; unknown or empty names get A100's value.
+  """
+  kind = device_kind.upper()
+  if any(tag in kind for tag in ("H100", "H200", "H800", "H20", "B100", "B200")):
+    return _SMEM_BYTES[90]
+  if any(tag in kind for tag in ("A100", "A800", "A30")) or not kind:
+    return _SMEM_BYTES[80]
+  return _SMEM_BYTES[86]
+
+
+def pipeline_smem_bytes(block_m: int, block_n: int, block_k: int, x_itemsize: float,
+                        w_itemsize: float, num_stages: int) -> int:
+  """Shared memory the K-loop pipeline holds: `num_stages` x and w tiles."""
+  per_stage = block_m * block_k * x_itemsize + block_k * block_n * w_itemsize
+  return int(per_stage * max(1, num_stages))
+
+
+def dot_precision() -> jax.lax.Precision:
+  """Precision of the in-kernel dot: HIGHEST (IEEE fp32; bf16/f16 unaffected)."""
+  return jax.lax.Precision.HIGHEST
+
+
+# Masked access is shared with the row-wise ops: one implementation of the
+# "never touch memory past the array" rule.
+load = shared_gpu.load
+store = shared_gpu.store

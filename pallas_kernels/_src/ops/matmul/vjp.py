@@ -1,0 +1,350 @@
+"""custom_vjp wiring of the matmul kernels.
+
+Forward under differentiation: the forward kernel also stores `aux`, the
+accumulator (x @ w after dequantization) before the epilogue, whenever the
+epilogue has something to differentiate through (an activation, a clamp, or a
+`scale`). Trade-off, as cuBLASLt's GELU_AUX: saving aux costs M*N elements of
+memory (in the output dtype, float32 for float32 outputs) and one extra store
+in the forward; recomputing it instead would cost a second full matmul
+(2*M*N*K flops) in the backward. For any K beyond a few dozen, storing wins.
+
+Backward (kernel path):
+  1. `kernel.dact_bgrad`: one pass over dy computes g = dy * clamp_mask *
+     act'(aux * scale + bias), the bias gradient sum_rows(g), the scale
+     gradient sum_rows(g * aux), and writes g * scale (times the per-column w
+     scale and per-row x scale, folded in so that the dequantization needs no
+     second pass). Without activation/clamp/scale, g is dy itself (no kernel;
+     the bias gradient is an XLA reduction).
+  2. dx = g @ w^T and dw = x^T @ g are the forward kernel again, reading the
+     transposed operands in place through its transpose flags (no transposes
+     are materialized). Batch dims that were broadcast are summed afterwards.
+Gradients: x and w (float dtypes only; int8/int4/fp8 operands are constants,
+as are x_scale and w_scale), bias, scale, and residual (identity, masked by a
+clamp). Per-group w scales are applied to w in XLA for dx (one dequantized
+copy of w), since they vary along dx's output axis.
+
+When the backward kernels cannot run (a guard reason for the dx/dw launches)
+or the output is quantized, the backward is `jax.vjp` of the reference,
+recorded as a fallback when traced.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+
+from pallas_kernels._src import backend as backend_lib
+from pallas_kernels._src import guard as guard_lib
+from pallas_kernels._src.ops import quantize as quant
+from pallas_kernels._src.ops.matmul import config as config_lib
+from pallas_kernels._src.ops.matmul import guard
+from pallas_kernels._src.ops.matmul import kernel
+from pallas_kernels._src.ops.matmul import reference
+from pallas_kernels._src.ops.matmul.config import Config
+
+_F32 = jnp.float32
+
+
+@dataclasses.dataclass(frozen=True)
+class Static:
+  """Everything about a call that is not an array (hashable)."""
+
+  activation: str
+  clamp: tuple[float | None, float | None] | None
+  out_dtype: str
+  compute_dtype: str
+  quantize: str | None
+  transpose_x: bool
+  transpose_w: bool
+  transpose_out: bool
+  #: "none" | "scalar" | "row" (per row of logical x).
+  x_scale_kind: str
+  #: "none" | "scalar" | "channel" ([N]) | "group" ([K // G, N]).
+  w_scale_kind: str
+  group_size: int | None
+  config: Config
+  interpret: bool
+  backend: backend_lib.Backend
+
+
+class Operands:
+  """Names for the seven array arguments, in custom_vjp order."""
+
+  NAMES = ("x", "w", "bias", "residual", "scale", "x_scale", "w_scale")
+
+
+def reference_call(static: Static, x, w, bias, residual, scale, x_scale, w_scale):
+  """The reference at HIGHEST precision with `static`'s options."""
+  return reference.reference(
+      x, w, bias=bias, activation=static.activation, residual=residual,
+      out_dtype=static.out_dtype, scale=scale, clamp=static.clamp,
+      x_scale=x_scale, w_scale=w_scale,
+      w_group_size=static.group_size if static.w_scale_kind == "group" else None,
+      transpose_x=static.transpose_x, transpose_w=static.transpose_w,
+      transpose_out=static.transpose_out, quantize=static.quantize,
+      precision=jax.lax.Precision.HIGHEST)
+
+
+def _col_mult(static: Static, n: int, x_scale, w_scale):
+  """The f32 [N] column factor: scalar x scale times scalar/per-channel w scale."""
+  col = None
+  if static.w_scale_kind in ("scalar", "channel"):
+    col = jnp.broadcast_to(jnp.asarray(w_scale, _F32), (n,))
+  if static.x_scale_kind == "scalar":
+    xs = jnp.asarray(x_scale, _F32)
+    col = jnp.broadcast_to(xs, (n,)) if col is None else col * xs
+  return col
+
+
+def _row_mult(static: Static, x_scale):
+  return jnp.asarray(x_scale, _F32) if static.x_scale_kind == "row" else None
+
+
+def _aux_dtype(out_dtype) -> jnp.dtype:
+  out = jnp.dtype(out_dtype)
+  if out.name in ("bfloat16", "float16"):
+    return out
+  # float32 results keep float32; fp8 results save bf16 (their own precision
+  # would wreck the activation's derivative).
+  return jnp.dtype(_F32) if out.itemsize >= 4 else jnp.dtype(jnp.bfloat16)
+
+
+def _needs_aux(static: Static, scale) -> bool:
+  return static.activation != "identity" or static.clamp is not None or scale is not None
+
+
+def forward(static: Static, x, w, bias, residual, scale, x_scale, w_scale, *,
+            save_aux: bool = False) -> kernel.ForwardOutputs:
+  """Runs the forward kernel for a validated call (quantizing wide rows via XLA)."""
+  m, n, k = guard.dims(x.shape, w.shape, static.transpose_x, static.transpose_w)
+  cfg = static.config
+  fused_quantize = static.quantize is not None and cfg.block_n >= n
+  out_dtype = static.out_dtype if static.quantize is None or fused_quantize else _F32
+  res = kernel.matmul_forward(
+      x, w, cfg=cfg, interpret=static.interpret, compute_dtype=static.compute_dtype,
+      out_dtype=out_dtype, activation=static.activation,
+      x_row_scale=_row_mult(static, x_scale),
+      w_col_scale=_col_mult(static, n, x_scale, w_scale),
+      w_group_scale=w_scale if static.w_scale_kind == "group" else None,
+      group_size=static.group_size,
+      scale=None if scale is None else jnp.broadcast_to(jnp.asarray(scale), (n,)),
+      bias=bias, residual=residual, clamp=static.clamp,
+      transpose_x=static.transpose_x, transpose_w=static.transpose_w,
+      transpose_out=static.transpose_out,
+      quantize=static.quantize if fused_quantize else None, save_aux=save_aux,
+      aux_dtype=_aux_dtype(static.out_dtype))
+  if static.quantize is not None and not fused_quantize:
+    # Rows wider than one tile: the kernel stored f32 y, XLA quantizes it (its
+    # amax needs the whole row) in one fused elementwise pass.
+    y = res.out
+    axis = -2 if static.transpose_out else -1
+    scales = quant.scale_from_amax(jnp.max(jnp.abs(y), axis=axis, keepdims=True),
+                                   static.quantize)
+    values = quant.quantize(y, scales, static.quantize)
+    return kernel.ForwardOutputs(values, scales, res.aux)
+  return res
+
+
+def result(static: Static, outputs: kernel.ForwardOutputs):
+  """The public return value: the array, or (values, scales) when quantizing."""
+  if static.quantize is not None:
+    return outputs.out, outputs.scales
+  return outputs.out
+
+
+# --------------------------------------------------------------------------
+# Backward.
+# --------------------------------------------------------------------------
+
+
+def _spec(shape, dtype):
+  return jax.ShapeDtypeStruct(tuple(shape), jnp.dtype(dtype))
+
+
+def _grad_matmul_reason(static: Static, lhs, rhs, tl: bool, tr: bool, out_dtype) -> str | None:
+  m, n, k = guard.dims(lhs.shape, rhs.shape, tl, tr)
+  cdt = reference.compute_dtype(lhs.dtype, rhs.dtype)
+  cfg = config_lib.choose_config(m, n, k, cdt, static.interpret,
+                                 packed_n=jnp.dtype(rhs.dtype).name == "int4" and not tr)
+  return guard.unsupported_reason(
+      lhs, rhs, out_dtype=out_dtype, transpose_x=tl, transpose_w=tr,
+      backend=static.backend, interpret=static.interpret, config=cfg)
+
+
+def _plan(static: Static, x, w):
+  """(dx wanted, dw wanted) and why the kernel backward cannot run (or None)."""
+  if static.quantize is not None:
+    return False, False, "quantized outputs are differentiated through the reference"
+  want_dx = not reference.is_quantized(x.dtype)
+  want_dw = not reference.is_quantized(w.dtype)
+  m, n, _ = guard.dims(x.shape, w.shape, static.transpose_x, static.transpose_w)
+  batch = jnp.broadcast_shapes(tuple(x.shape[:-2]), tuple(w.shape[:-2]))
+  g = _spec(tuple(batch) + (m, n), static.compute_dtype)
+  if want_dx:
+    w_for = _spec(w.shape, static.compute_dtype) if static.w_scale_kind == "group" else w
+    reason = _grad_matmul_reason(static, g, w_for, False, not static.transpose_w, _F32)
+    if reason:
+      return want_dx, want_dw, f"dx matmul: {reason}"
+  if want_dw:
+    reason = _grad_matmul_reason(static, x, g, not static.transpose_x, False, _F32)
+    if reason:
+      return want_dx, want_dw, f"dw matmul: {reason}"
+  return want_dx, want_dw, None
+
+
+def _sum_to(a, shape, dtype):
+  """Sums the leading broadcast batch dims of `a` down to `shape`, casts."""
+  extra = a.ndim - len(shape)
+  axes = tuple(range(extra)) + tuple(
+      extra + i for i, d in enumerate(shape[:-2]) if d == 1 and a.shape[extra + i] != 1)
+  if axes:
+    a = jnp.sum(a.astype(_F32), axis=axes, keepdims=False)
+    a = a.reshape(shape)
+  return a.astype(dtype)
+
+
+def _matmul_grad(static: Static, lhs, rhs, *, tl: bool, tr: bool, to: bool, out_dtype):
+  """lhs @ rhs through the forward kernel (no epilogue) for dx / dw."""
+  m, n, k = guard.dims(lhs.shape, rhs.shape, tl, tr)
+  cdt = reference.compute_dtype(lhs.dtype, rhs.dtype)
+  cfg = config_lib.choose_config(m, n, k, cdt, static.interpret,
+                                 packed_n=jnp.dtype(rhs.dtype).name == "int4" and not tr)
+  return kernel.matmul_forward(
+      lhs, rhs, cfg=cfg, interpret=static.interpret, compute_dtype=cdt,
+      out_dtype=out_dtype, transpose_x=tl, transpose_w=tr, transpose_out=to).out
+
+
+def _dequantized_w_stored(static: Static, w, w_scale):
+  """w times its per-group scales, in w's stored orientation and compute dtype."""
+  k = w.shape[-1] if static.transpose_w else w.shape[-2]
+  s = reference.expand_group_scale(w_scale, k, static.group_size)
+  if static.transpose_w:
+    s = s.T
+  return (w.astype(_F32) * s).astype(static.compute_dtype)
+
+
+def _kernel_backward(static: Static, inputs, aux, ct, want_dx: bool, want_dw: bool):
+  x, w, bias, residual, scale, x_scale, w_scale = inputs
+  m, n, _ = guard.dims(x.shape, w.shape, static.transpose_x, static.transpose_w)
+  col = _col_mult(static, n, x_scale, w_scale)
+  row = _row_mult(static, x_scale)
+  cdt = jnp.dtype(static.compute_dtype)
+  db = dscale = None
+  if _needs_aux(static, scale):
+    bo = kernel.dact_bgrad(
+        ct, aux, cfg=None, interpret=static.interpret, activation=static.activation,
+        g_dtype=cdt, clamp=static.clamp, residual=residual,
+        scale=None if scale is None else jnp.broadcast_to(jnp.asarray(scale), (n,)),
+        bias=bias, col_mult=col, row_mult=row, transpose_out=static.transpose_out,
+        want_db=bias is not None, want_dscale=scale is not None,
+        res_dtype=None if residual is None else residual.dtype)
+    g, g_t = bo.g, False
+    db, dscale, dres = bo.db, bo.dscale, bo.dres
+    if dres is None:
+      dres = ct
+  else:
+    # Identity epilogue: the accumulator's cotangent is dy itself (times the
+    # folded dequantization scales), in dy's stored layout.
+    g, g_t, dres = ct, static.transpose_out, ct
+    if bias is not None:
+      db = jnp.sum(ct.astype(_F32), axis=tuple(a for a in range(ct.ndim)
+                                               if a != (ct.ndim - 2 if g_t else ct.ndim - 1)))
+    if col is not None or row is not None:
+      gf = ct.astype(_F32)
+      if col is not None:
+        gf = gf * (col[:, None] if g_t else col)
+      if row is not None:
+        gf = gf * (row[..., None, :] if g_t else row[..., None])
+      g = gf.astype(cdt)
+    else:
+      g = ct.astype(cdt)
+
+  dx = dw = None
+  if want_dx:
+    w_for = _dequantized_w_stored(static, w, w_scale) if static.w_scale_kind == "group" else w
+    full = _matmul_grad(static, g, w_for, tl=g_t, tr=not static.transpose_w,
+                        to=static.transpose_x,
+                        out_dtype=_F32 if g.ndim > x.ndim or g.shape[:-2] != x.shape[:-2]
+                        else x.dtype)
+    dx = _sum_to(full, x.shape, x.dtype)
+  if want_dw:
+    fold = (math.prod(w.shape[:-2]) == 1 and not static.transpose_x and not g_t
+            and x.ndim > 2)
+    grouped = static.w_scale_kind == "group"
+    if fold:
+      # Contract over batch and rows at once: [B*M, K]^T @ [B*M, N].
+      k = x.shape[-1]
+      full = _matmul_grad(static, x.reshape(-1, k), g.reshape(-1, n), tl=True, tr=False,
+                          to=static.transpose_w, out_dtype=_F32 if grouped else w.dtype)
+      full = full.reshape(w.shape)
+    else:
+      # Stored straight in w's dtype unless broadcast batch dims are summed after.
+      summed = g.ndim > w.ndim or g.shape[:-2] != w.shape[:-2]
+      full = _matmul_grad(static, x, g, tl=not static.transpose_x, tr=g_t,
+                          to=static.transpose_w,
+                          out_dtype=_F32 if grouped or summed else w.dtype)
+    if grouped:
+      k = w.shape[-1] if static.transpose_w else w.shape[-2]
+      s = reference.expand_group_scale(w_scale, k, static.group_size)
+      full = full * (s.T if static.transpose_w else s)
+    dw = _sum_to(full, w.shape, w.dtype)
+
+  def cast(v, like):
+    return None if like is None or v is None else v.astype(like.dtype).reshape(like.shape)
+
+  dscale_out = None
+  if scale is not None:
+    dscale_out = dscale.reshape(jnp.shape(scale)) if jnp.ndim(scale) else jnp.sum(dscale)
+    dscale_out = dscale_out.astype(jnp.asarray(scale).dtype)
+  return (dx, dw, cast(db, bias), cast(dres, residual), dscale_out, None, None)
+
+
+def _reference_backward(static: Static, inputs, ct):
+  _, pullback = jax.vjp(functools.partial(reference_call, static), *inputs)
+  grads = list(pullback(ct))
+  # Quantized operands and dequantization scales are constants (see module doc).
+  for i, name in enumerate(Operands.NAMES):
+    a = inputs[i]
+    if name in ("x_scale", "w_scale") or (
+        name in ("x", "w") and reference.is_quantized(a.dtype)):
+      grads[i] = None
+  return tuple(grads)
+
+
+@functools.lru_cache(maxsize=256)
+def build(static: Static):
+  """The differentiable Pallas matmul for `static`: f(x, w, bias, residual,
+  scale, x_scale, w_scale) -> result (or (values, scales))."""
+
+  @jax.custom_vjp
+  def fused(x, w, bias, residual, scale, x_scale, w_scale):
+    return result(static, forward(static, x, w, bias, residual, scale, x_scale, w_scale))
+
+  def fused_fwd(x, w, bias, residual, scale, x_scale, w_scale):
+    inputs = (x, w, bias, residual, scale, x_scale, w_scale)
+    want_dx, want_dw, reason = _plan(static, x, w)
+    if reason is not None:
+      if static.quantize is None:
+        guard_lib.record_fallback(
+            "matmul", f"backward: {reason}",
+            guard_lib.signature(**dict(zip(Operands.NAMES, inputs))))
+      out = forward(static, *inputs)
+      return result(static, out), (inputs, None)
+    save = _needs_aux(static, scale)
+    out = forward(static, *inputs, save_aux=save)
+    return result(static, out), (inputs, out.aux)
+
+  def fused_bwd(res, ct):
+    inputs, aux = res
+    x, w = inputs[0], inputs[1]
+    want_dx, want_dw, reason = _plan(static, x, w)
+    if reason is not None:
+      return _reference_backward(static, inputs, ct)
+    return _kernel_backward(static, inputs, aux, ct, want_dx, want_dw)
+
+  fused.defvjp(fused_fwd, fused_bwd)
+  return fused

@@ -1,0 +1,56 @@
+"""When the softmax kernels cannot run, and why (then XLA runs instead)."""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+
+from pallas_kernels._src import gpu
+
+#: dtypes of x the kernels are written and validated for.
+SUPPORTED_DTYPES = frozenset({"float32", "bfloat16", "float16"})
+#: Row indices are int32 inside the kernel.
+MAX_ROWS = 2**31 - 1
+
+
+def unsupported_reason(*, x_shape: tuple[int, ...], x_dtype, mask_dtype,
+                       interpret: bool) -> str | None:
+  """Why the forward kernel cannot run these arguments, or None if it can.
+
+  Args:
+    x_shape: shape of x (already validated by the API).
+    x_dtype: dtype of x.
+    mask_dtype: dtype of the mask, or None.
+    interpret: whether the kernel would run in interpret mode.
+  """
+  reason = gpu.unavailable_reason(interpret)
+  if reason:
+    return reason
+  for name, dt in (("x", x_dtype), ("mask", mask_dtype)):
+    if dt is None or jnp.dtype(dt) == jnp.bool_:
+      continue
+    if jnp.dtype(dt).name not in SUPPORTED_DTYPES:
+      return f"{name} dtype {jnp.dtype(dt).name} is not one of {sorted(SUPPORTED_DTYPES)}"
+  rows = 1
+  for d in x_shape[:-1]:
+    rows *= d
+  if rows == 0:
+    return "x has no rows"
+  if rows > MAX_ROWS:
+    return f"{rows} rows exceed the kernel's int32 row index"
+  return None
+
+
+def backward_unsupported_reason(*, x_dtype, out_dtype) -> str | None:
+  """Why the backward kernel cannot serve this call, or None if it can.
+
+  The backward kernel reads the saved output y; if y was stored in a dtype
+  less precise than x, the gradient would carry y's rounding (e.g. 4e-3 for
+  bfloat16) where x's dtype promises more, so the reference's vjp recomputes
+  it in float32 instead.
+  """
+  x_bits = jnp.finfo(x_dtype).nmant
+  out_bits = jnp.finfo(out_dtype).nmant
+  if out_bits < x_bits:
+    return (f"out_dtype {jnp.dtype(out_dtype).name} is less precise than x "
+            f"({jnp.dtype(x_dtype).name}); the saved output would limit the gradient")
+  return None

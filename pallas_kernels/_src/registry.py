@@ -1,0 +1,107 @@
+"""Every op's `OpSpec` by public name, for `validate`, `bench` and the scripts.
+
+Each op folder's `arg_specs.py` exports `SPEC` (or `SPECS`, a tuple, when the
+folder holds several ops). Specs are imported on first use. An op module that
+is not there yet (a folder still being built) is skipped, so the rest keep
+working. Any other import error is kept in `load_errors()` (the validation
+script fails on it, and `get_spec` of a missing name reports it): a broken op
+must not vanish from validation silently, nor break every other op's.
+"""
+
+from __future__ import annotations
+
+import importlib
+import threading
+from collections.abc import Mapping
+from types import MappingProxyType
+
+from pallas_kernels._src.spec import OpSpec
+
+#: arg_specs modules, in display order.
+_MODULES: tuple[str, ...] = (
+    "pallas_kernels._src.ops.matmul.arg_specs",
+    "pallas_kernels._src.ops.normalization.arg_specs",
+    "pallas_kernels._src.ops.softmax.arg_specs",
+)
+
+_lock = threading.Lock()
+_specs: dict[str, OpSpec] | None = None
+_errors: dict[str, Exception] = {}
+
+
+def _load() -> dict[str, OpSpec]:
+  specs: dict[str, OpSpec] = {}
+  for module_name in _MODULES:
+    try:
+      module = importlib.import_module(module_name)
+    except ModuleNotFoundError as e:
+      # Only the op's own module being absent is tolerated, not its imports.
+      if e.name is None or not module_name.startswith(e.name):
+        _errors[module_name] = e
+      continue
+    except Exception as e:  # noqa: BLE001 - reported through load_errors().
+      _errors[module_name] = e
+      continue
+    found = getattr(module, "SPECS", None) or (getattr(module, "SPEC", None),)
+    for spec in found:
+      if not isinstance(spec, OpSpec):
+        raise TypeError(f"{module_name} exports {spec!r}, not an OpSpec")
+      if spec.name in specs:
+        raise ValueError(f"op {spec.name!r} registered twice ({module_name})")
+      specs[spec.name] = spec
+  return specs
+
+
+def specs() -> Mapping[str, OpSpec]:
+  """Read-only name -> OpSpec of every available op."""
+  global _specs
+  with _lock:
+    if _specs is None:
+      _specs = _load()
+    return MappingProxyType(_specs)
+
+
+def load_errors() -> Mapping[str, Exception]:
+  """arg_specs modules that exist but failed to import, with their errors."""
+  specs()
+  return MappingProxyType(_errors)
+
+
+def spec_names() -> tuple[str, ...]:
+  """Names of the registered ops, in display order."""
+  return tuple(specs())
+
+
+def get_spec(name: str | OpSpec) -> OpSpec:
+  """The OpSpec of op `name` (an OpSpec passes through).
+
+  Raises:
+    KeyError: if no op of that name is registered; the message lists them.
+  """
+  if isinstance(name, OpSpec):
+    return name
+  table = specs()
+  if name not in table:
+    broken = "".join(f"; {m} failed to import: {e!r}" for m, e in _errors.items())
+    raise KeyError(f"unknown op {name!r}; registered: {', '.join(table)}{broken}")
+  return table[name]
+
+
+class _LazySpecs(Mapping):
+  """`SPECS`: a mapping that loads the registry on first access."""
+
+  def __getitem__(self, name: str) -> OpSpec:
+    return specs()[name]
+
+  def __iter__(self):
+    return iter(specs())
+
+  def __len__(self) -> int:
+    return len(specs())
+
+  def __repr__(self) -> str:
+    return f"SPECS({', '.join(specs())})"
+
+
+#: name -> OpSpec, loaded lazily (importing this module imports no op).
+SPECS: Mapping[str, OpSpec] = _LazySpecs()

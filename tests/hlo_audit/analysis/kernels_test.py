@@ -1,0 +1,118 @@
+"""Kernel classification on hand-written optimized HLO of each backend."""
+
+from __future__ import annotations
+
+import hlo_audit
+from hlo_audit import FindingKind, KernelKind
+
+GPU = """
+HloModule gpu_mlp, is_scheduled=true
+
+%fused_gelu (p0: f32[64,128], p1: f32[128]) -> f32[64,128] {
+  %p0 = f32[64,128]{1,0} parameter(0)
+  %p1 = f32[128]{0} parameter(1)
+  %b = f32[64,128]{1,0} broadcast(%p1), dimensions={1}
+  %a = f32[64,128]{1,0} add(%p0, %b), metadata={op_name="jit(f)/add" source_file="/src/model.py" source_line=7}
+  ROOT %t = f32[64,128]{1,0} tanh(%a), metadata={op_name="jit(f)/tanh" source_file="/src/model.py" source_line=7}
+}
+
+%triton_gemm (p0: bf16[64,32], p1: bf16[32,128]) -> bf16[64,128] {
+  %p0 = bf16[64,32]{1,0} parameter(0)
+  %p1 = bf16[32,128]{1,0} parameter(1)
+  %d = bf16[64,128]{1,0} dot(%p0, %p1), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+  ROOT %r = bf16[64,128]{1,0} maximum(%d, %d)
+}
+
+ENTRY %main (x: f32[64,32], w: f32[32,128], b: f32[128], xb: bf16[64,32], wb: bf16[32,128]) -> (f32[64,128], bf16[64,128], f32[64,128]) {
+  %x = f32[64,32]{1,0} parameter(0)
+  %w = f32[32,128]{1,0} parameter(1)
+  %b = f32[128]{0} parameter(2)
+  %xb = bf16[64,32]{1,0} parameter(3)
+  %wb = bf16[32,128]{1,0} parameter(4)
+  %gemm = (f32[64,128]{1,0}, s8[4194304]{0}) custom-call(%x, %w), custom_call_target="__cublas$gemm", metadata={op_name="jit(f)/dot_general" source_file="/src/model.py" source_line=7}, backend_config={"gemm_backend_config":{"alpha_real":1,"beta":0,"epilogue":"DEFAULT"}}
+  %gte = f32[64,128]{1,0} get-tuple-element(%gemm), index=0
+  %fusion = f32[64,128]{1,0} fusion(%gte, %b), kind=kLoop, calls=%fused_gelu, metadata={op_name="jit(f)/tanh" source_file="/src/model.py" source_line=7}
+  %lt = (f32[64,128]{1,0}, s8[1024]{0}) custom-call(%x, %w, %b), custom_call_target="__cublas$lt$matmul", backend_config={"gemm_backend_config":{"epilogue":"BIAS_GELU"}}, metadata={op_name="jit(f)/dot_general" source_file="/src/model.py" source_line=9}
+  %lt0 = f32[64,128]{1,0} get-tuple-element(%lt), index=0
+  %tg = bf16[64,128]{1,0} fusion(%xb, %wb), kind=kCustom, calls=%triton_gemm, backend_config={"fusion_backend_config":{"kind":"__triton_gemm"}}, metadata={op_name="jit(f)/dot_general" source_file="/src/model.py" source_line=11}
+  %ar = f32[64,128]{1,0} all-reduce(%lt0), replica_groups={}, to_apply=%fused_gelu
+  %pk = f32[64,128]{1,0} custom-call(%ar), custom_call_target="__gpu$xla.gpu.triton", metadata={op_name="jit(f)/pallas_kernels.matmul/pallas_call" source_file="/src/model.py" source_line=12}
+  ROOT %out = (f32[64,128]{1,0}, bf16[64,128]{1,0}, f32[64,128]{1,0}) tuple(%fusion, %tg, %pk)
+}
+"""
+
+
+def test_gpu_kernel_kinds():
+  r = hlo_audit.audit_hlo(GPU)
+  kinds = {k.name: k.kind for k in r.kernels}
+  assert kinds == {
+      "gemm": KernelKind.LIBRARY_CALL, "fusion": KernelKind.LOOP_FUSION,
+      "lt": KernelKind.LIBRARY_CALL, "tg": KernelKind.TRITON_GEMM,
+      "ar": KernelKind.COLLECTIVE, "pk": KernelKind.PALLAS}
+  assert r.kernel("lt").detail == "__cublas$lt$matmul epilogue=BIAS_GELU"
+  assert r.kernel("fusion").fused_ops == {"broadcast": 1, "add": 1, "tanh": 1}
+
+
+def test_cublas_default_epilogue_is_unfused_and_lt_epilogue_already_fused():
+  r = hlo_audit.audit_hlo(GPU)
+  (epi,) = r.findings_of(FindingKind.UNFUSED_EPILOGUE)
+  assert epi.producer == "gemm" and epi.consumers == ("fusion",)
+  assert epi.ops == ("bias", "activation:tanh")
+  assert epi.bytes_saved == 2 * 64 * 128 * 4
+  assert "epilogue is DEFAULT" in epi.evidence
+  assert str(epi.source) == "/src/model.py:7"
+  fused = {f.producer: f for f in r.findings_of(FindingKind.ALREADY_FUSED)}
+  assert fused["lt"].ops == ("bias", "activation")
+  assert "BIAS_GELU" in fused["lt"].evidence
+  assert fused["tg"].ops == ("maximum",)
+
+
+def test_library_workspace_is_classed():
+  r = hlo_audit.audit_hlo(GPU)
+  ws = [b for b in r.buffers if b.lifetime is hlo_audit.Lifetime.WORKSPACE]
+  assert sorted(b.name for b in ws) == ["gemm{1}", "lt{1}"]
+  assert r.buffer("gemm{1}").bytes == 4194304
+
+
+INTERPRETED_PALLAS = """
+HloModule interp, is_scheduled=true
+
+%body (s: (s32[], f32[8,128])) -> (s32[], f32[8,128]) {
+  %s = (s32[], f32[8,128]{1,0}) parameter(0)
+  %i = s32[] get-tuple-element(%s), index=0
+  %one = s32[] constant(1), metadata={op_name="jit(f)/pallas_kernels.scale/while/body/add"}
+  %n = s32[] add(%i, %one), metadata={op_name="jit(f)/pallas_kernels.scale/while/body/add"}
+  %v = f32[8,128]{1,0} get-tuple-element(%s), index=1
+  %m = f32[8,128]{1,0} multiply(%v, %v), metadata={op_name="jit(f)/pallas_kernels.scale/while/body/mul"}
+  ROOT %t = (s32[], f32[8,128]{1,0}) tuple(%n, %m)
+}
+
+%cond (s: (s32[], f32[8,128])) -> pred[] {
+  %s = (s32[], f32[8,128]{1,0}) parameter(0)
+  %i = s32[] get-tuple-element(%s), index=0
+  %c = s32[] constant(4)
+  ROOT %lt = pred[] compare(%i, %c), direction=LT, metadata={op_name="jit(f)/pallas_kernels.scale/while/cond/lt"}
+}
+
+ENTRY %main (x: f32[8,128]) -> f32[8,128] {
+  %x = f32[8,128]{1,0} parameter(0)
+  %zero = s32[] constant(0)
+  %copy = f32[8,128]{1,0} copy(%x)
+  %init = (s32[], f32[8,128]{1,0}) tuple(%zero, %copy)
+  %w = (s32[], f32[8,128]{1,0}) while(%init), condition=%cond, body=%body, metadata={op_name="jit(f)/pallas_kernels.scale/while"}, backend_config={"known_trip_count":{"n":"4"}}
+  %r = f32[8,128]{1,0} get-tuple-element(%w), index=1
+  ROOT %out = f32[8,128]{1,0} tanh(%r), metadata={op_name="jit(f)/tanh"}
+}
+"""
+
+
+def test_interpreted_pallas_kernel_is_one_kernel_and_its_copy_not_a_finding():
+  r = hlo_audit.audit_hlo(INTERPRETED_PALLAS)
+  pallas = [k for k in r.kernels if k.kind is KernelKind.PALLAS]
+  assert len(pallas) == 1
+  k = pallas[0]
+  assert k.name == "w" and k.detail == "pallas_kernels.scale (interpreted)"
+  assert "copy" in k.members and "m" in k.members
+  assert not r.findings_of(FindingKind.STANDALONE_COPY)
+  assert not r.findings_of(FindingKind.LAYOUT_CONFLICT)
+  assert [x.name for x in r.kernels] == ["w", "out"]

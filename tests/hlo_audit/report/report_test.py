@@ -1,0 +1,88 @@
+"""The report's renderers and diff, on the audit of a small function."""
+
+from __future__ import annotations
+
+import functools
+import json
+
+import jax
+import jax.numpy as jnp
+from rich.console import Console
+
+import hlo_audit
+from hlo_audit import FindingKind
+from hlo_audit._src.report.json_report import report_from_dict
+
+S = jax.ShapeDtypeStruct
+
+
+def mlp(x, w, b):
+  return jax.nn.relu(x @ w + b)
+
+
+@functools.cache
+def rep():
+  return hlo_audit.audit(mlp, S((64, 128), jnp.float32), S((128, 256), jnp.float32),
+                         S((256,), jnp.float32))
+
+
+def test_json_schema_has_the_documented_fields():
+  d = json.loads(rep().to_json())
+  assert d["schema_version"] == 1
+  for key in ("module", "kernels", "buffers", "findings", "peak_bytes",
+              "xla_peak_bytes", "intermediates", "timeline"):
+    assert key in d
+  (f,) = [f for f in d["findings"] if f["class"] == "unfused-epilogue"]
+  assert f["bytes_saved"] == 2 * 64 * 256 * 4 and f["launches_removed"] == 1
+  assert f["source"].endswith("report_test.py:" + str(mlp.__code__.co_firstlineno + 1))
+  assert f["kernel"] == "pallas_kernels.matmul"
+  assert set(f["ops"]) == {"bias", "activation:relu"}
+
+
+def test_json_round_trip_and_diff_with_itself_is_empty():
+  r = rep()
+  again = report_from_dict(json.loads(r.to_json()))
+  assert again.findings == r.findings and again.buffers == r.buffers
+  assert r.diff(again).unchanged
+
+
+def test_diff_names_what_vanished():
+  before = rep()
+  after = hlo_audit.audit(lambda x, w: x @ w, S((64, 128), jnp.float32),
+                          S((128, 256), jnp.float32))
+  d = before.diff(after)
+  assert d.kernel_count_delta == -1
+  assert [f.kind for f in d.findings_removed] == [FindingKind.UNFUSED_EPILOGUE]
+  assert not d.findings_added
+  assert d.materialized_bytes_delta == -64 * 256 * 4
+  assert "findings removed (1)" in str(d)
+
+
+def test_markdown_and_terminal_show_tables_and_records():
+  md = rep().to_markdown()
+  assert md.startswith("# hlo-audit: `jit_mlp`")
+  assert "| Buffer | Shape | Dtype | Bytes |" in md
+  assert "**logical bytes saved**: 128.00 KiB per run" in md
+  console = Console(record=True, width=160)
+  rep().print(console)
+  text = console.export_text()
+  assert "Intermediate tensors" in text and "Findings (fusion decision records)" in text
+  assert "pallas_kernels.matmul" in text
+  assert "peak" in text and "XLA's" in text
+  assert str(rep()).count("unfused epilogue") >= 1
+
+
+def test_summary_counts_kernels_by_kind():
+  s = rep().summary()
+  assert "kernels: 2 (1 cpu library fusion, 1 loop fusion)" in s
+  assert "findings: 1 (1 unfused epilogue)" in s
+
+
+def test_html_is_self_contained(tmp_path):
+  path = tmp_path / "r.html"
+  page = rep().to_html(str(path))
+  assert path.read_text() == page
+  assert page.startswith("<!DOCTYPE html>")
+  assert "<svg" in page and "peak" in page
+  assert "http://" not in page.replace('xmlns="http://www.w3.org/2000/svg"', "")
+  assert "https://" not in page

@@ -1,0 +1,56 @@
+"""softmax: the shared suite, interpreted here and compiled on GPU."""
+
+from __future__ import annotations
+
+import jax
+import pytest
+
+import pallas_kernels as pk
+from pallas_kernels._src.ops.softmax import kernel
+from softmax_base import SoftmaxTestBase, normal
+
+
+class TestSoftmaxInterpret(SoftmaxTestBase):
+  """The Pallas kernel in interpret mode (runs on any machine)."""
+
+  __test__ = True
+  implementation = "pallas"
+  interpret = True
+
+
+@pytest.mark.gpu
+class TestSoftmaxGPU(SoftmaxTestBase):
+  """The Pallas kernel compiled for the GPU (skipped without one)."""
+
+  __test__ = True
+  implementation = "pallas"
+  interpret = False
+
+
+@pytest.mark.parametrize("x_shape,mask_shape,rows,cols,terms", [
+    ((2, 3, 5, 7), (5, 7), 5, 7, ((1, 5, 1),)),
+    ((2, 3, 5, 7), (2, 1, 5, 7), 10, 7, ((1, 5, 1), (15, 2, 5))),
+    ((2, 3, 5, 7), (2, 3, 5, 7), 30, 7, ((1, 30, 1),)),
+    ((2, 3, 5, 7), (2, 1, 1, 7), 2, 7, ((15, 2, 1),)),
+    ((4, 300), (4, 1), 4, 1, ((1, 4, 1),)),
+    ((4, 300), (300,), 1, 300, ()),
+])
+def test_mask_layout_maps_rows_without_materializing(x_shape, mask_shape, rows, cols,
+                                                     terms):
+  layout = kernel.MaskLayout.of(x_shape, mask_shape)
+  assert (layout.rows, layout.cols, layout.terms) == (rows, cols, terms)
+  # Every x row must find the mask row that broadcasting would give it.
+  import numpy as np
+  lead = x_shape[:-1]
+  padded = (1,) * (len(x_shape) - len(mask_shape)) + mask_shape
+  index = np.arange(int(np.prod(padded[:-1]))).reshape(padded[:-1])
+  expected = np.broadcast_to(index, lead).reshape(-1)
+  got = np.asarray(layout.row_index(jax.numpy.arange(expected.size, dtype="int32")))
+  np.testing.assert_array_equal(got, expected)
+
+
+def test_kernel_launch_carries_the_named_scope():
+  x = normal((7, 129), "float32")
+  lowered = jax.jit(lambda a: pk.softmax(a, scale=0.125, implementation="pallas",
+                                         interpret=True)).lower(x)
+  assert "pallas_kernels.softmax" in lowered.as_text(debug_info=True)

@@ -1,0 +1,121 @@
+"""validate(): the real ops pass, and deliberately broken ops fail."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import pallas_kernels as pk
+from pallas_kernels._src import registry
+from pallas_kernels._src.ops.softmax import reference as softmax_reference
+from pallas_kernels._src.spec import Case, OpSpec
+from pallas_kernels._src.tolerances import tolerance
+
+OPS = ("layer_norm", "rms_norm", "softmax")
+
+
+def test_ci_cases_of_the_row_wise_ops_pass():
+  report = pk.validate(OPS, tags=("ci",))
+  print(report)
+  assert report.passed, "\n" + str(report)
+  expected = sum(len(list(registry.get_spec(op).cases("ci", 0))) for op in OPS)
+  assert len(report.rows) == expected
+  assert {r.op for r in report.rows} == set(OPS)
+  for row in report.rows:
+    assert np.isfinite(row.kernel_err) and np.isfinite(row.xla_err)
+    assert row.bound in (tolerance(row.dtype), tolerance("float32"), tolerance("int8"),
+                         tolerance("float8_e4m3fn"))
+  assert any(r.grad_err is not None for r in report.rows)
+  # softmax with a bfloat16 output of a float32 input uses the reference's vjp.
+  [fallback_row] = [r for r in report.rows if r.fallback]
+  assert fallback_row.op == "softmax" and "backward" in fallback_row.fallback
+  assert report.to_markdown().count("\n") == len(report.rows) + 3
+  with pytest.raises(dataclasses.FrozenInstanceError):
+    report.rows = ()
+
+
+def test_dtype_filter_and_empty_selection():
+  report = pk.validate("softmax", tags=("ci",), dtypes=["float16"], check_grads=False)
+  assert [r.dtype for r in report.rows] == ["float16"]
+  with pytest.raises(ValueError, match="no cases"):
+    pk.validate("softmax", tags=("no-such-tag",))
+
+
+# Deliberately broken ops. They wrap the XLA softmax (cheap to compile) and
+# misbehave only as "pallas", so the XLA column stays clean.
+
+def _small_case() -> Case:
+  x = jax.random.normal(jax.random.key(0), (5, 37), jnp.float32)
+  return Case(name="x=f32[5,37]", args=(x,), kwargs={}, tags=frozenset({"ci"}),
+              grad_argnums=(0,))
+
+
+def _broken_spec(name: str, corrupt) -> OpSpec:
+  def fn(x, *, implementation, interpret=None):
+    del interpret
+    y = pk.softmax(x, implementation="xla")
+    return corrupt(y) if implementation == "pallas" else y
+
+  base = registry.get_spec("softmax")
+  return dataclasses.replace(
+      base, name=name, fn=fn,
+      cases=lambda tag, seed: iter([_small_case()] if tag == "ci" else []))
+
+
+def _row(spec):
+  report = pk.validate(spec)
+  assert not report.passed
+  assert "FAIL" in str(report) and "FAILED" in report.to_markdown()
+  [row] = report.rows
+  return row
+
+
+def test_an_offset_of_1e_2_fails():
+  row = _row(_broken_spec("plus_1e-2", lambda y: y + 1e-2))
+  assert row.kernel_err > row.bound and row.xla_err <= row.bound
+
+
+def test_unwritten_output_fails():
+  # What interpret mode leaves in an unwritten block: NaN.
+  row = _row(_broken_spec("unwritten", lambda y: y.at[3:].set(jnp.nan)))
+  assert not row.written and not row.nonfinite_ok
+
+
+def test_finite_garbage_in_unwritten_output_fails_written():
+  # What a compiled kernel may leave in an unwritten block: stale finite data.
+  row = _row(_broken_spec("stale", lambda y: y.at[4, 10:].set(0.5)))
+  assert not row.written
+
+
+def test_nondeterministic_output_fails_repeat():
+  counter = itertools.count()
+
+  def corrupt(y):
+    # A different last-bit perturbation on every call.
+    return y * (1 + 1e-7 * next(counter))
+
+  row = _row(_broken_spec("nondeterministic", corrupt))
+  assert not row.repeat_exact and row.kernel_err <= row.bound
+
+
+def test_wrong_gradient_fails():
+  @jax.custom_vjp
+  def scaled_grad(y):
+    return y
+
+  scaled_grad.defvjp(lambda y: (y, None), lambda _, g: (1.1 * g,))
+  row = _row(_broken_spec("bad_grad", scaled_grad))
+  assert row.kernel_err <= row.bound and row.grad_err > row.grad_bound
+
+
+def test_reference_of_the_broken_spec_is_the_real_one():
+  # Guards the tests above: they must fail because of `fn`, not the reference.
+  case = _small_case()
+  spec = _broken_spec("plus_1e-2", lambda y: y + 1e-2)
+  np.testing.assert_allclose(spec.reference_f32(*case.args),
+                             softmax_reference.softmax_f32(*case.args))
