@@ -122,7 +122,7 @@ def find_buffers(module: HloModule, schedule: Schedule, dataflow: Dataflow,
         producer=producer if inst.opcode != "parameter" else "",
         producer_opcode=inst.opcode, consumers=tuple(consumers),
         live_range=liveness.ranges[buf], lifetime=lifetime,
-        source=source_of(module, inst), op_name=inst.metadata.op_name,
+        source=source_of(module, inst), op_name=inst.op_name,
         aliases=tuple(v[0] + (_index_str(v[1]) if v[1] else "")
                       for v in members[1:]),
         placement=f"allocation {alloc}" if alloc is not None else "heap",
@@ -167,9 +167,9 @@ def _lifetime(module: HloModule, comps, dataflow: Dataflow, liveness: Liveness,
     return Lifetime.EXPANDED_BROADCAST
   if is_layout_conversion(module, inst):
     return Lifetime.LAYOUT_CONVERSION
-  op_name = inst.metadata.op_name
+  op_name = inst.op_name
   if op_name and "transpose(" not in op_name and any(
-      u is not None and "transpose(" in u.metadata.op_name for u in users):
+      u is not None and "transpose(" in u.op_name for u in users):
     return Lifetime.SAVED_FOR_BACKWARD
   return Lifetime.TRANSIENT
 

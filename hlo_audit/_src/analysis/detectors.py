@@ -57,9 +57,20 @@ class _Context:
   options: AuditOptions
   peak_bytes: int
   has_backward: bool
+  #: kernel name -> primitives it runs (filled on first use).
+  _primitives: dict = dataclasses.field(default_factory=dict)
 
   def inst(self, kernel: Kernel) -> Instruction:
     return self.comps[kernel.computation].instruction(kernel.name)
+
+  def primitives(self, kernel: Kernel) -> frozenset[str]:
+    """JAX primitives (or opcodes) a kernel runs, fused ones included."""
+    found = self._primitives.get(kernel.name)
+    if found is None:
+      fused = _fused(self, kernel)
+      insts = fused.instructions if fused is not None else (self.inst(kernel),)
+      found = self._primitives[kernel.name] = frozenset(_primitive(i) for i in insts)
+    return found
 
 
 def find_findings(module: HloModule, schedule: Schedule, dataflow: Dataflow,
@@ -164,7 +175,7 @@ def _path_to_anchor(comp: Computation, root: Instruction) -> list[Instruction]:
 
 def _primitive(inst: Instruction) -> str:
   """The JAX primitive behind an instruction (from op_name), else opcode."""
-  name = inst.metadata.op_name
+  name = inst.op_name
   if name:
     leaf = name.rsplit("/", 1)[-1]
     if leaf:
@@ -787,17 +798,11 @@ def _separate_reductions(ctx: _Context) -> list[FusionDecisionRecord]:
 
 def _reduction_pattern(ctx: _Context, r: Kernel, producer: Kernel) -> str | None:
   """"layer_norm", "rms_norm" or "softmax" when the reduction belongs to one."""
-  names = set()
-  for k in (r, producer):
-    fused = _fused(ctx, k)
-    insts = fused.instructions if fused is not None else (ctx.inst(k),)
-    names |= {_primitive(i) for i in insts}
-  readers = [ctx.kernels[c] for b in ctx.writes.get(r.name, ()) for c in b.consumers
-             if c in ctx.kernels]
-  for k in readers:
-    fused = _fused(ctx, k)
-    insts = fused.instructions if fused is not None else (ctx.inst(k),)
-    names |= {_primitive(i) for i in insts}
+  names = set(ctx.primitives(r)) | ctx.primitives(producer)
+  for b in ctx.writes.get(r.name, ()):
+    for c in b.consumers:
+      if c in ctx.kernels:
+        names |= ctx.primitives(ctx.kernels[c])
   if "rsqrt" in names:
     return "layer_norm" if names & {"sub", "subtract"} else "rms_norm"
   if names & {"exp", "exponential"} and names & {"reduce_max", "max"}:

@@ -97,7 +97,7 @@ def find_kernels(module: HloModule, schedule: Schedule,
         detail=detail, fused_ops=types.MappingProxyType(fused),
         bytes_read=read, bytes_written=written,
         trip_count=multiplicity.get(comp_name, 1), time=schedule.time[name],
-        op_name=inst.metadata.op_name, source=source_of(module, inst)))
+        op_name=inst.op_name, source=source_of(module, inst)))
   return tuple(out)
 
 
@@ -221,7 +221,7 @@ def _pallas_groups(module: HloModule,
     current: str | None = None
     current_scope = ""
     for inst in comp.instructions:
-      op_name = inst.metadata.op_name
+      op_name = inst.op_name
       scope = _scope_of(op_name)
       if scope:
         if current is None or scope != current_scope:
@@ -238,7 +238,7 @@ def _pallas_groups(module: HloModule,
     # Loop-state copies and tuples without metadata that only feed a group.
     member_of = {m: k for k, ms in groups.items() for m in ms}
     for inst in reversed(comp.instructions):
-      if inst.name in member_of or inst.metadata.op_name:
+      if inst.name in member_of or inst.op_name:
         continue
       if inst.opcode not in ("copy", "tuple", "constant", "broadcast"):
         continue
@@ -295,11 +295,11 @@ def _pallas_kernel(module, schedule, comps, dataflow, key, members, multiplicity
   # Name the kernel after its launch: the loop (interpreted) or the custom
   # call (compiled), else its first scoped instruction.
   scoped = [comps[comp_name].instruction(n) for n in members
-            if n in comps[comp_name] and _scope_of(comps[comp_name].instruction(n).metadata.op_name)]
+            if n in comps[comp_name] and _scope_of(comps[comp_name].instruction(n).op_name)]
   launch = next((i for i in scoped if i.opcode in ("while", "custom-call")),
                 scoped[0] if scoped else inst)
   inst = launch
-  scope = _scope_of(inst.metadata.op_name)
+  scope = _scope_of(inst.op_name)
   # The group's result: what the last top-level member hands to the rest.
   comp = comps[comp_name]
   outside_users = set()
@@ -316,5 +316,5 @@ def _pallas_kernel(module, schedule, comps, dataflow, key, members, multiplicity
       opcode=inst.opcode, detail=f"{scope} (interpreted)",
       fused_ops=types.MappingProxyType(dict(counts)), bytes_read=read,
       bytes_written=written, trip_count=multiplicity.get(comp_name, 1),
-      time=schedule.time[inst.name], op_name=inst.metadata.op_name,
+      time=schedule.time[inst.name], op_name=inst.op_name,
       source=source_of(module, inst), members=tuple(members))

@@ -98,6 +98,11 @@ def split_attributes(run: str, where: Where | None = None):
   return types.MappingProxyType(out)
 
 
+def unescape_text(body: str) -> str:
+  """C escapes of a string body decoded (the quotes already stripped)."""
+  return unescape(body)
+
+
 def string(raw: str, where: Where | None = None) -> str:
   """`"text"` -> text, with C escapes decoded."""
   lx, end = _lexer(raw, where)

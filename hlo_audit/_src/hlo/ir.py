@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import types
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -599,6 +600,22 @@ class Instruction:
     return self._decode("metadata", _attributes.metadata, _NO_METADATA)
 
   @property
+  def op_name(self) -> str:
+    """`metadata.op_name`, read without decoding the other attributes when
+    they are still raw text (analyses ask this of every fused instruction)."""
+    src = self.attribute_source
+    if isinstance(src, str):
+      m = _OP_NAME.search(src)
+      # Only a match outside any string value counts: an even number of
+      # quotes before it, none of them escaped.
+      if m is not None and not src.count('"', 0, m.start()) % 2 and \
+          "\\" not in src[:m.start()]:
+        return _attributes.unescape_text(m.group(1))
+      if "metadata=" not in src:
+        return ""
+    return self.metadata.op_name
+
+  @property
   def backend_config(self) -> str | None:
     """The raw backend_config: a JSON dict or string, as written."""
     raw = self.attributes.get("backend_config")
@@ -664,6 +681,8 @@ class Instruction:
 
 
 _NO_METADATA = Metadata()
+_OP_NAME = re.compile(
+    r'(?:^|,)[ \t]*metadata=\{(?:op_type="(?:[^"\\]|\\.)*"[ \t]+)?op_name="((?:[^"\\]|\\.)*)"')
 _TYPED_PROPERTIES = (
     "called_computations", "custom_call_target", "tuple_index", "dimensions",
     "slices", "window", "convolution_dimension_numbers", "padding",
