@@ -46,7 +46,7 @@ _NAME = r"[A-Za-z_][A-Za-z0-9_.\-]*"
 
 
 def _braced(depth: int) -> str:
-  inner = r'[^{}"\n]++|' + _STR
+  inner = r'[^{}"\n/]++|/(?![/*])|' + _STR
   b = r"\{(?:" + inner + r")*+\}"
   for _ in range(depth):
     b = r"\{(?:" + inner + "|" + b + r")*+\}"
@@ -61,15 +61,18 @@ _ETYPES = "|".join(sorted(dtypes.ELEMENT_TYPES, key=len, reverse=True))
 #: A bare value the lexer reads as exactly one token, without error: dim
 #: labels, a padding pattern, a float, an integer that fits, `%name`, or an
 #: identifier that is not an element type (which would start a shape).
+#: Digits are ASCII: `\d` would take digits the lexer rejects.
 _BARE = (r"[0-9bf?]{2,}_[0-9io?]{2,}->[0-9bf?]{2,}"
          r"|-?[0-9]+_-?[0-9]+(?:_[0-9]+)?(?:x-?[0-9]+_-?[0-9]+(?:_[0-9]+)?)*"
-         r"|-?\d+(?:\.\d*(?:[eE][+-]?\d+)?|[eE][+-]?\d+)|-?\d{1,18}(?!\d)"
+         r"|-?[0-9]+(?:\.[0-9]*(?:[eE][+-]?[0-9]+)?|[eE][+-]?[0-9]+)|-?[0-9]{1,18}(?![0-9])"
          r"|%?(?!(?:" + _ETYPES + r")(?![A-Za-z0-9_.\-]))[A-Za-z_][A-Za-z0-9_.\-]*")
 #: A list of integers in brackets, as in iota device lists.
-_INTS = r"\[(?:[ \t,]|\d{1,18}(?!\d))*\]"
-VALUE = (r"(?>\{[^{}\"\n]*+(?:" + _STR + r"[^{}\"\n]*+)*+\}|" + _STR +
+_INTS = r"\[(?:[ \t,]|[0-9]{1,18}(?![0-9]))*\]"
+# Braced values hold no comment starts outside strings: the slow path
+# (`grammar.scan_braces`) skips comments there.
+VALUE = (r"(?>\{[^{}\"\n/]*+(?:(?:" + _STR + r"|/(?![/*]))[^{}\"\n/]*+)*+\}|" + _STR +
          r"|(?:" + _BARE + r")(?![A-Za-z0-9_.?%\-])|" + _braced(6) +
-         r"|" + _INTS + r"(?:<=" + _INTS + r"(?:T\((?:[ \t,]|\d{1,18}(?!\d))*\))?)?)")
+         r"|" + _INTS + r"(?:<=" + _INTS + r"(?:T\((?:[ \t,]|[0-9]{1,18}(?![0-9]))*\))?)?)")
 #: One `, name=value` attribute, capturing the whole, the name and the value.
 ATTRIBUTE = re.compile(r"(,[ \t]*(" + _NAME + r")=(" + VALUE + r")[ \t]*)")
 #: A run of attributes, without captures (for embedding in line patterns).
@@ -296,7 +299,11 @@ def dim_labels(raw: str, where: Where | None = None) -> ConvDimensionNumbers:
 
 
 _MD_FIELD = re.compile(
-    r'\s*([A-Za-z_][A-Za-z0-9_]*)=("(?:[^"\\]|\\.)*"|-?\d+|\{[^{}"]*\}|true|false)\s*')
+    r'[ \t\r\n]*([A-Za-z_][A-Za-z0-9_]*)=("(?:[^"\\]|\\.)*"|-?[0-9]{1,18}(?![0-9])|'
+    r'\{[^{}"]*\}|true|false)[ \t\r\n]*')
+#: `{1, 2}` as the lexer reads it (ASCII digits, integers that fit).
+_INT_LIST = re.compile(
+    r"\{[ \t]*(?:-?[0-9]{1,18}(?![0-9])(?:[ \t]*,[ \t]*-?[0-9]{1,18}(?![0-9]))*)?[ \t]*\}")
 _MD_STR = {"op_type", "op_name", "source_file", "deduplicated_name",
            "scheduling_name"}
 _MD_INT = {"source_line", "source_end_line", "source_column",
@@ -314,7 +321,7 @@ def metadata(raw: str, where: Where | None = None) -> Metadata:
     while pos < n:
       m = _MD_FIELD.match(body, pos)
       if m is None:
-        if body[pos:].strip(" ,") == "":
+        if body[pos:].strip(" \t\r\n") == "":
           break
         return _metadata_slow(raw, where)
       key, value = m.group(1), m.group(2)
@@ -329,12 +336,16 @@ def metadata(raw: str, where: Where | None = None) -> Metadata:
           return _metadata_slow(raw, where)
         fields[key] = int(value)
       elif key == "profile_type":
+        if _INT_LIST.fullmatch(value) is None:
+          return _metadata_slow(raw, where)  # reports the error in place
         fields[key] = int_list(value)
       else:
         extra[key] = value
       pos = m.end()
       if pos < n and body[pos] == ",":
         pos += 1
+    if body.rstrip(" \t\r\n").endswith(","):
+      return _metadata_slow(raw, where)  # a trailing ',': the slow path says so
     if extra:
       fields["extra"] = types.MappingProxyType(extra)
     return Metadata(**fields)

@@ -2,8 +2,9 @@
 
 Every node is a frozen, slotted dataclass. Operands and called computations are
 referred to by name: each computation indexes its instructions once, and the
-module indexes its computations, so there are no object cycles and equality,
-hashing and pickling stay cheap.
+module indexes its computations, so there are no object cycles and equality
+and hashing stay cheap. (The IR holds read-only `MappingProxyType` views, so
+it does not pickle; send HLO text or a report's JSON between processes.)
 
 Attributes are kept as their raw text (`Instruction.attributes`) and decoded on
 first use by the typed properties (`metadata`, `dimensions`, `window`, ...):
@@ -606,11 +607,14 @@ class Instruction:
     src = self.attribute_source
     if isinstance(src, str):
       m = _OP_NAME.search(src)
-      # Only a match outside any string value counts: an even number of
-      # quotes before it, none of them escaped.
+      # Only a match outside any string or braced value counts: an even
+      # number of quotes before it, none of them escaped, and as many '{' as
+      # '}' outside the quotes (`frontend_attributes={k={metadata={...}}}`).
       if m is not None and not src.count('"', 0, m.start()) % 2 and \
           "\\" not in src[:m.start()]:
-        return _attributes.unescape_text(m.group(1))
+        bare = _QUOTED.sub("", src[:m.start()])
+        if bare.count("{") == bare.count("}"):
+          return _attributes.unescape_text(m.group(1))
       if "metadata=" not in src:
         return ""
     return self.metadata.op_name
@@ -681,6 +685,7 @@ class Instruction:
 
 
 _NO_METADATA = Metadata()
+_QUOTED = re.compile(r'"[^"]*"')
 _OP_NAME = re.compile(
     r'(?:^|,)[ \t]*metadata=\{(?:op_type="(?:[^"\\]|\\.)*"[ \t]+)?op_name="((?:[^"\\]|\\.)*)"')
 _TYPED_PROPERTIES = (
@@ -710,8 +715,8 @@ class _Where:
     if not self.key:  # the whole attribute run
       at = ctx.text.find(self.raw, self.instruction.offset)
       return at if at >= 0 else self.instruction.offset
-    at = ctx.text.find(f"{self.key}={self.raw}", self.instruction.offset)
-    return at + len(self.key) + 1 if at >= 0 else self.instruction.offset
+    at = _value_offset(ctx.text, self.key, self.raw, self.instruction.offset)
+    return at if at >= 0 else self.instruction.offset
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -898,6 +903,23 @@ class HloModule:
       inst.decode_all()
 
 
+_TRIVIA = re.compile(r"(?:[ \t\r\n]+|//[^\n\r]*|/\*.*?\*/)*", re.DOTALL)
+
+
+def _value_offset(text: str, key: str, raw: str, start: int) -> int:
+  """Offset of `raw` as the value of attribute `key` at or after `start`, or
+  -1. Line breaks and comments may sit between `key=` and the value."""
+  probe = key + "="
+  at = text.find(probe, start)
+  while at >= 0:
+    if at == 0 or not (text[at - 1].isalnum() or text[at - 1] in "_.-"):
+      v = _TRIVIA.match(text, at + len(probe)).end()
+      if text.startswith(raw, v):
+        return v
+    at = text.find(probe, at + 1)
+  return -1
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class _ModuleWhere:
   module: HloModule
@@ -908,8 +930,8 @@ class _ModuleWhere:
     ctx = self.module._ctx
     if ctx is None:
       return -1
-    at = ctx.text.find(f"{self.key}={self.raw}")
-    return at + len(self.key) + 1 if at >= 0 else 0
+    at = _value_offset(ctx.text, self.key, self.raw, 0)
+    return at if at >= 0 else 0
 
   @property
   def ctx(self) -> TextContext | None:

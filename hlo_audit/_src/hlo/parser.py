@@ -38,17 +38,6 @@ __all__ = ["parse_hlo", "parse_hlo_file", "parse_shape"]
 _log = logging.getLogger("hlo_audit")
 
 _NAME = r"[A-Za-z_][A-Za-z0-9_.\-]*"
-_STR = r'"(?:[^"\\]|\\.)*+"'
-
-
-def _braced(depth: int) -> str:
-  inner = r'[^{}"]++|' + _STR
-  b = r"\{(?:" + inner + r")*+\}"
-  for _ in range(depth):
-    b = r"\{(?:" + inner + "|" + b + r")*+\}"
-  return b
-
-
 _SHAPE_RE = (r"[a-z][a-z0-9]*\[[^\]\n]*\](?:\{[0-9,]*(?::[^{}()\n]*(?:\([^()\n]*\)[^{}()\n]*)*)?\})?"
              r"|\((?:[^()\n]|\((?:[^()\n]|\([^()\n]*\))*\))*\)")
 # A whole instruction line in the dialect XLA prints; the attribute run is
@@ -57,8 +46,10 @@ _FAST_LINE = re.compile(
     r"[ \t]*(ROOT[ \t]+)?(%?)(" + _NAME + r")[ \t]*=[ \t]*(" + _SHAPE_RE +
     r")[ \t]+([a-z][a-z0-9\-]*)\(([^()\n]*)\)(" + attributes.ATTRIBUTE_RUN +
     r")[ \t]*\r?(?:\n|\Z)"
-    # Not when the statement goes on: `\n  , metadata={...}` adds attributes.
-    r"(?!(?:[ \t\r\n]+|//[^\n\r]*|/\*.*?\*/)*,)", re.DOTALL)
+    # Not when the statement may go on: `\n  , metadata={...}` adds attributes
+    # (and the slow path glues `{`, `[`, `(`, `<=`, `T(` to the last value);
+    # a comment next sends the line to the slow path too, which skips it.
+    r"(?![ \t\r\n]*+(?:[,{(\[/]|<=|T\())")
 # Attribute names the parser must see at once: called computations and
 # control predecessors.
 _STRUCTURAL_KEY = re.compile(
@@ -67,18 +58,22 @@ _STRUCTURAL_KEY = re.compile(
     r"control-predecessors)=")
 _FAST_COMP = re.compile(
     r"[ \t]*(ENTRY[ \t]+)?(%?)(" + _NAME + r")[ \t]*(?:\((.*)\)[ \t]*->[ \t]*(.*?))?[ \t]*\{[ \t]*\r?")
-_SIG_PARAM = re.compile(_NAME + r":[ \t]*(" + _SHAPE_RE + ")")
+#: After a result shape, `{` then an integer or ':' opens a layout, not the
+#: body (as in XLA); the lexer then reports the error in the layout.
+_LAYOUT_START = re.compile(r"(?:[ \t\r\n]+|//[^\n\r]*|/\*[\s\S]*?\*/)*+(?:-?[0-9]|:)")
+_SIG_PARAM = re.compile(_NAME + r":[ \t]*(" + _SHAPE_RE + r")[ \t]*(,[ \t]*)?")
 _WS_INLINE = re.compile(r"[ \t]*")
 _SIMPLE_REF = re.compile(r"%?(" + _NAME + r")")
 _SIMPLE_NAMES = re.compile(r"\{(%?" + _NAME + r"(?:,[ \t]*%?" + _NAME + r")*)?\}")
 _WS = re.compile(r"[ \t\r\n]*")
 _TRIVIA = re.compile(r"(?:[ \t\r\n]+|//[^\n\r]*)*")
-_FILE_NAME_ROW = re.compile(r"[ \t]*(\d+)[ \t]+\"((?:[^\"\\]|\\.)*)\"[ \t]*\r?")
+_FILE_NAME_ROW = re.compile(r"[ \t]*([0-9]{1,18})[ \t]+\"((?:[^\"\\]|\\.)*)\"[ \t]*\r?")
 _FILE_LOC_ROW = re.compile(
-    r"[ \t]*(\d+)[ \t]+\{file_name_id=(\d+) function_name_id=(\d+) line=(-?\d+) "
-    r"end_line=(-?\d+) column=(-?\d+) end_column=(-?\d+)\}[ \t]*\r?")
+    r"[ \t]*([0-9]{1,18})[ \t]+\{file_name_id=([0-9]{1,18}) "
+    r"function_name_id=([0-9]{1,18}) line=(-?[0-9]{1,18}) end_line=(-?[0-9]{1,18}) "
+    r"column=(-?[0-9]{1,18}) end_column=(-?[0-9]{1,18})\}[ \t]*\r?")
 _FRAME_ROW = re.compile(
-    r"[ \t]*(\d+)[ \t]+\{file_location_id=(\d+) parent_frame_id=(\d+)\}[ \t]*\r?")
+    r"[ \t]*([0-9]{1,18})[ \t]+\{file_location_id=([0-9]{1,18}) parent_frame_id=([0-9]{1,18})\}[ \t]*\r?")
 _SIMPLE_ATOI = re.compile(r"[+-]?\d+")
 _INT64_MAX = (1 << 63) - 1
 
@@ -97,7 +92,7 @@ _ATTR_KEY = re.compile(r",[ \t]*(" + _NAME + r")=")
 #: A constant's literal the lexer reads token by token without error:
 #: numbers (integers that fit), true/false/inf/nan, `...`, braces, commas.
 _FAST_LITERAL = re.compile(
-    r"(?:[ \t]*(?>-?\d+(?:\.\d*(?:[eE][+-]?\d+)?|[eE][+-]?\d+)|-?\d{1,18}(?!\d)|"
+    r"(?:[ \t]*(?>-?[0-9]+(?:\.[0-9]*(?:[eE][+-]?[0-9]+)?|[eE][+-]?[0-9]+)|-?[0-9]{1,18}(?![0-9])|"
     r"true(?![\w.\-])|false(?![\w.\-])|-?inf(?![\w.\-])|-?nan(?![\w.\-(])|"
     r"\.\.\.|[{},]))*+[ \t]*")
 _NOT_BRACE = re.compile(r"[^{}]+")
@@ -498,8 +493,9 @@ class _Parser:
       m = _FAST_COMP.match(text, pos, end)
       if (m is not None and m.end() == end and
           (m.group(2) or not _reserved(m.group(3))) and
-          (m.group(4) is None or self.fast_signature(m.group(4), m.group(5)))):
-        comp = _Comp(m.group(3), pos + m.start(3) - m.start(), bool(m.group(1)))
+          (m.group(4) is None or (self.fast_signature(m.group(4), m.group(5)) and
+                                  not _LAYOUT_START.match(text, end)))):
+        comp = _Comp(m.group(3), m.start(2), bool(m.group(1)))
         pos = self.parse_instructions(comp, end + 1 if end < self.n else end)
         return comp, pos
     lx = self.lexer_at(pos)
@@ -526,21 +522,21 @@ class _Parser:
     `name: shape` pairs with memoized, fully parsed shapes. False sends the
     header to the lexer, which reports what is wrong (the regex that split
     the header takes any text there)."""
-    if self.shape(result) is None:
-      return False
+    if "//" in result or "//" in params or self.shape(result) is None:
+      return False  # a `//` comment would hide the '{' the regex found
+    shapes = self.shapes
     pos = _WS_INLINE.match(params).end()
     n = len(params)
     while pos < n:
       p = _SIG_PARAM.match(params, pos)
-      if p is None or self.shape(p.group(1)) is None:
+      if p is None:
         return False
-      pos = _WS_INLINE.match(params, p.end()).end()
-      if pos < n:
-        if params[pos] != ",":
-          return False
-        pos = _WS_INLINE.match(params, pos + 1).end()
-        if pos >= n:
-          return False
+      shape = p.group(1)
+      if shape not in shapes and self.shape(shape) is None:
+        return False
+      pos = p.end()
+      if (pos < n) != bool(p.group(2)):  # ',' between parameters only
+        return False
     return True
 
   def parse_param_list(self, lx: Lexer) -> None:
@@ -590,7 +586,10 @@ class _Parser:
     for key, raw in attrs.items():
       if key != "execution_thread":
         self.error(lx.tok.start, f"unexpected computation attribute {key!r}")
-      comp.thread = attributes.string(raw)
+      try:
+        comp.thread = attributes.string(raw)
+      except HloParseError as e:  # located in `raw` alone: relocate
+        self.error(self.text.find(raw, pos), e.message)
     self.finish_computation(comp)
     self.done.append(comp)
     return lx.tok.start
@@ -715,9 +714,9 @@ class _Parser:
       if not literal or not _fast_literal(literal):
         return False
     elif ops:
-      # Common form "%a, %b": one findall, a length check, a set check.
+      # Common form "%a, %b": one findall, a rebuild to compare, a set check.
       out = _PERCENT_NAMES.findall(ops)
-      if (out and len(ops) == sum(map(len, out)) + 3 * len(out) - 2 and
+      if (out and ops == "%" + ", %".join(out) and
           all(map(names.__contains__, out))):
         operands = tuple(out)
       else:
@@ -882,9 +881,13 @@ class _Parser:
     return None
 
   def check_predecessors(self, comp: _Comp, raw: str, at: int) -> tuple[str, ...]:
-    lx = Lexer(raw, 0)
+    # Lex the value where it sits in the text, so that the lexer's own errors
+    # (an integer out of range) point there.
+    start = self.text.find(raw, at)
+    lx = Lexer(self.text, start, self.source) if start >= 0 else Lexer(raw, 0)
     names = []
-    grammar.expect(lx, Tok.LBRACE, "expected '{' to start control-predecessors")
+    if not grammar.eat(lx, Tok.LBRACE):
+      self.error(at, "expected '{' to start control-predecessors")
     while True:
       tok = lx.tok
       if tok.kind not in (Tok.NAME, Tok.IDENT):
