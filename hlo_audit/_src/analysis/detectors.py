@@ -11,6 +11,8 @@ opcodes otherwise.
 
 from __future__ import annotations
 
+import collections
+
 import dataclasses
 from collections.abc import Mapping
 
@@ -200,7 +202,17 @@ def _operand_number(ctx: _Context, consumer: Kernel, buf: Buffer) -> int | None:
   return None
 
 
-def _layout_of(ctx: _Context, name: str) -> str:
+def _layouts(ctx: _Context, k: Kernel, inst: Instruction) -> tuple[str, str]:
+  """(operand layout, result layout) of a copy-like kernel."""
+  src = _layout_of(ctx, inst.operands[0], k.computation) if inst.operands else "{}"
+  dst = str(inst.shape.layout) if inst.shape is not None and inst.shape.layout else "{}"
+  return src, dst
+
+
+def _layout_of(ctx: _Context, name: str, computation: str | None = None) -> str:
+  if computation is not None and name in ctx.comps[computation]:
+    shape = ctx.comps[computation].instruction(name).shape
+    return str(shape.layout) if shape is not None and shape.layout is not None else "{}"
   for comp in ctx.comps.values():
     if name in comp:
       shape = comp.instruction(name).shape
@@ -232,8 +244,7 @@ def _standalone_copies(ctx: _Context) -> list[FusionDecisionRecord]:
       if buf.internal:
         continue
       consumers = _consumer_kernels(ctx, buf)
-      op_layout = _layout_of(ctx, inst.operands[0]) if inst.operands else "{}"
-      out_layout = str(inst.shape.layout) if inst.shape is not None and inst.shape.layout else "{}"
+      op_layout, out_layout = _layouts(ctx, k, inst)
       converts = "convert" in k.fused_ops or inst.opcode == "convert"
       what = "dtype conversion" if converts and op_layout == out_layout else "layout change"
       consumer_desc = ", ".join(c.name for c in consumers) or "the program's output"
@@ -281,8 +292,7 @@ def _layout_conflicts(ctx: _Context) -> list[FusionDecisionRecord]:
       if buf.internal:
         continue
       consumers = _consumer_kernels(ctx, buf)
-      src_layout = _layout_of(ctx, inst.operands[0]) if inst.operands else "{}"
-      dst_layout = str(inst.shape.layout) if inst.shape is not None and inst.shape.layout else "{}"
+      src_layout, dst_layout = _layouts(ctx, k, inst)
       transposes = src_layout != dst_layout or "transpose" in k.fused_ops or \
           inst.opcode == "transpose"
       # (a) converted and converted back.
@@ -319,7 +329,7 @@ def _layout_conflicts(ctx: _Context) -> list[FusionDecisionRecord]:
           numerical_class=NumericalClass.EXACT,
           guard=("pallas_kernels.matmul falls back to XLA's dot outside its guard"
                  if kernel else "none needed"),
-          layout_effect=f"the consumer reads {_layout_of(ctx, inst.operands[0]) if inst.operands else '{}'} instead of {str(inst.shape.layout) if inst.shape is not None and inst.shape.layout else '{}'}",
+          layout_effect=f"the consumer reads {src_layout} instead of {dst_layout}",
           evidence=f"XLA materialized a layout conversion: {detail}",
           verdict=Verdict.SAFE, reasons=reasons,
           risks=("layout reverse impact: check the backward pass for new transposes",
@@ -459,12 +469,23 @@ def _classify_elementwise(comp: Computation, chain: list[Instruction],
   chain_names = {i.name for i in chain} | {anchor_param}
   out_dims = anchor_buf.dims
   # Bias, residual and scale act on the anchor's value itself (or on a bias
-  # or scale of it): ops deeper in the chain belong to the activation.
+  # or scale of it) as that value's only use, with an operand from outside
+  # the chain. Ops past a value used twice belong to the activation: GELU's
+  # x * 0.7071 and 0.5 * x * erf(..) are not scales.
+  chain_uses: dict[str, int] = collections.Counter(
+      o for i in chain for o in set(i.operands))
   direct = {anchor_param}
-  for i in chain:
-    if any(o in direct for o in i.operands) and i.opcode in (
-        "add", "subtract", "multiply", "bitcast", "reshape"):
-      direct.add(i.name)
+  changed = True
+  while changed:
+    changed = False
+    for i in chain:
+      if i.name in direct or i.opcode not in (
+          "add", "subtract", "multiply", "bitcast", "reshape", "convert"):
+        continue
+      inputs = [o for o in i.operands if o in chain_names]
+      if len(inputs) == 1 and inputs[0] in direct and chain_uses[inputs[0]] == 1:
+        direct.add(i.name)
+        changed = True
   # Bias / residual: an add whose other operand does not come from the chain.
   for i in chain:
     if i.opcode not in ("add", "subtract") or i.name not in direct:
@@ -527,13 +548,44 @@ def _activation(names: set[str], ops: set[str], comp: Computation,
     if names & {"integer_pow", "pow"} or sum(i.opcode == "multiply" for i in chain) >= 3:
       return "gelu_tanh"
     return "tanh"
-  if "logistic" in names or "logistic" in ops:
-    return "silu" if "mul" in names or "multiply" in ops else "sigmoid"
+  sigmoid = _sigmoid_input(comp, chain)
+  if sigmoid is not None:
+    by_name = {i.name: i for i in chain}
+    gated = any(i.opcode == "multiply" and sigmoid[0] in i.operands
+                and sigmoid[1] in i.operands for i in by_name.values())
+    return "silu" if gated else "sigmoid"
   for i in chain:
     if i.opcode == "maximum":
       for o in i.operands:
         if o in comp and _is_zero(comp, comp.instruction(o)):
           return "relu"
+  return None
+
+
+def _sigmoid_input(comp: Computation,
+                   chain: list[Instruction]) -> tuple[str, str] | None:
+  """(x, sigmoid(x)) when the chain computes a sigmoid: `logistic(x)`, or
+  JAX's `1 / (1 + exp(-x))` as jax.nn.silu lowers it."""
+  def base(name: str) -> Instruction | None:
+    inst = comp.instruction(name) if name in comp else None
+    while inst is not None and inst.opcode in ("bitcast", "reshape") and inst.operands:
+      inst = comp.instruction(inst.operands[0]) if inst.operands[0] in comp else None
+    return inst
+
+  for i in chain:
+    if i.opcode == "logistic" and i.operands:
+      return i.operands[0], i.name
+    if i.opcode != "divide" or len(i.operands) != 2:
+      continue
+    den = base(i.operands[1])
+    if den is None or den.opcode != "add":
+      continue
+    for o in den.operands:
+      e = base(o)
+      if e is not None and e.opcode == "exponential" and e.operands:
+        n = base(e.operands[0])
+        if n is not None and n.opcode == "negate" and n.operands:
+          return n.operands[0], i.name
   return None
 
 

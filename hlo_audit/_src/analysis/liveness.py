@@ -242,9 +242,13 @@ def _assign(dataflow, schedule, comps, sizes, value_ranges, parameter_buffers,
             output_buffers, sharer):
   """XLA's BufferAssigner over our buffers; returns (allocation of each
   placed buffer, allocation sizes, heap buffers)."""
+  # XLA's order: largest first, live-out first, then the earliest defining
+  # instruction in post order (entry first). Models with many equal-sized
+  # buffers depend on this tie-break.
+  position = _post_order_positions(comps)
   order = sorted(dataflow.buffers, key=lambda b: (
       -sizes[b], b not in output_buffers,
-      min(schedule.time.get(v[0], 0) for v in dataflow.buffers[b])))
+      min(position.get(v[0], 0) for v in dataflow.buffers[b])))
   allocations: list[_Allocation] = []
   reusable: list[int] = []  # indices, in creation order
   allocation_of: dict[ValueId, int] = {}
@@ -303,6 +307,50 @@ def _assign(dataflow, schedule, comps, sizes, value_ranges, parameter_buffers,
     allocation_of[b] = len(allocations) - 1
     reusable.append(len(allocations) - 1)
   return allocation_of, [a.size for a in allocations], heap
+
+
+def _post_order_positions(comps: Mapping[str, Computation]) -> dict[str, int]:
+  """Instruction -> position in the order BufferAssigner sorts by: callers
+  before callees (the reverse of a callee-first walk of the call graph) and,
+  inside each computation, a depth-first post order from the instructions
+  without users, operands first to last (`MakeInstructionPostOrder`)."""
+  callee_first: list[str] = []
+  seen: set[str] = set()
+  for top in comps:
+    stack = [(top, iter(comps[top].instructions))] if top not in seen else []
+    seen.add(top)
+    while stack:
+      name, it = stack[-1]
+      inst = next(it, None)
+      if inst is None:
+        stack.pop()
+        callee_first.append(name)
+        continue
+      for callee in inst.called_computation_names():
+        if callee in comps and callee not in seen:
+          seen.add(callee)
+          stack.append((callee, iter(comps[callee].instructions)))
+  position: dict[str, int] = {}
+  for name in reversed(callee_first):
+    comp = comps[name]
+    used = {o for inst in comp.instructions for o in inst.operands}
+    visiting: set[str] = set()
+    for start in comp.instructions:
+      if start.name in used or start.name in position:
+        continue
+      stack = [start.name]
+      while stack:
+        cur = stack[-1]
+        if cur in position:
+          stack.pop()
+        elif cur in visiting:
+          stack.pop()
+          position[cur] = len(position)
+        else:
+          visiting.add(cur)
+          stack.extend(o for o in reversed(comp.instruction(cur).operands)
+                       if o not in position)
+  return position
 
 
 def _heap_reuses(dataflow, schedule, comps, heap, ranges, sizes, sharer):

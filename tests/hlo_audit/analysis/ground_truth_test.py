@@ -78,7 +78,8 @@ def test_gelu_epilogue_is_one_unfused_epilogue_of_2MN4_bytes():
   assert f.bytes_saved == 2 * M * N * 4
   assert f.launches_removed == 1
   assert f.boundary_shape == f"f32[{M},{N}]"
-  assert "bias" in f.ops and "activation:gelu" in f.ops and "residual" not in f.ops
+  # GELU's own constant multiplies (x * 0.7071, 0.5 * ...) are not a scale.
+  assert f.ops == ("bias", "activation:gelu")
   assert f.kernel == "pallas_kernels.matmul"
   assert f.verdict is Verdict.SAFE
   assert f.source is not None and f.source.file == __file__
@@ -87,6 +88,20 @@ def test_gelu_epilogue_is_one_unfused_epilogue_of_2MN4_bytes():
   boundary = r.buffer(f.boundary)
   assert boundary.lifetime is Lifetime.TRANSIENT and boundary.reuse_count == 1
   assert boundary.bytes == M * N * 4
+
+
+@pytest.mark.parametrize("fn, ops", [
+    # jax.nn.silu lowers to x * (1 / (1 + exp(-x))), without a logistic op.
+    (lambda x, w, b: jax.nn.silu(x @ w * 0.5 + b),
+     ("bias", "scale", "activation:silu")),
+    (lambda x, w, b: jax.nn.sigmoid(x @ w + b), ("bias", "activation:sigmoid")),
+    (lambda x, w, b: jax.nn.gelu(x @ w, approximate=True), ("activation:gelu_tanh",)),
+    (lambda x, w, b: jnp.maximum(x @ w * b, 0.0), ("scale", "activation:relu")),
+])
+def test_epilogue_ops_name_what_the_matmul_kernel_takes(fn, ops):
+  r = hlo_audit.audit(fn, S((M, K), F32), S((K, N), F32), S((N,), F32))
+  (f,) = r.findings_of(FindingKind.UNFUSED_EPILOGUE)
+  assert f.ops == ops
 
 
 def test_transposed_output_is_a_transpose_epilogue():
