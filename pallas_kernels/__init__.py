@@ -10,3 +10,7 @@ from pallas_kernels._src.bench import bench as bench
 from pallas_kernels._src.bench import BenchReport as BenchReport
 from pallas_kernels._src.guard import fallbacks as fallbacks
 from pallas_kernels._src.guard import clear_fallbacks as clear_fallbacks
+from pallas_kernels._src.swap.rewrite import swap as swap
+from pallas_kernels._src.swap.report import SwapReport as SwapReport
+from pallas_kernels._src.swap.verify import verify as verify
+from pallas_kernels._src.swap.verify import VerificationReport as VerificationReport

@@ -16,6 +16,7 @@ from hlo_audit._src.analysis.detectors import AuditOptions, find_findings
 from hlo_audit._src.analysis.kernels import find_kernels
 from hlo_audit._src.analysis.liveness import analyze_liveness
 from hlo_audit._src.analysis.schedule import flatten_schedule
+from hlo_audit._src.analysis.suggestions import add_suggestions
 from hlo_audit._src.capture.capture import Capture, capture, capture_text
 from hlo_audit._src.capture.dump import load_dump
 from hlo_audit._src.errors import HloAuditError
@@ -90,6 +91,7 @@ def audit_capture(cap: Capture, options: AuditOptions | None = None) -> AuditRep
   buffers = find_buffers(module, schedule, dataflow, liveness, kernels)
   findings = find_findings(module, schedule, dataflow, kernels, buffers,
                            liveness.peak_bytes, options)
+  findings = add_suggestions(findings, module)
   xla_peak = _xla_peak(cap)
   notes = list(cap.notes)
   if not module.is_scheduled:

@@ -8,9 +8,11 @@ breaks) and calls `record_fallback`, which keeps the reason queryable through
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import threading
+from collections.abc import Iterator
 
 _log = logging.getLogger("pallas_kernels")
 
@@ -30,11 +32,17 @@ class Fallback:
 _lock = threading.Lock()
 _records: list[Fallback] = []
 _logged: set[tuple[str, str]] = set()
+# Per-thread sink of `collect_fallbacks` (None: record process-wide).
+_sink = threading.local()
 
 
 def record_fallback(op: str, reason: str, signature: str) -> Fallback:
   """Records (and logs once per op and reason) that `op` fell back to XLA."""
   record = Fallback(op=op, reason=reason, signature=signature)
+  sink = getattr(_sink, "records", None)
+  if sink is not None:
+    sink.append(record)
+    return record
   with _lock:
     _records.append(record)
     first = (op, reason) not in _logged
@@ -42,6 +50,21 @@ def record_fallback(op: str, reason: str, signature: str) -> Fallback:
   if first:
     _log.warning("pallas_kernels.%s falls back to XLA: %s (%s)", op, reason, signature)
   return record
+
+
+@contextlib.contextmanager
+def collect_fallbacks() -> Iterator[list[Fallback]]:
+  """Within, fallbacks of this thread go to the yielded list only.
+
+  For dry runs (e.g. `swap` asking an op's guard about a pattern under
+  `jax.eval_shape`): nothing ran, so nothing is recorded or logged.
+  """
+  previous = getattr(_sink, "records", None)
+  _sink.records = []
+  try:
+    yield _sink.records
+  finally:
+    _sink.records = previous
 
 
 def fallbacks(op: str | None = None) -> tuple[Fallback, ...]:

@@ -207,56 +207,187 @@ def _pallas_groups(module: HloModule,
                    comps: Mapping[str, Computation]) -> dict[str, list[str]]:
   """Instructions of interpreted Pallas kernels, grouped by launch.
 
-  A group starts at the first instruction whose op_name carries the
-  `pallas_kernels.<op>` scope and takes the scoped instructions that follow
-  in the same computation (and everything inside the loops they run), plus
-  metadata-less copies and tuples that only feed the group.
+  In interpret mode a `pallas_call` lowers to a grid loop (a `while`) plus an
+  output initialization and reshapes around it, all under the op's
+  `pallas_kernels.<op>` scope, and XLA adds copies of the operands into the
+  loop state. One group per launch:
+
+  1. every scoped `while`/`call`/`conditional`/`custom-call` is a launch
+     (with everything inside its loop);
+  2. other instructions of the op's scope belong to the launch they feed
+     (e.g. the initialization of its output), else to a neighbour's group
+     (its results: get-tuple-element, slices, pads); scoped instructions near
+     no launch (a grid XLA unrolled) form groups by dataflow;
+  3. glue whose users are all in groups joins the earliest: copies, tuples,
+     bitcasts and broadcasts without a traced op in their metadata (XLA
+     names those after the parameter they forward, e.g. "w", or leaves them
+     blank).
+
+  XLA's scheduler interleaves the instructions of back-to-back kernels, so
+  groups follow dataflow, not text order.
   """
+  inner: set[str] = set()
+  for comp in comps.values():
+    for inst in comp.instructions:
+      if _scope_of(inst.metadata.op_name) and inst.opcode in _LOOPS:
+        for callee in inst.called_computation_names():
+          inner.update(_callees(comps, callee))
   groups: dict[str, list[str]] = {}
   for comp_name, comp in comps.items():
-    users: dict[str, list[str]] = collections.defaultdict(list)
-    for inst in comp.instructions:
-      for o in inst.operands:
-        users[o].append(inst.name)
-    current: str | None = None
-    current_scope = ""
-    for inst in comp.instructions:
-      op_name = inst.op_name
-      scope = _scope_of(op_name)
-      if scope:
-        if current is None or scope != current_scope:
-          current, current_scope = f"{comp_name}/{inst.name}", scope
-          groups[current] = []
-        groups[current].append(inst.name)
-        for callee in inst.called_computation_names():
-          if callee in comps and inst.opcode in ("while", "call", "conditional"):
-            groups[current].extend(_all_instructions(module, comps, callee))
-      elif current is not None and op_name:
-        # Another op of the user's: the kernel's instructions are over.
-        # (Metadata-less copies and tuples in between belong to it.)
-        current = None
-    # Loop-state copies and tuples without metadata that only feed a group.
-    member_of = {m: k for k, ms in groups.items() for m in ms}
-    for inst in reversed(comp.instructions):
-      if inst.name in member_of or inst.op_name:
-        continue
-      if inst.opcode not in ("copy", "tuple", "constant", "broadcast"):
-        continue
-      targets = {member_of.get(u) for u in users.get(inst.name, ())}
-      if len(targets) == 1 and None not in targets:
-        key = targets.pop()
-        groups[key].append(inst.name)
-        member_of[inst.name] = key
+    if comp_name in inner:
+      continue  # Inside a launch: already its member.
+    for key, members in _comp_groups(comp).items():
+      expanded = []
+      for name in members:
+        expanded.append(name)
+        inst = comp.instruction(name)
+        if inst.opcode in _LOOPS:
+          for callee in inst.called_computation_names():
+            if callee in comps:
+              expanded.extend(_all_instructions(module, comps, callee))
+      groups[f"{comp_name}/{key}"] = expanded
   return groups
 
 
+#: Control flow whose callees belong to the kernel that launches it.
+_LOOPS = ("while", "call", "conditional")
+#: Opcodes of the loop-state glue XLA adds around an interpreted kernel.
+_GLUE = frozenset({"copy", "tuple", "constant", "broadcast", "bitcast",
+                   "get-tuple-element", "reshape"})
+
+
+def _comp_groups(comp: Computation) -> dict[str, list[str]]:
+  """Groups (launch name -> members, in text order) of one computation."""
+  insts = comp.instructions
+  order = {i.name: n for n, i in enumerate(insts)}
+  scope = {i.name: _scope_of(i.metadata.op_name) for i in insts}
+  scoped = [i for i in insts if scope[i.name]]
+  if not scoped:
+    return {}
+  users: dict[str, list[str]] = collections.defaultdict(list)
+  for inst in insts:
+    for o in inst.operands:
+      users[o].append(inst.name)
+  launches = {i.name for i in scoped if i.opcode in _LOOPS + ("custom-call",)}
+  group_of: dict[str, str] = {name: name for name in launches}
+  # Inputs: the launch of the same op that the instruction feeds.
+  for inst in reversed(scoped):
+    if inst.name not in group_of:
+      owner = _launch_fed(inst.name, scope, users, launches, comp)
+      if owner is not None:
+        group_of[inst.name] = owner
+  # Results and leftovers: the group of a neighbour of the same op.
+  changed = True
+  while changed:
+    changed = False
+    for inst in scoped:
+      if inst.name in group_of:
+        continue
+      near = [group_of[n] for n in (*inst.operands, *users.get(inst.name, ()))
+              if n in group_of and scope.get(n) == scope[inst.name]]
+      if near:
+        group_of[inst.name] = min(near, key=order.__getitem__)
+        changed = True
+  # Scoped instructions near no launch (XLA unrolled a one-step grid): one
+  # group per connected component of the op's instructions.
+  leftover = [i for i in scoped if i.name not in group_of]
+  parent = {i.name: i.name for i in leftover}
+
+  def root(name: str) -> str:
+    while parent[name] != name:
+      parent[name] = parent[parent[name]]
+      name = parent[name]
+    return name
+
+  call = {i.name: _call_name(i.metadata.op_name) for i in leftover}
+  for inst in leftover:
+    for o in inst.operands:
+      if o in parent and call[o] == call[inst.name]:
+        a, b = sorted((root(o), root(inst.name)), key=order.__getitem__)
+        parent[b] = a
+  for inst in leftover:
+    group_of[inst.name] = root(inst.name)
+  # Glue whose every user is in a group joins the earliest of them (reverse
+  # order absorbs chains of glue; loop counters feed several launches).
+  changed = True
+  while changed:
+    changed = False
+    for inst in reversed(insts):
+      if inst.name in group_of or not _is_glue(inst):
+        continue
+      owners = [group_of.get(u) for u in users.get(inst.name, ())]
+      if owners and None not in owners:
+        group_of[inst.name] = min(owners, key=order.__getitem__)
+        changed = True
+  out: dict[str, list[str]] = {}
+  for inst in insts:
+    if inst.name in group_of:
+      out.setdefault(group_of[inst.name], []).append(inst.name)
+  return out
+
+
+def _launch_fed(name: str, scope: Mapping[str, str], users: Mapping[str, list[str]],
+                launches: set[str], comp: Computation) -> str | None:
+  """The launch of the same op that `name` feeds, searching forward through
+  instructions of that op and glue."""
+  queue = collections.deque([name])
+  seen = {name}
+  while queue:
+    for u in users.get(queue.popleft(), ()):
+      if u in seen:
+        continue
+      seen.add(u)
+      if scope.get(u) == scope[name]:
+        if u in launches:
+          return u
+        queue.append(u)
+      elif not scope.get(u) and _is_glue(comp.instruction(u)):
+        queue.append(u)
+  return None
+
+
+def _is_glue(inst: Instruction) -> bool:
+  """Loop-state glue: no traced op of the user's named in its metadata."""
+  op_name = inst.metadata.op_name
+  if op_name and "/" in op_name:
+    return False  # A traced op ("jit(f)/..."); a bare name is a parameter's.
+  if inst.opcode in _GLUE:
+    return True
+  # XLA:CPU wraps the interpreter's output initialization in a fusion.
+  return inst.opcode == "fusion" and inst.name.startswith("wrapped_broadcast")
+
+
+def _callees(comps: Mapping[str, Computation], comp_name: str) -> set[str]:
+  """`comp_name` and every computation it calls, transitively."""
+  out: set[str] = set()
+  stack = [comp_name]
+  while stack:
+    name = stack.pop()
+    if name in out or name not in comps:
+      continue
+    out.add(name)
+    for inst in comps[name].instructions:
+      stack.extend(inst.called_computation_names())
+  return out
+
+
+def _call_name(op_name: str) -> str:
+  """The scope and the `pallas_call` name under it, e.g.
+  "pallas_kernels.matmul/pallas_kernels_matmul_dact_bgrad"."""
+  i = op_name.find(PALLAS_SCOPE)
+  parts = op_name[i:].split("/")[:2] if i >= 0 else []
+  return "/".join(p.rstrip(")") for p in parts)
+
+
 def _scope_of(op_name: str) -> str:
+  """The `pallas_kernels.<op>` scope named in an op_name, e.g.
+  "jit(f)/transpose(jvp(pallas_kernels.matmul))/..." -> "pallas_kernels.matmul"."""
   i = op_name.find(PALLAS_SCOPE)
   if i < 0:
     return ""
   rest = op_name[i:]
   j = rest.find("/")
-  return rest if j < 0 else rest[:j]
+  return (rest if j < 0 else rest[:j]).rstrip(")")
 
 
 def _all_instructions(module, comps, comp_name: str) -> list[str]:

@@ -98,3 +98,9 @@ class FusionDecisionRecord:
   source: SourceLocation | None = None
   #: Computation the boundary lives in.
   computation: str = ""
+  #: A ready-to-paste call of the `pallas_kernels` op with the finding's
+  #: shapes and dtypes ("" when no kernel applies).
+  suggestion: str = ""
+  #: The op's guard on those shapes: whether the kernel would run, or why it
+  #: would fall back to XLA ("" when no kernel applies).
+  guard_verdict: str = ""

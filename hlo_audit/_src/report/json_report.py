@@ -72,7 +72,8 @@ def finding_dict(f) -> dict:
       "verdict": f.verdict.value, "reasons": list(f.reasons),
       "risks": list(f.risks), "ops": list(f.ops), "kernel": f.kernel,
       "trip_count": f.trip_count, "source": _source(f.source), "source_location": _location(f.source),
-      "computation": f.computation,
+      "computation": f.computation, "suggestion": f.suggestion,
+      "guard_verdict": f.guard_verdict,
   }
 
 
@@ -166,7 +167,8 @@ def report_from_dict(d: dict):
       verdict=Verdict(f["verdict"]), reasons=tuple(f["reasons"]),
       risks=tuple(f["risks"]), ops=tuple(f["ops"]), kernel=f["kernel"],
       trip_count=f["trip_count"], source=_loc(f["source_location"]),
-      computation=f["computation"]) for f in d["findings"])
+      computation=f["computation"], suggestion=f.get("suggestion", ""),
+      guard_verdict=f.get("guard_verdict", "")) for f in d["findings"])
   info = ModuleInfo(**{k: m[k] for k in (
       "name", "platform", "device_kind", "jax_version", "jaxlib_version",
       "instruction_count", "computation_count", "schedule_length", "is_scheduled",

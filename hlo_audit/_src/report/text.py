@@ -104,7 +104,8 @@ def record_fields(f: FusionDecisionRecord) -> list[tuple[str, str]]:
       ("legality", f"{f.verdict.value}: " + "; ".join(f.reasons)),
       ("anti-benefit checks", "; ".join(f.risks) or "-"),
       ("source", fmt_source(f.source) or "unknown"),
-  ]
+  ] + ([("suggested call", f.suggestion), ("guard verdict", f.guard_verdict)]
+       if f.suggestion else [])
 
 
 def peak_line(report) -> str:

@@ -1,0 +1,82 @@
+"""Ask an op's own guard about a call without running it (a dry run).
+
+The op runs under `jax.eval_shape` on abstract arguments with its guard's
+fallback records collected locally (`guard.collect_fallbacks`), so the answer
+is exactly the public API's: the guard's reason, a ValueError for an invalid
+call, or None when the kernel would run. `swap` asks before replacing a
+pattern; the audit's suggestions ask for the user's shapes.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import jax
+
+from pallas_kernels._src import guard
+
+_cache: dict[Any, tuple[str | None, Any]] = {}
+_lock = threading.Lock()
+
+
+def _ops():
+  from pallas_kernels._src.ops.matmul.api import matmul
+  from pallas_kernels._src.ops.normalization.api import layer_norm, rms_norm
+  from pallas_kernels._src.ops.softmax.api import softmax
+  return {"matmul": matmul, "layer_norm": layer_norm, "rms_norm": rms_norm,
+          "softmax": softmax}
+
+
+def _key(x) -> Any:
+  if isinstance(x, jax.ShapeDtypeStruct):
+    return ("array", tuple(x.shape), str(x.dtype))
+  return ("value", x)
+
+
+def dry_run(op: str, positional: Sequence[Any], keywords: Mapping[str, Any] | None = None,
+            static: Mapping[str, Any] | None = None,
+            interpret: bool | None = None) -> tuple[str | None, Any]:
+  """(reason the kernel would not run, abstract result) of an op call.
+
+  Args:
+    op: "matmul", "layer_norm", "rms_norm" or "softmax".
+    positional: the op's positional arguments: ShapeDtypeStructs or Python
+      scalars.
+    keywords: array (ShapeDtypeStruct) or scalar keyword arguments.
+    static: other keyword arguments (activation=, eps=, out_dtype=, ...).
+    interpret: Pallas interpret mode (None: where nothing compiles kernels).
+
+  Returns:
+    (None, result ShapeDtypeStructs) when the kernel runs; (reason, result or
+    None) when it falls back ("invalid call: ..." for a ValueError).
+  """
+  keywords = dict(keywords or {})
+  static = dict(static or {}, implementation="pallas", interpret=interpret)
+  key = (op, tuple(map(_key, positional)), tuple(sorted((k, _key(v)) for k, v in keywords.items())),
+         tuple(sorted(static.items(), key=str)))
+  with _lock:
+    if key in _cache:
+      return _cache[key]
+  fn = _ops()[op]
+  arrays = [x for x in list(positional) + list(keywords.values())
+            if isinstance(x, jax.ShapeDtypeStruct)]
+  names = list(keywords)
+
+  def call(*abstract):
+    it = iter(abstract)
+    pos = [next(it) if isinstance(x, jax.ShapeDtypeStruct) else x for x in positional]
+    kw = {n: next(it) if isinstance(keywords[n], jax.ShapeDtypeStruct) else keywords[n]
+          for n in names}
+    return fn(*pos, **kw, **static)
+
+  with guard.collect_fallbacks() as sink:
+    try:
+      out = jax.eval_shape(call, *arrays)
+      reason = sink[0].reason if sink else None
+    except (ValueError, TypeError) as e:
+      out, reason = None, f"invalid call: {str(e).splitlines()[0]}"
+  with _lock:
+    _cache[key] = (reason, out)
+  return reason, out

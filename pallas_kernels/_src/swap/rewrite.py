@@ -1,0 +1,423 @@
+"""`swap`: run a function with its fusible patterns replaced by kernel calls.
+
+The swapped function traces the user's function to a jaxpr (`jax.make_jaxpr`)
+at each new input signature, flattens it (`program.build`), plans the
+replacements (`plan_program`: anchors in program order, each pattern checked
+by its op's own guard in a dry run) and evaluates the program under the
+caller's trace, calling the kernels' public API at each replaced pattern. Only
+the values change hands, so `jax.jit`, `jax.grad` (the kernels' custom VJPs),
+`jax.vmap` (the kernels' batching rules) and control flow compose with it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.extend import core as jex_core
+from jax.extend import source_info_util
+
+from pallas_kernels._src.ops.matmul.api import matmul
+from pallas_kernels._src.ops.normalization.api import layer_norm, rms_norm
+from pallas_kernels._src.ops.softmax.api import softmax
+from pallas_kernels._src.swap import guard_check
+from pallas_kernels._src.swap import patterns
+from pallas_kernels._src.swap import program as prog_lib
+from pallas_kernels._src.swap.patterns import Match, Rejection
+from pallas_kernels._src.swap.program import Lit, Plan, Program
+from pallas_kernels._src.swap.report import SwapReport, SwapSite
+
+#: The ops swap can use, by name (`ops=` takes these).
+OPS: dict[str, Callable[..., Any]] = {
+    "matmul": matmul, "layer_norm": layer_norm, "rms_norm": rms_norm,
+    "softmax": softmax}
+
+
+# --------------------------------------------------------------- sites ----
+
+
+def _frame(source_info) -> tuple[str, int, str]:
+  """(file, line, "file:line (function)") of the user's frame."""
+  text = source_info_util.summarize(source_info)
+  if not text or text == "unknown":
+    return "", 0, ""
+  loc, _, fn = text.partition(" (")
+  parts = loc.rsplit(":", 2)
+  # "file:line:col" or "file:line".
+  if len(parts) == 3 and parts[1].isdigit() and parts[2].isdigit():
+    file, line = parts[0], int(parts[1])
+  elif len(parts) >= 2 and parts[-1].isdigit():
+    file, line = ":".join(parts[:-1]), int(parts[-1])
+  else:
+    return "", 0, text
+  return file, line, f"{file}:{line}" + (f" ({fn.rstrip(')')})" if fn else "")
+
+
+def _pattern_text(op: str, items: Sequence[str]) -> str:
+  anchor = "dot_general" if op == "matmul" else op
+  return " + ".join([anchor, *(i for i in items if i != "statistics")])
+
+
+def _call_text(program: Program, op: str, operands, static) -> str:
+  parts = [f"{k}={o.describe(program)}" for k, o in operands]
+  for k, v in static:
+    if k == "out_dtype":
+      continue
+    parts.append(f"{k}={v!r}")
+  return f"{op}({', '.join(parts)})"
+
+
+def _site(program: Program, result: Match | Rejection, replaced: bool, reason: str,
+          where: str) -> SwapSite:
+  anchor = program.nodes[result.anchor]
+  _, _, source = _frame(anchor.eqn.source_info)
+  locations = []
+  for i in sorted(result.consumed | {result.anchor}):
+    file, line, _ = _frame(program.nodes[i].eqn.source_info)
+    if file and (file, line) not in locations:
+      locations.append((file, line))
+  if isinstance(result, Match):
+    call = _call_text(program, result.op, result.positional + result.keywords, result.static)
+    output = ", ".join(patterns.describe_aval(program.avals[o]) for o in result.outputs)
+  else:
+    call = f"{result.op}(...)"
+    output = ", ".join(patterns.describe_aval(program.avals[o])
+                       for o in program.nodes[result.anchor].outs)
+  return SwapSite(kernel=f"pallas_kernels.{result.op}",
+                  pattern=_pattern_text(result.op, result.items), call=call,
+                  output=output, source=source, where=where, replaced=replaced,
+                  reason=reason, locations=tuple(locations))
+
+
+# ------------------------------------------------------------- dry run ----
+
+def _dry_run(program: Program, match: Match, interpret: bool | None) -> str | None:
+  """Why the op would not run this call as a kernel (its guard's reason, an
+  invalid call, or a result unlike the program's), or None."""
+  positional = [o.abstract(program) for _, o in match.positional]
+  keywords = {k: o.abstract(program) for k, o in match.keywords}
+  reason, out = guard_check.dry_run(match.op, positional, keywords, dict(match.static),
+                                    interpret)
+  if reason is not None:
+    return reason
+  want = tuple((tuple(program.avals[o].shape), jnp.dtype(program.avals[o].dtype).name)
+               for o in match.outputs)
+  got = tuple((tuple(o.shape), jnp.dtype(o.dtype).name) for o in jax.tree.leaves(out))
+  if got != want:
+    return f"the kernel's result {got} differs from the program's {want}"
+  return None
+
+
+def _emitter(program: Program, match: Match, interpret: bool | None):
+  fn = OPS[match.op]
+  static = dict(match.static, implementation="pallas", interpret=interpret)
+  info = program.nodes[match.anchor].eqn.source_info
+
+  def emit(read) -> dict[int, Any]:
+    pos = [o.resolve(read) for _, o in match.positional]
+    kw = {k: o.resolve(read) for k, o in match.keywords}
+    name_stack = source_info_util.current_name_stack() + info.name_stack
+    # The kernel's HLO metadata names the user's line, not this module.
+    with source_info_util.user_context(info.traceback, name_stack=name_stack):
+      out = fn(*pos, **kw, **static)
+    outs = out if isinstance(out, tuple) else (out,)
+    return dict(zip(match.outputs, outs))
+
+  return emit
+
+
+def _emission_point(program: Program, match: Match) -> int | None:
+  """The node before which the call runs: after its last input is computed
+  and before the first outside use of a result; None if there is none."""
+  inputs = [o.val for o in match.operands() if o.val is not None and
+            not isinstance(o.val, Lit)]
+  ready = max((program.producer.get(v, -1) for v in inputs), default=-1)
+  point = max(match.consumed) + 1
+  for out in match.outputs:
+    for u in program.uses.get(out, ()):
+      if u not in match.consumed:
+        point = min(point, u)
+  return point if point > ready else None
+
+
+# ----------------------------------------------------------- planning ----
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Options:
+  ops: frozenset[str]
+  interpret: bool | None
+
+
+def plan_program(program: Program, options: _Options, where: str,
+                 sites: list[SwapSite]) -> Plan:
+  """Chooses the replacements in `program` (and in its bodies)."""
+  taken: set[int] = set()
+  emit: dict[int, list[tuple[int, Callable]]] = {}
+  rewritten: dict[int, Callable] = {}
+  for node in program.nodes:
+    if node.index in taken:
+      continue
+    body = _plan_bodies(node, options, where, sites)
+    if body is not None:
+      rewritten[node.index] = body
+    for matcher in patterns.REGISTRY.get(node.prim, ()):
+      result = matcher(program, node, taken)
+      if result is None:
+        continue
+      if isinstance(result, Rejection):
+        sites.append(_site(program, result, False, result.reason, where))
+        break
+      if result.op not in options.ops:
+        sites.append(_site(program, result, False,
+                           f"not among ops={sorted(options.ops)}", where))
+        break
+      reason = _dry_run(program, result, options.interpret)
+      point = _emission_point(program, result) if reason is None else None
+      if reason is None and point is None:
+        reason = "a result is used before the pattern's inputs are all computed"
+      if reason is not None:
+        sites.append(_site(program, result, False, reason, where))
+        break
+      taken |= result.consumed
+      inputs = [o.val for o in result.operands() if o.val is not None and
+                not isinstance(o.val, Lit)]
+      ready = max((program.producer.get(v, -1) for v in inputs), default=-1)
+      emit.setdefault(point, []).append((ready, _emitter(program, result, options.interpret)))
+      sites.append(_site(program, result, True, "", where))
+      break
+  # Calls emitted at one point run in dependency order.
+  emit_before = {p: [fn for _, fn in sorted(fns, key=lambda t: t[0])]
+                 for p, fns in emit.items()}
+  return Plan(emit_before=emit_before, skip=taken, rewritten=rewritten)
+
+
+def _subplan(closed, options: _Options, where: str, sites: list[SwapSite]):
+  program = prog_lib.build(closed if isinstance(closed, jex_core.ClosedJaxpr)
+                           else jex_core.ClosedJaxpr(closed, ()))
+  plan = plan_program(program, options, where, sites)
+  return None if plan.empty else (program, plan)
+
+
+def _plan_bodies(node, options: _Options, where: str,
+                 sites: list[SwapSite]) -> Callable | None:
+  """An evaluator for a control-flow or custom-derivative node whose body
+  has replacements (None when nothing inside changes)."""
+  prim, p = node.prim, node.params
+  label = (where + "/" if where else "")
+  if prim == "scan":
+    sub = _subplan(p["jaxpr"], options, label + "scan body", sites)
+    if sub is None:
+      return None
+    prog, plan = sub
+    nc, ncarry = p["num_consts"], p["num_carry"]
+
+    def run_scan(invals):
+      consts, init, xs = invals[:nc], invals[nc:nc + ncarry], invals[nc + ncarry:]
+
+      def step(carry, x):
+        outs = prog_lib.evaluate(prog, plan, [*consts, *carry, *x])
+        return outs[:ncarry], outs[ncarry:]
+
+      carry, ys = jax.lax.scan(step, list(init), list(xs), length=p["length"],
+                               reverse=p["reverse"], unroll=p["unroll"])
+      return [*carry, *ys]
+
+    return run_scan
+  if prim == "while":
+    sub = _subplan(p["body_jaxpr"], options, label + "while body", sites)
+    if sub is None:
+      return None
+    prog, plan = sub
+    cn, bn = p["cond_nconsts"], p["body_nconsts"]
+    cond = jex_core.jaxpr_as_fun(p["cond_jaxpr"])
+
+    def run_while(invals):
+      cc, bc, init = invals[:cn], invals[cn:cn + bn], invals[cn + bn:]
+      out = jax.lax.while_loop(lambda c: cond(*cc, *c)[0],
+                               lambda c: prog_lib.evaluate(prog, plan, [*bc, *c]),
+                               list(init))
+      return list(out)
+
+    return run_while
+  if prim == "cond":
+    subs = [_subplan(b, options, f"{label}cond branch {i}", sites)
+            for i, b in enumerate(p["branches"])]
+    if all(s is None for s in subs):
+      return None
+    fns = []
+    for b, s in zip(p["branches"], subs):
+      if s is None:
+        fns.append(functools.partial(lambda f, *o: list(f(*o)), jex_core.jaxpr_as_fun(b)))
+      else:
+        fns.append(functools.partial(lambda prog, plan, *o: prog_lib.evaluate(
+            prog, plan, list(o)), *s))
+
+    def run_cond(invals):
+      return list(jax.lax.switch(invals[0], fns, *invals[1:]))
+
+    return run_cond
+  if prim in ("remat2", "checkpoint", "remat"):
+    sub = _subplan(p["jaxpr"], options, label + "checkpoint body", sites)
+    if sub is None:
+      return None
+    prog, plan = sub
+
+    def run_remat(invals):
+      f = jax.checkpoint(lambda *a: prog_lib.evaluate(prog, plan, list(a)),
+                         prevent_cse=p.get("prevent_cse", True), policy=p.get("policy"))
+      return list(f(*invals))
+
+    return run_remat
+  if prim in ("custom_jvp_call", "custom_vjp_call") and \
+      isinstance(p.get("call_jaxpr"), jex_core.ClosedJaxpr):
+    closed = p["call_jaxpr"]
+    sub = _subplan(closed, options, f"{label}{prim} {p.get('name', '')}".strip(), sites)
+    if sub is None:
+      return None
+    prog, plan = sub
+    specs = [jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype) for v in closed.jaxpr.invars]
+
+    def run_custom(invals):
+      # The primal body changes; the user's derivative rule stays as written.
+      new = jax.make_jaxpr(lambda *a: prog_lib.evaluate(prog, plan, list(a)))(*specs)
+      out = prog_lib.bind(node.eqn, invals, dict(p, call_jaxpr=new))
+      return list(out)
+
+    return run_custom
+  return None
+
+
+# -------------------------------------------------------------- public ----
+
+
+def _is_array(x) -> bool:
+  return (hasattr(x, "shape") and hasattr(x, "dtype") and
+          not isinstance(x, (bool, int, float, complex)))
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Traced:
+  program: Program
+  plan: Plan
+  report: SwapReport
+  out_tree: Any
+  dynamic: tuple[int, ...]
+
+
+class Swapped:
+  """`f` with its fusible patterns replaced by `pallas_kernels` calls.
+
+  Call it like `f`. `report(*args)` traces (abstractly) and returns the
+  `SwapReport` for those arguments; `last_report` is the report of the most
+  recent trace.
+  """
+
+  def __init__(self, f: Callable, ops: frozenset[str], return_report: bool,
+               interpret: bool | None):
+    self._f = f
+    self._options = _Options(ops=ops, interpret=interpret)
+    self._return_report = return_report
+    self._cache: dict[Any, _Traced] = {}
+    self.last_report: SwapReport | None = None
+    functools.update_wrapper(self, f)
+
+  def _trace(self, args, kwargs) -> tuple[_Traced, list[Any]]:
+    leaves, tree = jax.tree.flatten((args, kwargs))
+    dynamic = tuple(i for i, x in enumerate(leaves) if _is_array(x))
+    dyn_leaves = [leaves[i] for i in dynamic]
+    specs = [jax.ShapeDtypeStruct(tuple(x.shape), x.dtype) for x in dyn_leaves]
+    statics = tuple((i, x) for i, x in enumerate(leaves) if i not in dynamic)
+    try:
+      key = (tree, statics, tuple((s.shape, str(s.dtype)) for s in specs))
+      hash(key)
+    except TypeError:
+      key = None
+    if key is not None and key in self._cache:
+      return self._cache[key], dyn_leaves
+
+    def fun(*dyn):
+      full = list(leaves)
+      for i, d in zip(dynamic, dyn):
+        full[i] = d
+      a, k = jax.tree.unflatten(tree, full)
+      return self._f(*a, **k)
+
+    closed, out_shape = jax.make_jaxpr(fun, return_shape=True)(*specs)
+    program = prog_lib.build(closed)
+    sites: list[SwapSite] = []
+    plan = plan_program(program, self._options, "", sites)
+    base = getattr(self._f, "func", self._f)  # functools.partial: its function
+    name = getattr(base, "__qualname__", getattr(base, "__name__", type(base).__name__))
+    traced = _Traced(program=program, plan=plan,
+                     report=SwapReport(function=str(name), sites=tuple(sites)),
+                     out_tree=jax.tree.structure(out_shape), dynamic=dynamic)
+    consts = list(closed.consts) + list(program.call_consts.values())
+    if key is not None and not any(isinstance(c, jax.core.Tracer) for c in consts):
+      self._cache[key] = traced
+    return traced, dyn_leaves
+
+  def __call__(self, *args, **kwargs):
+    traced, dyn = self._trace(args, kwargs)
+    self.last_report = traced.report
+    outs = prog_lib.evaluate(traced.program, traced.plan, dyn)
+    result = jax.tree.unflatten(traced.out_tree, outs)
+    return (result, traced.report) if self._return_report else result
+
+  def report(self, *args, **kwargs) -> SwapReport:
+    """The swap report for these arguments (arrays or ShapeDtypeStructs),
+    without running anything."""
+    traced, _ = self._trace(args, kwargs)
+    self.last_report = traced.report
+    return traced.report
+
+
+def swap(f: Callable, *, ops: Iterable[str] | None = None, report: bool = False,
+         interpret: bool | None = None) -> Swapped:
+  """Returns `f` with fusible patterns replaced by `pallas_kernels` calls.
+
+  Traces `f` (at each new input signature) and replaces, through each op's
+  public API and guard:
+
+  * `dot_general` + its epilogue in the kernel's order (scale, bias,
+    activation relu/gelu/gelu_tanh/silu/sigmoid/tanh however written, e.g.
+    `jax.nn.gelu`, residual add, clamp, float converts) and prologue (float
+    converts, int8/int4/fp8 dequantization by a scalar or per-channel scale,
+    transposes) -> `matmul`;
+  * layer norm and RMS norm however spelled (probed against the reference),
+    with a residual add before them -> `layer_norm` / `rms_norm`;
+  * softmax over the last axis (e.g. `jax.nn.softmax`) with a scale multiply
+    and an additive or `where` mask before it (a causal mask becomes
+    `causal=True`) -> `softmax`.
+
+  Patterns inside `jit` calls, `lax.scan`/`while_loop`/`cond` bodies,
+  `jax.checkpoint` and custom_jvp/custom_vjp primal bodies are swapped too.
+  A pattern the op's guard rejects (dtype, shape, backend) is left as XLA's,
+  untouched, and reported with the guard's reason.
+
+  Args:
+    f: the function (plain, or `jax.jit`-wrapped: it is traced as a call).
+    ops: restrict to these ops ("matmul", "layer_norm", "rms_norm",
+      "softmax"); None: all.
+    report: if True, the swapped function returns `(outputs, SwapReport)`;
+      the report is a pytree without leaves, so this works under `jax.jit`
+      (and as `has_aux` for `jax.grad`).
+    interpret: Pallas interpret mode for the kernels; None interprets exactly
+      where no GPU/TPU compiles them.
+
+  Returns:
+    A `Swapped` callable; `.report(*args)` gives the report without running.
+
+  Raises:
+    ValueError: for an unknown op in `ops`.
+  """
+  chosen = frozenset(OPS if ops is None else ops)
+  unknown = chosen - set(OPS)
+  if unknown:
+    raise ValueError(f"unknown ops {sorted(unknown)}; expected some of {sorted(OPS)}")
+  return Swapped(f, chosen, report, interpret)

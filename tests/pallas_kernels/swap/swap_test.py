@@ -1,0 +1,173 @@
+"""`swap` on unmodified functions: what it replaces, and that values and
+gradients stay XLA's within the tolerance table."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import pallas_kernels
+from pallas_kernels._src.tolerances import relative_error, tolerance
+from tests.pallas_kernels.swap.conftest import (attention_probs, mlp,
+                                                residual_layer_norm, scan_relu)
+
+
+def _pallas_calls(fn, *args) -> int:
+  """pallas_call equations in fn's jaxpr, nested ones included."""
+  def count(jaxpr):
+    n = 0
+    for eqn in jaxpr.eqns:
+      n += eqn.primitive.name == "pallas_call"
+      for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+        n += count(sub)
+    return n
+  return count(jax.make_jaxpr(fn)(*args).jaxpr)
+
+
+def _close(out, ref, grad=False):
+  for o, r in zip(jax.tree.leaves(out), jax.tree.leaves(ref)):
+    assert relative_error(o, r) <= tolerance(r.dtype, grad=grad), (o, r)
+
+
+def test_mlp_epilogue_is_one_matmul_with_values_and_grads(mlp_args):
+  swapped = pallas_kernels.swap(mlp)
+  report = swapped.report(*mlp_args)
+  (site,) = report.sites
+  assert site.replaced and site.kernel == "pallas_kernels.matmul"
+  assert site.pattern == "dot_general + bias + activation:gelu"
+  assert "activation='gelu'" in site.call and site.output == "f32[16,64]"
+  assert site.source.endswith("(mlp)") and "conftest.py" in site.source
+  assert _pallas_calls(swapped, *mlp_args) == 1
+  _close(jax.jit(swapped)(*mlp_args), mlp(*mlp_args))
+  grad = lambda f: jax.jit(jax.grad(lambda *a: (f(*a) ** 2).sum(), argnums=(0, 1, 2)))
+  _close(grad(swapped)(*mlp_args), grad(mlp)(*mlp_args), grad=True)
+
+
+def test_report_true_returns_report_through_jit(mlp_args):
+  out, report = jax.jit(pallas_kernels.swap(mlp, report=True))(*mlp_args)
+  assert isinstance(report, pallas_kernels.SwapReport)
+  assert report.kernels() == {"pallas_kernels.matmul": 1}
+  assert "1 replaced, 0 left to XLA" in str(report)
+  _close(out, mlp(*mlp_args))
+
+
+def test_residual_layer_norm(keys):
+  x, r = (jax.random.normal(k, (4, 8, 32)) for k in keys[:2])
+  g, b = (jax.random.normal(k, (32,)) for k in keys[2:4])
+  swapped = pallas_kernels.swap(residual_layer_norm)
+  (site,) = swapped.report(x, r, g, b).sites
+  assert site.kernel == "pallas_kernels.layer_norm"
+  assert site.pattern == "layer_norm + residual"
+  assert "eps=" in site.call and "residual=f32[4,8,32]" in site.call
+  _close(jax.jit(swapped)(x, r, g, b), residual_layer_norm(x, r, g, b))
+  loss = lambda f: jax.jit(jax.grad(lambda *a: (f(*a)[0] ** 3).sum(), argnums=(0, 1, 2, 3)))
+  _close(loss(swapped)(x, r, g, b), loss(residual_layer_norm)(x, r, g, b), grad=True)
+
+
+def test_attention_softmax_takes_scale_and_mask(keys):
+  q, k = (jax.random.normal(kk, (2, 16, 8)) for kk in keys[:2])
+  mask = jnp.where(jax.random.uniform(keys[2], (16, 16)) < 0.2, -1e9, 0.0)
+  swapped = pallas_kernels.swap(attention_probs)
+  report = swapped.report(q, k, mask)
+  by_kernel = {s.kernel: s for s in report.sites}
+  assert all(s.replaced for s in report.sites) and len(report.sites) == 2
+  # The batched q @ k^T takes the scale (its epilogue comes first) ...
+  assert by_kernel["pallas_kernels.matmul"].pattern == "dot_general + scale"
+  assert "transpose_w=True" in by_kernel["pallas_kernels.matmul"].call
+  # ... and softmax the additive mask, compact, never expanded to [2,16,16].
+  assert by_kernel["pallas_kernels.softmax"].pattern == "softmax + mask"
+  assert "mask=f32[16,16]" in by_kernel["pallas_kernels.softmax"].call
+  _close(jax.jit(swapped)(q, k, mask), attention_probs(q, k, mask))
+
+
+def test_causal_where_mask_becomes_causal(keys):
+  def f(s):
+    keep = jnp.tril(jnp.ones((16, 16), bool))
+    return jax.nn.softmax(jnp.where(keep, s / 4.0, -jnp.inf), axis=-1)
+  s = jax.random.normal(keys[0], (2, 16, 16))
+  (site,) = pallas_kernels.swap(f).report(s).sites
+  assert "causal=True" in site.call and "scale=0.25" in site.call
+  _close(jax.jit(pallas_kernels.swap(f))(s), f(s))
+
+
+def test_scan_body_is_swapped_with_gradients(keys):
+  c = jax.random.normal(keys[0], (8, 32))
+  xs = jax.random.normal(keys[1], (3, 8, 32))
+  w = jax.random.normal(keys[2], (32, 32)) / 6
+  b = jax.random.normal(keys[3], (32,))
+  swapped = pallas_kernels.swap(scan_relu)
+  (site,) = swapped.report(c, xs, w, b).sites
+  assert site.where == "scan body" and site.replaced
+  assert site.pattern == "dot_general + bias + residual + clamp"  # relu after + x
+  _close(jax.jit(swapped)(c, xs, w, b), scan_relu(c, xs, w, b))
+  loss = lambda f: jax.jit(jax.grad(lambda c, w: f(c, xs, w, b)[0].sum(), argnums=(0, 1)))
+  _close(loss(swapped)(c, w), loss(scan_relu)(c, w), grad=True)
+
+
+def test_vmap_and_nested_jit(keys, mlp_args):
+  x, w, b = mlp_args
+  xs = jax.random.normal(keys[4], (3, 16, 32))
+  inner = jax.jit(lambda x: jax.nn.silu(x @ w + b))
+  swapped = pallas_kernels.swap(lambda x: inner(x) * 2.0)
+  assert swapped.report(x).replaced[0].pattern == "dot_general + bias + activation:silu"
+  _close(jax.jit(jax.vmap(swapped))(xs), jax.vmap(lambda x: inner(x) * 2.0)(xs))
+
+
+def test_bf16_and_dequantized_weights(keys, mlp_args):
+  x, w, b = mlp_args
+  xb, wb, bb = (a.astype(jnp.bfloat16) for a in (x, w, b))
+  f = lambda x, w, b: jax.nn.gelu(x @ w + b, approximate=True)
+  (site,) = pallas_kernels.swap(f).report(xb, wb, bb).sites
+  assert site.pattern == "dot_general + bias + activation:gelu_tanh"
+  _close(pallas_kernels.swap(f)(xb, wb, bb), f(xb, wb, bb).astype(jnp.float32)
+         .astype(jnp.bfloat16))
+  wq = jnp.round(w * 40).astype(jnp.int8)
+  deq = lambda x, wq, s: jnp.tanh(x @ (wq.astype(jnp.float32) * s))
+  (site,) = pallas_kernels.swap(deq).report(x, wq, jnp.float32(0.025)).sites
+  assert site.pattern == "dot_general + w dequantize + activation:tanh"
+  assert "w=s8[32,64]" in site.call
+  _close(pallas_kernels.swap(deq)(x, wq, jnp.float32(0.025)), deq(x, wq, jnp.float32(0.025)))
+
+
+def test_patterns_outside_the_guard_are_left_untouched_and_reported(mlp_args):
+  xi = jnp.arange(16 * 32, dtype=jnp.int32).reshape(16, 32) % 7
+  wi = jnp.ones((32, 64), jnp.int32)
+  f = lambda x, w: jnp.maximum(x @ w + 3, 0)
+  swapped = pallas_kernels.swap(f)
+  (site,) = swapped.report(xi, wi).sites
+  assert not site.replaced and "x dtype int32" in site.reason
+  assert _pallas_calls(swapped, xi, wi) == 0
+  np.testing.assert_array_equal(jax.jit(swapped)(xi, wi), f(xi, wi))  # exact: XLA's
+  # A shape the guard rejects: no rows.
+  norm = lambda x: (x - x.mean(-1, keepdims=True)) * jax.lax.rsqrt(
+      x.var(-1, keepdims=True) + 1e-6)
+  empty = jnp.ones((0, 32))
+  sites = pallas_kernels.swap(norm).report(empty).sites
+  assert sites and not sites[0].replaced and "no rows" in sites[0].reason
+  assert pallas_kernels.fallbacks() == ()  # dry runs record nothing
+
+
+def test_ops_restricts_kernels(mlp_args):
+  report = pallas_kernels.swap(mlp, ops=["softmax"]).report(*mlp_args)
+  (site,) = report.sites
+  assert not site.replaced and "not among ops" in site.reason
+  with pytest.raises(ValueError, match="unknown ops"):
+    pallas_kernels.swap(mlp, ops=["conv"])
+
+
+def test_transformer_block_forward_and_gradients(example):
+  loss, params, tokens = example
+  swapped = pallas_kernels.swap(loss)
+  report = swapped.report(params, tokens)
+  assert report.kernels() == {"pallas_kernels.layer_norm": 2, "pallas_kernels.softmax": 1,
+                              "pallas_kernels.matmul": 3}
+  patterns = {s.pattern for s in report.replaced}
+  assert "dot_general + bias + activation:gelu" in patterns
+  assert "softmax + causal mask + scale" in patterns
+  left = [s for s in report.left]
+  assert all("batch dimensions" in s.reason for s in left)  # the attention einsum
+  _close(jax.jit(swapped)(params, tokens), jax.jit(loss)(params, tokens))
+  _close(jax.jit(jax.grad(swapped))(params, tokens), jax.jit(jax.grad(loss))(params, tokens),
+         grad=True)
