@@ -109,11 +109,15 @@ class AuditReport:
   def bytes_saved(self) -> int:
     """Bytes per run the actionable findings would save, each boundary
     counted once (several findings may name the same buffer)."""
-    best: dict[str, int] = {}
+    return _saving(self.actionable)
+
+  def bytes_saved_by_class(self) -> Mapping[str, int]:
+    """`bytes_saved` of each class's actionable findings alone, by slug
+    (a boundary two classes name counts in both)."""
+    by_class: dict[str, list[FusionDecisionRecord]] = {}
     for f in self.actionable:
-      key = f.boundary or f"{f.producer}:{f.kind.slug}"
-      best[key] = max(best.get(key, 0), f.bytes_saved)
-    return sum(best.values())
+      by_class.setdefault(f.kind.slug, []).append(f)
+    return types.MappingProxyType({k: _saving(v) for k, v in by_class.items()})
 
   @property
   def materialized_bytes(self) -> int:
@@ -187,6 +191,15 @@ class AuditReport:
     from hlo_audit._src.report import terminal
 
     terminal.render_terminal(self, console)
+
+
+def _saving(findings) -> int:
+  """Bytes the findings would save, each boundary counted once."""
+  best: dict[str, int] = {}
+  for f in findings:
+    key = f.boundary or f"{f.producer}:{f.kind.slug}"
+    best[key] = max(best.get(key, 0), f.bytes_saved)
+  return sum(best.values())
 
 
 def finding_kind(slug: str) -> FindingKind:

@@ -1,0 +1,1 @@
+"""Sweeps: audit a target over a grid of shapes and dtypes (scripts/sweep.py)."""

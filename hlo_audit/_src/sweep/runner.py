@@ -1,0 +1,561 @@
+"""Running a sweep: plan the points, run them serially or in worker processes,
+record each as it finishes, then plot and write the sweep report.
+
+Planning resolves every grid point up front (a bad name or value stops the
+sweep before anything compiles), gives each a stable id from what it computes,
+merges points with the same id (they would compile the same program), keeps
+this shard's share (round-robin), and skips points the out folder already
+holds.
+
+`jobs=0` runs points in this process (no start-up cost, no isolation).
+`jobs=N` runs them in N worker processes (spawned: JAX does not survive a
+fork), each importing JAX once and then taking one point at a time; a worker
+that dies (a crash in XLA, the OOM killer) or runs past `point_timeout` fails
+only its point, and a fresh worker takes its place.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import multiprocessing
+import os
+import signal
+import socket
+import sys
+import time
+import traceback
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from multiprocessing import connection
+from typing import Any
+
+from hlo_audit._src.errors import HloAuditError
+from hlo_audit._src.sweep import grid as grid_lib
+from hlo_audit._src.sweep import store as store_lib
+from hlo_audit._src.sweep.grid import GridError
+from hlo_audit._src.sweep.targets import (KERNEL_NAMES, Measure, Target, TargetRef,
+                                          make_target)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SweepOptions:
+  """Everything a sweep needs; scripts/sweep.py builds it from its flags."""
+
+  #: "example", MODULE:FUNCTION, or a kernel name ("matmul", ...).
+  target: str
+  #: Output folder (results, plots, report).
+  out: str
+  #: `--grid` text, `name=v1,v2;name2=v3`.
+  grid: str | None = None
+  #: A JSON or TOML grid file.
+  grid_file: str | None = None
+  #: The argument template of a MODULE:FUNCTION target.
+  args: str | None = None
+  measure: Measure = Measure()
+  #: 0: in this process; N >= 1: N worker processes.
+  jobs: int = 1
+  num_shards: int = 1
+  shard_index: int = 0
+  #: Run points again that a previous run recorded as failed.
+  retry_failed: bool = False
+  #: Seconds before a worker's point is abandoned (jobs >= 1 only).
+  point_timeout: float | None = None
+  #: Write each point's HTML audit to <out>/points/<id>.html.
+  point_reports: bool = False
+  #: Plot and write the report after running.
+  report: bool = True
+  #: Only plot and write the report from the records already there.
+  report_only: bool = False
+  #: Grid name for the plots' x axis (default: the numeric one with most values).
+  plot_x: str | None = None
+  #: The command line, for the report.
+  command: str = ""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PlannedPoint:
+  """One point to run."""
+
+  id: str
+  #: Position in the expanded grid.
+  index: int
+  #: The grid's values at this point.
+  values: Mapping[str, Any]
+  #: The target's full, canonical parameters.
+  params: Mapping[str, Any]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Plan:
+  """The grid expanded, merged, sharded."""
+
+  target: TargetRef
+  #: Every distinct point of the grid (all shards).
+  points: tuple[PlannedPoint, ...]
+  #: This shard's points.
+  shard_points: tuple[PlannedPoint, ...]
+  #: Grid points merged into an earlier identical one.
+  duplicates: int
+  #: The grid's names, in order.
+  names: tuple[str, ...]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Task:
+  """What a worker needs for one point (picklable)."""
+
+  target: TargetRef
+  point: PlannedPoint
+  measure: Measure
+  html_path: str | None = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SweepResult:
+  """What a sweep run did."""
+
+  out: str
+  #: Points in this shard.
+  total: int
+  #: Skipped: already in the out folder.
+  skipped: int
+  #: Run in this invocation.
+  ran: int
+  #: Of those, failed.
+  failed: int
+  duplicates: int
+  seconds: float
+  #: Files written: results, plots, reports.
+  files: tuple[str, ...] = ()
+
+
+def build_grid(options: SweepOptions) -> grid_lib.Grid:
+  """The grid of `--grid_file` with `--grid`'s lists replacing its own."""
+  g = grid_lib.Grid()
+  if options.grid_file:
+    g = grid_lib.load_grid_file(options.grid_file)
+  if options.grid:
+    g = g.replace_axes(grid_lib.parse_grid(options.grid))
+  return g
+
+
+def plan(options: SweepOptions, target: Target | None = None) -> Plan:
+  """Expands, checks, merges and shards the grid (compiles nothing).
+
+  Raises:
+    GridError: for a bad grid, target, template or shard, or measurements a
+      target cannot make.
+  """
+  ref = TargetRef(options.target, options.args)
+  target = target or make_target(ref)
+  m = options.measure
+  if (m.validate or m.time) and ref.text not in KERNEL_NAMES:
+    raise GridError("--validate and --time apply to kernel targets "
+                    "(matmul, layer_norm, rms_norm, softmax)")
+  if m.time and (m.repeats < 1 or m.warmup < 0):
+    raise GridError(f"need --repeats >= 1 and --warmup >= 0, got {m.repeats}, {m.warmup}")
+  g = build_grid(options)
+  points: list[PlannedPoint] = []
+  seen: set[str] = set()
+  duplicates = 0
+  for i, values in enumerate(g.points()):
+    params = target.resolve(values)
+    pid = grid_lib.point_id({**target.identity(params), "measure": m.identity})
+    if pid in seen:
+      duplicates += 1
+      continue
+    seen.add(pid)
+    points.append(PlannedPoint(id=pid, index=i, values=values, params=params))
+  if options.plot_x and points and options.plot_x not in points[0].params:
+    raise GridError(f"--plot_x {options.plot_x!r} is not a parameter of the points; "
+                    f"known: {', '.join(points[0].params)}")
+  mine = grid_lib.shard(points, options.num_shards, options.shard_index)
+  return Plan(target=ref, points=tuple(points), shard_points=tuple(mine),
+              duplicates=duplicates, names=g.names)
+
+
+# ----------------------------------------------------------- running ----
+
+
+def _record(task: Task, error: str | None = None) -> dict[str, Any]:
+  """A point's record before its measurements."""
+  return {"schema": store_lib.RECORD_SCHEMA, "id": task.point.id,
+          "index": task.point.index, "target": task.target.text,
+          "params": dict(task.point.params), "status": "error" if error else "ok",
+          "error": error}
+
+
+def execute(task: Task, targets: dict[TargetRef, Target] | None = None) -> dict[str, Any]:
+  """Runs one point and returns its record; never raises (errors are recorded)."""
+  t0 = time.perf_counter()
+  record = _record(task)
+  try:
+    cache = targets if targets is not None else {}
+    if task.target not in cache:
+      cache[task.target] = make_target(task.target)
+    record.update(cache[task.target].run(task.point.params, task.measure,
+                                         task.html_path))
+  except Exception as e:  # noqa: BLE001 - every failure is the point's result.
+    record.update(status="error", error=_error_line(e),
+                  traceback=traceback.format_exc(limit=-8))
+  seconds = dict(record.get("seconds", {}))
+  seconds["total"] = time.perf_counter() - t0
+  record["seconds"] = seconds
+  record["pid"] = os.getpid()
+  return record
+
+
+def _error_line(e: BaseException) -> str:
+  first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+  return f"{type(e).__name__}: {first}"[:500]
+
+
+def _die_with_parent() -> None:
+  """Asks Linux to kill this worker when the sweep process dies (a killed
+  sweep must not leave workers compiling)."""
+  if sys.platform != "linux":
+    return
+  try:
+    import ctypes
+
+    libc = ctypes.CDLL("libc.so.6", use_errno=True)
+    libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+  except (OSError, AttributeError):
+    pass
+
+
+def _worker_main(conn) -> None:
+  """A worker process: say it is ready, then run one task at a time until
+  told to stop."""
+  _die_with_parent()
+  signal.signal(signal.SIGINT, signal.SIG_IGN)  # The parent handles Ctrl-C.
+  # Import the heavy parts before taking work, so that a point's timeout
+  # counts the point, not JAX's start-up.
+  import jax  # noqa: F401
+  from hlo_audit._src import audit  # noqa: F401
+
+  conn.send(_READY)
+  targets: dict[TargetRef, Target] = {}
+  while True:
+    try:
+      task = conn.recv()
+    except (EOFError, OSError):
+      return
+    if task is None:
+      return
+    conn.send(execute(task, targets))
+
+
+#: A worker's first message: imports done, ready for tasks.
+_READY = "ready"
+
+#: Workers that may die before they are ready before the pool gives up.
+_START_FAILURES = 3
+
+
+class WorkerStartError(HloAuditError, RuntimeError):
+  """Worker processes die before they can take a point."""
+
+
+@dataclasses.dataclass
+class _Worker:
+  process: Any
+  conn: Any
+  ready: bool = False
+  task: Task | None = None
+  started: float = 0.0
+
+
+class WorkerPool:
+  """`jobs` spawned worker processes, each running one task at a time."""
+
+  def __init__(self, jobs: int, point_timeout: float | None = None):
+    if jobs < 1:
+      raise ValueError(f"a pool needs jobs >= 1, got {jobs}")
+    self.jobs = jobs
+    self.point_timeout = point_timeout
+    self._ctx = multiprocessing.get_context("spawn")
+    self._workers: list[_Worker] = []
+    self._start_failures = 0
+
+  def _start(self) -> None:
+    parent, child = self._ctx.Pipe()
+    p = self._ctx.Process(target=_worker_main, args=(child,), daemon=True,
+                          name="hlo-audit-sweep-worker")
+    p.start()
+    child.close()
+    self._workers.append(_Worker(process=p, conn=parent))
+
+  def _retire(self, w: _Worker, kill: bool) -> None:
+    if kill and w.process.is_alive():
+      w.process.kill()
+    w.process.join(timeout=5)
+    w.conn.close()
+    self._workers.remove(w)
+
+  def run(self, tasks: Sequence[Task], on_record: Callable[[dict], None]) -> None:
+    """Runs `tasks`, calling `on_record` (in this process) as each finishes.
+
+    Raises:
+      WorkerStartError: if workers keep dying before they are ready.
+    """
+    pending = deque(tasks)
+    try:
+      while True:
+        busy = sum(w.task is not None for w in self._workers)
+        if not pending and not busy:
+          return
+        while len(self._workers) < min(self.jobs, len(pending) + busy):
+          self._start()
+        for w in list(self._workers):
+          if w.ready and w.task is None and pending:
+            w.task, w.started = pending.popleft(), time.monotonic()
+            try:
+              w.conn.send(w.task)
+            except (BrokenPipeError, OSError):
+              self._lost(w, on_record, self._death(w))
+        watched = [w for w in self._workers if not w.ready or w.task is not None]
+        ready = set(connection.wait([w.conn for w in watched] +
+                                    [w.process.sentinel for w in watched],
+                                    timeout=self._wait_time()))
+        for w in watched:
+          if w.conn in ready or w.conn.poll():
+            try:
+              msg = w.conn.recv()
+            except (EOFError, OSError):
+              self._died(w, on_record)
+              continue
+            if msg == _READY:
+              w.ready = True
+            else:
+              w.task = None
+              on_record(msg)
+          elif w.process.sentinel in ready:
+            self._died(w, on_record)
+          elif (w.task is not None and self.point_timeout is not None and
+                time.monotonic() - w.started > self.point_timeout):
+            self._lost(w, on_record, f"timed out after {self.point_timeout:g} s "
+                       "(--point_timeout); the worker was killed", kill=True)
+    finally:
+      self.close()
+
+  def _wait_time(self) -> float | None:
+    running = [w for w in self._workers if w.task is not None]
+    if self.point_timeout is None or not running:
+      return None
+    left = min(self.point_timeout - (time.monotonic() - w.started) for w in running)
+    return max(0.05, left)
+
+  def _died(self, w: _Worker, on_record) -> None:
+    if w.task is not None:
+      self._lost(w, on_record, self._death(w))
+      return
+    why = self._death(w)
+    self._retire(w, kill=True)
+    self._start_failures += 1
+    if self._start_failures >= _START_FAILURES:
+      raise WorkerStartError(f"{self._start_failures} worker processes died before "
+                             f"taking a point ({why.split('(')[-1].rstrip(')')}); "
+                             "try --jobs=0 to see the error")
+
+  def _death(self, w: _Worker) -> str:
+    w.process.join(timeout=5)
+    code = w.process.exitcode
+    if code is not None and code < 0:
+      try:
+        how = f"killed by {signal.Signals(-code).name}"
+      except ValueError:
+        how = f"killed by signal {-code}"
+    else:
+      how = f"exit code {code}"
+    return f"the worker process died running this point ({how})"
+
+  def _lost(self, w: _Worker, on_record, why: str, kill: bool = False) -> None:
+    """Records `w`'s point as failed and retires `w`; the loop starts a fresh
+    worker when one is needed."""
+    task = w.task
+    self._retire(w, kill=kill)
+    on_record({**_record(task, f"WorkerError: {why}"), "traceback": None,
+               "seconds": {"total": time.monotonic() - w.started}, "pid": w.process.pid})
+
+  def close(self) -> None:
+    """Stops every worker (politely, then by force)."""
+    for w in list(self._workers):
+      try:
+        if w.task is None and w.ready:
+          w.conn.send(None)
+      except (BrokenPipeError, OSError):
+        pass
+    deadline = time.monotonic() + 5
+    for w in list(self._workers):
+      if w.task is None and w.ready:
+        w.process.join(timeout=max(0.0, deadline - time.monotonic()))
+      self._retire(w, kill=True)
+
+
+# ---------------------------------------------------------- progress ----
+
+
+class Reporter:
+  """Receives progress events; the base class is silent."""
+
+  def start(self, total: int, skipped: int, description: str,
+            label_names: Sequence[str] = ()) -> None:
+    """Called once, before the first point runs; `label_names` are the grid
+    names that vary (to label points by)."""
+
+  def point(self, record: Mapping, done: int, total: int) -> None:
+    """Called as each point finishes."""
+
+  def message(self, text: str) -> None:
+    """A line for the user."""
+
+  def stop(self) -> None:
+    """Called once at the end (also after an interruption)."""
+
+
+def point_line(record: Mapping, label_names: Sequence[str] | None = None) -> str:
+  """One line about a finished point: its values (those of `label_names`, or
+  all), outcome and key numbers."""
+  from hlo_audit._src.report.units import fmt_bytes
+
+  params = record.get("params", {})
+  names = [k for k in params if k != "args"] if label_names is None else label_names
+  label = " ".join(f"{k}={params.get(k)}" for k in names) or record["id"]
+  secs = record.get("seconds", {}).get("total", 0.0)
+  if record.get("status") != "ok":
+    return f"FAIL {label} ({secs:.1f} s): {record.get('error')}"
+  a = record["audit"]
+  parts = [f"ok   {label} ({secs:.1f} s):", f"{a['kernels']} kernels,",
+           f"peak {fmt_bytes(a['peak_bytes'])} (XLA {fmt_bytes(a['xla_peak_bytes'])}),",
+           f"saves {fmt_bytes(a['bytes_saved'])}"]
+  v, t = record.get("validation"), record.get("timing")
+  if v:
+    parts.append(", valid" if v["passed"] else ", INVALID")
+  if t:
+    parts.append(f", {t['speedup']:.2f}x vs XLA" + (" (interpret)" if t["interpret"] else ""))
+  return " ".join(parts).replace(" ,", ",")
+
+
+class RichReporter(Reporter):
+  """A rich progress bar (points done, rate, time left) and a line per point."""
+
+  def __init__(self, console=None, lines: bool = True):
+    from rich.console import Console
+
+    self.console = console or Console(stderr=True)
+    self.lines = lines
+    self._progress = None
+
+  def start(self, total, skipped, description, label_names=()):
+    self._names = list(label_names) or None
+    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, ProgressColumn,
+                               TextColumn, TimeElapsedColumn, TimeRemainingColumn)
+    from rich.text import Text
+
+    class Rate(ProgressColumn):
+      def render(self, task):
+        speed = task.finished_speed or task.speed
+        return Text("-- pts/min" if speed is None else f"{60 * speed:.1f} pts/min")
+
+    self._progress = Progress(
+        TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+        Rate(), TimeElapsedColumn(), TextColumn("left"), TimeRemainingColumn(),
+        console=self.console, transient=False)
+    self._progress.start()
+    self._task = self._progress.add_task(description, total=total, completed=skipped)
+
+  def point(self, record, done, total):
+    if self.lines:
+      self._progress.console.print(f"[{done}/{total}] " + point_line(record, self._names),
+                                   markup=False, highlight=False, soft_wrap=True)
+    self._progress.advance(self._task)
+
+  def message(self, text):
+    (self._progress.console if self._progress else self.console).print(
+        text, markup=False, highlight=False, soft_wrap=True)
+
+  def stop(self):
+    if self._progress is not None:
+      self._progress.stop()
+      self._progress = None
+
+
+# -------------------------------------------------------------- sweep ----
+
+
+def _now() -> str:
+  return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="milliseconds")
+
+
+def run_sweep(options: SweepOptions, reporter: Reporter | None = None) -> SweepResult:
+  """Runs (or resumes) a sweep, then plots and writes the report.
+
+  Raises:
+    GridError: for a bad grid, target or template (before anything runs).
+    StoreError: if the out folder cannot be written or is in use.
+  """
+  reporter = reporter or Reporter()
+  t0 = time.perf_counter()
+  if options.jobs < 0:
+    raise GridError(f"--jobs must be >= 0, got {options.jobs}")
+  target = make_target(TargetRef(options.target, options.args))
+  p = plan(options, target)
+  shard = [options.shard_index, options.num_shards]
+  ran = failed = skipped = 0
+  if not options.report_only:
+    names = list(p.names) + [k for k in (p.points[0].params if p.points else {})
+                             if k not in p.names]
+    with store_lib.ResultStore(options.out, names, num_shards=options.num_shards,
+                               shard_index=options.shard_index,
+                               retry_failed=options.retry_failed) as store:
+      todo = [pt for pt in p.shard_points if pt.id not in store.state.done]
+      skipped = len(p.shard_points) - len(todo)
+      html_dir = os.path.join(options.out, "points") if options.point_reports else None
+      if html_dir:
+        os.makedirs(html_dir, exist_ok=True)
+      tasks = [Task(target=p.target, point=pt, measure=options.measure,
+                    html_path=os.path.join(html_dir, pt.id + ".html") if html_dir else None)
+               for pt in todo]
+      host = socket.gethostname()
+
+      def on_record(record: dict) -> None:
+        nonlocal ran, failed
+        record.update(finished_at=_now(), host=host, shard=shard)
+        store.append(record)
+        ran += 1
+        failed += record.get("status") != "ok"
+        reporter.point(record, skipped + ran, len(p.shard_points))
+
+      if store.state.repaired:
+        reporter.message(f"repaired {store.jsonl_path}: dropped a torn last line")
+      workers = min(options.jobs, len(tasks))
+      reporter.message(
+          f"sweep {options.target}: {len(p.points)} points"
+          + (f" ({p.duplicates} duplicate grid points merged)" if p.duplicates else "")
+          + (f", shard {options.shard_index} of {options.num_shards}: "
+             f"{len(p.shard_points)}" if options.num_shards > 1 else "")
+          + f"; {skipped} already done, {len(tasks)} to run"
+          + (f" on {workers} worker process(es)" if workers else
+             " in this process" if tasks else ""))
+      label_names = [n for n in p.names
+                     if len({repr(pt.values.get(n)) for pt in p.points}) > 1]
+      reporter.start(len(p.shard_points), skipped, options.target, label_names)
+      try:
+        if tasks and options.jobs == 0:
+          targets = {p.target: target}
+          for task in tasks:
+            on_record(execute(task, targets))
+        elif tasks:
+          WorkerPool(workers, options.point_timeout).run(tasks, on_record)
+      finally:
+        reporter.stop()
+  files = []
+  if options.report or options.report_only:
+    from hlo_audit._src.sweep import report as report_lib
+
+    files = report_lib.write_sweep_outputs(options, p)
+  return SweepResult(out=options.out, total=len(p.shard_points), skipped=skipped,
+                     ran=ran, failed=failed, duplicates=p.duplicates,
+                     seconds=time.perf_counter() - t0, files=tuple(files))

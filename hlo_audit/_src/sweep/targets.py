@@ -1,0 +1,618 @@
+"""What a sweep audits: the built-in example, MODULE:FUNCTION, or a kernel.
+
+A `Target` names the parameters a grid may set, turns a grid point into its
+full parameter set (`resolve`: defaults filled in, values checked and made
+canonical, so `dtype=f32` and `dtype=float32` are one point), and measures a
+point (`run`): compile, audit, and for kernels optionally validate and time.
+`resolve` runs in the parent up front, so a typo in the grid stops the sweep
+before anything compiles; `run` runs in a worker, and its errors are recorded
+against the point.
+
+Argument templates of MODULE:FUNCTION targets (`--args`):
+
+    x=f32[{b},{d}];w={dtype}[{d},{4*d}];s32[]
+
+are `;`-separated positional arguments, each an HLO shape (`f32[8,128]`;
+`f32[]` for a scalar) with an optional `label=` in front (for readers; the
+arguments are passed by position). `{...}` is replaced by a grid value: a
+name (`{b}`, `{dtype}`, where a dtype may be spelled `f32` or `float32`) or an
+integer expression of names with + - * // and parentheses (`{4*d}`). Grid
+names the template does not use are passed to the function as keyword
+arguments with their Python values (the function is re-jitted with them bound,
+so they act as static arguments); the function must accept them.
+"""
+
+from __future__ import annotations
+
+import abc
+import ast
+import dataclasses
+import functools
+import hashlib
+import inspect
+import operator
+import re
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from hlo_audit._src.hlo import dtypes as hlo_dtypes
+from hlo_audit._src.sweep.grid import GridError, Value
+
+#: Kernel targets and the `pallas_kernels` ops they name.
+KERNEL_NAMES = ("matmul", "layer_norm", "rms_norm", "softmax")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Param:
+  """One parameter a grid may set."""
+
+  name: str
+  #: "int", "float", "bool", "str" or "dtype" (a dtype name, made canonical).
+  kind: str
+  default: Value
+  #: Whether `none` is a valid value.
+  optional: bool = False
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Measure:
+  """What to measure at each point besides the audit (kernel targets only)."""
+
+  #: Check the kernel against the float32 reference (`pallas_kernels.validate`).
+  validate: bool = False
+  #: Time the kernel against XLA (`pallas_kernels.bench`).
+  time: bool = False
+  #: Timed calls per implementation (median reported).
+  repeats: int = 10
+  #: Untimed calls first (compilation included).
+  warmup: int = 2
+  #: Seed of the random inputs.
+  seed: int = 0
+
+  @property
+  def identity(self) -> dict[str, Any]:
+    """What changes a point's results, for its id."""
+    out: dict[str, Any] = {"validate": self.validate, "time": self.time}
+    if self.validate or self.time:
+      out["seed"] = self.seed
+    if self.time:
+      out.update(repeats=self.repeats, warmup=self.warmup)
+    return out
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TargetRef:
+  """A picklable description of a target, rebuilt by `make_target` in workers."""
+
+  #: The `--target` text: "example", a kernel name, or MODULE:FUNCTION.
+  text: str
+  #: The `--args` template (MODULE:FUNCTION only).
+  args: str | None = None
+
+
+class Target(abc.ABC):
+  """A thing to compile and audit at each grid point."""
+
+  def __init__(self, ref: TargetRef):
+    self.ref = ref
+
+  @property
+  @abc.abstractmethod
+  def params(self) -> tuple[Param, ...]:
+    """The parameters a grid may set."""
+
+  def resolve(self, values: Mapping[str, Value]) -> dict[str, Value]:
+    """The point's full, canonical parameters (defaults filled in).
+
+    Raises:
+      GridError: for a name this target does not know or a value of the wrong
+        type.
+    """
+    known = {p.name: p for p in self.params}
+    for name in values:
+      if name not in known:
+        raise GridError(f"grid name {name!r} is not a parameter of target "
+                        f"{self.ref.text!r}; known: {', '.join(known)}")
+    return {p.name: coerce(p, values[p.name], self.ref.text) if p.name in values
+            else p.default for p in self.params}
+
+  def identity(self, params: Mapping[str, Value]) -> dict[str, Any]:
+    """What determines the compiled program (hashed into the point id)."""
+    return {"target": self.ref.text, "params": dict(params)}
+
+  @abc.abstractmethod
+  def run(self, params: Mapping[str, Value], measure: Measure,
+          html_path: str | None = None) -> dict[str, Any]:
+    """Compiles and audits one point; returns the record's measurements.
+
+    Raises:
+      Exception: anything the point's compilation or checks raise; the runner
+        records it against the point.
+    """
+
+
+def make_target(ref: TargetRef) -> Target:
+  """The target `ref` names.
+
+  Raises:
+    GridError: for an unknown target, a bad `--args` template, or a
+      MODULE:FUNCTION that cannot be imported.
+  """
+  if ref.text == "example":
+    if ref.args:
+      raise GridError("--args applies to MODULE:FUNCTION targets, not 'example'")
+    return ExampleTarget(ref)
+  if ref.text in KERNEL_NAMES:
+    if ref.args:
+      raise GridError(f"--args applies to MODULE:FUNCTION targets, not {ref.text!r}")
+    return KernelTarget(ref)
+  if ":" in ref.text:
+    return FunctionTarget(ref)
+  raise GridError(f"--target {ref.text!r}: expected 'example', MODULE:FUNCTION, or "
+                  f"a kernel name ({', '.join(KERNEL_NAMES)})")
+
+
+# ------------------------------------------------------------ values ----
+
+
+def canonical_dtype(value: str) -> str:
+  """'f32', 'float32' -> 'float32'; 'bf16' -> 'bfloat16'.
+
+  Raises:
+    GridError: for a name that is neither an XLA element type nor a dtype.
+  """
+  if value in hlo_dtypes.NUMPY_NAMES:
+    return hlo_dtypes.NUMPY_NAMES[value]
+  if value in hlo_dtypes.NUMPY_NAMES.values():
+    return value
+  raise GridError(f"{value!r} is not a dtype (e.g. f32, bf16, float32, bfloat16)")
+
+
+def coerce(p: Param, value: Value, target: str) -> Value:
+  """`value` as parameter `p` takes it.
+
+  Raises:
+    GridError: naming the parameter, the value and the expected kind.
+  """
+  where = f"grid value {p.name}={value!r} (target {target!r})"
+  if value is None:
+    if p.optional:
+      return None
+    raise GridError(f"{where}: {p.name} cannot be none")
+  if p.kind == "bool":
+    if isinstance(value, bool):
+      return value
+    if isinstance(value, int) and value in (0, 1):
+      return bool(value)
+    raise GridError(f"{where}: expected true or false")
+  if p.kind == "int":
+    if isinstance(value, bool):
+      raise GridError(f"{where}: expected an integer")
+    if isinstance(value, float) and value.is_integer():
+      return int(value)
+    if isinstance(value, int):
+      return value
+    raise GridError(f"{where}: expected an integer")
+  if p.kind == "float":
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+      return float(value)
+    raise GridError(f"{where}: expected a number")
+  if p.kind == "dtype":
+    try:
+      return canonical_dtype(str(value))
+    except GridError as e:
+      raise GridError(f"{where}: {e}") from None
+  return str(value)
+
+
+# ------------------------------------------------------------ audits ----
+
+
+def audit_summary(report) -> dict[str, Any]:
+  """The numbers a sweep keeps of one audit (see `AuditReport`)."""
+  by_class: dict[str, int] = {}
+  for f in report.findings:
+    by_class[f.kind.slug] = by_class.get(f.kind.slug, 0) + 1
+  cost = report.cost_analysis or {}
+  return {
+      "kernels": len(report.kernels),
+      "kernels_by_kind": dict(report.kernels_by_kind()),
+      "materialized_bytes": report.materialized_bytes,
+      "peak_bytes": report.peak_bytes,
+      "xla_peak_bytes": report.xla_peak_bytes,
+      "peak_agreement": report.peak_agreement,
+      "bytes_saved": report.bytes_saved,
+      "findings": len(report.findings),
+      "actionable": len(report.actionable),
+      "findings_by_class": by_class,
+      "bytes_saved_by_class": dict(report.bytes_saved_by_class()),
+      "instructions": report.module.instruction_count,
+      "schedule_length": report.module.schedule_length,
+      "flops": cost.get("flops"),
+      "platform": report.module.platform,
+  }
+
+
+def compile_and_audit(fn, args, html_path: str | None = None,
+                      kwargs: Mapping[str, Any] | None = None) -> dict[str, Any]:
+  """Captures and audits `fn(*args)`; returns the audit summary, the HLO
+  fingerprint and the seconds spent compiling and analysing."""
+  from hlo_audit._src.audit import audit_capture
+  from hlo_audit._src.capture.capture import capture
+
+  t0 = time.perf_counter()
+  cap = capture(fn, *args, **(kwargs or {}))
+  t1 = time.perf_counter()
+  report = audit_capture(cap)
+  t2 = time.perf_counter()
+  if html_path:
+    report.to_html(html_path)
+  return {
+      "audit": audit_summary(report),
+      # Points with the same fingerprint compiled to the same program.
+      "hlo_fingerprint": hashlib.sha256(cap.hlo_text.encode()).hexdigest()[:16],
+      "seconds": {"compile": t1 - t0, "analysis": t2 - t1},
+  }
+
+
+# ----------------------------------------------------------- example ----
+
+
+class ExampleTarget(Target):
+  """The built-in transformer block; every `TransformerConfig` field plus
+  `backward` (the training step if true, else the forward loss)."""
+
+  @functools.cached_property
+  def params(self) -> tuple[Param, ...]:
+    from hlo_audit._src.examples.transformer import TransformerConfig
+
+    out = []
+    for f in dataclasses.fields(TransformerConfig):
+      kind = "dtype" if f.name == "dtype" else "int"
+      out.append(Param(f.name, kind, f.default))
+    out.append(Param("backward", "bool", True))
+    return tuple(out)
+
+  def run(self, params, measure, html_path=None):
+    from hlo_audit._src.examples.transformer import TransformerConfig, example
+
+    if measure.validate or measure.time:
+      raise GridError("validate/time apply to kernel targets only")
+    cfg = TransformerConfig(**{k: v for k, v in params.items() if k != "backward"})
+    fn, args = example(cfg, backward=bool(params["backward"]))
+    return compile_and_audit(fn, args, html_path)
+
+
+# ------------------------------------------------- module:function ----
+
+_PLACEHOLDER = re.compile(r"\{([^{}]*)\}")
+_OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
+        ast.FloorDiv: operator.floordiv}
+
+
+def _eval_int(expr: str, values: Mapping[str, Value], where: str) -> Value:
+  """Evaluates a placeholder: a grid name, or integer arithmetic of names."""
+  try:
+    tree = ast.parse(expr.strip(), mode="eval").body
+  except SyntaxError:
+    raise GridError(f"{where}: {{{expr}}} is not a name or an integer expression") from None
+
+  def ev(node):
+    if isinstance(node, ast.Name):
+      if node.id not in values:
+        raise GridError(f"{where}: {{{expr}}} uses {node.id!r}, which the grid does not set")
+      return values[node.id]
+    if isinstance(node, ast.Constant) and isinstance(node.value, int):
+      return node.value
+    if isinstance(node, ast.BinOp) and type(node.op) in _OPS:
+      a, b = ev(node.left), ev(node.right)
+      if not (isinstance(a, int) and isinstance(b, int)) or isinstance(a, bool) or isinstance(b, bool):
+        raise GridError(f"{where}: {{{expr}}} does arithmetic on non-integers")
+      return _OPS[type(node.op)](a, b)
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+      return -ev(node.operand)
+    raise GridError(f"{where}: {{{expr}}} is not a name or an integer expression "
+                    "(+ - * // and parentheses)")
+
+  return ev(tree)
+
+
+def template_names(template: str) -> tuple[str, ...]:
+  """The grid names an `--args` template uses, in order of first use."""
+  names: list[str] = []
+  for m in _PLACEHOLDER.finditer(template):
+    try:
+      tree = ast.parse(m.group(1).strip(), mode="eval")
+    except SyntaxError:
+      raise GridError(f"--args: {{{m.group(1)}}} is not a name or an integer "
+                      "expression") from None
+    for node in ast.walk(tree):
+      if isinstance(node, ast.Name) and node.id not in names:
+        names.append(node.id)
+  return tuple(names)
+
+
+def render_args(template: str, values: Mapping[str, Value]) -> tuple[str, ...]:
+  """The template's arguments for one point, as canonical HLO shapes
+  ('f32[8,128]'), labels dropped.
+
+  Raises:
+    GridError: for a malformed entry or an unknown element type.
+  """
+  from hlo_audit._src.cli.common import UsageError
+  from hlo_audit._src.cli.run_cmd import parse_arg_spec
+
+  out = []
+  for entry in template.split(";"):
+    if not entry.strip():
+      continue
+    where = f"--args entry {entry.strip()!r}"
+
+    def sub(m):
+      v = _eval_int(m.group(1), values, where)
+      return _hlo_type(v, where) if isinstance(v, str) else str(v)
+
+    text = _PLACEHOLDER.sub(sub, entry).strip()
+    label, sep, shape = text.partition("=")
+    if sep and not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", label.strip()):
+      raise GridError(f"{where}: {label.strip()!r} is not a label")
+    etype, bracket, dims = (shape if sep else text).replace(" ", "").partition("[")
+    try:
+      arg = parse_arg_spec(_hlo_type(etype, where) + bracket + dims)
+    except UsageError as e:
+      raise GridError(f"{where}: {e}") from None
+    out.append(f"{hlo_dtypes.from_numpy(arg.dtype)}[{','.join(map(str, arg.shape))}]")
+  if not out:
+    raise GridError("--args: no arguments in the template")
+  return tuple(out)
+
+
+def _hlo_type(name: str, where: str) -> str:
+  """An element type as XLA spells it ('float32' -> 'f32')."""
+  if name in hlo_dtypes.NUMPY_NAMES:
+    return name
+  try:
+    return hlo_dtypes.from_numpy(name)
+  except KeyError:
+    raise GridError(f"{where}: unknown element type {name!r}") from None
+
+
+class FunctionTarget(Target):
+  """A function of an importable module (a dotted name or a .py path),
+  audited for the abstract arguments of an `--args` template."""
+
+  def __init__(self, ref: TargetRef):
+    super().__init__(ref)
+    if not ref.args:
+      raise GridError(f"--target {ref.text!r} needs --args, e.g. "
+                      "--args 'x=f32[{b},{d}];w=f32[{d},{f}]'")
+    self._uses = template_names(ref.args)
+    self._fn = None
+
+  @property
+  def function(self):
+    """The function (imported on first use).
+
+    Raises:
+      GridError: if the module cannot be imported or lacks the function.
+    """
+    if self._fn is None:
+      from hlo_audit._src.cli.common import UsageError
+      from hlo_audit._src.cli.run_cmd import load_function
+
+      try:
+        self._fn = load_function(self.ref.text)
+      except UsageError as e:
+        raise GridError(str(e)) from None
+    return self._fn
+
+  @property
+  def params(self) -> tuple[Param, ...]:
+    # Any name goes: the template's feed shapes, the others are keywords.
+    return ()
+
+  def resolve(self, values):
+    missing = [n for n in self._uses if n not in values]
+    if missing:
+      raise GridError(f"--args uses {', '.join(missing)}, which the grid does not set")
+    static = {k: v for k, v in values.items() if k not in self._uses}
+    if static:
+      self._check_keywords(static)
+    args = render_args(self.ref.args, values)
+    return {**values, "args": ";".join(args)}
+
+  def identity(self, params):
+    static = {k: v for k, v in params.items() if k not in self._uses and k != "args"}
+    return {"target": self.ref.text, "args": params["args"], "kwargs": static}
+
+  def _check_keywords(self, static: Mapping[str, Value]) -> None:
+    fn = getattr(self.function, "__wrapped__", self.function)
+    try:
+      sig = inspect.signature(fn)
+    except (TypeError, ValueError):
+      return  # A builtin without a signature: let the call decide.
+    if any(p.kind is p.VAR_KEYWORD for p in sig.parameters.values()):
+      return
+    for name in static:
+      if name not in sig.parameters:
+        raise GridError(f"grid name {name!r} is not used by --args and is not a "
+                        f"parameter of {self.ref.text!r}")
+
+  def run(self, params, measure, html_path=None):
+    import jax
+
+    from hlo_audit._src.cli.run_cmd import parse_arg_spec
+
+    if measure.validate or measure.time:
+      raise GridError("validate/time apply to kernel targets only")
+    args = [parse_arg_spec(s) for s in params["args"].split(";")]
+    static = {k: v for k, v in params.items() if k not in self._uses and k != "args"}
+    fn = self.function
+    if static:
+      # Bound as Python values, so the function sees them as static.
+      fn = jax.jit(functools.partial(getattr(fn, "__wrapped__", fn), **static))
+    return compile_and_audit(fn, args, html_path)
+
+
+# ------------------------------------------------------------ kernels ----
+
+_COMMON = (Param("dtype", "dtype", "float32"), Param("grad", "bool", False))
+
+#: The parameters of each kernel target. `grad` checks gradients when validating.
+KERNEL_PARAMS: Mapping[str, tuple[Param, ...]] = {
+    "matmul": (
+        Param("m", "int", 256), Param("k", "int", 256), Param("n", "int", 256),
+        Param("batch", "int", None, optional=True),
+        *_COMMON,
+        Param("w_dtype", "dtype", None, optional=True),
+        Param("bias", "bool", False), Param("residual", "bool", False),
+        Param("activation", "str", None, optional=True),
+        Param("scale", "str", None, optional=True),
+        Param("w_scale", "str", None, optional=True),
+        Param("group_size", "int", None, optional=True),
+        Param("x_scale", "str", None, optional=True),
+        Param("transpose_x", "bool", False), Param("transpose_w", "bool", False),
+        Param("transpose_out", "bool", False),
+        Param("quantize", "str", None, optional=True),
+        Param("out_dtype", "dtype", None, optional=True)),
+    "layer_norm": (
+        Param("rows", "int", 256), Param("cols", "int", 256), *_COMMON,
+        Param("residual", "bool", False),
+        Param("out_dtype", "dtype", None, optional=True),
+        Param("quantize", "str", None, optional=True)),
+    "softmax": (
+        Param("rows", "int", 256), Param("cols", "int", 256), *_COMMON,
+        Param("scale", "float", None, optional=True),
+        Param("causal", "bool", False),
+        Param("out_dtype", "dtype", None, optional=True)),
+}
+KERNEL_PARAMS = {**KERNEL_PARAMS, "rms_norm": KERNEL_PARAMS["layer_norm"]}
+
+
+def build_case(op: str, params: Mapping[str, Value], seed: int):
+  """The `pallas_kernels` case (random normal arrays, keyword options) of one
+  kernel point, built as the op's own `arg_specs` build theirs."""
+  from pallas_kernels._src import inputs
+  from pallas_kernels._src.spec import Case
+
+  p = dict(params)
+  grad = bool(p.pop("grad"))
+  tags = frozenset({"sweep"})
+  if op == "matmul":
+    from pallas_kernels._src.ops.matmul import arg_specs
+
+    batch = p.pop("batch")
+    d = arg_specs.CaseDef(**p, batch=() if batch is None else (batch,),
+                          tags=tags, grad=grad)
+    return arg_specs.build_case(d, seed)
+  rows, cols, dtype = p["rows"], p["cols"], p["dtype"]
+  name = f"{op} {inputs.describe('x', (rows, cols), dtype)}"
+  keys = inputs.Keys(seed, name)
+  args = [inputs.normal(keys.next(), (rows, cols), dtype)]
+  kwargs: dict[str, Any] = {}
+  if op in ("layer_norm", "rms_norm"):
+    args.append(inputs.normal(keys.next(), (cols,), dtype))
+    if op == "layer_norm":
+      args.append(inputs.normal(keys.next(), (cols,), dtype))
+    if p["residual"]:
+      args.append(inputs.normal(keys.next(), (rows, cols), dtype))
+    if p["quantize"]:
+      kwargs["quantize"] = p["quantize"]
+      grad = False  # Quantized outputs are not differentiable.
+  else:  # softmax
+    if p["scale"] is not None:
+      kwargs["scale"] = p["scale"]
+    if p["causal"]:
+      kwargs["causal"] = True
+  if p["out_dtype"]:
+    kwargs["out_dtype"] = p["out_dtype"]
+  return Case(name=name, args=tuple(args), kwargs=kwargs, tags=tags,
+              grad_argnums=tuple(range(len(args))) if grad else ())
+
+
+def kernel_case(spec, params: Mapping[str, Value], seed: int, concrete: bool):
+  """A kernel point's case and the op's cost model for it: (case, bytes the op
+  must move, flops). Unless `concrete`, the case holds `jax.ShapeDtypeStruct`s
+  for its arrays and no array is made."""
+  import jax
+
+  if concrete:
+    case = build_case(spec.name, params, seed)
+    return case, int(spec.bytes_moved(case)), int(spec.flops(case))
+  shell = {}
+
+  def arrays():
+    case = build_case(spec.name, params, seed)
+    # The cost models may compute with array options: run them on the tracers.
+    shell.update(case=case, cost=(int(spec.bytes_moved(case)), int(spec.flops(case))))
+    return case.args, {k: v for k, v in case.kwargs.items() if isinstance(v, jax.Array)}
+
+  args, array_kwargs = jax.eval_shape(arrays)
+  case = shell["case"]  # Only its Python fields are read: its arrays were tracers.
+  kwargs = {k: v for k, v in case.kwargs.items() if k not in array_kwargs}
+  case = dataclasses.replace(case, args=tuple(args), kwargs={**kwargs, **array_kwargs})
+  return (case, *shell["cost"])
+
+
+class KernelTarget(Target):
+  """A `pallas_kernels` op at one shape: the audit of its XLA implementation
+  (what XLA materializes without the kernel), the op's own cost model, and
+  optionally `validate` and `bench` rows for the point."""
+
+  @property
+  def params(self) -> tuple[Param, ...]:
+    return KERNEL_PARAMS[self.ref.text]
+
+  def run(self, params, measure, html_path=None):
+    import jax
+
+    from pallas_kernels._src import registry
+    from pallas_kernels._src.bench import bench
+    from pallas_kernels._src.validate import validate
+
+    spec = registry.get_spec(self.ref.text)
+    # An audit alone needs shapes only: no random inputs are made for it.
+    case, nbytes, flops = kernel_case(spec, params, measure.seed,
+                                      concrete=measure.validate or measure.time)
+    # One case, whatever tag `validate` and `bench` ask for.
+    single = dataclasses.replace(spec, cases=lambda tag, seed: iter((case,)))
+    # Array options (quantization scales) are inputs of the audited program,
+    # as in a real one, not constants folded into it.
+    array_keys = [k for k, v in case.kwargs.items() if hasattr(v, "shape")]
+    static = {k: v for k, v in case.kwargs.items() if k not in array_keys}
+    n = len(case.args)
+
+    def xla(*inputs):
+      return spec.fn(*inputs[:n], implementation="xla", **static,
+                     **dict(zip(array_keys, inputs[n:])))
+
+    abstract = [jax.ShapeDtypeStruct(a.shape, a.dtype)
+                for a in (*case.args, *(case.kwargs[k] for k in array_keys))]
+    out = compile_and_audit(jax.jit(xla), abstract, html_path)
+    out["kernel"] = {"case": case.name, "bytes_moved": nbytes, "flops": flops}
+    if measure.validate:
+      t0 = time.perf_counter()
+      v = validate(single, tags=("sweep",), seed=measure.seed,
+                   check_grads=bool(params["grad"]))
+      row = v.rows[0]
+      out["validation"] = {
+          "passed": row.passed, "kernel_err": row.kernel_err, "xla_err": row.xla_err,
+          "bound": row.bound, "grad_err": row.grad_err, "grad_bound": row.grad_bound,
+          "written": row.written, "nonfinite_ok": row.nonfinite_ok,
+          "repeat_exact": row.repeat_exact, "fallback": row.fallback,
+          "interpret": v.interpret}
+      out["seconds"]["validate"] = time.perf_counter() - t0
+    if measure.time:
+      t0 = time.perf_counter()
+      b = bench(single, tags=("sweep",), repeats=measure.repeats,
+                warmup=measure.warmup, seed=measure.seed)
+      row = b.rows[0]
+      out["timing"] = {
+          "kernel_ms": row.kernel_ms, "xla_ms": row.xla_ms, "speedup": row.speedup,
+          "kernel_gbps": row.kernel_gbps, "xla_gbps": row.xla_gbps,
+          "kernel_tflops": row.kernel_tflops, "fallback": row.fallback,
+          "interpret": b.interpret, "device": b.device,
+          "timings_meaningful": b.timings_meaningful}
+      out["seconds"]["time"] = time.perf_counter() - t0
+    return out

@@ -1,0 +1,162 @@
+"""The HTML report in a real browser: headless Chromium loads the page, which
+must render without console errors or network requests, draw its chart, and
+respond to its scripts. Skips when Chromium is not installed (Debian:
+`apt-get install -y chromium`)."""
+
+from __future__ import annotations
+
+import functools
+import io
+import linecache
+import re
+
+import pytest
+
+from headless_chromium import Chromium, find_chromium
+
+import hlo_audit
+from hlo_audit._src.examples.transformer import TransformerConfig, example
+from hlo_audit._src.report.units import fmt_bytes
+
+CHROMIUM = find_chromium()
+pytestmark = pytest.mark.skipif(
+    CHROMIUM is None, reason="chromium is not installed (apt-get install -y chromium)")
+Image = pytest.importorskip("PIL.Image", reason="Pillow (with matplotlib) reads screenshots")
+
+UNITS = {"B": 1, "KiB": 1024, "MiB": 1024 ** 2, "GiB": 1024 ** 3, "TiB": 1024 ** 4}
+
+
+@functools.cache
+def report():
+  cfg = TransformerConfig(batch=2, seq=32, d_model=64, heads=2, d_ff=128, vocab=128)
+  fn, args = example(cfg)
+  return hlo_audit.audit(fn, *args)
+
+
+@pytest.fixture(scope="module")
+def browser():
+  with Chromium(CHROMIUM, width=1280, height=900) as c:
+    yield c
+
+
+@pytest.fixture(scope="module")
+def page(browser, tmp_path_factory):
+  path = tmp_path_factory.mktemp("html") / "report.html"
+  report().to_html(str(path))
+  url = path.as_uri()
+  before = len(browser.events)
+  browser.load(url)
+  return browser, url, path, before
+
+
+def _bytes(text: str) -> float:
+  m = re.fullmatch(r"(-?[0-9.]+) (B|KiB|MiB|GiB|TiB)", text.strip())
+  assert m, text
+  return float(m.group(1)) * UNITS[m.group(2)]
+
+
+def _png(data: bytes):
+  return Image.open(io.BytesIO(data)).convert("RGB")
+
+
+def test_the_page_is_self_contained_and_loads_without_errors(page):
+  browser, url, path, before = page
+  text = path.read_text()
+  assert "<link" not in text and "src=" not in text
+  assert set(re.findall(r"https?://[^\s\"']+", text)) <= {"http://www.w3.org/2000/svg"}
+  assert browser.errors(since=before) == []
+  assert browser.requests(since=before) == [url]
+
+
+def test_every_section_renders_with_the_report_contents(page):
+  browser, *_ = page
+  r = report()
+  headings = browser.evaluate("Array.from(document.querySelectorAll('h2'), h => h.textContent)")
+  for h in ("Live bytes over the schedule", "Kernels and the buffers between them",
+            "Kernels by kind", "Intermediate tensors", "Findings"):
+    assert any(x.startswith(h) for x in headings), (h, headings)
+  tables = browser.evaluate("Array.from(document.querySelectorAll('table.sortable'), "
+                            "t => t.tBodies[0].rows.length)")
+  # Kinds, kernels, intermediates, findings.
+  assert tables == [len(r.kernels_by_kind()), min(200, len(r.kernels)),
+                    len(r.intermediates), len(r.findings)]
+  graph = browser.evaluate("""(function(){
+      var g = document.querySelector('svg[aria-label="kernel graph"]');
+      var b = g.getBoundingClientRect();
+      return [g.querySelectorAll('circle').length, g.querySelectorAll('path').length,
+              b.width, b.height]; })()""")
+  assert graph[0] == len(r.kernels) and graph[1] > len(r.kernels) / 2
+  assert graph[2] > 400 and graph[3] > 10 * len(r.kernels)
+  # Findings carry their source line's text.
+  first = next(f for f in r.actionable if f.source is not None)
+  code = linecache.getline(first.source.file, first.source.line).strip()
+  sources = browser.evaluate("Array.from(document.querySelectorAll('pre.src'), p => p.textContent)")
+  assert any(s.endswith(code) for s in sources) and code
+  peak = browser.evaluate("""Array.from(document.querySelectorAll('#timeline text'),
+                             t => t.textContent).filter(t => t.startsWith('peak'))[0]""")
+  assert peak == f"peak {fmt_bytes(max(r.timeline))} at step {r.timeline.index(max(r.timeline))}"
+
+
+def test_screenshot_is_not_blank_and_the_chart_has_drawn_pixels(page):
+  browser, *_ = page
+  shot = _png(browser.screenshot())
+  gray = shot.convert("L").histogram()
+  assert 1 - sum(gray[250:]) / (shot.width * shot.height) > 0.05
+  assert len(shot.getcolors(maxcolors=1 << 16) or range(1 << 16)) > 20
+  x, y, w, h = browser.evaluate("""(function(){
+      var b = document.getElementById('timeline').getBoundingClientRect();
+      return [b.left + window.scrollX, b.top + window.scrollY, b.width, b.height]; })()""")
+  assert w > 500 and h > 150
+  chart = _png(browser.screenshot(clip={"x": x, "y": y, "width": w, "height": h}))
+  px = [chart.getpixel((i, j)) for j in range(chart.height) for i in range(chart.width)]
+  blue = sum(1 for r, g, b in px if b > 150 and b - r > 20)    # the series and its fill
+  red = sum(1 for r, g, b in px if r > 150 and r - b > 80 and r - g > 80)  # the peak marker
+  ink = sum(1 for r, g, b in px if min(r, g, b) < 235)
+  assert blue / len(px) > 0.05 and red > 20 and ink / len(px) > 0.1
+
+
+def test_hovering_the_chart_names_a_step_and_headers_sort_tables(page):
+  browser, *_ = page
+  x, y, w, h = browser.evaluate("""(function(){
+      var b = document.getElementById('timeline').getBoundingClientRect();
+      return [b.left, b.top, b.width, b.height]; })()""")
+  browser.call("Input.dispatchMouseEvent", type="mouseMoved", x=x + w / 2, y=y + h / 2)
+  label = browser.evaluate("document.getElementById('timeline-label').textContent")
+  m = re.fullmatch(r"step (\d+): (.+) live", label)
+  assert m, label
+  step = int(m.group(1))
+  assert 0 < step < len(report().timeline) - 1
+  assert m.group(2) == fmt_bytes(report().timeline[step])
+
+  # The kernel table's "Read" column holds sizes like "4 B" and "1.50 MiB".
+  col = browser.evaluate("""(function(){
+      var t = document.querySelectorAll('table.sortable')[1];
+      var i = Array.from(t.tHead.rows[0].cells).findIndex(c => c.textContent === 'Read');
+      t.tHead.rows[0].cells[i].click();
+      return Array.from(t.tBodies[0].rows, r => r.cells[i].textContent); })()""")
+  values = [_bytes(v) for v in col]
+  assert values == sorted(values) and values[0] < values[-1]
+  assert browser.errors() == []
+
+
+def test_the_sweep_report_loads_with_its_plots(browser, tmp_path):
+  pytest.importorskip("matplotlib")
+  from hlo_audit._src.sweep import plots, report as sweep_report
+
+  records = [{"id": f"p{i}", "target": "t", "status": "ok", "params": {"n": n},
+              "seconds": {"compile": 0.5, "total": 0.6}, "error": None,
+              "audit": {"kernels": 3, "materialized_bytes": n * 64, "peak_bytes": n * 96,
+                        "xla_peak_bytes": n * 96, "peak_agreement": 0.0,
+                        "bytes_saved": n * 32, "findings": 1, "actionable": 1,
+                        "findings_by_class": {"unfused-epilogue": 1},
+                        "bytes_saved_by_class": {"unfused-epilogue": n * 32}}}
+             for i, n in enumerate((16, 32, 64, 128))]
+  pngs = plots.plot_sweep(records, str(tmp_path), ["n"], title="t")
+  page = tmp_path / "report.html"
+  page.write_text(sweep_report.render_html("t", records, ["n"], pngs, str(tmp_path)))
+  seen = len(browser.events)
+  browser.load(page.as_uri())
+  widths = browser.evaluate("Array.from(document.images, i => i.complete ? i.naturalWidth : 0)")
+  assert len(widths) == 2 and min(widths) > 300
+  assert browser.errors(since=seen) == []
+  assert all(u.startswith("file://") for u in browser.requests(since=seen))

@@ -1,0 +1,93 @@
+"""Sweep plots and the sweep report, from records made up to known values."""
+
+from __future__ import annotations
+
+import pytest
+
+from hlo_audit._src.sweep import plots
+from hlo_audit._src.sweep import report
+from hlo_audit._src.sweep.grid import GridError
+
+PIL = pytest.importorskip("PIL.Image")
+pytest.importorskip("matplotlib")
+
+
+def rec(i, seq, dtype, *, saved, status="ok", speedup=None):
+  r = {"id": f"p{i}", "target": "example", "status": status,
+       "params": {"batch": 1, "seq": seq, "dtype": dtype},
+       "seconds": {"compile": 1.0, "total": 1.5}, "error": None}
+  if status == "ok":
+    r["audit"] = {"kernels": 10 + i, "materialized_bytes": 2 * saved,
+                  "peak_bytes": 3 * saved, "xla_peak_bytes": 3 * saved + 64,
+                  "peak_agreement": -0.001, "bytes_saved": saved, "findings": 3,
+                  "actionable": 2, "findings_by_class": {"unfused-epilogue": 2,
+                                                         "layout-conflict": 1},
+                  "bytes_saved_by_class": {"unfused-epilogue": saved},
+                  "platform": "cpu"}
+  else:
+    r.update(error="ValueError: d_model=33 is not divisible by heads=2",
+             traceback="Traceback ...")
+  if speedup is not None:
+    r["timing"] = {"kernel_ms": 1.0, "xla_ms": speedup, "speedup": speedup,
+                   "interpret": True}
+  return r
+
+
+RECORDS = [rec(0, 16, "float32", saved=1024), rec(1, 32, "float32", saved=4096),
+           rec(2, 64, "float32", saved=16384), rec(3, 16, "bfloat16", saved=2048),
+           rec(4, 32, "bfloat16", saved=8192),
+           rec(5, 64, "bfloat16", saved=0, status="error")]
+NAMES = ["batch", "seq", "dtype"]
+
+
+def test_x_is_the_numeric_name_with_most_values_and_lines_the_others():
+  assert plots.varying(RECORDS, NAMES) == ["seq", "dtype"]
+  assert plots.choose_x(RECORDS, NAMES) == "seq"
+  assert plots.choose_x(RECORDS, NAMES, plot_x="dtype") == "dtype"
+  with pytest.raises(GridError, match="not a parameter"):
+    plots.choose_x(RECORDS, NAMES, plot_x="vocab")
+  data = plots.plot_data(RECORDS, NAMES)
+  # The failed point is not drawn.
+  assert data == {"dtype=float32": [(16, 1024), (32, 4096), (64, 16384)],
+                  "dtype=bfloat16": [(16, 2048), (32, 8192)]}
+  # A categorical x: positions in order of appearance.
+  assert plots.plot_data(RECORDS, NAMES, plot_x="dtype")["seq=16"] == [(0, 1024), (1, 2048)]
+
+
+def _ink(path) -> float:
+  """Fraction of pixels that are not (near) white."""
+  img = PIL.open(path).convert("L")
+  hist = img.histogram()
+  return 1 - sum(hist[245:]) / (img.width * img.height)
+
+
+def test_plots_are_pngs_with_something_drawn(tmp_path):
+  written = plots.plot_sweep(RECORDS, str(tmp_path), NAMES, title="example")
+  assert [p.rsplit("/", 1)[-1] for p in written] == ["bytes.png", "peak.png"]
+  for p in written:
+    assert PIL.open(p).format == "PNG" and _ink(p) > 0.02
+  timed = [rec(i, s, "float32", saved=100, speedup=1.0 + i) for i, s in enumerate((8, 16))]
+  written = plots.plot_sweep(timed, str(tmp_path), NAMES)
+  assert written[-1].endswith("speedup.png") and _ink(written[-1]) > 0.02
+  assert plots.plot_sweep([RECORDS[-1]], str(tmp_path / "none"), NAMES) == []
+
+
+def test_tick_bytes():
+  assert plots.tick_bytes(512) == "512 B"
+  assert plots.tick_bytes(1536) == "1.5 KiB"
+  assert plots.tick_bytes(3 * 1024 ** 3) == "3 GiB"
+
+
+def test_report_gathers_table_plots_classes_and_failures():
+  md = report.render_markdown("example", RECORDS, NAMES, ["/x/bytes.png", "/x/peak.png"],
+                              missing=2, command="python scripts/sweep.py --target=example")
+  assert "points: 6 recorded (5 ok, 1 failed); 2 of the grid not yet run" in md
+  assert "![bytes.png](bytes.png)" in md and "![peak.png](peak.png)" in md
+  assert "| p2 | 1 | 64 | float32 | ok | 12 | 32.00 KiB | 48.00 KiB |" in md
+  assert "| p5 | 1 | 64 | bfloat16 | FAILED |" in md
+  assert "| unfused-epilogue | 5 | 10 | 16.00 KiB |" in md
+  assert "- `p5` batch=1 seq=64 dtype=bfloat16: ValueError: d_model=33" in md
+  page = report.render_html("example", RECORDS, NAMES, ["/x/bytes.png"])
+  assert '<img class="plot" src="bytes.png"' in page
+  assert 'data-v="16384"' in page and "Failed points (1)" in page
+  assert "<script>" in page and "http" not in page.replace("http-equiv", "")

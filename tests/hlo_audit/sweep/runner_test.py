@@ -1,0 +1,127 @@
+"""Running sweeps: planning, in-process and worker runs, failures, shards."""
+
+from __future__ import annotations
+
+import csv
+import os
+
+import pytest
+
+from hlo_audit._src.sweep.grid import GridError
+from hlo_audit._src.sweep.runner import (PlannedPoint, SweepOptions, Task, WorkerPool, plan,
+                                         point_line, run_sweep)
+from hlo_audit._src.sweep.store import read_jsonl
+from hlo_audit._src.sweep.targets import Measure, TargetRef
+
+MODEL = """\
+import os, signal, time
+import jax.numpy as jnp
+
+def f(x, w, mode="ok"):
+  if mode == "raise":
+    raise RuntimeError("boom")
+  if mode == "segv":
+    os.kill(os.getpid(), signal.SIGSEGV)
+  if mode == "hang":
+    time.sleep(120)
+  return jnp.tanh(x @ w + 1.0)
+"""
+
+ARGS = "x=f32[{b},{d}];w=f32[{d},{2*d}]"
+
+
+@pytest.fixture
+def model(tmp_path) -> str:
+  (tmp_path / "model.py").write_text(MODEL)
+  return f"{tmp_path / 'model.py'}:f"
+
+
+def options(model, out, grid, **kw) -> SweepOptions:
+  return SweepOptions(target=model, out=str(out), grid=grid, args=ARGS, jobs=0, **kw)
+
+
+def test_in_process_sweep_records_every_point_and_a_rerun_skips_them(model, tmp_path):
+  out = tmp_path / "out"
+  # b=8 twice: 2 of the 6 grid points are duplicates.
+  opts = options(model, out, "b=8,16,8;d=64;mode=ok,raise")
+  result = run_sweep(opts)
+  assert (result.total, result.ran, result.failed, result.duplicates) == (4, 4, 2, 2)
+  records, damaged = read_jsonl(str(out / "results.jsonl"))
+  assert not damaged and len(records) == 4
+  ok = [r for r in records if r["status"] == "ok"]
+  bad = [r for r in records if r["status"] == "error"]
+  assert {r["params"]["b"] for r in ok} == {8, 16}
+  assert all(r["error"].startswith("CaptureError") and "boom" in r["error"] for r in bad)
+  assert "RuntimeError" in bad[0]["traceback"]
+  a = ok[0]["audit"]
+  # tanh(x @ w + 1): the add and tanh are an epilogue XLA leaves unfused on CPU.
+  assert a["findings_by_class"] == {"unfused-epilogue": 1}
+  # The [b, 128] f32 product, written once and read once more.
+  assert a["bytes_saved"] == 2 * ok[0]["params"]["b"] * 128 * 4
+  assert a["bytes_saved_by_class"] == {"unfused-epilogue": a["bytes_saved"]}
+  assert a["peak_bytes"] == a["xla_peak_bytes"]
+  assert ok[0]["params"]["args"] == f"f32[{ok[0]['params']['b']},64];f32[64,128]"
+  with open(out / "results.csv", newline="") as f:
+    rows = list(csv.DictReader(f))
+  assert [r["id"] for r in rows] == [r["id"] for r in records]
+  assert {os.path.basename(p) for p in result.files} == {
+      "bytes.png", "peak.png", "report.md", "report.html"}
+
+  again = run_sweep(opts)
+  assert (again.ran, again.skipped) == (0, 4)
+  retried = run_sweep(options(model, out, "b=8,16;d=64;mode=ok,raise", retry_failed=True))
+  assert (retried.ran, retried.skipped, retried.failed) == (2, 2, 2)
+  assert len(read_jsonl(str(out / "results.jsonl"))[0]) == 4
+
+
+def test_shards_split_the_grid_and_the_report_merges_them(model, tmp_path):
+  out = tmp_path / "out"
+  grid = "b=1,2,3,4,5;d=8"
+  runs = [run_sweep(options(model, out, grid, num_shards=2, shard_index=i, report=False))
+          for i in range(2)]
+  assert [r.total for r in runs] == [3, 2]
+  ids = [[r["id"] for r in read_jsonl(str(out / f"results-00{i}-of-002.jsonl"))[0]]
+         for i in range(2)]
+  assert not set(ids[0]) & set(ids[1]) and len(ids[0] + ids[1]) == 5
+  result = run_sweep(options(model, out, grid, report_only=True))
+  assert result.ran == 0
+  md = (out / "report.md").read_text()
+  assert "points: 5 recorded (5 ok, 0 failed)" in md
+  assert all(f"| {i} |" in md for i in ids[0] + ids[1])
+
+
+def test_plan_merges_identical_points_and_checks_up_front(model, tmp_path):
+  p = plan(SweepOptions(target="example", out=str(tmp_path),
+                        grid="dtype=f32,float32,bf16;batch=1"))
+  assert len(p.points) == 2 and p.duplicates == 1
+  assert [pt.params["dtype"] for pt in p.points] == ["float32", "bfloat16"]
+  with pytest.raises(GridError, match="apply to kernel targets"):
+    plan(SweepOptions(target="example", out=str(tmp_path),
+                      measure=Measure(validate=True)))
+  with pytest.raises(GridError, match="--plot_x 'seq' is not a parameter"):
+    plan(options(model, tmp_path, "b=1;d=8", plot_x="seq"))
+  # Measuring more makes a different point (a rerun with --time is not skipped).
+  timed = plan(SweepOptions(target="softmax", out=str(tmp_path), grid="rows=8",
+                            measure=Measure(time=True)))
+  plain = plan(SweepOptions(target="softmax", out=str(tmp_path), grid="rows=8"))
+  assert timed.points[0].id != plain.points[0].id
+
+
+def test_workers_survive_crashes_and_hangs(model, tmp_path):
+  ref = TargetRef(model, ARGS)
+  tasks = []
+  for i, mode in enumerate(("ok", "segv", "hang", "raise", "ok")):
+    params = {"b": 2 + i, "d": 8, "mode": mode, "args": f"f32[{2 + i},8];f32[8,16]"}
+    tasks.append(Task(target=ref, point=PlannedPoint(id=f"p{i}", index=i, values=params,
+                                                     params=params),
+                      measure=Measure()))
+  records = []
+  WorkerPool(2, point_timeout=4).run(tasks, records.append)
+  by_id = {r["id"]: r for r in records}
+  assert sorted(by_id) == ["p0", "p1", "p2", "p3", "p4"]
+  assert by_id["p0"]["status"] == by_id["p4"]["status"] == "ok"
+  assert "killed by SIGSEGV" in by_id["p1"]["error"]
+  assert "timed out after 4 s" in by_id["p2"]["error"]
+  assert "boom" in by_id["p3"]["error"]
+  assert by_id["p0"]["pid"] != os.getpid()
+  assert point_line(by_id["p1"], ["b", "mode"]).startswith("FAIL b=3 mode=segv")

@@ -1,0 +1,109 @@
+"""Sweep results on disk: append, resume, repair, merge, lock."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import pytest
+
+from hlo_audit._src.sweep.store import (ResultStore, StoreError, csv_header, load_records,
+                                        merge, read_jsonl, shard_stem)
+
+
+def rec(i: int, status: str = "ok", at: str = "2026-01-01T00:00:00") -> dict:
+  audit = {"kernels": i, "peak_bytes": 100 * i, "bytes_saved": 10 * i,
+           "findings_by_class": {"unfused-epilogue": 1}} if status == "ok" else None
+  return {"id": f"p{i}", "status": status, "params": {"batch": i, "dtype": "float32"},
+          "audit": audit, "error": None if status == "ok" else "ValueError: bad",
+          "seconds": {"total": 0.5}, "finished_at": at}
+
+
+def csv_rows(path) -> list[dict]:
+  with open(path, newline="") as f:
+    return list(csv.DictReader(f))
+
+
+def test_append_then_reopen_knows_what_is_done(tmp_path):
+  with ResultStore(str(tmp_path), ["batch", "dtype"]) as s:
+    assert s.state.done == frozenset()
+    s.append(rec(1))
+    s.append(rec(2, "error"))
+  with ResultStore(str(tmp_path), ["batch", "dtype"]) as s:
+    assert s.state.done == {"p1", "p2"}
+  rows = csv_rows(tmp_path / "results.csv")
+  assert [r["id"] for r in rows] == ["p1", "p2"]
+  assert rows[0]["batch"] == "1" and rows[0]["peak_bytes"] == "100"
+  assert rows[0]["findings_unfused_epilogue"] == "1"
+  assert rows[0]["findings_standalone_copy"] == "0"  # Audited: zero, not blank.
+  assert rows[1]["status"] == "error" and rows[1]["error"] == "ValueError: bad"
+  assert rows[1]["peak_bytes"] == ""
+
+
+def test_a_torn_last_line_is_dropped_and_the_csv_rebuilt(tmp_path):
+  with ResultStore(str(tmp_path), ["batch"]) as s:
+    for i in range(3):
+      s.append(rec(i))
+  jsonl = tmp_path / "results.jsonl"
+  # A kill in the middle of writing point 3, and the CSV row of point 2 lost.
+  jsonl.write_text(jsonl.read_text() + json.dumps(rec(3))[:40])
+  lines = (tmp_path / "results.csv").read_text().splitlines()
+  (tmp_path / "results.csv").write_text("\n".join(lines[:-1]) + "\n")
+  with ResultStore(str(tmp_path), ["batch"]) as s:
+    assert s.state.repaired and s.state.done == {"p0", "p1", "p2"}
+    s.append(rec(3))
+  records, damaged = read_jsonl(str(jsonl))
+  assert not damaged and [r["id"] for r in records] == ["p0", "p1", "p2", "p3"]
+  assert [r["id"] for r in csv_rows(tmp_path / "results.csv")] == ["p0", "p1", "p2", "p3"]
+
+
+def test_retry_failed_drops_failed_records_so_none_is_doubled(tmp_path):
+  with ResultStore(str(tmp_path), ["batch"]) as s:
+    s.append(rec(1))
+    s.append(rec(2, "error"))
+  with ResultStore(str(tmp_path), ["batch"], retry_failed=True) as s:
+    assert s.state.done == {"p1"} and s.state.retried == 1
+    s.append(rec(2, "ok", at="2026-01-02T00:00:00"))
+  records, _ = read_jsonl(str(tmp_path / "results.jsonl"))
+  assert [(r["id"], r["status"]) for r in records] == [("p1", "ok"), ("p2", "ok")]
+
+
+def test_merge_prefers_a_finished_point_then_the_later_one():
+  merged = merge([rec(1, "ok", "2026-01-01"), rec(1, "error", "2026-01-03"),
+                  rec(2, "error", "2026-01-01"), rec(2, "error", "2026-01-02")])
+  assert [(r["id"], r["status"], r["finished_at"]) for r in merged] == [
+      ("p1", "ok", "2026-01-01"), ("p2", "error", "2026-01-02")]
+
+
+def test_shards_write_their_own_files_and_readers_merge_them(tmp_path):
+  for index in range(2):
+    with ResultStore(str(tmp_path), ["batch"], num_shards=2, shard_index=index) as s:
+      s.append(rec(index))
+  assert shard_stem(2, 1) == "results-001-of-002"
+  assert (tmp_path / "results-001-of-002.jsonl").exists()
+  assert sorted(r["id"] for r in load_records(str(tmp_path))) == ["p0", "p1"]
+  # A shard skips points any shard already finished.
+  with ResultStore(str(tmp_path), ["batch"], num_shards=2, shard_index=0) as s:
+    assert s.state.done == {"p0", "p1"}
+
+
+def test_a_second_sweep_on_the_same_shard_is_refused(tmp_path):
+  with ResultStore(str(tmp_path), ["batch"]):
+    with pytest.raises(StoreError, match="another sweep is writing"):
+      ResultStore(str(tmp_path), ["batch"]).open()
+
+
+def test_new_parameter_columns_are_kept_from_older_records(tmp_path):
+  with ResultStore(str(tmp_path), ["batch", "dtype"]) as s:
+    s.append(rec(1))
+  with ResultStore(str(tmp_path), ["seq"]) as s:
+    assert s.param_names == ["seq", "batch", "dtype"]
+  header = (tmp_path / "results.csv").read_text().splitlines()[0].split(",")
+  assert header == csv_header(["seq", "batch", "dtype"])
+
+
+def test_unwritable_out_folder(tmp_path):
+  blocker = tmp_path / "file"
+  blocker.write_text("")
+  with pytest.raises(StoreError, match="cannot write"):
+    ResultStore(str(blocker / "out"), []).open()

@@ -1,0 +1,106 @@
+"""scripts/sweep.py end to end: a 20-point sweep of the example killed and
+resumed, and usage errors."""
+
+from __future__ import annotations
+
+import csv
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from hlo_audit._src.sweep.runner import SweepOptions, plan
+from hlo_audit._src.sweep.store import read_jsonl
+
+SCRIPT = str(pathlib.Path(__file__).resolve().parents[3] / "scripts" / "sweep.py")
+
+#: 20 points of the forward pass at small sizes (about 1 s each on a CPU).
+GRID20 = ("batch=1,2;seq=8,16,32,64,128;dtype=float32,bfloat16;"
+          "d_model=32;heads=2;d_ff=64;vocab=64;backward=false")
+
+
+def _alive(pid: int) -> bool:
+  try:
+    with open(f"/proc/{pid}/status") as f:
+      return "\nState:\tZ" not in f.read()  # A zombie has exited.
+  except FileNotFoundError:
+    return False
+
+
+def _wait_for_lines(path: pathlib.Path, n: int, proc, timeout: float = 180) -> None:
+  deadline = time.monotonic() + timeout
+  while time.monotonic() < deadline:
+    if path.exists() and path.read_bytes().count(b"\n") >= n:
+      return
+    if proc.poll() is not None:
+      pytest.fail(f"the sweep exited early with code {proc.returncode}")
+    time.sleep(0.1)
+  pytest.fail(f"fewer than {n} points in {timeout} s")
+
+
+@pytest.mark.slow
+def test_a_killed_sweep_resumes_with_no_point_lost_or_doubled(tmp_path):
+  out = tmp_path / "out"
+  cmd = [sys.executable, SCRIPT, "--target=example", f"--out={out}", f"--grid={GRID20}",
+         "--noprogress"]
+  with open(tmp_path / "first.log", "w") as log:
+    first = subprocess.Popen(cmd + ["--jobs=1"], stdout=log, stderr=log)
+    _wait_for_lines(out / "results.jsonl", 4, first)
+    first.send_signal(signal.SIGKILL)
+    first.wait()
+  before, _ = read_jsonl(str(out / "results.jsonl"))
+  assert 4 <= len(before) < 20, "the kill came too late to test a resume"
+  lines_before = (out / "results.jsonl").read_bytes().split(b"\n")[:len(before)]
+  # The workers die with the sweep, not compile on as orphans.
+  workers = {r["pid"] for r in before}
+  deadline = time.monotonic() + 10
+  while any(_alive(p) for p in workers) and time.monotonic() < deadline:
+    time.sleep(0.1)
+  assert not any(_alive(p) for p in workers)
+
+  t0 = time.monotonic()
+  again = subprocess.run(cmd + ["--jobs=0"], capture_output=True, text=True, timeout=300)
+  resume_s = time.monotonic() - t0
+  assert again.returncode == 0, again.stderr[-2000:]
+  assert f"{20 - len(before)} points run (0 failed), {len(before)} already done" in again.stdout
+
+  expected = {p.id for p in plan(SweepOptions(target="example", out=str(out),
+                                              grid=GRID20)).points}
+  records, damaged = read_jsonl(str(out / "results.jsonl"))
+  ids = [r["id"] for r in records]
+  assert not damaged and len(ids) == 20 and set(ids) == expected
+  assert all(r["status"] == "ok" for r in records)
+  # The points finished before the kill are kept as they were, not redone.
+  assert (out / "results.jsonl").read_bytes().split(b"\n")[:len(before)] == lines_before
+  with open(out / "results.csv", newline="") as f:
+    rows = list(csv.DictReader(f))
+  assert [r["id"] for r in rows] == ids
+  assert {(r["batch"], r["seq"], r["dtype"]) for r in rows} == {
+      (b, s, d) for b in ("1", "2") for s in ("8", "16", "32", "64", "128")
+      for d in ("float32", "bfloat16")}
+  for name in ("bytes.png", "peak.png", "report.md", "report.html"):
+    assert (out / name).stat().st_size > 0
+  assert "points: 20 recorded (20 ok, 0 failed)" in (out / "report.md").read_text()
+  assert resume_s < 120
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--target=example", "--grid=bacth=1"],
+     "grid name 'bacth' is not a parameter of target 'example'"),
+    (["--target=example", "--jobs=x"], "--jobs"),
+    (["--grid=batch=1"], "--target"),
+    (["--target=matmul", "--grid=m=8", "--point_timeout=5", "--jobs=0"],
+     "--point_timeout needs worker processes"),
+])
+def test_usage_errors_are_one_line_and_exit_2(tmp_path, flags, message):
+  r = subprocess.run([sys.executable, SCRIPT, f"--out={tmp_path / 'out'}", *flags],
+                     capture_output=True, text=True, timeout=120)
+  assert r.returncode == 2
+  lines = r.stderr.strip().splitlines()
+  assert len(lines) == 1 and lines[0].startswith("sweep.py: error: ")
+  assert message in lines[0] and "Traceback" not in r.stderr
+  assert not os.path.exists(tmp_path / "out" / "results.jsonl")

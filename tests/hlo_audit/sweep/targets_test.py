@@ -1,0 +1,156 @@
+"""Sweep targets: parameters, canonical values, argument templates, kernel cases."""
+
+from __future__ import annotations
+
+import jax
+import pytest
+
+from hlo_audit._src.sweep.grid import GridError
+from hlo_audit._src.sweep.targets import (KERNEL_NAMES, Measure, TargetRef, build_case,
+                                          kernel_case, make_target, render_args,
+                                          template_names)
+from pallas_kernels._src import registry
+
+
+def test_example_exposes_its_sizes_and_fills_defaults():
+  t = make_target(TargetRef("example"))
+  names = [p.name for p in t.params]
+  assert names == ["batch", "seq", "d_model", "heads", "d_ff", "layers", "vocab",
+                   "dtype", "backward"]
+  params = t.resolve({"batch": 2, "dtype": "bf16", "backward": False})
+  assert params["batch"] == 2 and params["dtype"] == "bfloat16"
+  assert params["seq"] == 128 and params["backward"] is False
+
+
+def test_spellings_of_one_dtype_are_one_point():
+  t = make_target(TargetRef("example"))
+  assert t.resolve({"dtype": "f32"}) == t.resolve({"dtype": "float32"}) == t.resolve({})
+
+
+@pytest.mark.parametrize("values, message", [
+    ({"bacth": 2}, "grid name 'bacth' is not a parameter of target 'example'; known: batch"),
+    ({"batch": "two"}, "batch='two'.*expected an integer"),
+    ({"batch": 1.5}, "expected an integer"),
+    ({"batch": True}, "expected an integer"),
+    ({"dtype": "float33"}, "'float33' is not a dtype"),
+    ({"backward": 3}, "expected true or false"),
+    ({"seq": None}, "seq cannot be none"),
+])
+def test_example_rejects_bad_grid_values(values, message):
+  with pytest.raises(GridError, match=message):
+    make_target(TargetRef("example")).resolve(values)
+
+
+def test_unknown_target_and_misplaced_args():
+  with pytest.raises(GridError, match="expected 'example', MODULE:FUNCTION, or a kernel"):
+    make_target(TargetRef("exampel"))
+  with pytest.raises(GridError, match="--args applies to MODULE:FUNCTION"):
+    make_target(TargetRef("example", args="f32[1]"))
+  with pytest.raises(GridError, match="needs --args"):
+    make_target(TargetRef("m.py:f"))
+
+
+def test_render_args_substitutes_names_expressions_and_dtypes():
+  t = "x=f32[{b},{d}]; w={dtype}[{d}, {4*d}] ;s32[];bias={dtype}[{(d+1)//2}]"
+  assert template_names(t) == ("b", "d", "dtype")
+  assert render_args(t, {"b": 8, "d": 16, "dtype": "bfloat16"}) == (
+      "f32[8,16]", "bf16[16,64]", "s32[]", "bf16[8]")
+  assert render_args(t, {"b": 1, "d": 2, "dtype": "f16"})[1] == "f16[2,8]"
+
+
+@pytest.mark.parametrize("template, values, message", [
+    ("x=f32[{b}]", {}, "uses 'b', which the grid does not set"),
+    ("x=f33[{b}]", {"b": 1}, "unknown element type 'f33'"),
+    ("x=f32[{b}", {"b": 1}, "expected an HLO shape like f32"),
+    ("x=f32({b})", {"b": 1}, "unknown element type 'f32\\(1\\)'"),
+    ("x=f32[{b*dt}]", {"b": 1, "dt": "f32"}, "arithmetic on non-integers"),
+    ("x=f32[{b**2}]", {"b": 1}, r"\+ - \* // and parentheses"),
+    ("x=f32[{b-4}]", {"b": 1}, "'f32\\[-3\\]': expected an HLO shape"),
+    ("1x=f32[{b}]", {"b": 1}, "is not a label"),
+    (" ; ", {}, "no arguments"),
+])
+def test_render_args_errors(template, values, message):
+  with pytest.raises(GridError, match=message):
+    render_args(template, values)
+
+
+def _module(tmp_path, body: str) -> str:
+  (tmp_path / "model.py").write_text(body)
+  return str(tmp_path / "model.py")
+
+
+def test_function_target_ids_follow_shapes_and_keywords(tmp_path):
+  path = _module(tmp_path, "import jax.numpy as jnp\n"
+                           "def f(x, w, act='tanh'):\n"
+                           "  return getattr(jnp, act)(x @ w)\n")
+  t = make_target(TargetRef(f"{path}:f", args="x=f32[{b},{d}];w=f32[{d},{d}]"))
+  p = t.resolve({"b": 4, "d": 8, "act": "sin"})
+  assert p["args"] == "f32[4,8];f32[8,8]"
+  # Grid names that only size arguments do not enter the identity; keywords do.
+  assert t.identity(p) == {"target": f"{path}:f", "args": "f32[4,8];f32[8,8]",
+                           "kwargs": {"act": "sin"}}
+  out = t.run(p, Measure())
+  assert out["audit"]["kernels"] >= 1 and out["audit"]["platform"] == "cpu"
+  other = t.run(t.resolve({"b": 4, "d": 8, "act": "tanh"}), Measure())
+  assert other["hlo_fingerprint"] != out["hlo_fingerprint"]
+
+
+def test_function_target_rejects_keywords_the_function_lacks(tmp_path):
+  path = _module(tmp_path, "def f(x):\n  return x\n")
+  t = make_target(TargetRef(f"{path}:f", args="f32[{b}]"))
+  with pytest.raises(GridError, match="'c' is not used by --args and is not a parameter"):
+    t.resolve({"b": 1, "c": 2})
+  with pytest.raises(GridError, match="uses b, which the grid does not set"):
+    t.resolve({})
+
+
+def test_function_target_reports_import_errors(tmp_path):
+  t = make_target(TargetRef(f"{tmp_path}/nope.py:f", args="f32[1]"))
+  with pytest.raises(GridError, match="no file"):
+    t.resolve({"k": 1})
+
+
+@pytest.mark.parametrize("op", KERNEL_NAMES)
+def test_kernel_cases_have_the_grid_shapes(op):
+  t = make_target(TargetRef(op))
+  if op == "matmul":
+    p = t.resolve({"m": 8, "k": 16, "n": 24, "dtype": "bf16", "bias": True,
+                   "activation": "gelu"})
+    case = build_case(op, p, seed=0)
+    assert [a.shape for a in case.args] == [(8, 16), (16, 24), (24,)]
+    assert case.kwargs["activation"] == "gelu" and case.args[0].dtype.name == "bfloat16"
+  else:
+    p = t.resolve({"rows": 6, "cols": 40, "grad": True,
+                   **({"residual": True} if op != "softmax" else {"causal": True})})
+    case = build_case(op, p, seed=0)
+    assert case.args[0].shape == (6, 40)
+    assert case.grad_argnums == tuple(range(len(case.args)))
+    expected = {"layer_norm": 4, "rms_norm": 3, "softmax": 1}[op]
+    assert len(case.args) == expected
+
+
+def test_kernel_point_audits_xla_and_validates_and_times_the_kernel():
+  t = make_target(TargetRef("layer_norm"))
+  out = t.run(t.resolve({"rows": 8, "cols": 128}),
+              Measure(validate=True, time=True, repeats=2, warmup=1))
+  assert out["audit"]["findings"] >= 0 and out["audit"]["peak_bytes"] > 0
+  assert out["kernel"]["bytes_moved"] == 8 * 128 * 4 * 2 + 2 * 128 * 4
+  assert out["validation"]["passed"] is True
+  assert out["timing"]["speedup"] > 0 and out["timing"]["interpret"] is True
+  assert set(out["seconds"]) == {"compile", "analysis", "validate", "time"}
+
+
+def test_an_audit_alone_makes_no_kernel_inputs():
+  t = make_target(TargetRef("matmul"))
+  p = t.resolve({"m": 4096, "k": 4096, "n": 4096, "dtype": "bf16", "w_dtype": "int8",
+                 "w_scale": "channel", "bias": True})
+  case, nbytes, flops = kernel_case(registry.get_spec("matmul"), p, 0, concrete=False)
+  assert all(not isinstance(a, jax.Array) for a in case.args)
+  assert [a.shape for a in case.args] == [(4096, 4096), (4096, 4096), (4096,)]
+  assert case.kwargs["w_scale"].shape == (4096,)
+  # x, w, bias and the scales in; the bf16 product out.
+  assert nbytes == 4096 * 4096 * (2 + 1 + 2) + 4096 * (2 + 4)
+  assert flops == 2 * 4096 ** 3
+  out = t.run(p, Measure())
+  assert out["kernel"]["bytes_moved"] == nbytes
+  assert "validation" not in out and "timing" not in out
