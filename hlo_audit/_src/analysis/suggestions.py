@@ -12,6 +12,8 @@ import without JAX; without them the verdict says so.
 from __future__ import annotations
 
 import dataclasses
+import functools
+from collections.abc import Callable
 
 from hlo_audit._src.analysis.records import FindingKind, FusionDecisionRecord
 from hlo_audit._src.hlo import dtypes
@@ -49,11 +51,12 @@ def add_suggestions(findings: tuple[FusionDecisionRecord, ...],
   """`findings` with `suggestion` and `guard_verdict` filled where a
   `pallas_kernels` op closes the finding."""
   out = []
+  eps = functools.cache(lambda: _eps(module))  # one scan of the module, if any
   for f in findings:
     call = None
     if f.kind in _CLASSES and f.kernel:
       try:
-        call = _suggest(f, module)
+        call = _suggest(f, module, eps)
       except (KeyError, IndexError, ValueError):
         call = None  # An anchor this module does not let us read.
     if call is None:
@@ -129,7 +132,8 @@ def _dot_call(module: HloModule, f: FusionDecisionRecord, anchor_name: str,
   return arrays, options, result_dims
 
 
-def _suggest(f: FusionDecisionRecord, module: HloModule) -> _Call | None:
+def _suggest(f: FusionDecisionRecord, module: HloModule,
+             module_eps: Callable[[], float | None] | None = None) -> _Call | None:
   op = f.kernel.rsplit(".", 1)[-1]
   bdt, bdims = _parse_shape(f.boundary_shape)
   if op == "matmul" and f.kind is FindingKind.UNFUSED_EPILOGUE:
@@ -186,17 +190,16 @@ def _suggest(f: FusionDecisionRecord, module: HloModule) -> _Call | None:
       arrays.append(("gamma", bdt, (n,), True))
       if op == "layer_norm":
         arrays.append(("beta", bdt, (n,), True))
-      eps = _eps(module, f) or 1e-6
+      eps = (module_eps() if module_eps else _eps(module)) or 1e-6
       options.append(("eps", repr(eps), eps))
     return _Call(op, tuple(arrays), tuple(options), f.boundary_shape)
   return None
 
 
-def _eps(module: HloModule, f: FusionDecisionRecord) -> float | None:
+def _eps(module: HloModule) -> float | None:
   """The epsilon of the module's norms: the constant added before an rsqrt,
   when the module has exactly one such value (XLA puts the rsqrt in another
   fusion than the reduction, so the module is searched)."""
-  del f
   found = set()
   for comp in module.computations:
     for i in comp.instructions:

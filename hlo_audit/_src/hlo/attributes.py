@@ -41,7 +41,9 @@ def _finish(lx: Lexer, end: int) -> None:
     lx.error(f"unexpected {grammar.describe(lx.tok)} after the value")
 
 
-_STR = r'"(?:[^"\\\n]|\\.)*+"'
+# Unrolled ("normal* (special normal*)*"): a third faster than an
+# alternation per character on dumps, where strings are most of the text.
+_STR = r'"[^"\\\n]*+(?:\\.[^"\\\n]*+)*+"'
 _NAME = r"[A-Za-z_][A-Za-z0-9_.\-]*"
 
 

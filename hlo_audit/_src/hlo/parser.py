@@ -19,6 +19,7 @@ instruction and computation names match what XLA itself reports.
 from __future__ import annotations
 
 import dataclasses
+import gc
 import logging
 import os
 import re
@@ -97,6 +98,13 @@ _FAST_LITERAL = re.compile(
     r"\.\.\.|[{},]))*+[ \t]*")
 _NOT_BRACE = re.compile(r"[^{}]+")
 _PERCENT_NAMES = re.compile(r"%(" + _NAME + r")")
+#: `, calls=%c` and the like: a single computation named the way XLA prints
+#: it (capturing the name, without its '%').
+_SIMPLE_CALL = re.compile(r",[ \t]*(?:calls|to_apply|condition|body)=%(" + _NAME +
+                          r")(?=[ \t]*(?:,|$))")
+#: A computation's closing '}' that no attribute (nor a comment that might
+#: hide one) follows.
+_COMP_END = re.compile(r"\}[ \t]*\r?(?:\n|\Z)(?![ \t\r\n]*+[,/])")
 _EMPTY_ATTRS = types.MappingProxyType({})
 
 
@@ -558,9 +566,10 @@ class _Parser:
     text = self.text
     match = _FAST_LINE.match if self.fast else None
     self.scopes += 1
+    common = self.common_instructions if match is not None else None
     while True:
-      if match is not None:
-        m = match(text, pos)
+      if common is not None:
+        pos, m = common(comp, pos)
         if m is not None and self.fast_instruction(comp, m):
           pos = m.end()
           continue
@@ -580,6 +589,11 @@ class _Parser:
       self.parse_instruction(comp)
       pos = lx.tok.start
     self.scopes -= 1
+    end = _COMP_END.match(text, pos) if match is not None else None
+    if end is not None:  # no attributes follow
+      self.finish_computation(comp)
+      self.done.append(comp)
+      return end.end()
     lx = self.lexer_at(pos)
     lx.lex()  # the '}'
     attrs = self.parse_attributes(lx)
@@ -619,6 +633,97 @@ class _Parser:
       comp.root_name = comp.insts[-1].name
 
   # ------------------------------------------------------------ fast path --
+
+  def common_instructions(self, comp: _Comp,
+                          pos: int) -> tuple[int, re.Match | None]:
+    """Instructions from `pos` in the forms nearly every line of a dump
+    takes, until the first that is not; returns its offset and
+    `_FAST_LINE`'s match there, if any.
+
+    The forms: `%name = shape op(%a, %b), attrs` with a known shape, operands
+    defined, no repeated attribute, and computations referenced only as
+    `calls=%c` (or to_apply, condition, body); `parameter(N)`. The rest goes
+    through `fast_instruction`, which accepts the same and more: this loop
+    saves per-line overhead, the largest cost of parsing a dump after the
+    regular expression itself.
+    """
+    text = self.text
+    match = _FAST_LINE.match
+    names = comp.names
+    insts = comp.insts
+    shapes = self.shapes.get
+    resolve = _RESOLVE.get
+    attr_keys = _ATTR_KEY.findall
+    percent_names = _PERCENT_NAMES.findall
+    contains = names.__contains__
+    pending = self.pending_names.append
+    refs = self.refs
+    arity_of = _ARITY.get
+    ctx = self.ctx
+    new = _new
+    while True:
+      m = match(text, pos)
+      if m is None:
+        return pos, None
+      root_kw, pct, name, shape_text, word, ops, run = m.groups()
+      resolved = resolve(word)
+      shape = shapes(shape_text)
+      if (not pct or name in names or resolved is None or shape is None or
+          name[:2] == "__" or (root_kw and comp.root_name is not None)):
+        return pos, m
+      opcode, wrapped = resolved
+      param = None
+      if wrapped is not None or opcode == "constant":
+        return pos, m
+      if opcode == "parameter":
+        if not (ops.isdigit() and ops.isascii() and len(ops) <= 18):
+          return pos, m
+        param = int(ops)
+        operands = ()
+      elif ops:
+        out = percent_names(ops)
+        if not out or ops != "%" + ", %".join(out) or not all(map(contains, out)):
+          return pos, m
+        operands = tuple(out)
+      else:
+        operands = ()
+      arity = arity_of(opcode)
+      if arity is not None and arity != len(operands):
+        return pos, m
+      if run:
+        keys = attr_keys(run)
+        if len(keys) > 1 and len(set(keys)) != len(keys):
+          return pos, m
+        if not _STRUCTURAL_SET.isdisjoint(keys):
+          base = m.start(7)
+          calls = [(c.group(1), base + c.start(1) - 1)
+                   for c in _SIMPLE_CALL.finditer(run)]
+          if len(calls) != sum(map(_STRUCTURAL_SET.__contains__, keys)):
+            return pos, m
+          refs += calls
+      else:
+        run = _EMPTY_ATTRS
+      if root_kw:
+        comp.root_name = name
+      pending(name)
+      # _make_instruction, inlined: a call per line is measurable here.
+      inst = new(_MutableInstruction)
+      inst.name = name
+      inst.opcode = opcode
+      inst.shape = shape
+      inst.operands = operands
+      inst.attribute_source = run
+      inst.control_predecessors = ()
+      inst.literal = None
+      inst.parameter_number = param
+      inst.async_wrapped_opcode = None
+      inst.offset = m.start(2)
+      inst._ctx = ctx
+      inst._cache = None
+      inst.__class__ = Instruction
+      insts.append(inst)
+      names[name] = inst
+      pos = m.end()
 
   def fast_instruction(self, comp: _Comp, m: re.Match) -> bool:
     """Builds the instruction `_FAST_LINE` matched, if nothing in it needs the
@@ -1018,7 +1123,7 @@ class _Parser:
       elif new != old:
         self.renames[old] = new
       comp.name = new
-    all_names = [i.name for c in self.done for i in c.insts]
+    all_names = [n for c in self.done for n in c.names]
     identity = _uniquifier_is_identity(all_names)
     computations = []
     for comp in self.done:
@@ -1040,7 +1145,10 @@ class _Parser:
                      types.MappingProxyType(header), stack_frames, self.ctx)
 
 
-_NONCANONICAL_SUFFIX = re.compile(r"^(.+)\.(0\d*|[+-]\d+|\d{19,})$", re.MULTILINE)
+#: A numeric suffix XLA would rewrite or might see taken: ".0…", signed, or
+#: too long for int64. (Anchored at the '.', not the line start: `^(.+)\.`
+#: backtracks through every name.)
+_NONCANONICAL_SUFFIX = re.compile(r"\.(0\d*|[+-]\d+|\d{19,})$", re.MULTILINE)
 
 
 def _uniquifier_is_identity(names: list[str]) -> bool:
@@ -1054,8 +1162,13 @@ def _uniquifier_is_identity(names: list[str]) -> bool:
   taken = set(names)
   if len(taken) != len(names):
     return False
-  for m in _NONCANONICAL_SUFFIX.finditer("\n".join(names)):
-    root, suffix = m.groups()
+  joined = "\n".join(names)
+  for m in _NONCANONICAL_SUFFIX.finditer(joined):
+    # The suffix has no '.', so this is the name's last '.', as in XLA.
+    start = joined.rfind("\n", 0, m.start()) + 1
+    if start == m.start():
+      continue  # no root before the '.'
+    root, suffix = joined[start:m.start()], m.group(1)
     if len(suffix.lstrip("+-")) > 18:
       return False
     number = int(suffix)
@@ -1088,31 +1201,38 @@ def _reserved(name: str) -> bool:
   return name in _RESERVED
 
 
+class _MutableInstruction:
+  """`Instruction`'s slots without the frozen `__setattr__`: the parser fills
+  one with plain attribute stores and then makes it an `Instruction`
+  (`__class__` assignment; the layouts are identical). Half the cost of the
+  frozen dataclass's setters, and a tenth of parsing a large dump: the speed
+  target wins over the style of the rest of the IR here."""
+
+  __slots__ = Instruction.__slots__
+
+
+assert _MutableInstruction.__slots__ == tuple(
+    f.name for f in dataclasses.fields(Instruction)), "Instruction's fields changed"
 _new = object.__new__
-_FIELD_SETTERS = tuple(Instruction.__dict__[f.name].__set__
-                       for f in dataclasses.fields(Instruction))
 
 
 def _make_instruction(name, opcode, shape, operands, attrs, preds, literal,
                       param, wrapped, offset, ctx) -> Instruction:
-  """`Instruction(...)` at half the cost: the frozen dataclass __init__ makes
-  an attribute lookup per field, which is most of parsing a dump's time spent
-  outside regular expressions. Sets exactly the fields __init__ sets."""
-  inst = _new(Instruction)
-  (s_name, s_opcode, s_shape, s_operands, s_attrs, s_preds, s_literal,
-   s_param, s_wrapped, s_offset, s_ctx, s_cache) = _FIELD_SETTERS
-  s_name(inst, name)
-  s_opcode(inst, opcode)
-  s_shape(inst, shape)
-  s_operands(inst, operands)
-  s_attrs(inst, attrs)
-  s_preds(inst, preds)
-  s_literal(inst, literal)
-  s_param(inst, param)
-  s_wrapped(inst, wrapped)
-  s_offset(inst, offset)
-  s_ctx(inst, ctx)
-  s_cache(inst, None)
+  """`Instruction(...)`, setting exactly the fields its __init__ sets."""
+  inst = _new(_MutableInstruction)
+  inst.name = name
+  inst.opcode = opcode
+  inst.shape = shape
+  inst.operands = operands
+  inst.attribute_source = attrs
+  inst.control_predecessors = preds
+  inst.literal = literal
+  inst.parameter_number = param
+  inst.async_wrapped_opcode = wrapped
+  inst.offset = offset
+  inst._ctx = ctx
+  inst._cache = None
+  inst.__class__ = Instruction
   return inst
 
 
@@ -1174,11 +1294,19 @@ def parse_hlo(text: str, *, source: str | None = None) -> HloModule:
 
 def _parse(text: str, source: str | None, fast: bool) -> HloModule:
   parser = _Parser(text, source, fast)
+  # The IR has no reference cycles, but the collector, triggered every few
+  # hundred allocations, would scan the growing IR again and again: a tenth
+  # of parsing a large dump.
+  collecting = gc.isenabled()
+  gc.disable()
   try:
     return parser.parse()
   except RecursionError:
     error_at(text, parser.lx.tok.start if parser.lx else 0,
              "input nested too deeply", source)
+  finally:
+    if collecting:
+      gc.enable()
 
 
 def parse_hlo_file(path: str | os.PathLike) -> HloModule:
