@@ -5,6 +5,8 @@ example at larger sizes, forward and backward), then parses the same text with
 `hlo_audit.parse_hlo` and with XLA's `ParseAndReturnUnverifiedModule`
 (`jaxlib._hlo.hlo_module_from_text`), interleaved, in this one process, and
 prints both medians and their ratio (ours / XLA; below 1.0 means faster).
+It also times the whole audit of that text (parse and analyses) against the
+module's compile time.
 
 Example:
   python scripts/bench_parse.py --layers=12 --repeats=9
@@ -74,6 +76,16 @@ def main(argv):
   print(f"XLA C++ parser:      median {xla_s * 1e3:.1f} ms (min {min(xla) * 1e3:.1f})")
   print(f"ratio ours/XLA: {ours_s / xla_s:.2f} (median), "
         f"{min(ours) / min(xla):.2f} (min)")
+  audits = []
+  for _ in range(3):
+    t0 = time.perf_counter()
+    report = hlo_audit.audit_hlo(text)
+    audits.append(time.perf_counter() - t0)
+  audit_s = statistics.median(audits)
+  print(f"audit (parse + analyses): median {audit_s:.2f} s; {len(report.kernels)} "
+        f"kernels, {len(report.findings)} findings")
+  if compile_s is not None:
+    print(f"audit / compile time: {audit_s / compile_s:.1%}")
 
 
 if __name__ == "__main__":

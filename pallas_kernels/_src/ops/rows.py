@@ -82,3 +82,20 @@ def flatten_rows(x) -> tuple[Any, tuple[int, ...]]:
   for d in lead:
     rows *= d
   return x.reshape(rows, x.shape[-1]), lead
+
+
+#: Rows a row-wise kernel can index (its grid and offsets are int32).
+MAX_ROWS = 2**31 - 1
+
+
+def rows_reason(x_shape) -> str | None:
+  """Why a row-wise kernel cannot take an array of `x_shape` (its rows are
+  all leading dimensions), or None."""
+  rows = 1
+  for d in x_shape[:-1]:
+    rows *= d
+  if rows == 0:
+    return "x has no rows"
+  if rows > MAX_ROWS:
+    return f"{rows} rows exceed the kernel's int32 row index"
+  return None

@@ -5,13 +5,12 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from pallas_kernels._src import gpu
+from pallas_kernels._src.ops import rows
 from pallas_kernels._src.ops.normalization import kernel
 from pallas_kernels._src.ops.normalization.config import Config
 
 #: Input dtypes the kernels are written and validated for.
 SUPPORTED_DTYPES = frozenset({"float32", "bfloat16", "float16"})
-#: Row indices are int32 inside the kernel.
-MAX_ROWS = 2**31 - 1
 #: Largest float32 dgamma/dbeta partial-sum buffer the backward may allocate
 #: (rows wider than one chunk get one partial row per row block).
 MAX_PARTIAL_BYTES = 256 * 2**20
@@ -33,13 +32,9 @@ def unsupported_reason(*, x_shape: tuple[int, ...], dtypes: tuple, quantize: str
   for dt in dtypes:
     if jnp.dtype(dt).name not in SUPPORTED_DTYPES:
       return f"dtype {jnp.dtype(dt).name} is not one of {sorted(SUPPORTED_DTYPES)}"
-  rows = 1
-  for d in x_shape[:-1]:
-    rows *= d
-  if rows == 0:
-    return "x has no rows"
-  if rows > MAX_ROWS:
-    return f"{rows} rows exceed the kernel's int32 row index"
+  reason = rows.rows_reason(x_shape)
+  if reason:
+    return reason
   if quantize == "float8_e4m3fn":
     return gpu.float8_reason(interpret)
   return None

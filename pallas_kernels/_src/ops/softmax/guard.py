@@ -5,11 +5,10 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from pallas_kernels._src import gpu
+from pallas_kernels._src.ops import rows
 
 #: dtypes of x the kernels are written and validated for.
 SUPPORTED_DTYPES = frozenset({"float32", "bfloat16", "float16"})
-#: Row indices are int32 inside the kernel.
-MAX_ROWS = 2**31 - 1
 
 
 def unsupported_reason(*, x_shape: tuple[int, ...], x_dtype, mask_dtype,
@@ -30,13 +29,9 @@ def unsupported_reason(*, x_shape: tuple[int, ...], x_dtype, mask_dtype,
       continue
     if jnp.dtype(dt).name not in SUPPORTED_DTYPES:
       return f"{name} dtype {jnp.dtype(dt).name} is not one of {sorted(SUPPORTED_DTYPES)}"
-  rows = 1
-  for d in x_shape[:-1]:
-    rows *= d
-  if rows == 0:
-    return "x has no rows"
-  if rows > MAX_ROWS:
-    return f"{rows} rows exceed the kernel's int32 row index"
+  reason = rows.rows_reason(x_shape)
+  if reason:
+    return reason
   return None
 
 
