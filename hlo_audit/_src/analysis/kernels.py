@@ -231,7 +231,7 @@ def _pallas_groups(module: HloModule,
     for inst in comp.instructions:
       if _scope_of(inst.metadata.op_name) and inst.opcode in _LOOPS:
         for callee in inst.called_computation_names():
-          inner.update(_callees(comps, callee))
+          inner.update(_reachable(comps, callee))
   groups: dict[str, list[str]] = {}
   for comp_name, comp in comps.items():
     if comp_name in inner:
@@ -244,7 +244,7 @@ def _pallas_groups(module: HloModule,
         if inst.opcode in _LOOPS:
           for callee in inst.called_computation_names():
             if callee in comps:
-              expanded.extend(_all_instructions(module, comps, callee))
+              expanded.extend(_all_instructions(comps, callee))
       groups[f"{comp_name}/{key}"] = expanded
   return groups
 
@@ -357,17 +357,22 @@ def _is_glue(inst: Instruction) -> bool:
   return inst.opcode == "fusion" and inst.name.startswith("wrapped_broadcast")
 
 
-def _callees(comps: Mapping[str, Computation], comp_name: str) -> set[str]:
-  """`comp_name` and every computation it calls, transitively."""
-  out: set[str] = set()
+def _reachable(comps: Mapping[str, Computation], comp_name: str,
+               through: frozenset[str] | None = None) -> list[str]:
+  """`comp_name` and the computations it calls, transitively (only through
+  instructions of the `through` opcodes, when given), depth first."""
+  out: list[str] = []
+  seen: set[str] = set()
   stack = [comp_name]
   while stack:
     name = stack.pop()
-    if name in out or name not in comps:
+    if name in seen or name not in comps:
       continue
-    out.add(name)
+    seen.add(name)
+    out.append(name)
     for inst in comps[name].instructions:
-      stack.extend(inst.called_computation_names())
+      if through is None or inst.opcode in through:
+        stack.extend(inst.called_computation_names())
   return out
 
 
@@ -390,20 +395,14 @@ def _scope_of(op_name: str) -> str:
   return (rest if j < 0 else rest[:j]).rstrip(")")
 
 
-def _all_instructions(module, comps, comp_name: str) -> list[str]:
-  out = []
-  stack = [comp_name]
-  seen = set()
-  while stack:
-    name = stack.pop()
-    if name in seen or name not in comps:
-      continue
-    seen.add(name)
-    for inst in comps[name].instructions:
-      out.append(inst.name)
-      if inst.opcode in ("while", "call", "conditional", "async-start"):
-        stack.extend(inst.called_computation_names())
-  return out
+#: Control flow whose bodies run as part of the instruction that calls them.
+_RUNS_BODIES = frozenset({"while", "call", "conditional", "async-start"})
+
+
+def _all_instructions(comps: Mapping[str, Computation], comp_name: str) -> list[str]:
+  """Instructions of `comp_name` and of the bodies its control flow runs."""
+  return [inst.name for name in _reachable(comps, comp_name, _RUNS_BODIES)
+          for inst in comps[name].instructions]
 
 
 def _pallas_kernel(module, schedule, comps, dataflow, key, members, multiplicity) -> Kernel:
