@@ -20,6 +20,7 @@ from hlo_audit._src.analysis.suggestions import add_suggestions
 from hlo_audit._src.capture.capture import Capture, capture, capture_text
 from hlo_audit._src.capture.dump import load_dump
 from hlo_audit._src.errors import HloAuditError
+from hlo_audit._src.gc_pause import paused_gc
 from hlo_audit._src.hlo.ir import HloModule
 from hlo_audit._src.report.report import AuditReport, ModuleInfo
 
@@ -82,7 +83,11 @@ def audit_hlo(source: str | os.PathLike | HloModule | Capture, *,
 
 def audit_capture(cap: Capture, options: AuditOptions | None = None) -> AuditReport:
   """Runs the analyses on a capture and builds the report."""
-  options = options or AuditOptions()
+  with paused_gc():  # the analyses build large acyclic tables
+    return _audit_capture(cap, options or AuditOptions())
+
+
+def _audit_capture(cap: Capture, options: AuditOptions) -> AuditReport:
   module = cap.module
   schedule = flatten_schedule(module)
   dataflow = analyze_dataflow(module, schedule)

@@ -61,6 +61,18 @@ class _Context:
   has_backward: bool
   #: kernel name -> primitives it runs (filled on first use).
   _primitives: dict = dataclasses.field(default_factory=dict)
+  #: computation -> instruction name -> its users (filled on first use).
+  _users: dict = dataclasses.field(default_factory=dict)
+
+  def users(self, comp: Computation, name: str) -> list[Instruction]:
+    """Instructions of `comp` that read `name`, in text order."""
+    table = self._users.get(comp.name)
+    if table is None:
+      table = self._users[comp.name] = {}
+      for i in comp.instructions:
+        for o in dict.fromkeys(i.operands):
+          table.setdefault(o, []).append(i)
+    return table.get(name, [])
 
   def inst(self, kernel: Kernel) -> Instruction:
     return self.comps[kernel.computation].instruction(kernel.name)
@@ -355,10 +367,9 @@ def _converts_back(ctx: _Context, first: Kernel, second: Kernel) -> bool:
 def _on_loop_boundary(ctx: _Context, k: Kernel, buf: Buffer) -> str:
   """"init" if the copy feeds a while's init, "state" if it feeds a body root."""
   comp = ctx.comps[k.computation]
-  users = [i for i in comp.instructions if k.name in i.operands]
-  for u in users:
+  for u in ctx.users(comp, k.name):
     if u.opcode == "tuple":
-      tuple_users = [i for i in comp.instructions if u.name in i.operands]
+      tuple_users = ctx.users(comp, u.name)
       if any(t.opcode == "while" for t in tuple_users):
         return "copied into the loop's initial state"
       if u.name == comp.root_name and _is_loop_body(ctx, comp.name):

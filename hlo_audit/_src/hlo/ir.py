@@ -610,11 +610,15 @@ class Instruction:
       # Only a match outside any string or braced value counts: an even
       # number of quotes before it, none of them escaped, and as many '{' as
       # '}' outside the quotes (`frontend_attributes={k={metadata={...}}}`).
-      if m is not None and not src.count('"', 0, m.start()) % 2 and \
-          "\\" not in src[:m.start()]:
-        bare = _QUOTED.sub("", src[:m.start()])
-        if bare.count("{") == bare.count("}"):
-          return _attributes.unescape_text(m.group(1))
+      if m is not None:
+        start = m.start()
+        top = start == 0  # the common case: metadata comes first
+        if not top and not src.count('"', 0, start) % 2 and "\\" not in src[:start]:
+          bare = _QUOTED.sub("", src[:start])
+          top = bare.count("{") == bare.count("}")
+        if top:
+          body = m.group(1)
+          return _attributes.unescape_text(body) if "\\" in body else body
       if "metadata=" not in src:
         return ""
     return self.metadata.op_name
@@ -687,7 +691,8 @@ class Instruction:
 _NO_METADATA = Metadata()
 _QUOTED = re.compile(r'"[^"]*"')
 _OP_NAME = re.compile(
-    r'(?:^|,)[ \t]*metadata=\{(?:op_type="(?:[^"\\]|\\.)*"[ \t]+)?op_name="((?:[^"\\]|\\.)*)"')
+    r'(?:^|,)[ \t]*metadata=\{(?:op_type="[^"\\]*+(?:\\.[^"\\]*+)*+"[ \t]+)?'
+    r'op_name="([^"\\]*+(?:\\.[^"\\]*+)*+)"')
 _TYPED_PROPERTIES = (
     "called_computations", "custom_call_target", "tuple_index", "dimensions",
     "slices", "window", "convolution_dimension_numbers", "padding",
