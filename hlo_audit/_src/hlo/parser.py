@@ -654,7 +654,6 @@ class _Parser:
     shapes = self.shapes.get
     resolve = _RESOLVE.get
     attr_keys = _ATTR_KEY.findall
-    percent_names = _PERCENT_NAMES.findall
     contains = names.__contains__
     pending = self.pending_names.append
     refs = self.refs
@@ -681,8 +680,11 @@ class _Parser:
         param = int(ops)
         operands = ()
       elif ops:
-        out = percent_names(ops)
-        if not out or ops != "%" + ", %".join(out) or not all(map(contains, out)):
+        # "%a, %b": split, not a regex; names found in `names` are valid.
+        if ops[0] != "%":
+          return pos, m
+        out = ops[1:].split(", %")
+        if not all(map(contains, out)):
           return pos, m
         operands = tuple(out)
       else:
@@ -691,10 +693,14 @@ class _Parser:
       if arity is not None and arity != len(operands):
         return pos, m
       if run:
-        keys = attr_keys(run)
-        if len(keys) > 1 and len(set(keys)) != len(keys):
-          return pos, m
-        if not _STRUCTURAL_SET.isdisjoint(keys):
+        # Half the lines carry metadata alone: one brace group to the end.
+        if run.startswith(", metadata={") and run.find("}") == len(run) - 1:
+          keys = ()
+        else:
+          keys = attr_keys(run)
+          if len(keys) > 1 and len(set(keys)) != len(keys):
+            return pos, m
+        if keys and not _STRUCTURAL_SET.isdisjoint(keys):
           base = m.start(7)
           calls = [(c.group(1), base + c.start(1) - 1)
                    for c in _SIMPLE_CALL.finditer(run)]
