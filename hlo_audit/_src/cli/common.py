@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import argparse
 import enum
+import os
 import sys
 
 from hlo_audit._src.report.report import AuditReport, finding_kind
+
+#: Text report width when stdout is not a terminal (and COLUMNS is unset).
+PIPED_WIDTH = 160
 
 
 class ExitCode(enum.IntEnum):
@@ -34,7 +38,8 @@ def add_output_flags(p: argparse.ArgumentParser) -> None:
                    help="exit 1 if a finding of this class appears (repeatable or "
                         "comma-separated; e.g. unfused-epilogue,standalone-copy)")
   out.add_argument("--width", type=int, default=None,
-                   help="terminal width for the text report")
+                   help="width of the text report (default: the terminal's; "
+                   f"{PIPED_WIDTH} when piped)")
 
 
 def fail_on_classes(values: list[str]):
@@ -63,6 +68,9 @@ def emit(report: AuditReport, args, out=None) -> ExitCode:
 
     from hlo_audit._src.report import terminal
     console = Console(file=out, width=args.width) if args.width else Console(file=out)
+    if not args.width and not console.is_terminal and "COLUMNS" not in os.environ:
+      # Piped to a file or pager: rich would wrap the tables at 80 columns.
+      console = Console(file=out, width=PIPED_WIDTH)
     terminal.render_terminal(report, console)
   if args.html:
     try:
