@@ -46,6 +46,15 @@ def resolve_interpret(interpret: bool | None) -> bool:
   return current_backend() not in COMPILED_BACKENDS
 
 
+def default_implementation(interpret: bool | None,
+                           backend: Backend | None = None) -> str:
+  """The implementation an op runs when the caller names none: "pallas"
+  where the kernel compiles (or the caller asked for interpret mode), "xla"
+  where it would only be interpreted (slower than XLA, with nothing to gain)."""
+  backend = current_backend() if backend is None else backend
+  return "pallas" if backend in COMPILED_BACKENDS or interpret else "xla"
+
+
 def device_kind() -> str:
   """`device_kind` of the default device, e.g. "NVIDIA H200" or "cpu"."""
   return jax.devices()[0].device_kind

@@ -194,20 +194,13 @@ def bench(op: str | OpSpec | Sequence[str | OpSpec], *, tags: Sequence[str] = ("
   """
   if repeats < 1 or warmup < 0:
     raise ValueError(f"need repeats >= 1 and warmup >= 0, got {repeats}, {warmup}")
-  ops = [op] if isinstance(op, (str, OpSpec)) else list(op)
   interp = backend.resolve_interpret(interpret)
   kind = backend.device_kind()
   device = devices.lookup(kind)
-  rows = []
-  for item in ops:
-    spec = registry.get_spec(item)
-    seen = set()
-    for tag in tags:
-      for case in spec.cases(tag, seed):
-        if case.name not in seen:
-          seen.add(case.name)
-          rows.append(_bench_case(spec, case, interp, repeats, warmup, device))
+  rows = [_bench_case(spec, case, interp, repeats, warmup, device)
+          for spec, case in registry.select_cases(op, tags, seed)]
   if not rows:
+    ops = [op] if isinstance(op, (str, OpSpec)) else list(op)
     raise ValueError(f"no cases for ops {[getattr(o, 'name', o) for o in ops]} "
                      f"with tags {tuple(tags)}")
   return BenchReport(rows=tuple(rows), device=kind,

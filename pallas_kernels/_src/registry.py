@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import importlib
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from types import MappingProxyType
 
-from pallas_kernels._src.spec import OpSpec
+from pallas_kernels._src.spec import Case, OpSpec
 
 #: arg_specs modules, in display order.
 _MODULES: tuple[str, ...] = (
@@ -85,6 +85,22 @@ def get_spec(name: str | OpSpec) -> OpSpec:
     broken = "".join(f"; {m} failed to import: {e!r}" for m, e in _errors.items())
     raise KeyError(f"unknown op {name!r}; registered: {', '.join(table)}{broken}")
   return table[name]
+
+
+def select_cases(op, tags: Sequence[str],
+                 seed: int) -> Iterator[tuple[OpSpec, Case]]:
+  """The cases of `op` (a name, an OpSpec, or a sequence of them) that carry
+  any of `tags`, each once, in op then tag order: what `validate` and `bench`
+  run."""
+  ops = [op] if isinstance(op, (str, OpSpec)) else list(op)
+  for item in ops:
+    spec = get_spec(item)
+    seen: set[str] = set()
+    for tag in tags:
+      for case in spec.cases(tag, seed):
+        if case.name not in seen:
+          seen.add(case.name)
+          yield spec, case
 
 
 class _LazySpecs(Mapping):

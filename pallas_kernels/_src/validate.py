@@ -299,22 +299,13 @@ def validate(op: str | OpSpec | Sequence[str | OpSpec], *,
     ValueError: if the selection holds no case at all (a vacuous pass would
       hide a typo in `tags` or `dtypes`).
   """
-  ops = [op] if isinstance(op, (str, OpSpec)) else list(op)
   wanted = None if dtypes is None else {jnp.dtype(d).name for d in dtypes}
   interp = backend.resolve_interpret(interpret)
-  rows = []
-  for item in ops:
-    spec = registry.get_spec(item)
-    seen = set()
-    for tag in tags:
-      for case in spec.cases(tag, seed):
-        if case.name in seen:
-          continue
-        seen.add(case.name)
-        if wanted is not None and jnp.dtype(case.args[0].dtype).name not in wanted:
-          continue
-        rows.append(_validate_case(spec, case, interp, seed, check_grads))
+  rows = [_validate_case(spec, case, interp, seed, check_grads)
+          for spec, case in registry.select_cases(op, tags, seed)
+          if wanted is None or jnp.dtype(case.args[0].dtype).name in wanted]
   if not rows:
+    ops = [op] if isinstance(op, (str, OpSpec)) else list(op)
     raise ValueError(f"no cases for ops {[getattr(o, 'name', o) for o in ops]} with "
                      f"tags {tuple(tags)} and dtypes {dtypes}")
   return ValidationReport(rows=tuple(rows), interpret=interp,

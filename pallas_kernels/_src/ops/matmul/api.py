@@ -226,10 +226,7 @@ def matmul(x: jax.Array, w: jax.Array, *, bias: jax.Array | None = None,
   operands = (x, w, bias, residual, scale, x_scale, w_scale)
 
   if implementation is None:
-    # The kernel where it compiles; XLA where it would only be interpreted
-    # (unless the caller asked for interpret mode). Same rule as the other ops.
-    compiled = static.backend in backend_lib.COMPILED_BACKENDS
-    implementation = "pallas" if compiled or interpret else "xla"
+    implementation = backend_lib.default_implementation(interpret, static.backend)
   if implementation == "xla":
     return vjp.reference_call(static, *operands)
   reason = guard.unsupported_reason(

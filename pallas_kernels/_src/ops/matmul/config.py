@@ -16,22 +16,12 @@ Rules that depend on the backend live here and in `gpu.py` (Triton limits);
 from __future__ import annotations
 
 import dataclasses
-import math
 
 import jax.numpy as jnp
 
 from pallas_kernels._src import backend as backend_lib
 from pallas_kernels._src.ops.matmul import gpu
-
-
-def is_pow2(n: int) -> bool:
-  """Whether `n` is a positive power of two."""
-  return n >= 1 and (n & (n - 1)) == 0
-
-
-def next_pow2(n: int) -> int:
-  """Smallest power of two >= max(n, 1)."""
-  return 1 << max(0, math.ceil(math.log2(max(1, n))))
+from pallas_kernels._src.ops.tiling import is_pow2, next_pow2
 
 
 def _clamp_pow2(n: int, lo: int, hi: int) -> int:

@@ -98,10 +98,7 @@ def _normalize(kind: str, x, gamma, beta, *, residual, eps, out_dtype, quantize,
 
   interp = backend_lib.resolve_interpret(interpret)
   if implementation is None:
-    # Default: the kernel where it compiles; XLA where it would only be
-    # interpreted (unless the caller asked for interpret mode).
-    compiled = backend_lib.current_backend() in backend_lib.COMPILED_BACKENDS
-    implementation = "pallas" if compiled or interpret else "xla"
+    implementation = backend_lib.default_implementation(interpret)
   if implementation == "xla":
     return run_reference()
 

@@ -9,19 +9,11 @@ times with a quantizing epilogue (its scale needs the row's max first).
 from __future__ import annotations
 
 import dataclasses
-import math
 
 import numpy as np
 
 from pallas_kernels._src import backend as backend_lib
-
-
-def _is_pow2(n: int) -> bool:
-  return n >= 1 and (n & (n - 1)) == 0
-
-
-def _next_pow2(n: int) -> int:
-  return 1 << max(0, math.ceil(math.log2(max(1, n))))
+from pallas_kernels._src.ops.tiling import is_pow2, next_pow2
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -47,7 +39,7 @@ class Config:
   def __post_init__(self):
     for name in ("block_rows", "block_cols", "num_warps"):
       value = getattr(self, name)
-      if not _is_pow2(value):
+      if not is_pow2(value):
         raise ValueError(f"Config.{name} must be a power of two, got {value}")
     if self.num_stages < 1 or self.row_steps < 1:
       raise ValueError(f"Config.num_stages and row_steps must be >= 1: {self}")
@@ -76,7 +68,7 @@ _BWD_TARGET_PROGRAMS = 512
 
 def _warps(tile_elements: int) -> int:
   # About 16 elements per thread, 1 to 16 warps of 32 threads.
-  return int(min(16, max(1, _next_pow2(tile_elements // (32 * 16)))))
+  return int(min(16, max(1, next_pow2(tile_elements // (32 * 16)))))
 
 
 def heuristic_config(shape: tuple[int, ...], dtype, backend: backend_lib.Backend
@@ -93,10 +85,10 @@ def heuristic_config(shape: tuple[int, ...], dtype, backend: backend_lib.Backend
   n_cols = int(shape[-1])
   n_rows = int(np.prod(shape[:-1], dtype=np.int64)) if len(shape) > 1 else 1
   budget = _TILE_ELEMENTS[backend]
-  block_cols = min(_next_pow2(n_cols), _MAX_BLOCK_COLS)
+  block_cols = min(next_pow2(n_cols), _MAX_BLOCK_COLS)
   # All three bounds are powers of two, so their minimum is one too.
   block_rows = max(1, min(_MAX_BLOCK_ROWS, budget // block_cols,
-                          _next_pow2(n_rows)))
+                          next_pow2(n_rows)))
   return Config(block_rows=block_rows, block_cols=block_cols,
                 num_warps=_warps(block_rows * block_cols), num_stages=1)
 

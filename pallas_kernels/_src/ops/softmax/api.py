@@ -131,8 +131,7 @@ def softmax(x, *, scale: float | None = None, mask=None, causal: bool = False,
 
   interp = backend_lib.resolve_interpret(interpret)
   if implementation is None:
-    compiled = backend_lib.current_backend() in backend_lib.COMPILED_BACKENDS
-    implementation = "pallas" if compiled or interpret else "xla"
+    implementation = backend_lib.default_implementation(interpret)
   if implementation == "xla":
     return run_reference()
   reason = guard.unsupported_reason(

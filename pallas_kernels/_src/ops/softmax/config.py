@@ -8,19 +8,11 @@ sum, then output), the backward likewise (sum(dy * y), then dx).
 from __future__ import annotations
 
 import dataclasses
-import math
 
 import numpy as np
 
 from pallas_kernels._src import backend as backend_lib
-
-
-def _is_pow2(n: int) -> bool:
-  return n >= 1 and (n & (n - 1)) == 0
-
-
-def _next_pow2(n: int) -> int:
-  return 1 << max(0, math.ceil(math.log2(max(1, n))))
+from pallas_kernels._src.ops.tiling import is_pow2, next_pow2
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -42,7 +34,7 @@ class Config:
   def __post_init__(self):
     for name in ("block_rows", "block_cols", "num_warps"):
       value = getattr(self, name)
-      if not _is_pow2(value):
+      if not is_pow2(value):
         raise ValueError(f"Config.{name} must be a power of two, got {value}")
     if self.num_stages < 1:
       raise ValueError(f"Config.num_stages must be >= 1: {self}")
@@ -73,12 +65,12 @@ def heuristic_config(shape: tuple[int, ...], dtype, backend: backend_lib.Backend
   del dtype
   n_cols = int(shape[-1])
   n_rows = int(np.prod(shape[:-1], dtype=np.int64)) if len(shape) > 1 else 1
-  block_cols = min(_next_pow2(n_cols), _MAX_BLOCK_COLS)
+  block_cols = min(next_pow2(n_cols), _MAX_BLOCK_COLS)
   # All three bounds are powers of two, so their minimum is one too.
   block_rows = max(1, min(_MAX_BLOCK_ROWS, _TILE_ELEMENTS[backend] // block_cols,
-                          _next_pow2(n_rows)))
+                          next_pow2(n_rows)))
   tile = block_rows * block_cols
-  num_warps = int(min(16, max(1, _next_pow2(tile // (32 * 16)))))
+  num_warps = int(min(16, max(1, next_pow2(tile // (32 * 16)))))
   return Config(block_rows=block_rows, block_cols=block_cols,
                 num_warps=num_warps, num_stages=1)
 
