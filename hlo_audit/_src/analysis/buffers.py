@@ -163,7 +163,11 @@ def _lifetime(module: HloModule, comps, dataflow: Dataflow, liveness: Liveness,
   users = [_instruction(comps, dataflow, c) for c in consumers]
   if users and all(u is not None and u.opcode in opcodes.COLLECTIVES for u in users):
     return Lifetime.COMMUNICATION
-  if expanded_broadcast_ratio(module, inst, index) >= 2:
+  # A broadcast that an in-place op (scatter, dynamic-update-slice) writes
+  # into is the destination's initial contents: it must exist, and its
+  # readers read the updated result.
+  if len(dataflow.buffers[buf]) == 1 and \
+      expanded_broadcast_ratio(module, inst, index) >= 2:
     return Lifetime.EXPANDED_BROADCAST
   if is_layout_conversion(module, inst):
     return Lifetime.LAYOUT_CONVERSION

@@ -91,7 +91,7 @@ def find_kernels(module: HloModule, schedule: Schedule,
     if inst.opcode == "custom-call" and inst.custom_call_target in bt.NO_OP_TARGETS:
       continue
     kind, detail, fused = _classify(module, inst)
-    read, written = _io_bytes(comp, inst, dataflow)
+    read, written = _io_bytes(module, comp, inst, dataflow)
     out.append(Kernel(
         name=name, computation=comp_name, kind=kind, opcode=inst.opcode,
         detail=detail, fused_ops=types.MappingProxyType(fused),
@@ -152,17 +152,92 @@ def fused_opcodes(module: HloModule, inst: Instruction) -> dict[str, int]:
   return dict(counts)
 
 
-def _io_bytes(comp: Computation, inst: Instruction, dataflow: Dataflow) -> tuple[int, int]:
+def _io_bytes(module: HloModule, comp: Computation, inst: Instruction,
+              dataflow: Dataflow) -> tuple[int, int]:
+  """Bytes a kernel reads and writes: whole operands and results, except
+  that a slice reads only the slice, and an in-place update (dynamic-update-
+  slice, scatter) writes only the update into a buffer it does not re-read."""
+  charge, out_charge = _sliced_access(module, comp, inst)
   read = 0
   seen = set()
-  for operand in inst.operands:
+  for k, operand in enumerate(inst.operands):
     for _, vid in dataflow.holds.get(operand, ()):
       if vid not in seen:
         seen.add(vid)
-        read += dataflow.values[vid].byte_size
-  written = sum(dataflow.values[v].byte_size for _, v in dataflow.holds.get(inst.name, ())
-                if v[0] == inst.name)
+        size = dataflow.values[vid].byte_size
+        read += min(size, charge[k]) if k in charge else size
+  written = 0
+  for index, v in dataflow.holds.get(inst.name, ()):
+    if v[0] == inst.name or index in out_charge:
+      size = dataflow.values[v].byte_size
+      written += min(size, out_charge[index]) if index in out_charge else size
   return read, written
+
+
+def _sliced_access(module: HloModule, comp: Computation, inst: Instruction
+                   ) -> tuple[dict[int, int], dict[tuple[int, ...], int]]:
+  """(operand number -> bytes really read, output index -> bytes really
+  written) where a kernel touches only part of a buffer."""
+  op = inst.opcode
+  if op in ("slice", "dynamic-slice") and inst.shape is not None:
+    return {0: inst.shape.byte_size}, {}
+  if op in ("dynamic-update-slice", "scatter") and len(inst.operands) >= 2:
+    update = comp.instruction(inst.operands[-1] if op == "scatter" else inst.operands[1])
+    size = update.shape.byte_size if update.shape is not None else 0
+    # A scatter combiner reads the elements it updates; a DUS reads nothing.
+    return {0: size if op == "scatter" else 0}, {(): size}
+  if op != "fusion":
+    return {}, {}
+  calls = inst.called_computations.get("calls", ())
+  if not calls or calls[0] not in module:
+    return {}, {}
+  fused = module.computation(calls[0])
+  users: dict[str, list[Instruction]] = {}
+  for i in fused.instructions:
+    for o in dict.fromkeys(i.operands):
+      users.setdefault(o, []).append(i)
+
+  def leaves(name: str) -> list[tuple[Instruction, str]]:
+    """Non-bitcast users of `name`, seen through bitcasts, with the operand
+    name they read."""
+    out = []
+    for u in users.get(name, ()):
+      if u.opcode == "bitcast":
+        out += leaves(u.name)
+      else:
+        out.append((u, name))
+    return out
+
+  root = fused.root
+  outputs = ([((k,), fused.instruction(n)) for k, n in enumerate(root.operands)]
+             if root.opcode == "tuple" else [((), root)])
+  out_charge: dict[tuple[int, ...], int] = {}
+  updated: dict[str, int] = {}
+  for index, out in outputs:
+    while out.opcode == "bitcast" and out.operands:
+      out = fused.instruction(out.operands[0])
+    if out.opcode in ("dynamic-update-slice", "scatter") and len(out.operands) >= 2:
+      upd = fused.instruction(out.operands[-1] if out.opcode == "scatter" else out.operands[1])
+      size = upd.shape.byte_size if upd.shape is not None else 0
+      out_charge[index] = size
+      updated[out.name] = size if out.opcode == "scatter" else 0
+  charge: dict[int, int] = {}
+  for p in fused.parameters:
+    uses = leaves(p.name)
+    if not uses:
+      continue
+    total = 0
+    for u, name in uses:
+      if u.opcode in ("slice", "dynamic-slice") and u.operands[0] == name and \
+          u.shape is not None:
+        total += u.shape.byte_size
+      elif u.name in updated and u.operands[0] == name:
+        total += updated[u.name]
+      else:
+        break
+    else:
+      charge[p.parameter_number or 0] = total
+  return charge, out_charge
 
 
 def _multiplicity(module: HloModule, comps: Mapping[str, Computation]) -> dict[str, int | None]:
