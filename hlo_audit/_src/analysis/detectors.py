@@ -24,7 +24,7 @@ from hlo_audit._src.analysis.buffers import (Buffer, Lifetime,
 from hlo_audit._src.analysis.dataflow import Dataflow
 from hlo_audit._src.analysis.kernel_registry import kernel_for
 from hlo_audit._src.analysis.kernels import Kernel
-from hlo_audit._src.analysis.layouts import kernel_permutes
+from hlo_audit._src.analysis.layouts import kernel_permutes, permutes
 from hlo_audit._src.analysis.records import (FindingKind, FusionDecisionRecord,
                                              NumericalClass, Verdict)
 from hlo_audit._src.analysis.schedule import Schedule
@@ -221,9 +221,22 @@ def _operand_number(ctx: _Context, consumer: Kernel, buf: Buffer) -> int | None:
 
 
 def _layouts(ctx: _Context, k: Kernel, inst: Instruction) -> tuple[str, str]:
-  """(operand layout, result layout) of a copy-like kernel."""
+  """(operand layout, result layout) of a copy-like kernel; for a fusion
+  whose permutation happens inside (a transpose between bitcasts), the
+  permuting instruction's, so the two differ where the data moves."""
   src = _layout_of(ctx, inst.operands[0], k.computation) if inst.operands else "{}"
   dst = str(inst.shape.layout) if inst.shape is not None and inst.shape.layout else "{}"
+  fused = _fused(ctx, k)
+  if src == dst and fused is not None:
+    for i in fused.instructions:
+      if i.opcode in ("transpose", "copy") and permutes(fused, i):
+        before = _layout_of(ctx, i.operands[0], None) if i.operands[0] not in fused \
+            else str(fused.instruction(i.operands[0]).shape.layout or "{}")
+        if i.opcode == "transpose":
+          return (f"{fused.instruction(i.operands[0]).shape.dtype_str}{before}",
+                  f"{i.shape.dtype_str}{i.shape.layout or ''} "
+                  f"(dimensions={{{','.join(map(str, i.dimensions or ()))}}})")
+        return before, str(i.shape.layout or "{}")
   return src, dst
 
 
@@ -305,6 +318,18 @@ def _loop_role(ctx: _Context, k: Kernel, inst: Instruction) -> tuple[str, str]:
     why = ("the initial value is still needed after the loop starts (or is a "
            "constant), so XLA copies it into the loop state" + trips)
     return "loop-init copy", why
+  if comp.name == ctx.module.entry.name and any(
+      u.name == comp.root_name for u in users) or k.name == comp.root_name:
+    src = _through_bitcasts(comp, inst.operands[0]) if inst.operands else None
+    if src is not None and src.opcode == "parameter":
+      return "output copy (argument)", (
+          f"the program returns entry argument {src.name} (or a view of it); an "
+          "argument that is not donated cannot be the output buffer, so XLA "
+          "copies it. Donating it (donate_argnums) or not returning it removes "
+          "the copy")
+    return "output copy", (
+        "each output needs a buffer of its own: a value returned more than once, "
+        "or a constant, is copied into each output")
   loop = ctx.loop_of.get(comp.name)
   if loop is None:
     return "", ""
@@ -354,7 +379,7 @@ def _copies(ctx: _Context) -> list[FusionDecisionRecord]:
     if not (k.kind is KernelKind.COPY or is_layout_conversion(ctx.module, inst)):
       continue
     comp = ctx.comps[k.computation]
-    permutes = kernel_permutes(ctx.module, comp, inst)
+    moves = kernel_permutes(ctx.module, comp, inst)
     converts = "convert" in k.fused_ops or inst.opcode == "convert"
     for buf in ctx.writes.get(k.name, ()):
       if buf.internal:
@@ -373,7 +398,7 @@ def _copies(ctx: _Context) -> list[FusionDecisionRecord]:
       aliasing = _aliasing_copy(ctx, k, inst)
       # A permuting copy into loop state is a layout change first: the
       # producer could write the loop's layout directly.
-      role, why = ("", "") if aliasing or permutes else _loop_role(ctx, k, inst)
+      role, why = ("", "") if aliasing or moves else _loop_role(ctx, k, inst)
       back, preserving = _round_trip(ctx, k, consumers) if converts else ([], False)
       if aliasing:
         out.append(FusionDecisionRecord(
@@ -389,7 +414,8 @@ def _copies(ctx: _Context) -> list[FusionDecisionRecord]:
             risks=("peak: both the copy and the aliased output are live",),
             ops=("aliasing copy",)))
       elif role:
-        keep = "shared initial value" in role or "initial value is still" in why
+        keep = ("shared initial value" in role or "initial value is still" in why
+                or role == "output copy")
         out.append(FusionDecisionRecord(
             kind=FindingKind.STANDALONE_COPY, **rec,
             extra_arithmetic="none", guard="n/a: loop structure, not a kernel",
@@ -417,7 +443,7 @@ def _copies(ctx: _Context) -> list[FusionDecisionRecord]:
             layout_effect="none", evidence=f"dtype round trip: {detail}",
             verdict=verdict, reasons=reasons, risks=_COMMON_RISKS,
             ops=("convert round trip",)))
-      elif permutes and anchors:
+      elif moves and anchors:
         anchor = _anchor(ctx, anchors[0])
         if anchor in bt.LAYOUT_FIXED_ANCHORS:
           out.append(FusionDecisionRecord(
@@ -451,10 +477,10 @@ def _copies(ctx: _Context) -> list[FusionDecisionRecord]:
               risks=("layout reverse impact: check the backward pass for new "
                      "transposes", "memory coalescing of the transposed read")
               + _COMMON_RISKS, ops=("transpose",)))
-      elif not permutes and converts and len(consumers) == 1 and anchors:
+      elif not moves and converts and len(consumers) == 1 and anchors:
         continue  # a cast feeding one matmul: an unfused prologue
       else:
-        what = ("layout change" if permutes else
+        what = ("layout change" if moves else
                 "dtype conversion" if converts else "same-layout copy")
         elementwise_users = consumers and all(
             c.kind in (KernelKind.LOOP_FUSION, KernelKind.INPUT_FUSION) for c in consumers)
@@ -463,19 +489,19 @@ def _copies(ctx: _Context) -> list[FusionDecisionRecord]:
             extra_arithmetic="index arithmetic in the consumers' loads",
             guard="none needed: consumers keep their XLA fusions",
             layout_effect=(f"consumers read {src_layout} directly instead of the "
-                           f"{dst_layout} copy" if permutes else
+                           f"{dst_layout} copy" if moves else
                            "none: consumers read the source"),
             evidence=(f"XLA runs {_kernel_desc(k)} as its own kernel: a {what}"
-                      + (f" {src_layout} -> {dst_layout}" if permutes else "")
+                      + (f" {src_layout} -> {dst_layout}" if moves else "")
                       + f" of {buf.shape} written to memory and read by {consumer_desc}"),
             verdict=Verdict.SAFE if elementwise_users else Verdict.RISKY,
             reasons=((("layout interpretation in the consumer's loads "
-                       "(same-index elements, permuted)",) if permutes else
+                       "(same-index elements, permuted)",) if moves else
                       ("current element only: the consumer converts on load",))
                      if elementwise_users else
                      ("a data layout the next major operation may not use efficiently",)),
             risks=(("memory coalescing: permuted loads in the consumer may break "
-                    "vectorized access",) if permutes else ()) +
+                    "vectorized access",) if moves else ()) +
                   ("cache reuse: several consumers would each redo it",) + _COMMON_RISKS,
             ops=(what,)))
   return out
