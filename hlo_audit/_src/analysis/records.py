@@ -104,3 +104,6 @@ class FusionDecisionRecord:
   #: The op's guard on those shapes: whether the kernel would run, or why it
   #: would fall back to XLA ("" when no kernel applies).
   guard_verdict: str = ""
+  #: The stack `source` was chosen from, innermost frame first: the library
+  #: frames above the user's line are context (`source.context`).
+  source_stack: tuple[SourceLocation, ...] = ()
