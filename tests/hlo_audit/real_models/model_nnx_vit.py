@@ -30,7 +30,7 @@ class ViT(nnx.Module):
   def __init__(self, rngs):
     self.embed = nnx.Linear(PATCH_DIM, DIM, rngs=rngs)
     self.pos = nnx.Param(jnp.zeros((1, PATCHES, DIM)))
-    self.blocks = nnx.List([Block(DIM, HEADS, rngs) for _ in range(2)])
+    self.blocks = nnx.List([Block(DIM, HEADS, rngs)])
     self.norm = nnx.LayerNorm(DIM, rngs=rngs)
     self.head = nnx.Linear(DIM, CLASSES, rngs=rngs)
 
