@@ -45,3 +45,65 @@ def build():
   params, stats = variables["params"], variables["batch_stats"]
   return jax.jit(train_step), (params, stats, tx.init(params), x,
                                jnp.zeros((BATCH,), jnp.int32))
+
+
+# ------------------------------------------------------------ ground truth --
+# Read off the optimized CPU HLO (jax 0.10.2, 0.11.2, 0.12: the same big
+# kernels; only scalar-stat fusions differ). Convolutions run as library
+# calls (conv, __ynn_fusion) writing NHWC f32; BatchNorm statistics are two
+# reductions over (N, H, W) producing f32[C] -- a batch norm, not a layer
+# norm -- and the weight-gradient convolutions read transposed copies that
+# XLA:CPU makes for its convolution library on purpose.
+from hlo_audit import FindingKind as K  # noqa: E402
+from tests.hlo_audit.real_models.truth import Expect, ModelTruth, NotFlagged  # noqa: E402
+
+_A1 = f"f32[{BATCH},{HW},{HW},16]"  # conv1 activations
+_A2 = f"f32[{BATCH},{HW // 2},{HW // 2},32]"  # conv2 activations
+_B1 = BATCH * HW * HW * 16 * 4
+
+TRUTH = ModelTruth(
+    expect=(
+        Expect(K.UNFUSED_EPILOGUE, _A1, "conv1", why=(
+            "conv1 output read back by the bias add and by the centering fusion")),
+        Expect(K.UNFUSED_EPILOGUE, _A2, "conv2", why=(
+            "conv2 output read back by the bias add and by the centering fusion")),
+        Expect(K.UNFUSED_EPILOGUE, _A1, "conv2", bytes=2 * _B1, why=(
+            "conv2's input-gradient convolution read once by the relu1-backward "
+            "fusion")),
+        Expect(K.UNFUSED_EPILOGUE, f"f32[16,3,3,32]", "conv2", why=(
+            "conv2's weight gradient read by adam's mu and nu kernels")),
+        Expect(K.SEPARATE_REDUCTION, _A1, "conv1", why=(
+            "conv1 + bias re-read by the BatchNorm mean and mean-of-squares "
+            "reductions over (N, H, W): batch statistics, no layer norm")),
+        Expect(K.SEPARATE_REDUCTION, _A2, "conv2", why=(
+            "conv2 + bias re-read by BatchNorm's two statistics reductions")),
+        Expect(K.SEPARATE_REDUCTION, _A2, "bn2", count=3, why=(
+            "BN2 apply written only for relu + global-average-pool's reduce; a "
+            "BN2-backward term written only for its reduce; BN2's dx re-read by "
+            "conv2's bias-gradient reduce")),
+        Expect(K.SEPARATE_REDUCTION, _A2, "relu2", why=(
+            "relu2-backward dy re-read by BN2's dgamma and dbeta reductions")),
+        Expect(K.SEPARATE_REDUCTION, _A1, "relu1", why=(
+            "relu1-backward dy re-read by BN1's dgamma and dbeta reductions")),
+        Expect(K.SEPARATE_REDUCTION, _A1, "bn1", count=2, why=(
+            "a BN1-backward term written only for its reduce; BN1's dx re-read "
+            "by conv1's bias-gradient reduce")),
+        Expect(K.UNFUSED_PROLOGUE, _A1, "relu1", why=(
+            "BatchNorm apply + relu written only for conv2: a prologue of the "
+            "convolution")),
+        Expect(K.EXPANDED_BROADCAST, _A2, None, why=(
+            "relu2's zero broadcast to f32[16,8,8,32] materialized for the "
+            "pooling reduce fusion")),
+    ),
+    not_flagged=(
+        NotFlagged("BatchNorm statistics reduce over batch and space to f32[C]: "
+                   "no layer_norm kernel computes that", says="layer_norm"),
+        NotFlagged("no RMS norm in a BatchNorm net", says="rms_norm"),
+        NotFlagged("XLA:CPU transposes operands of its weight-gradient and "
+                   "backward-data convolutions on purpose: not safe to drop",
+                   kind=K.LAYOUT_CONFLICT, verdict="safe"),
+        NotFlagged("a transpose feeding a convolution is no matmul prologue",
+                   says="pallas_kernels.matmul", kind=K.LAYOUT_CONFLICT),
+    ),
+    exhaustive=frozenset({K.EXPANDED_BROADCAST}),
+)

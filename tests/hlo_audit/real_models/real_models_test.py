@@ -33,7 +33,7 @@ def test_markers_name_lines_of_the_model(name):
 def test_expected_findings_are_reported(name):
   r = truth.report(name)
   out = truth.compare(name, r.findings, _truth(name))
-  missing = [f"{e.kinds[0].slug} {e.shape} at " +
+  missing = [f"{e.label} {e.shape} at " +
              (f"<{e.marker}> (line {truth.markers(name)[e.marker]})" if e.marker else "any line") +
              f": {n} of {e.count} missing; {e.why}" for e, n in out.missed]
   assert not missing, "\n".join(missing) + "\n\nreported:\n" + "\n".join(
@@ -81,3 +81,17 @@ def test_one_actionable_record_per_boundary(name):
       dup.append(f"{f.boundary}: {seen[f.boundary]} and {f.kind.slug}")
     seen.setdefault(f.boundary, f.kind.slug)
   assert not dup, "one buffer, several verdicts:\n" + "\n".join(dup)
+
+
+def test_in_place_updates_in_loops_are_charged_their_slice():
+  # The LSTM's forward body writes h, c and the cell input into [32,16,128]
+  # stacks with dynamic-update-slice, in place: 16x128 f32 per step each.
+  r = truth.report("lstm")
+  m = truth.model("lstm")
+  step = m.BATCH * m.HIDDEN * 4
+  dus = [k for k in r.kernels if "dynamic-update-slice" in k.fused_ops and
+         k.trip_count and k.trip_count > 1]
+  assert dus, "no in-place update found in the LSTM's loops"
+  over = [f"{k.name}: read {k.bytes_read} B, wrote {k.bytes_written} B per step"
+          for k in dus if k.bytes_written > step or k.bytes_read > 2 * step]
+  assert not over, f"slice is {step} B:\n" + "\n".join(over)

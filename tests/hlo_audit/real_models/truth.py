@@ -53,13 +53,21 @@ def jax_version() -> tuple[int, ...]:
 #: bf16 operands back to f32 before the dot (f32 -> bf16 -> f32 on each).
 NATIVE_BF16_DOT = jax_version() >= (0, 11)
 
+#: From jax 0.11 XLA:CPU leaves more slicing and transposing as kernels of
+#: their own: an LSTM's time-major swap becomes a transpose plus a relayout
+#: copy (one copy in 0.10), and two backward-loop dynamic-slices that 0.10
+#: fuses into their elementwise readers are materialized.
+SPLIT_SLICES = jax_version() >= (0, 11)
+
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Expect:
   """A finding the audit must report."""
 
-  #: The right class; more than one when the HLO supports either reading.
-  kind: FindingKind | tuple[FindingKind, ...]
+  #: The right class; more than one when the HLO supports either reading;
+  #: None for any scored class (a miss no class names yet: then `says`
+  #: carries the requirement, e.g. "hoist").
+  kind: FindingKind | tuple[FindingKind, ...] | None
   #: The boundary buffer's shape, e.g. "f32[128,512]".
   shape: str
   #: `# <marker>` of the model line the finding must cite; None where the
@@ -77,7 +85,13 @@ class Expect:
 
   @property
   def kinds(self) -> tuple[FindingKind, ...]:
+    if self.kind is None:
+      return SCORED
     return self.kind if isinstance(self.kind, tuple) else (self.kind,)
+
+  @property
+  def label(self) -> str:
+    return "any class" if self.kind is None else self.kinds[0].slug
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
