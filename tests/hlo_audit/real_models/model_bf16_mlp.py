@@ -98,7 +98,7 @@ TRUTH = ModelTruth(
         NotFlagged("converts are no layout change: no transpose or copy in "
                    "this HLO", kind=K.LAYOUT_CONFLICT),
         NotFlagged("a narrowing round trip (f32 -> bf16 -> f32) is not bit-exact "
-                   "to remove", says="converted back", numerical="EXACT"),
+                   "to remove", evidence="converted back", numerical="EXACT"),
     ),
     exhaustive=frozenset({K.LAYOUT_CONFLICT, K.EXPANDED_BROADCAST, K.UNFUSED_EPILOGUE}),
 )
