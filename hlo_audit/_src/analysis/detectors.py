@@ -17,6 +17,7 @@ import dataclasses
 from collections.abc import Mapping
 
 from hlo_audit._src.analysis import backend_traits as bt
+from hlo_audit._src.analysis import source as source_mod
 from hlo_audit._src.analysis.backend_traits import KernelKind
 from hlo_audit._src.analysis.buffers import (Buffer, Lifetime,
                                              expanded_broadcast_ratio,
@@ -45,6 +46,12 @@ class AuditOptions:
   keep_min_consumers: int = 2
   #: Keep-reuse records only for buffers at least this fraction of peak.
   keep_fraction: float = 0.01
+  #: Regexes of source paths that are not the user's code (searched in the
+  #: '/'-separated path): a finding cites the innermost frame outside them.
+  library_paths: tuple[str, ...] = source_mod.DEFAULT_LIBRARY_PATHS
+  #: Regexes of source paths that are the user's even where `library_paths`
+  #: match (e.g. your own package installed in site-packages).
+  user_paths: tuple[str, ...] = source_mod.DEFAULT_USER_PATHS
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

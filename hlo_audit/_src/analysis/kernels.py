@@ -20,6 +20,7 @@ import types
 from collections.abc import Mapping
 
 from hlo_audit._src.analysis import backend_traits as bt
+from hlo_audit._src.analysis import source as source_mod
 from hlo_audit._src.analysis.backend_traits import KernelKind
 from hlo_audit._src.analysis.dataflow import Dataflow
 from hlo_audit._src.analysis.schedule import Schedule
@@ -61,15 +62,19 @@ class Kernel:
   source: SourceLocation | None
   #: For grouped kernels (interpreted Pallas): the member instructions.
   members: tuple[str, ...] = ()
+  #: The stack `source` was chosen from, innermost frame first.
+  source_stack: tuple[SourceLocation, ...] = ()
 
   @property
   def bytes_moved(self) -> int:
     return self.bytes_read + self.bytes_written
 
 
-def find_kernels(module: HloModule, schedule: Schedule,
-                 dataflow: Dataflow) -> tuple[Kernel, ...]:
-  """Every kernel of `module`, in schedule order."""
+def find_kernels(module: HloModule, schedule: Schedule, dataflow: Dataflow, *,
+                 library_paths: tuple[str, ...] = source_mod.DEFAULT_LIBRARY_PATHS,
+                 user_paths: tuple[str, ...] = source_mod.DEFAULT_USER_PATHS) -> tuple[Kernel, ...]:
+  """Every kernel of `module`, in schedule order (`library_paths` and
+  `user_paths` choose each kernel's source frame: `source.attribute`)."""
   comps = {name: module.computation(name) for name in schedule.span}
   multiplicity = _multiplicity(module, comps)
   groups = _pallas_groups(module, comps)
@@ -84,7 +89,7 @@ def find_kernels(module: HloModule, schedule: Schedule,
       if key not in emitted_groups:
         emitted_groups.add(key)
         out.append(_pallas_kernel(module, schedule, comps, dataflow, key,
-                                  groups[key], multiplicity))
+                                  groups[key], multiplicity, library_paths, user_paths))
       continue
     if inst.opcode in _NO_LAUNCH:
       continue
@@ -97,7 +102,8 @@ def find_kernels(module: HloModule, schedule: Schedule,
         detail=detail, fused_ops=types.MappingProxyType(fused),
         bytes_read=read, bytes_written=written,
         trip_count=multiplicity.get(comp_name, 1), time=schedule.time[name],
-        op_name=inst.op_name, source=source_of(module, inst)))
+        op_name=inst.op_name,
+        **_source_fields(module, inst, library_paths, user_paths)))
   return tuple(out)
 
 
@@ -261,21 +267,10 @@ def _multiplicity(module: HloModule, comps: Mapping[str, Computation]) -> dict[s
   return mult
 
 
-def source_of(module: HloModule, inst: Instruction) -> SourceLocation | None:
-  """The user's source line of `inst`, looking inside fusions when the
-  fusion itself carries none (root first, then any fused op)."""
-  loc = module.source_location(inst)
-  if loc is not None:
-    return loc
-  for callee in inst.called_computations.get("calls", ()):
-    if callee not in module:
-      continue
-    comp = module.computation(callee)
-    for i in (comp.root,) + comp.instructions:
-      loc = module.source_location(i)
-      if loc is not None:
-        return loc
-  return None
+def _source_fields(module: HloModule, inst: Instruction, library_paths: tuple[str, ...],
+                   user_paths: tuple[str, ...]) -> dict:
+  src, stack = source_mod.attribute(module, inst, library_paths, user_paths)
+  return {"source": src, "source_stack": stack}
 
 
 def _pallas_groups(module: HloModule,
@@ -480,7 +475,8 @@ def _all_instructions(comps: Mapping[str, Computation], comp_name: str) -> list[
           for inst in comps[name].instructions]
 
 
-def _pallas_kernel(module, schedule, comps, dataflow, key, members, multiplicity) -> Kernel:
+def _pallas_kernel(module, schedule, comps, dataflow, key, members, multiplicity,
+                   library_paths, user_paths) -> Kernel:
   member_set = set(members)
   counts: collections.Counter = collections.Counter()
   first = None
@@ -522,4 +518,4 @@ def _pallas_kernel(module, schedule, comps, dataflow, key, members, multiplicity
       fused_ops=types.MappingProxyType(dict(counts)), bytes_read=read,
       bytes_written=written, trip_count=multiplicity.get(comp_name, 1),
       time=schedule.time[inst.name], op_name=inst.op_name,
-      source=source_of(module, inst), members=tuple(members))
+      members=tuple(members), **_source_fields(module, inst, library_paths, user_paths))

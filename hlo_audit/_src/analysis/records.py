@@ -115,3 +115,6 @@ class FusionDecisionRecord:
   #: What other detectors saw at the same boundary (merged into this record:
   #: one buffer, one verdict), e.g. "also read by 3 kernels (keep-reuse)".
   notes: tuple[str, ...] = ()
+  #: The stack `source` was chosen from, innermost frame first: the library
+  #: frames above the user's line are context (`source.context`).
+  source_stack: tuple[SourceLocation, ...] = ()
