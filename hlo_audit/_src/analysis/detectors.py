@@ -484,8 +484,8 @@ def _copies(ctx: _Context) -> list[FusionDecisionRecord]:
               risks=("layout reverse impact: check the backward pass for new "
                      "transposes", "memory coalescing of the transposed read")
               + _COMMON_RISKS, ops=("transpose",)))
-      elif not moves and converts and len(consumers) == 1 and anchors:
-        continue  # a cast feeding one matmul: an unfused prologue
+      elif not moves and converts and consumers and len(anchors) == len(consumers):
+        continue  # a cast read only by matmuls: an unfused prologue
       else:
         what = ("layout change" if moves else
                 "dtype conversion" if converts else "same-layout copy")
@@ -676,6 +676,8 @@ def _classify_elementwise(comp: Computation, chain: list[Instruction],
     items.append(f"activation:{activation}")
   if "clamp" in opcodes_ or ("maximum" in opcodes_ and "minimum" in opcodes_):
     items.append("clamp")
+  if "select" in opcodes_ and "compare" in opcodes_:
+    items.append("mask")  # e.g. ReLU's backward: select(x > 0, g, 0)
   if "transpose" in opcodes_:
     items.append("transpose")
   converts = [i for i in chain if i.opcode == "convert" and i.shape is not None]
@@ -766,9 +768,9 @@ def _epilogues(ctx: _Context) -> tuple[list[FusionDecisionRecord], list[FusionDe
         continue
       consumers = _consumer_kernels(ctx, buf)
       if len(consumers) > 1:
-        split = _split_epilogue(ctx, k, anchor, buf, consumers)
-        if split is not None:
-          out.append(split)
+        multi = _multi_epilogue(ctx, k, anchor, buf, consumers)
+        if multi is not None:
+          out.append(multi)
         continue
       if len(consumers) != 1:
         continue
@@ -777,6 +779,8 @@ def _epilogues(ctx: _Context) -> tuple[list[FusionDecisionRecord], list[FusionDe
       if operand is None:
         continue
       work = _epilogue_work(ctx, consumer, operand, buf)
+      if work is None and _store_into_slice(ctx, consumer, buf):
+        work = ("store into slice",)
       if work is None:
         continue
       kernel_ops = tuple(w.split(":")[0] if w.startswith(("cast", "quantize")) else w
@@ -829,8 +833,9 @@ def _epilogues(ctx: _Context) -> tuple[list[FusionDecisionRecord], list[FusionDe
 
 
 def _slice_read(ctx: _Context, consumer: Kernel, buf: Buffer) -> int | None:
-  """Bytes `consumer` reads of `buf` when it reads it only through slices,
-  else None."""
+  """Bytes `consumer` reads of `buf` when it reads it only through slices
+  (possibly after elementwise work on the whole, e.g. a gate fusion adding
+  the bias before splitting the gates), else None."""
   operand = _operand_number(ctx, consumer, buf)
   fused = _fused(ctx, consumer)
   if operand is None or fused is None:
@@ -838,49 +843,104 @@ def _slice_read(ctx: _Context, consumer: Kernel, buf: Buffer) -> int | None:
   params = {p.parameter_number: p for p in fused.parameters}
   if operand not in params:
     return None
-  total, stack = 0, [params[operand].name]
+  users: dict[str, list[Instruction]] = {}
+  for i in fused.instructions:
+    for o in dict.fromkeys(i.operands):
+      users.setdefault(o, []).append(i)
+  total, stack, seen = 0, [params[operand].name], set()
   while stack:
     name = stack.pop()
-    users = [i for i in fused.instructions if name in i.operands]
-    if not users:
-      return None
-    for u in users:
-      if u.opcode == "bitcast":
-        stack.append(u.name)
-      elif u.opcode == "slice" and u.shape is not None:
+    if not users.get(name):
+      return None  # the whole value reaches the output unsliced
+    for u in users[name]:
+      if u.name in seen:
+        continue
+      seen.add(u.name)
+      if u.opcode == "slice" and u.shape is not None:
         total += u.shape.byte_size
+      elif u.opcode == "bitcast" or (u.opcode in opcodes.ELEMENTWISE and
+                                     u.shape is not None and u.shape.dims == buf.dims):
+        stack.append(u.name)
       else:
         return None
   return total
 
 
-def _split_epilogue(ctx: _Context, k: Kernel, anchor: str, buf: Buffer,
+def _store_into_slice(ctx: _Context, consumer: Kernel, buf: Buffer) -> bool:
+  """Whether `consumer` only copies `buf` into a slice of another buffer
+  (a dynamic-update-slice whose update is `buf`): the anchor could store
+  there directly."""
+  inst = ctx.inst(consumer)
+  operand = _operand_number(ctx, consumer, buf)
+  if operand is None:
+    return False
+  if inst.opcode == "dynamic-update-slice":
+    return operand == 1
+  fused = _fused(ctx, consumer)
+  if fused is None:
+    return False
+  root = fused.root
+  while root.opcode == "bitcast" and root.operands:
+    root = fused.instruction(root.operands[0])
+  if root.opcode != "dynamic-update-slice" or len(root.operands) < 2:
+    return False
+  update = _through_bitcasts(fused, root.operands[1])
+  return update is not None and update.opcode == "parameter" and \
+      update.parameter_number == operand
+
+
+def _multi_epilogue(ctx: _Context, k: Kernel, anchor: str, buf: Buffer,
                     consumers: list[Kernel]) -> FusionDecisionRecord | None:
-  """A matmul result that several kernels each read a slice of (an LSTM's
-  gate split, a fused QKV projection): one epilogue could write the parts."""
-  reads = [_slice_read(ctx, c, buf) for c in consumers]
-  if any(r is None for r in reads) or sum(reads) > buf.bytes:
+  """A matmul result that several kernels read, each elementwise or through
+  a slice (an LSTM's gate split, a fused QKV projection, a weight gradient
+  read by an optimizer's two moment updates, bias+activation beside the
+  activation's backward mask): one epilogue could write every reader's
+  result, and the matmul's output is never stored. None when a reader does
+  more than elementwise work on it (another matmul, a reduction: reuse)."""
+  works: list[tuple[str, ...]] = []
+  read = 0
+  for c in consumers:
+    operand = _operand_number(ctx, c, buf)
+    work = _epilogue_work(ctx, c, operand, buf) if operand is not None else None
+    if work is not None:
+      works.append(work)
+      read += buf.bytes
+      continue
+    sliced = _slice_read(ctx, c, buf)
+    if sliced is not None:
+      works.append(("slice",))
+      read += sliced
+      continue
     return None
   n = len(consumers)
+  if all(w == ("slice",) for w in works) and read <= buf.bytes:
+    ops: tuple[str, ...] = (f"split:{n}",)
+    what = (f"{n} kernels ({', '.join(c.name for c in consumers)}) each read a "
+            "disjoint slice of it (column blocks)")
+  else:
+    items = dict.fromkeys(w for work in works for w in work if w != "slice")
+    ops = (f"outputs:{n}",) + tuple(items)
+    what = (f"{n} kernels read it, each elementwise ("
+            + "; ".join(f"{c.name}: {', '.join(w)}" for c, w in zip(consumers, works))
+            + ")")
   return FusionDecisionRecord(
       kind=FindingKind.UNFUSED_EPILOGUE, producer=k.name,
       consumers=tuple(c.name for c in consumers), boundary=buf.name,
-      boundary_shape=buf.shape, bytes_saved=_times(buf.bytes + sum(reads), _trip(k)),
+      boundary_shape=buf.shape, bytes_saved=_times(buf.bytes + read, _trip(k)),
       launches_removed=_times(n, _trip(k)),
       extra_arithmetic=f"the {n} readers' elementwise work moves into the matmul's store",
       extra_resources=f"{n} output tiles per accumulator tile",
       numerical_class=NumericalClass.SAME_OPS,
       guard="no kernel yet: pallas_kernels.matmul writes one output",
       layout_effect=f"the {anchor} writes {n} outputs instead of one",
-      evidence=(f"{_kernel_desc(k)} writes its {anchor} result {buf.shape}; "
-                f"{n} kernels ({', '.join(c.name for c in consumers)}) each read a "
-                "disjoint slice of it (column blocks)"),
+      evidence=f"{_kernel_desc(k)} writes its {anchor} result {buf.shape}; {what}",
       verdict=Verdict.SAFE,
       reasons=("current element only: each output element depends on one "
                "accumulator element",),
       risks=("register count: several epilogues' live values per tile",
-             "store coalescing: each output's store must stay vectorized") + _COMMON_RISKS,
-      ops=(f"split:{n}",), kernel=None, trip_count=_trip(k), source=buf.source,
+             "store coalescing: each output's store must stay vectorized",
+             "cache reuse: the readers no longer share one stored result") + _COMMON_RISKS,
+      ops=ops, kernel=None, trip_count=_trip(k), source=buf.source,
       computation=k.computation)
 
 
@@ -920,6 +980,10 @@ def _already_fused(ctx: _Context, k: Kernel, anchor: str,
 
 
 def _prologues(ctx: _Context) -> list[FusionDecisionRecord]:
+  """Buffers written only for matmuls (one or several: a forward dot and
+  the backward dots reading the same operand) by a kernel whose work the
+  matmuls could do on load: casts, dequantization, scales, elementwise
+  math, slices of a larger buffer."""
   out = []
   for k in ctx.kernels.values():
     if k.kind not in (KernelKind.LOOP_FUSION, KernelKind.UNFUSED_OP, KernelKind.COPY):
@@ -929,43 +993,69 @@ def _prologues(ctx: _Context) -> list[FusionDecisionRecord]:
       if buf.lifetime in (Lifetime.EXTERNAL_OUTPUT, Lifetime.EXPANDED_BROADCAST) \
           or buf.internal:
         continue
-      consumers = _consumer_kernels(ctx, buf)
-      if len(consumers) != 1:
+      readers = _consumer_kernels(ctx, buf)
+      anchors = [_anchor(ctx, c) for c in readers]
+      if not readers or None in anchors:
         continue
-      anchor_k = consumers[0]
-      anchor = _anchor(ctx, anchor_k)
-      if anchor is None:
-        continue
-      work = _prologue_work(ctx, k, inst)
-      if work is not None and anchor in bt.LAYOUT_FIXED_ANCHORS:
+      anchor = anchors[0]
+      work = _prologue_work(ctx, k, inst) or _slice_work(ctx, k, inst)
+      if work is not None and set(anchors) & bt.LAYOUT_FIXED_ANCHORS:
         # The library's layout contract: its transpose is not a prologue.
         work = tuple(w for w in work if w != "transpose") or None
       if work is None:
         continue
-      kernel = kernel_for(FindingKind.UNFUSED_PROLOGUE, anchor,
-                          tuple(w.split(":")[0] for w in work))
+      kernel = (kernel_for(FindingKind.UNFUSED_PROLOGUE, anchor,
+                           tuple(w.split(":")[0] for w in work))
+                if len(set(anchors)) == 1 else None)
+      n = len(readers)
+      names = ", ".join(_kernel_desc(c) for c in readers)
       out.append(FusionDecisionRecord(
           kind=FindingKind.UNFUSED_PROLOGUE, producer=k.name,
-          consumers=(anchor_k.name,), boundary=buf.name, boundary_shape=buf.shape,
-          bytes_saved=_times(2 * buf.bytes, _trip(k)),
+          consumers=tuple(c.name for c in readers), boundary=buf.name,
+          boundary_shape=buf.shape,
+          bytes_saved=_times((1 + n) * buf.bytes, _trip(k)),
           launches_removed=_times(1, _trip(k)),
           extra_arithmetic="the prologue runs on each loaded tile (once per "
                            "reuse of the tile in the matmul)",
           extra_resources="converted operand tile in registers/shared memory",
           numerical_class=NumericalClass.SAME_OPS,
           guard=(f"{kernel} runs XLA's reference outside its shape/dtype rules"
-                 if kernel else "no kernel covers this prologue"),
+                 if kernel else "no kernel yet covers this prologue"),
           layout_effect="none: the matmul reads the original operand",
           evidence=(f"{_kernel_desc(k)} writes {buf.shape} ({', '.join(work)}) "
-                    f"that only {_kernel_desc(anchor_k)} ({anchor}) reads"),
+                    f"that only {'matmuls read' if n > 1 else 'a matmul reads'}: "
+                    f"{names} ({', '.join(dict.fromkeys(anchors))})"),
           verdict=Verdict.SAFE,
           reasons=("current element only: elementwise work on the loaded operand",
                    "broadcast scalars or vectors (scales, per-channel affine)"),
           risks=("load coalescing of the narrower input",
-                 "reuse within tile: the conversion repeats per reuse") + _COMMON_RISKS,
+                 "reuse within tile: the conversion repeats per reuse")
+          + (("each reading matmul repeats the prologue",) if n > 1 else ())
+          + _COMMON_RISKS,
           ops=work, kernel=kernel, trip_count=_trip(k), source=buf.source,
           computation=k.computation))
   return out
+
+
+def _slice_work(ctx: _Context, k: Kernel, inst: Instruction) -> tuple[str, ...] | None:
+  """("dynamic-slice",) or ("slice",) for a kernel that only cuts a part of
+  a buffer (an offset the matmul's loads could apply)."""
+  ops = set(k.fused_ops) if inst.opcode == "fusion" else {inst.opcode}
+  cut = ops & {"slice", "dynamic-slice"}
+  if not cut or not ops <= cut | _SLICE_GLUE | _scalar_ops(ctx, k):
+    return None
+  return ("dynamic-slice",) if "dynamic-slice" in cut else ("slice",)
+
+
+def _scalar_ops(ctx: _Context, k: Kernel) -> set[str]:
+  """Opcodes a fusion runs only on scalars (a dynamic-slice's index
+  arithmetic, e.g. a reversed scan's `n - 1 - i`)."""
+  fused = _fused(ctx, k)
+  if fused is None:
+    return set()
+  ranked = {i.opcode for i in fused.instructions
+            if i.shape is not None and i.shape.is_array and i.shape.dims}
+  return {i.opcode for i in fused.instructions} - ranked
 
 
 #: Opcodes a prologue producer may run: elementwise math and shape-only ops.
@@ -1028,27 +1118,33 @@ def _separate_reductions(ctx: _Context) -> list[FusionDecisionRecord]:
   readers: dict[str, list[Kernel]] = {}
   for r in ctx.kernels.values():
     inst = ctx.inst(r)
-    is_reduction = inst.opcode == "reduce" or (
-        "reduce" in r.fused_ops and not {"dot", "convolution"} & set(r.fused_ops)
+    # XLA:CPU lowers some column sums (bias gradients) to reduce-window.
+    is_reduction = inst.opcode in ("reduce", "reduce-window") or (
+        {"reduce", "reduce-window"} & set(r.fused_ops)
+        and not {"dot", "convolution"} & set(r.fused_ops)
         and r.kind is not KernelKind.PALLAS)
     if not is_reduction:
       continue
     for operand in inst.operands:
       for _, vid in ctx.dataflow.holds.get(operand, ()):
-        name = vid[0] + ("{" + ",".join(map(str, vid[1])) + "}" if vid[1] else "")
-        lst = readers.setdefault(name, [])
+        lst = readers.setdefault(vid, [])
         if r not in lst:
           lst.append(r)
   out = []
-  for name, reductions in readers.items():
-    buf = ctx.buffers.get(name)
+  for vid, reductions in readers.items():
+    bid = ctx.dataflow.buffer_of.get(vid)
+    if bid is None:
+      continue
+    buf = ctx.buffers.get(bid[0] + ("{" + ",".join(map(str, bid[1])) + "}" if bid[1] else ""))
     if buf is None or not buf.producer or buf.internal or buf.lifetime is Lifetime.INPUT:
       continue
-    producer = ctx.kernels.get(buf.producer)
+    # The kernel that wrote the value read: for a buffer updated in place
+    # (a scatter-add into zeros) that is the last writer, not the first.
+    producer = ctx.kernels.get(vid[0]) or ctx.kernels.get(buf.producer)
     if producer is None or producer in reductions:
       continue
     names = {r.name for r in reductions}
-    others = [c for c in buf.consumers if c not in names]
+    others = [c for c in buf.consumers if c not in names and c != producer.name]
     only = not others and len(reductions) == 1
     pattern = None
     for r in reductions:
@@ -1179,6 +1275,8 @@ def _materialized_slices(ctx: _Context) -> list[FusionDecisionRecord]:
         continue
       reader = consumers[0]
       anchor = _anchor(ctx, reader)
+      if anchor and "concatenate" not in cut:
+        continue  # a slice read by a matmul: an unfused prologue
       what = "concatenate" if "concatenate" in cut else (
           "dynamic-slice" if "dynamic-slice" in cut else "slice")
       library = reader.kind in (KernelKind.CPU_LIBRARY_FUSION, KernelKind.LIBRARY_CALL,

@@ -104,8 +104,10 @@ TRUTH = ModelTruth(
                           "to {2,1,0} for the backward loop")),
     ),
     not_flagged=(
+        # (The time-major swaps above are real permutations, {2,0,1} ->
+        # {2,1,0}; only the broadcast-initialised states must not be.)
         NotFlagged("a zero loop initial state copied from a broadcast is no "
-                   "layout change", says="layout change"),
+                   "layout change", says="layout change", evidence="broadcast"),
     ),
     exhaustive=frozenset({K.STANDALONE_COPY, K.LAYOUT_CONFLICT}),
 )
