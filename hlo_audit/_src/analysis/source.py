@@ -107,35 +107,50 @@ def attribute(module: HloModule, inst: Instruction,
         return loc, stack
     if not fallback:
       fallback = stack
+  if not fallback:
+    # XLA drops metadata on what its passes add (a loop carry's copy, an
+    # output copy): such an instruction belongs to what it copies, else to
+    # the loop or call that runs its computation.
+    for other in _stand_ins(module, inst):
+      src, stack = attribute(module, other, library_paths, user_paths)
+      if src is not None:
+        return src, stack
   return (fallback[0], fallback) if fallback else (None, ())
 
 
-def library_name(file: str) -> str:
-  """What a library frame's file belongs to: the installed package
-  ("flax"), "python" for the standard library, else the file's basename."""
-  path = file.replace("\\", "/")
-  m = _INSTALLED.search(path)
-  if m:
-    return m.group(1).split(".")[0]
-  if _STDLIB.search(path):
-    return "python"
-  for pkg in ("jax", "jaxlib", "hlo_audit", "pallas_kernels"):
-    if re.search(rf"(^|/){pkg}/", path):
-      return pkg
-  return path.rsplit("/", 1)[-1]
+#: Opcodes whose result is their operand's data: the source of that data.
+_PASS_THROUGH = frozenset({"copy", "bitcast", "get-tuple-element", "convert",
+                           "reshape", "transpose"})
+_tables: dict[int, tuple[HloModule, dict, dict]] = {}
 
 
-def context(source: SourceLocation | None, stack: tuple[SourceLocation, ...]) -> str:
-  """The library frame the user's line called into, e.g. "in flax
-  Linear.__call__ at nnx/nn/linear.py:422"; "" when `source` is innermost."""
-  if source is None or not stack or stack[0] == source:
-    return ""
-  inner = stack[0]
-  for loc in stack:
-    if loc == source:
-      break
-    inner = loc  # the library frame the user's line called into
-  parts = inner.file.replace("\\", "/").split("/")
-  short = "/".join(parts[-3:])
-  func = f" {inner.function}" if inner.function else ""
-  return f"in {library_name(inner.file)}{func} at {short}:{inner.line}"
+def _module_tables(module: HloModule):
+  """(instruction -> its computation, computation -> its caller), built once
+  per module (the audit in progress)."""
+  cached = _tables.get(id(module))
+  if cached is None or cached[0] is not module:
+    comp_of = {i.name: c for c in module.computations for i in c.instructions}
+    caller = {callee: i for c in module.computations for i in c.instructions
+              if i.opcode in ("while", "call", "conditional", "async-start")
+              for callees in i.called_computations.values() for callee in callees}
+    _tables.clear()
+    _tables[id(module)] = cached = (module, comp_of, caller)
+  return cached[1], cached[2]
+
+
+def _stand_ins(module: HloModule, inst: Instruction) -> list[Instruction]:
+  """What to attribute a metadata-less `inst` to: the producer of the data
+  it passes through, then the instruction calling its computation."""
+  comp_of, caller_of = _module_tables(module)
+  comp = comp_of.get(inst.name)
+  if comp is None:
+    return []
+  out = []
+  if inst.opcode in _PASS_THROUGH and inst.operands and inst.operands[0] in comp:
+    operand = comp.instruction(inst.operands[0])
+    if operand.opcode != "parameter":
+      out.append(operand)
+  caller = caller_of.get(comp.name)
+  if caller is not None:
+    out.append(caller)
+  return out
