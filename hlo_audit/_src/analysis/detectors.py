@@ -676,8 +676,12 @@ def _classify_elementwise(comp: Computation, chain: list[Instruction],
     items.append(f"activation:{activation}")
   if "clamp" in opcodes_ or ("maximum" in opcodes_ and "minimum" in opcodes_):
     items.append("clamp")
-  if "select" in opcodes_ and "compare" in opcodes_:
-    items.append("mask")  # e.g. ReLU's backward: select(x > 0, g, 0)
+  # A mask selects by a predicate computed elsewhere (ReLU's backward:
+  # select(x > 0, g, 0) with x from the forward pass); a select on the
+  # anchor's own value belongs to the activation (XLA's erf expansion).
+  if any(i.opcode == "select" and i.operands and i.operands[0] not in chain_names
+         for i in chain):
+    items.append("mask")
   if "transpose" in opcodes_:
     items.append("transpose")
   converts = [i for i in chain if i.opcode == "convert" and i.shape is not None]

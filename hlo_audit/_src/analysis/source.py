@@ -118,6 +118,37 @@ def attribute(module: HloModule, inst: Instruction,
   return (fallback[0], fallback) if fallback else (None, ())
 
 
+def library_name(file: str) -> str:
+  """What a library frame's file belongs to: the installed package
+  ("flax"), "python" for the standard library, else the file's basename."""
+  path = file.replace("\\", "/")
+  m = _INSTALLED.search(path)
+  if m:
+    return m.group(1).split(".")[0]
+  if _STDLIB.search(path):
+    return "python"
+  for pkg in ("jax", "jaxlib", "hlo_audit", "pallas_kernels"):
+    if re.search(rf"(^|/){pkg}/", path):
+      return pkg
+  return path.rsplit("/", 1)[-1]
+
+
+def context(source: SourceLocation | None, stack: tuple[SourceLocation, ...]) -> str:
+  """The library frame the user's line called into, e.g. "in flax
+  Linear.__call__ at nnx/nn/linear.py:422"; "" when `source` is innermost."""
+  if source is None or not stack or stack[0] == source:
+    return ""
+  inner = stack[0]
+  for loc in stack:
+    if loc == source:
+      break
+    inner = loc  # the library frame the user's line called into
+  parts = inner.file.replace("\\", "/").split("/")
+  short = "/".join(parts[-3:])
+  func = f" {inner.function}" if inner.function else ""
+  return f"in {library_name(inner.file)}{func} at {short}:{inner.line}"
+
+
 #: Opcodes whose result is their operand's data: the source of that data.
 _PASS_THROUGH = frozenset({"copy", "bitcast", "get-tuple-element", "convert",
                            "reshape", "transpose"})
