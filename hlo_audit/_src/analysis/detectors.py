@@ -364,7 +364,9 @@ def _round_trip(ctx: _Context, k: Kernel, consumers: list[Kernel]) -> tuple[list
   """Consumers converting `k`'s result back to its source dtype, and whether
   the round trip preserves values (widening first, e.g. bf16 -> f32 -> bf16)."""
   back = [c for c in consumers if _converts_back(ctx, k, c)]
-  if not back:
+  if not back or len(back) != len(consumers):
+    # Another reader uses the converted value itself: not a round trip to
+    # remove (e.g. x cast to bf16 for a dot, and back to f32 for another).
     return [], False
   a = ctx.inst(k)
   src = ctx.comps[k.computation].instruction(a.operands[0]).shape
@@ -998,7 +1000,7 @@ def _prologues(ctx: _Context) -> list[FusionDecisionRecord]:
           or buf.internal:
         continue
       readers = _consumer_kernels(ctx, buf)
-      anchors = [_anchor(ctx, c) for c in readers]
+      anchors = [_anchor(ctx, c) or _cast_for_matmuls(ctx, c) for c in readers]
       if not readers or None in anchors:
         continue
       anchor = anchors[0]
@@ -1039,6 +1041,20 @@ def _prologues(ctx: _Context) -> list[FusionDecisionRecord]:
           ops=work, kernel=kernel, trip_count=_trip(k), source=buf.source,
           computation=k.computation))
   return out
+
+
+def _cast_for_matmuls(ctx: _Context, c: Kernel) -> str | None:
+  """The anchor a reader feeds when it only converts dtype for matmuls (a
+  bf16 value widened again for a dot XLA:CPU runs in f32), else None."""
+  inst = ctx.inst(c)
+  if not is_layout_conversion(ctx.module, inst) or \
+      kernel_permutes(ctx.module, ctx.comps[c.computation], inst):
+    return None
+  anchors = {_anchor(ctx, r) for b in ctx.writes.get(c.name, ())
+             for r in _consumer_kernels(ctx, b)}
+  if not anchors or None in anchors or len(anchors) != 1:
+    return None
+  return anchors.pop()
 
 
 def _slice_work(ctx: _Context, k: Kernel, inst: Instruction) -> tuple[str, ...] | None:
@@ -1260,8 +1276,9 @@ _SLICE_GLUE = frozenset({"bitcast", "reshape", "copy", "parameter", "constant",
 
 
 def _materialized_slices(ctx: _Context) -> list[FusionDecisionRecord]:
-  """A slice, dynamic-slice or concatenate written to memory for a single
-  reader kernel, which could read the parts in place."""
+  """A slice, dynamic-slice or concatenate written to memory for one
+  reader, or for several elementwise readers, that could read the parts in
+  place (matmuls reading a slice are unfused prologues)."""
   out = []
   for k in ctx.kernels.values():
     if k.kind is KernelKind.PALLAS:
@@ -1275,8 +1292,11 @@ def _materialized_slices(ctx: _Context) -> list[FusionDecisionRecord]:
       if buf.internal or buf.lifetime is Lifetime.EXTERNAL_OUTPUT:
         continue
       consumers = _consumer_kernels(ctx, buf)
-      if len(consumers) != 1:
+      if not consumers:
         continue
+      if len(consumers) > 1 and not all(
+          c.kind in (KernelKind.LOOP_FUSION, KernelKind.INPUT_FUSION) for c in consumers):
+        continue  # several readers of which some cannot index in place
       reader = consumers[0]
       anchor = _anchor(ctx, reader)
       if anchor and "concatenate" not in cut:
@@ -1287,7 +1307,8 @@ def _materialized_slices(ctx: _Context) -> list[FusionDecisionRecord]:
                                 KernelKind.CUSTOM_FUSION, KernelKind.TRITON_GEMM)
       out.append(FusionDecisionRecord(
           kind=FindingKind.MATERIALIZED_SLICE, producer=k.name,
-          consumers=(reader.name,), boundary=buf.name, boundary_shape=buf.shape,
+          consumers=tuple(c.name for c in consumers), boundary=buf.name,
+          boundary_shape=buf.shape,
           bytes_saved=_times(2 * buf.bytes, _trip(k)),
           launches_removed=_times(1, _trip(k)),
           extra_arithmetic=("offset arithmetic in the reader's loads" if what != "concatenate"
@@ -1297,7 +1318,8 @@ def _materialized_slices(ctx: _Context) -> list[FusionDecisionRecord]:
                  if anchor else "none needed: the reader indexes the parts"),
           layout_effect="none: the reader reads the source buffer(s)",
           evidence=(f"{_kernel_desc(k)} writes a {what} {buf.shape} that only "
-                    f"{_kernel_desc(reader)} reads"
+                    + ", ".join(_kernel_desc(c) for c in consumers)
+                    + (" read" if len(consumers) > 1 else " reads")
                     + (f" ({anchor})" if anchor else "")
                     + (f", {k.trip_count} times per run" if (k.trip_count or 1) > 1 else "")),
           verdict=Verdict.RISKY if library else Verdict.SAFE,

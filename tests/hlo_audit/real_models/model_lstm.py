@@ -90,8 +90,8 @@ TRUTH = ModelTruth(
         Expect((K.UNFUSED_PROLOGUE, K.STANDALONE_COPY), f"f32[{BATCH},{FEATURES}]", "rnn",
                count=2, why="x_t dynamic-sliced into its own buffer for the input dot "
                "(forward, and backward for the remat and dW_i dots)"),
-        Expect((K.UNFUSED_PROLOGUE, K.STANDALONE_COPY), _STATE, "rnn",
-               count=3 if SPLIT_SLICES else 1, why=(
+        Expect((K.UNFUSED_PROLOGUE, K.MATERIALIZED_SLICE, K.STANDALONE_COPY), _STATE,
+               "rnn", count=3 if SPLIT_SLICES else 1, why=(
                    "saved h_t dynamic-sliced out of its stack for the remat and dW_h "
                    "dots (from 0.11 also two saved states sliced for one "
                    "elementwise reader each)")),
