@@ -91,7 +91,21 @@ def attribute(module: HloModule, inst: Instruction,
 
   A fusion's own metadata is tried first, then its fused instructions (root
   first); the first with a user frame wins, else the first with any frame.
+  XLA-made instructions carry none (loop-carry and donation copies, layout
+  copies): they take the stack of the loop that runs them, else of what
+  they feed (through tuples and bitcasts), else of what they read.
   """
+  found = _own(module, inst, library_paths, user_paths)
+  if found[1]:
+    return found
+  for other in _context(module, inst):
+    found = _own(module, other, library_paths, user_paths)
+    if found[1]:
+      return found
+  return None, ()
+
+
+def _own(module: HloModule, inst: Instruction, library_paths, user_paths):
   candidates = [inst]
   for callee in inst.called_computations.get("calls", ()):
     if callee in module:
@@ -108,6 +122,44 @@ def attribute(module: HloModule, inst: Instruction,
     if not fallback:
       fallback = stack
   return (fallback[0], fallback) if fallback else (None, ())
+
+
+_PASS_THROUGH = frozenset({"tuple", "get-tuple-element", "bitcast", "copy"})
+
+
+def _context(module: HloModule, inst: Instruction):
+  """Instructions whose stack stands for `inst`'s: the control-flow callers
+  of its computation (innermost first), its users (looking through tuples
+  and bitcasts), then its operands."""
+  comp = next((c for c in module.computations if inst.name in c), None)
+  if comp is None:
+    return
+  name = comp.name
+  seen = {name}
+  while True:
+    callers = [(c, i) for c, i, role in module.callers().get(name, ())
+               if role not in ("calls", "to_apply")]
+    if not callers:
+      break
+    c, i = callers[0]
+    yield module.computation(c).instruction(i)
+    if c in seen:
+      break
+    seen.add(c)
+    name = c
+  frontier, visited = [inst.name], {inst.name}
+  while frontier:
+    nxt = []
+    for user in comp.instructions:
+      if user.name not in visited and any(o in frontier for o in user.operands):
+        visited.add(user.name)
+        yield user
+        if user.opcode in _PASS_THROUGH:
+          nxt.append(user.name)
+    frontier = nxt
+  for o in inst.operands:
+    if o in comp:
+      yield comp.instruction(o)
 
 
 def library_name(file: str) -> str:

@@ -88,10 +88,10 @@ TRUTH = ModelTruth(
             "the four gate gradients concatenated each step, re-read by the "
             "bias-gradient reduce and three dots")),
         Expect((K.UNFUSED_PROLOGUE, K.STANDALONE_COPY), f"f32[{BATCH},{FEATURES}]", "rnn",
-               count=2, why="x_t dynamic-sliced into its own buffer for the input dot "
+               count=2, says="slice", why="x_t dynamic-sliced into its own buffer for the input dot "
                "(forward, and backward for the remat and dW_i dots)"),
         Expect((K.UNFUSED_PROLOGUE, K.STANDALONE_COPY), _STATE, "rnn",
-               count=3 if SPLIT_SLICES else 1, why=(
+               count=3 if SPLIT_SLICES else 1, says="slice", why=(
                    "saved h_t dynamic-sliced out of its stack for the remat and dW_h "
                    "dots (from 0.11 also two saved states sliced for one "
                    "elementwise reader each)")),
