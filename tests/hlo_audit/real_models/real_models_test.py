@@ -30,6 +30,14 @@ def test_markers_name_lines_of_the_model(name):
 
 
 @pytest.mark.parametrize("name", MODELS)
+def test_named_non_findings_name_buffers_of_the_audit(name):
+  # A stale XLA name would make its non-finding pass without checking.
+  names = {b.name for b in truth.report(name).buffers}
+  missing = {n.boundary for n in _truth(name).not_flagged if n.boundary} - names
+  assert not missing, missing
+
+
+@pytest.mark.parametrize("name", MODELS)
 def test_expected_findings_are_reported(name):
   r = truth.report(name)
   out = truth.compare(name, r.findings, _truth(name))
