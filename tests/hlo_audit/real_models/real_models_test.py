@@ -13,6 +13,8 @@ pytest.importorskip("optax")
 
 from tests.hlo_audit.real_models import truth  # noqa: E402
 
+pytestmark = pytest.mark.slow  # eight models, a few seconds of compiling each
+
 MODELS = truth.MODELS
 
 
