@@ -8,10 +8,10 @@ the findings with the model's hand-read `TRUTH`. Scoring, as in the tests
   recall     expected finding instances matched (class, boundary shape, the
              model's own source line, bytes where given) / all expected,
              per expected class;
-  precision  TP / (TP + FP) per reported class. A finding is TP when it
-             matches an expectation; FP when it matches a declared non-finding
-             (it contradicts the HLO) or is unmatched in a class the model
-             lists exhaustively; otherwise it is *unjudged* and stays out of
+  precision  TP / (TP + FP) per reported class. A finding is FP when it
+             matches a declared non-finding (it contradicts the HLO: then it
+             fills no expectation either) or is unmatched in a class the
+             model lists exhaustively; TP when it matches an expectation; otherwise it is *unjudged* and stays out of
              precision (its count is printed beside it, so a high precision
              over few judged findings shows as such).
 
@@ -72,10 +72,7 @@ def main(argv) -> int:
     for e, fs in out.matched:
       expected[e.label] += e.count
       found[e.label] += len(fs)
-    # A matched finding that also contradicts the HLO (a wrong kernel, a
-    # wrong epsilon) counts against precision, not for it.
-    false_ids = {id(f) for f, _ in out.false_positives}
-    true = [f for _, fs in out.matched for f in fs if id(f) not in false_ids]
+    true = [f for _, fs in out.matched for f in fs]
     for f in true:
       tp[f.kind.slug] += 1
     for f, _ in out.false_positives:
@@ -86,6 +83,9 @@ def main(argv) -> int:
     print(f"{name:12} {m_exp:8d} {m_found:6d} {m_tp:4d} {m_fp:4d} "
           f"{len(out.unjudged):8d} {_pct(m_found, m_exp):>7} {_pct(m_tp, m_tp + m_fp):>9}")
     if _VERBOSE.value:
+      for e, fs in out.matched:
+        for f in fs:
+          print(f"    found  {e.label} {e.shape} <- {truth.describe(name, f)}")
       for e, n in out.missed:
         where = f"<{e.marker}>" if e.marker else "any line"
         print(f"    missed {n}x {e.label} {e.shape} at {where}: {e.why}")

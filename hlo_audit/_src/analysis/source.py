@@ -91,7 +91,21 @@ def attribute(module: HloModule, inst: Instruction,
 
   A fusion's own metadata is tried first, then its fused instructions (root
   first); the first with a user frame wins, else the first with any frame.
+  XLA-made instructions carry none (loop-carry and donation copies, layout
+  copies): they take the stack of the loop that runs them, else of what
+  they feed (through tuples and bitcasts), else of what they read.
   """
+  found = _own(module, inst, library_paths, user_paths)
+  if found[1]:
+    return found
+  for other in _context(module, inst):
+    found = _own(module, other, library_paths, user_paths)
+    if found[1]:
+      return found
+  return None, ()
+
+
+def _own(module: HloModule, inst: Instruction, library_paths, user_paths):
   candidates = [inst]
   for callee in inst.called_computations.get("calls", ()):
     if callee in module:
@@ -107,15 +121,66 @@ def attribute(module: HloModule, inst: Instruction,
         return loc, stack
     if not fallback:
       fallback = stack
-  if not fallback:
-    # XLA drops metadata on what its passes add (a loop carry's copy, an
-    # output copy): such an instruction belongs to what it copies, else to
-    # the loop or call that runs its computation.
-    for other in _stand_ins(module, inst):
-      src, stack = attribute(module, other, library_paths, user_paths)
-      if src is not None:
-        return src, stack
   return (fallback[0], fallback) if fallback else (None, ())
+
+
+_PASS_THROUGH = frozenset({"tuple", "get-tuple-element", "bitcast", "copy"})
+#: The module in progress and its lookup tables (one audit at a time; the IR
+#: is immutable, so a table never goes stale).
+_TABLES: dict[int, tuple] = {}
+
+
+def _tables(module: HloModule):
+  """(instruction name -> computation, instruction name -> users), built
+  once per module: metadata-less instructions are many in big modules."""
+  cached = _TABLES.get(id(module))
+  if cached is None or cached[0] is not module:
+    comp_of, users_of = {}, {}
+    for c in module.computations:
+      for i in c.instructions:
+        comp_of[i.name] = c
+        for o in dict.fromkeys(i.operands):
+          users_of.setdefault(o, []).append(i)
+    _TABLES.clear()
+    _TABLES[id(module)] = cached = (module, comp_of, users_of)
+  return cached[1], cached[2]
+
+
+def _context(module: HloModule, inst: Instruction):
+  """Instructions whose stack stands for `inst`'s: the control-flow callers
+  of its computation (innermost first), its users (looking through tuples
+  and bitcasts), then its operands."""
+  comp_of, users_of = _tables(module)
+  comp = comp_of.get(inst.name)
+  if comp is None:
+    return
+  name = comp.name
+  seen = {name}
+  while True:
+    callers = [(c, i) for c, i, role in module.callers().get(name, ())
+               if role not in ("calls", "to_apply")]
+    if not callers:
+      break
+    c, i = callers[0]
+    yield module.computation(c).instruction(i)
+    if c in seen:
+      break
+    seen.add(c)
+    name = c
+  frontier, visited = [inst.name], {inst.name}
+  while frontier:
+    nxt = []
+    for name in frontier:
+      for user in users_of.get(name, ()):
+        if user.name not in visited:
+          visited.add(user.name)
+          yield user
+          if user.opcode in _PASS_THROUGH:
+            nxt.append(user.name)
+    frontier = nxt
+  for o in inst.operands:
+    if o in comp:
+      yield comp.instruction(o)
 
 
 def library_name(file: str) -> str:
@@ -147,41 +212,3 @@ def context(source: SourceLocation | None, stack: tuple[SourceLocation, ...]) ->
   short = "/".join(parts[-3:])
   func = f" {inner.function}" if inner.function else ""
   return f"in {library_name(inner.file)}{func} at {short}:{inner.line}"
-
-
-#: Opcodes whose result is their operand's data: the source of that data.
-_PASS_THROUGH = frozenset({"copy", "bitcast", "get-tuple-element", "convert",
-                           "reshape", "transpose"})
-_tables: dict[int, tuple[HloModule, dict, dict]] = {}
-
-
-def _module_tables(module: HloModule):
-  """(instruction -> its computation, computation -> its caller), built once
-  per module (the audit in progress)."""
-  cached = _tables.get(id(module))
-  if cached is None or cached[0] is not module:
-    comp_of = {i.name: c for c in module.computations for i in c.instructions}
-    caller = {callee: i for c in module.computations for i in c.instructions
-              if i.opcode in ("while", "call", "conditional", "async-start")
-              for callees in i.called_computations.values() for callee in callees}
-    _tables.clear()
-    _tables[id(module)] = cached = (module, comp_of, caller)
-  return cached[1], cached[2]
-
-
-def _stand_ins(module: HloModule, inst: Instruction) -> list[Instruction]:
-  """What to attribute a metadata-less `inst` to: the producer of the data
-  it passes through, then the instruction calling its computation."""
-  comp_of, caller_of = _module_tables(module)
-  comp = comp_of.get(inst.name)
-  if comp is None:
-    return []
-  out = []
-  if inst.opcode in _PASS_THROUGH and inst.operands and inst.operands[0] in comp:
-    operand = comp.instruction(inst.operands[0])
-    if operand.opcode != "parameter":
-      out.append(operand)
-  caller = caller_of.get(comp.name)
-  if caller is not None:
-    out.append(caller)
-  return out

@@ -102,3 +102,45 @@ def test_built_in_examples_are_user_code_even_when_installed():
   example = f"{SITE}/hlo_audit/_src/examples/transformer.py"
   assert not source.is_library(example)
   assert source.is_library(f"{SITE}/hlo_audit/_src/audit.py")
+
+
+_LOOP = textwrap.dedent("""\
+    HloModule m, entry_computation_layout={(f32[8]{0})->f32[8]{0}}
+
+    body {
+      p = (s32[], f32[8]{0}) parameter(0)
+      i = s32[] get-tuple-element(p), index=0
+      x = f32[8]{0} get-tuple-element(p), index=1
+      c = f32[8]{0} copy(x)
+      t = f32[8]{0} tanh(c), metadata={op_name="tanh" source_file="/home/me/proj/model.py" source_line=12}
+      one = s32[] constant(1)
+      j = s32[] add(i, one)
+      ROOT r = (s32[], f32[8]{0}) tuple(j, t)
+    }
+
+    cond {
+      p = (s32[], f32[8]{0}) parameter(0)
+      i = s32[] get-tuple-element(p), index=0
+      n = s32[] constant(4)
+      ROOT lt = pred[] compare(i, n), direction=LT
+    }
+
+    ENTRY e {
+      a = f32[8]{0} parameter(0)
+      cp = f32[8]{0} copy(a)
+      z = s32[] constant(0)
+      init = (s32[], f32[8]{0}) tuple(z, cp)
+      w = (s32[], f32[8]{0}) while(init), condition=cond, body=body, metadata={op_name="scan" source_file="/home/me/proj/model.py" source_line=30}
+      ROOT out = f32[8]{0} get-tuple-element(w), index=1
+    }
+    """)
+
+
+def test_instructions_without_metadata_take_their_loop_or_readers_line():
+  m = hlo_audit.parse_hlo(_LOOP)
+  carry_copy = m.computation("body").instruction("c")
+  src, stack = source.attribute(m, carry_copy)
+  assert src.line == 30 and stack  # the while that runs the body
+  init_copy = m.entry.instruction("cp")
+  assert source.attribute(m, init_copy)[0].line == 30  # through the tuple to the while
+  assert source.attribute(m, m.computation("cond").instruction("n"))[0].line == 30

@@ -99,6 +99,11 @@ TRUTH = ModelTruth(
         NotFlagged("BatchNorm statistics reduce over batch and space to f32[C]: "
                    "no layer_norm kernel computes that", says="layer_norm"),
         NotFlagged("no RMS norm in a BatchNorm net", says="rms_norm"),
+        *(NotFlagged("x - mean is written in the forward pass and read by the "
+                     "dgamma reduce in the backward: saved for backward, no "
+                     "reduction to fuse into its producer",
+                     kind=K.SEPARATE_REDUCTION, boundary=b)
+          for b in ("broadcast_subtract_fusion", "broadcast_subtract_fusion.1")),
         NotFlagged("XLA:CPU transposes operands of its weight-gradient and "
                    "backward-data convolutions on purpose: not safe to drop",
                    kind=K.LAYOUT_CONFLICT, verdict="safe"),

@@ -88,10 +88,10 @@ TRUTH = ModelTruth(
             "the four gate gradients concatenated each step, re-read by the "
             "bias-gradient reduce and three dots")),
         Expect((K.UNFUSED_PROLOGUE, K.STANDALONE_COPY), f"f32[{BATCH},{FEATURES}]", "rnn",
-               count=2, why="x_t dynamic-sliced into its own buffer for the input dot "
+               count=2, says="dynamic-slice", why="x_t dynamic-sliced into its own buffer for the input dot "
                "(forward, and backward for the remat and dW_i dots)"),
         Expect((K.UNFUSED_PROLOGUE, K.MATERIALIZED_SLICE, K.STANDALONE_COPY), _STATE,
-               "rnn", count=3 if SPLIT_SLICES else 1, why=(
+               "rnn", count=3 if SPLIT_SLICES else 1, says="dynamic-slice", why=(
                    "saved h_t dynamic-sliced out of its stack for the remat and dW_h "
                    "dots (from 0.11 also two saved states sliced for one "
                    "elementwise reader each)")),
@@ -100,7 +100,7 @@ TRUTH = ModelTruth(
                    "x swapped to time-major: a materialized copy (from 0.11 a "
                    "transpose to {2,0,1} and a copy to {2,1,0})")),
         Expect((K.LAYOUT_CONFLICT, K.STANDALONE_COPY), f"f32[{STEPS},{BATCH},{HIDDEN}]",
-               None, why=("dh padded and transposed to layout {2,0,1}, then copied "
+               None, says="{2,0,1}", why=("dh padded and transposed to layout {2,0,1}, then copied "
                           "to {2,1,0} for the backward loop")),
     ),
     not_flagged=(

@@ -69,10 +69,10 @@ TRUTH = ModelTruth(
             "a loop-boundary copy, not a layout change")),
         Expect(K.STANDALONE_COPY, _X, None, says="loop", why=(
             "entry copy(x) into the forward loop's initial state")),
-        Expect((K.UNFUSED_PROLOGUE, K.STANDALONE_COPY), _W, "stack", count=2, why=(
+        Expect((K.UNFUSED_PROLOGUE, K.STANDALONE_COPY), _W, "stack", count=2, says="dynamic-slice", why=(
             "per-layer weight dynamic-sliced into its own buffer each trip, read "
             "only by the layer's dots (forward; backward remat + dX)")),
-        Expect((K.UNFUSED_PROLOGUE, K.STANDALONE_COPY), _X, "stack", why=(
+        Expect((K.UNFUSED_PROLOGUE, K.STANDALONE_COPY), _X, "stack", says="dynamic-slice", why=(
             "saved layer input dynamic-sliced out of the residual stack each "
             "backward trip for the remat dot and the dW dot")),
         Expect(K.UNFUSED_EPILOGUE, _X, "layer_dense", count=3, bytes=_PER_RUN, why=(

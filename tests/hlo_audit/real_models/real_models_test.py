@@ -13,6 +13,8 @@ pytest.importorskip("optax")
 
 from tests.hlo_audit.real_models import truth  # noqa: E402
 
+pytestmark = pytest.mark.slow  # eight models, a few seconds of compiling each
+
 MODELS = truth.MODELS
 
 
@@ -27,6 +29,14 @@ def test_markers_name_lines_of_the_model(name):
   used = {e.marker for e in t.expect if e.marker} | {n.marker for n in t.not_flagged if n.marker}
   assert used <= marks.keys(), used - marks.keys()
   assert t.expect, "a model with nothing expected checks nothing"
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_named_non_findings_name_buffers_of_the_audit(name):
+  # A stale XLA name would make its non-finding pass without checking.
+  names = {b.name for b in truth.report(name).buffers}
+  missing = {n.boundary for n in _truth(name).not_flagged if n.boundary} - names
+  assert not missing, missing
 
 
 @pytest.mark.parametrize("name", MODELS)

@@ -75,8 +75,8 @@ class Expect:
   marker: str | None
   #: Logical bytes saved, where they follow from the shape (None: unchecked).
   bytes: int | None = None
-  #: Substring the finding's ops, kernel or evidence must hold (lowercase),
-  #: e.g. "donat" for a donation copy.
+  #: Substring the finding's ops, kernel, evidence or layout effect must
+  #: hold (lowercase), e.g. "donat" for a donation copy.
   says: str | None = None
   #: How many such boundaries the HLO holds (e.g. one per layer).
   count: int = 1
@@ -112,6 +112,9 @@ class NotFlagged:
   numerical: str | None = None
   #: Verdict value the finding must not give, e.g. "safe".
   verdict: str | None = None
+  #: The boundary buffer's name, where only the name tells two buffers of
+  #: one shape and line apart (XLA's names; checked to exist in the audit).
+  boundary: str | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -163,7 +166,7 @@ def _claims(f: FusionDecisionRecord) -> str:
 
 
 def _said(f: FusionDecisionRecord) -> str:
-  return _claims(f) + " " + f.evidence.lower()
+  return " ".join((_claims(f), f.evidence, f.layout_effect)).lower()
 
 
 def _expect_matches(name: str, e: Expect, f: FusionDecisionRecord) -> bool:
@@ -180,7 +183,8 @@ def _violates(name: str, n: NotFlagged, f: FusionDecisionRecord) -> bool:
           (n.says is None or n.says in _claims(f)) and
           (n.evidence is None or n.evidence in f.evidence.lower()) and
           (n.numerical is None or f.numerical_class.name == n.numerical) and
-          (n.verdict is None or f.verdict.value == n.verdict))
+          (n.verdict is None or f.verdict.value == n.verdict) and
+          (n.boundary is None or f.boundary == n.boundary))
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -202,23 +206,28 @@ class Outcome:
 
 def compare(name: str, findings: tuple[FusionDecisionRecord, ...],
             truth: ModelTruth) -> Outcome:
-  """Matches scored findings to expectations (each expectation takes up to
-  `count` findings, in report order) and judges the rest."""
+  """Judges scored findings: those contradicting a `NotFlagged` are false
+  positives and match nothing (a right boundary with a wrong claim is not
+  the expected finding); the others fill expectations (each takes up to
+  `count` findings, in report order); the rest are false positives in
+  exhaustive classes, else unjudged."""
   scored = [f for f in findings if f.kind not in UNSCORED]
+  bad = {i: next((n.why for n in truth.not_flagged if _violates(name, n, f)), None)
+         for i, f in enumerate(scored)}
   taken: set[int] = set()
   matched = []
   for e in truth.expect:
     got = []
     for i, f in enumerate(scored):
-      if len(got) < e.count and i not in taken and _expect_matches(name, e, f):
+      if len(got) < e.count and i not in taken and bad[i] is None and \
+          _expect_matches(name, e, f):
         got.append(f)
         taken.add(i)
     matched.append((e, tuple(got)))
   fps, unjudged = [], []
   for i, f in enumerate(scored):
-    bad = next((n.why for n in truth.not_flagged if _violates(name, n, f)), None)
-    if bad is not None:
-      fps.append((f, bad))
+    if bad[i] is not None:
+      fps.append((f, bad[i]))
     elif i in taken:
       continue
     elif f.kind in truth.exhaustive:
