@@ -1163,6 +1163,11 @@ def _separate_reductions(ctx: _Context) -> list[FusionDecisionRecord]:
     producer = ctx.kernels.get(vid[0]) or ctx.kernels.get(buf.producer)
     if producer is None or producer in reductions:
       continue
+    if "transpose(" not in producer.op_name and all(
+        "transpose(" in r.op_name for r in reductions):
+      # Saved for backward: a backward reduction (dgamma = sum(dy * x_hat))
+      # needs values the forward producer does not have yet.
+      continue
     names = {r.name for r in reductions}
     others = [c for c in buf.consumers if c not in names and c != producer.name]
     only = not others and len(reductions) == 1
