@@ -38,6 +38,11 @@ def removable(report, b: Buffer) -> tuple[str, str]:
   return "-", ""
 
 
+def is_transient(b: Buffer) -> bool:
+  """Written between kernels: neither a program input nor its output."""
+  return b.lifetime not in (Lifetime.INPUT, Lifetime.EXTERNAL_OUTPUT)
+
+
 def intermediate_rows(report) -> list[tuple[str, ...]]:
   rows = []
   for b in report.intermediates:
@@ -70,6 +75,32 @@ def finding_rows(report) -> list[tuple[str, ...]]:
                  fmt_bytes(f.bytes_saved), str(f.launches_removed),
                  f.kernel or "-", f.verdict.value, fmt_source(f.source)))
   return rows
+
+
+def group_rows(groups) -> list[tuple[str, ...]]:
+  """FINDING_COLUMNS rows: one per group (numbered by rank), then one per
+  member when the group has several (boundary name and bytes)."""
+  rows = []
+  for i, g in enumerate(groups, 1):
+    f = g.first
+    boundary = (f.boundary or f.producer) if g.count == 1 else f"x{g.count} buffers"
+    rows.append((str(i), g.kind.value, boundary, g.boundary_shape,
+                 fmt_bytes(g.bytes_saved), str(g.launches_removed), g.kernel or "-",
+                 g.verdict.value, fmt_source(g.source)))
+    if g.count > 1:
+      rows += [("", "", "- " + (m.boundary or m.producer), "", fmt_bytes(m.bytes_saved),
+                str(m.launches_removed), "", "", "") for m in g.members]
+  return rows
+
+
+def group_sentence(g) -> str:
+  """`finding_sentence` of a group: the first member's, with the count and
+  the summed saving when there are several."""
+  s = finding_sentence(g.first)
+  if g.count == 1:
+    return s
+  return (f"x{g.count} {s} (each; {fmt_bytes(g.bytes_saved)} and "
+          f"{g.launches_removed} launches for all {g.count})")
 
 
 def finding_sentence(f: FusionDecisionRecord) -> str:
