@@ -21,13 +21,15 @@ FINDING_COLUMNS = ("#", "Class", "Boundary", "Shape", "Bytes saved", "Launches",
                    "Kernel", "Verdict", "Source")
 
 
-def removable(report, b: Buffer) -> tuple[str, str]:
-  """("yes"/"no"/"-", strategy) for a buffer, from the findings about it."""
+def removable(report, b: Buffer, related=None) -> tuple[str, str]:
+  """("yes"/"no"/"-", strategy) for a buffer, from the findings about it
+  (`related`: those findings, when the caller has them indexed)."""
   if b.lifetime is Lifetime.INPUT:
     return "no", "input or carried state"
   if b.lifetime is Lifetime.EXTERNAL_OUTPUT:
     return "no", "program output"
-  related = [f for f in report.findings if f.boundary == b.name]
+  if related is None:
+    related = [f for f in report.findings if f.boundary == b.name]
   for f in related:
     if f.verdict is Verdict.KEEP:
       continue
@@ -43,10 +45,13 @@ def is_transient(b: Buffer) -> bool:
   return b.lifetime not in (Lifetime.INPUT, Lifetime.EXTERNAL_OUTPUT)
 
 
-def intermediate_rows(report) -> list[tuple[str, ...]]:
+def intermediate_rows(report, limit: int | None = None) -> list[tuple[str, ...]]:
+  by_boundary: dict[str, list[FusionDecisionRecord]] = {}
+  for f in report.findings:
+    by_boundary.setdefault(f.boundary, []).append(f)
   rows = []
-  for b in report.intermediates:
-    yes, strategy = removable(report, b)
+  for b in report.intermediates[:limit]:
+    yes, strategy = removable(report, b, by_boundary.get(b.name, []))
     rows.append((b.name, b.shape, b.dtype, fmt_bytes(b.bytes), b.producer or "-",
                  _short_list(b.consumers), str(b.reuse_count),
                  f"{b.live_range[0]}-{b.live_range[1]}", b.lifetime.value, yes,
