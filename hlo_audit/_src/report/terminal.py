@@ -10,6 +10,7 @@ middle and `file:line` is never broken (see `layout`).
 
 from __future__ import annotations
 
+import os
 import sys
 
 from hlo_audit._src.report import layout, text
@@ -115,13 +116,31 @@ def compact_lines(report, width: int, *, top: int = TOP, hints=PYTHON_HINTS) -> 
           f"{len(rest)} more groups ({sum(g.count for g in rest)} findings) would save "
           f"{fmt_bytes(sum(g.bytes_saved for g in rest))} more.", width)
   if hints:
-    out.append("Next:")
-    # Descriptions line up after the commands of up to 40 characters.
-    w = max([len(c) for c, _ in hints if len(c) <= 40] or [0])
-    for cmd, what in hints:
-      line = f"  {cmd.ljust(w)}  {what}"
-      out += [line] if len(line) <= width else (
-          [f"  {cmd}"] + layout.hang(what, width, "      ", "      "))
+    out += hint_lines(hints, width)
+  return out
+
+
+def hint_lines(hints, width: int) -> list[str]:
+  """"Next:" and the commands, descriptions aligned; when a command is too
+  long for its line, the shared part is said once and the rest listed."""
+  cmds = [c for c, _ in hints]
+  if any(len(c) + len(w) + 4 > width for c, w in hints):
+    common = os.path.commonprefix(cmds)
+    common = common[:common.rfind(" ") + 1] if " " in common else ""
+    if common:
+      out = layout.hang(f"Next, add to {common.strip()}:", width, "", "    ")
+      return out + _aligned([(c[len(common):], w) for c, w in hints], width)
+  return ["Next:"] + _aligned(hints, width)
+
+
+def _aligned(hints, width: int) -> list[str]:
+  # Descriptions line up after the commands of up to 40 characters.
+  w = max([len(c) for c, _ in hints if len(c) <= 40] or [0])
+  out = []
+  for cmd, what in hints:
+    line = f"  {cmd.ljust(w)}  {what}"
+    out += [line] if len(line) <= width else (
+        layout.hang(cmd, width, "  ", "      ") + layout.hang(what, width, "      ", "      "))
   return out
 
 
