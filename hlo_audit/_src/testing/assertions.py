@@ -104,6 +104,7 @@ def assert_no_findings(fn_or_report: Any, *args: Any, kinds=None,
   Returns:
     The report, for further checks.
   """
+  __tracebackhide__ = True  # pytest shows the caller's line, not ours
   a = audited(fn_or_report, *args)
   groups = select(a.report, kinds, min_bytes, where)
   if groups:
@@ -117,6 +118,7 @@ def assert_no_findings(fn_or_report: Any, *args: Any, kinds=None,
 def assert_no_copies(fn_or_report: Any, *args: Any, min_bytes: int | str = 0,
                      where=None) -> AuditReport:
   """Fails on standalone copies or transposes and on layout conflicts."""
+  __tracebackhide__ = True  # pytest shows the caller's line, not ours
   return assert_no_findings(fn_or_report, *args, min_bytes=min_bytes, where=where,
                             kinds=(FindingKind.STANDALONE_COPY, FindingKind.LAYOUT_CONFLICT))
 
@@ -124,6 +126,7 @@ def assert_no_copies(fn_or_report: Any, *args: Any, min_bytes: int | str = 0,
 def assert_peak_below(fn_or_report: Any, *args: Any, bytes: int | str) -> AuditReport:  # noqa: A002
   """Fails when the audit's peak memory (XLA's accounting) reaches `bytes`;
   the message lists the largest buffers live at the peak."""
+  __tracebackhide__ = True  # pytest shows the caller's line, not ours
   a = audited(fn_or_report, *args)
   r, limit = a.report, parse_bytes(bytes)
   if r.peak_bytes < limit:
@@ -145,6 +148,7 @@ def assert_kernel_count(fn_or_report: Any, *args: Any, at_most: int | None = Non
                         at_least: int | None = None) -> AuditReport:
   """Fails when the program launches more than `at_most` (or fewer than
   `at_least`) kernels; a kernel inside a loop body counts once."""
+  __tracebackhide__ = True  # pytest shows the caller's line, not ours
   if at_most is None and at_least is None:
     raise TypeError("assert_kernel_count needs at_most= or at_least=")
   a = audited(fn_or_report, *args)
@@ -172,6 +176,7 @@ def assert_fused(fn_or_report: Any, *args: Any, op: str, into: str = "dot",
   naming the op. With a report instead of a function, kernels are read from
   their fused opcodes and library details only.
   """
+  __tracebackhide__ = True  # pytest shows the caller's line, not ours
   a = audited(fn_or_report, *args)
   r = a.report
   sig = {k.name: _signature(a.module, k) for k in r.kernels}
