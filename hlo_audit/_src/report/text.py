@@ -73,15 +73,6 @@ def kernel_rows(report, limit: int | None = None) -> list[tuple[str, ...]]:
   return rows
 
 
-def finding_rows(report) -> list[tuple[str, ...]]:
-  rows = []
-  for i, f in enumerate(report.findings, 1):
-    rows.append((str(i), f.kind.value, f.boundary or f.producer, f.boundary_shape,
-                 fmt_bytes(f.bytes_saved), str(f.launches_removed),
-                 f.kernel or "-", f.verdict.value, fmt_source(f.source)))
-  return rows
-
-
 def group_rows(groups) -> list[tuple[str, ...]]:
   """FINDING_COLUMNS rows: one per group (numbered by rank), then one per
   member when the group has several (boundary name and bytes)."""
