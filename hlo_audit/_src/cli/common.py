@@ -5,12 +5,16 @@ from __future__ import annotations
 import argparse
 import enum
 import os
+import shlex
 import sys
 
+from hlo_audit._src.errors import HloParseError
+from hlo_audit._src.report import layout
 from hlo_audit._src.report.report import AuditReport, finding_kind
+from hlo_audit._src.report.units import fmt_bytes, parse_bytes
 
 #: Text report width when stdout is not a terminal (and COLUMNS is unset).
-PIPED_WIDTH = 160
+PIPED_WIDTH = layout.PIPED_WIDTH
 
 
 class ExitCode(enum.IntEnum):
@@ -28,18 +32,39 @@ class UsageError(Exception):
   """A problem with the command line or its inputs (exit code 2)."""
 
 
+def add_verbose_flag(p: argparse.ArgumentParser) -> None:
+  p.add_argument("-v", "--verbose", action="store_true",
+                 help="on bad input, also show the offending lines")
+
+
 def add_output_flags(p: argparse.ArgumentParser) -> None:
   out = p.add_argument_group("output")
   fmt = out.add_mutually_exclusive_group()
   fmt.add_argument("--json", action="store_true", help="print the report as JSON")
   fmt.add_argument("--markdown", action="store_true", help="print the report as Markdown")
+  out.add_argument("--all", action="store_true",
+                   help="every table: kernels, intermediate tensors, every finding group "
+                        "with its members and decision record")
+  out.add_argument("--top", type=int, default=None, metavar="N",
+                   help="finding groups in the default view (default: 20)")
   out.add_argument("--html", metavar="PATH", help="also write a self-contained HTML report")
   out.add_argument("--fail-on", metavar="CLASS", action="append", default=[],
                    help="exit 1 if a finding of this class appears (repeatable or "
                         "comma-separated; e.g. unfused-epilogue,standalone-copy)")
+  out.add_argument("--min-bytes", metavar="SIZE", type=_size, default=0,
+                   help="with --fail-on: only finding groups (the same pattern at one "
+                        "source line) saving at least SIZE per run fail, e.g. 1MiB")
   out.add_argument("--width", type=int, default=None,
-                   help="width of the text report (default: the terminal's; "
+                   help="width of the text report (default: $COLUMNS, else the terminal's; "
                    f"{PIPED_WIDTH} when piped)")
+  add_verbose_flag(p)
+
+
+def _size(text: str) -> int:
+  try:
+    return parse_bytes(text)
+  except ValueError as e:
+    raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def fail_on_classes(values: list[str]):
@@ -55,8 +80,24 @@ def fail_on_classes(values: list[str]):
   return kinds
 
 
-def emit(report: AuditReport, args, out=None) -> ExitCode:
+def hints(prefix: list[str], swap: bool = False) -> tuple[tuple[str, str], ...]:
+  """The footer's next commands for a verb invoked as `prefix`."""
+  cmd = shlex.join(prefix)
+  out = [(f"{cmd} --all", "every kernel, buffer and decision record"),
+         (f"{cmd} --html audit.html", "grouped findings and the memory view, in a browser"),
+         (f"{cmd} --json", "the whole report, machine-readable"),
+         (f"{cmd} --fail-on unfused-epilogue --min-bytes 1MiB", "exit 1 on such gaps, for CI")]
+  if swap:
+    out.append((f"{cmd} --swap", "swap pallas_kernels in, and check the gaps close"))
+  return tuple(out)
+
+
+def emit(report: AuditReport, args, out=None, *, prefix: list[str] | None = None,
+         swap_hint: bool = False) -> ExitCode:
   """Writes the report as asked and returns the exit code."""
+  from hlo_audit._src.report import terminal
+  from hlo_audit._src.report.grouping import ranked_groups
+
   out = out or sys.stdout
   kinds = fail_on_classes(args.fail_on)
   if args.json:
@@ -64,14 +105,14 @@ def emit(report: AuditReport, args, out=None) -> ExitCode:
   elif args.markdown:
     out.write(report.to_markdown() + "\n")
   else:
-    from rich.console import Console
-
-    from hlo_audit._src.report import terminal
-    console = Console(file=out, width=args.width) if args.width else Console(file=out)
-    if not args.width and not console.is_terminal and "COLUMNS" not in os.environ:
-      # Piped to a file or pager: rich would wrap the tables at 80 columns.
-      console = Console(file=out, width=PIPED_WIDTH)
-    terminal.render_terminal(report, console)
+    width = layout.text_width(out, args.width)
+    top = args.top if args.top is not None else terminal.TOP
+    if args.all:
+      lines = terminal.full_lines(report, width)
+    else:
+      lines = terminal.compact_lines(report, width, top=top,
+                                     hints=hints(prefix or ["hlo-audit"], swap_hint))
+    out.write("\n".join(lines) + "\n")
   if args.html:
     try:
       report.to_html(args.html)
@@ -79,9 +120,51 @@ def emit(report: AuditReport, args, out=None) -> ExitCode:
       raise UsageError(f"cannot write {args.html!r}: {e.strerror}") from None
     if not (args.json or args.markdown):
       out.write(f"HTML report written to {args.html}\n")
-  hits = [f for f in report.findings if f.kind in kinds]
+  if not kinds:
+    return ExitCode.OK
+  hits = [g for g in ranked_groups(report.findings)
+          if g.kind in kinds and g.actionable and g.bytes_saved >= args.min_bytes]
   if hits:
-    print(f"hlo-audit: {len(hits)} finding(s) of class "
-          f"{', '.join(sorted({f.kind.slug for f in hits}))} (--fail-on)", file=sys.stderr)
+    width = layout.text_width(sys.stderr, args.width)
+    floor = f" saving >= {fmt_bytes(args.min_bytes)}" if args.min_bytes else ""
+    print(f"hlo-audit: {sum(g.count for g in hits)} finding(s) of class "
+          f"{', '.join(sorted({g.kind.slug for g in hits}))}{floor} (--fail-on):",
+          file=sys.stderr)
+    print("\n".join(terminal.group_lines(hits, width)), file=sys.stderr)
     return ExitCode.FINDINGS
   return ExitCode.OK
+
+
+def describe_error(e: Exception, verbose: bool = False) -> str:
+  """One line saying what is wrong with the input and where; with
+  `verbose`, the context lines too."""
+  if isinstance(e, HloParseError):
+    kind = _bad_file_kind(e.source) if e.source else None
+    where = f"{e.source}:" if e.source else ""
+    line = kind or f"{where}{e.line}:{e.column}: {e.message}"
+    return f"{line}\n{e}" if verbose else line
+  text = str(e)
+  return text if verbose else text.splitlines()[0] if text else type(e).__name__
+
+
+def _bad_file_kind(path: str) -> str | None:
+  """Says what a file is when it is plainly not HLO text; None otherwise."""
+  try:
+    with open(path, "rb") as f:
+      head = f.read(1 << 16)
+  except OSError:
+    return None
+  if not head.strip():
+    return f"{path}: empty file, not HLO text"
+  if b"\0" in head:
+    return f"{path}: binary file, not HLO text"
+  try:
+    text = head.decode("utf-8")
+  except UnicodeDecodeError:
+    text = None
+    if len(head) < (1 << 16):
+      return f"{path}: binary file (not UTF-8), not HLO text"
+  if text is not None and not any(w in text for w in ("HloModule", "ENTRY", " = ")):
+    first = layout.elide(text.strip().splitlines()[0].strip(), 60)
+    return f"{path}: not HLO text (no HloModule header, ENTRY computation or instruction); it starts with {first!r}"
+  return None

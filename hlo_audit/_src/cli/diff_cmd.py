@@ -6,7 +6,7 @@ import argparse
 import json
 import os
 
-from hlo_audit._src.cli.common import ExitCode, UsageError
+from hlo_audit._src.cli.common import ExitCode, UsageError, add_verbose_flag
 
 
 def add_parser(sub) -> None:
@@ -18,6 +18,7 @@ def add_parser(sub) -> None:
   p.add_argument("b")
   p.add_argument("--module", metavar="REGEX", help="module to pick in dump folders")
   p.add_argument("--json", action="store_true", help="print the diff as JSON")
+  add_verbose_flag(p)
   p.set_defaults(handler=run)
 
 

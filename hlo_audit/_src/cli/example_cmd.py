@@ -56,4 +56,7 @@ def run(args: argparse.Namespace) -> ExitCode:
   if args.swap:
     from hlo_audit._src.cli.swap_cmd import run_swap
     return run_swap(fn, fn_args, args)
-  return emit(audit(fn, *fn_args), args)
+  prefix = ["hlo-audit", "example"] + (["--forward-only"] if args.forward_only else [])
+  for pair in args.set:
+    prefix += ["--set", pair]
+  return emit(audit(fn, *fn_args), args, prefix=prefix, swap_hint=True)

@@ -30,4 +30,5 @@ def run(args: argparse.Namespace) -> ExitCode:
     for m in dump.modules:
       print(f"{m.id:6d}  {m.name:40s}  {m.stage:36s}  {m.size:>10d} bytes")
     return ExitCode.OK
-  return emit(audit_capture(dump.capture(args.module)), args)
+  prefix = ["hlo-audit", "file", args.path] + (["--module", args.module] if args.module else [])
+  return emit(audit_capture(dump.capture(args.module)), args, prefix=prefix)

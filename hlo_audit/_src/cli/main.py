@@ -13,7 +13,7 @@ import argparse
 import sys
 
 from hlo_audit._src.cli import diff_cmd, example_cmd, file_cmd, run_cmd
-from hlo_audit._src.cli.common import ExitCode, UsageError
+from hlo_audit._src.cli.common import ExitCode, UsageError, describe_error
 from hlo_audit._src.errors import HloAuditError
 
 
@@ -36,13 +36,12 @@ def run(argv: list[str] | None = None) -> ExitCode:
     args = parser.parse_args(argv)
   except SystemExit as e:  # argparse printed the usage error
     return ExitCode.OK if e.code == 0 else ExitCode.USAGE
+  verbose = getattr(args, "verbose", False)
   try:
     return args.handler(args)
-  except (UsageError, HloAuditError) as e:
-    print(f"hlo-audit: error: {e}", file=sys.stderr)
-    return ExitCode.USAGE
-  except OSError as e:
-    print(f"hlo-audit: error: {e}", file=sys.stderr)
+  except (UsageError, HloAuditError, OSError) as e:
+    # One line; --verbose adds the offending lines.
+    print(f"hlo-audit: error: {describe_error(e, verbose)}", file=sys.stderr)
     return ExitCode.USAGE
   except KeyboardInterrupt:
     return ExitCode.USAGE

@@ -86,4 +86,9 @@ def run(args: argparse.Namespace) -> ExitCode:
       raise UsageError(f"--kwarg {kv!r}: expected NAME=SHAPE")
     kwargs[name] = parse_arg_spec(spec)
   fn = load_function(args.target)
-  return emit(audit(fn, *fn_args, **kwargs), args)
+  prefix = ["hlo-audit", "run", args.target]
+  for a in args.arg:
+    prefix += ["--arg", a]
+  for kv in args.kwarg:
+    prefix += ["--kwarg", kv]
+  return emit(audit(fn, *fn_args, **kwargs), args, prefix=prefix)

@@ -36,6 +36,9 @@ from hlo_audit._src.hlo.lexer import KEYWORDS, Lexer, Tok, error_at
 
 __all__ = ["parse_hlo", "parse_hlo_file", "parse_shape"]
 
+#: Ends the message of an operand that names no instruction defined before it.
+_UNDEFINED = ": no instruction of that name before this use"
+
 _log = logging.getLogger("hlo_audit")
 
 _NAME = r"[A-Za-z_][A-Za-z0-9_.\-]*"
@@ -1059,6 +1062,7 @@ class _Parser:
     if lx.tok.kind is Tok.RPAREN:
       lx.lex()
       return out
+    dropped: list[tuple[HloParseError, HloParseError]] = []
     while True:
       state = lx.save()
       try:
@@ -1073,12 +1077,19 @@ class _Parser:
           # XLA's ParseOperands records both errors but does not stop: the
           # operand is dropped and parsing goes on from where the nested
           # attempt failed. Modules XLA accepts this way must parse here too.
-          _log.warning("%s; dropping the operand, as XLA's parser does "
-                       "(it also failed as a named operand: %s)",
-                       nested_error, named_error.message)
+          dropped.append((nested_error, named_error))
       if not grammar.eat(lx, Tok.COMMA):
         break
+    undefined = [named for _, named in dropped if named.message.endswith(_UNDEFINED)]
+    if undefined and lx.tok.kind is not Tok.RPAREN:
+      # The operand list does not close where the dropped operand left it:
+      # an operand that names no instruction is the cause, not the ')'.
+      raise undefined[0]
     grammar.expect(lx, Tok.RPAREN, "expected ')' to end the operands")
+    for nested_error, named_error in dropped:
+      _log.warning("%s; dropping the operand, as XLA's parser does "
+                   "(it also failed as a named operand: %s)",
+                   nested_error, named_error.message)
     return out
 
   def parse_named_operand(self, comp: _Comp) -> str:
@@ -1096,7 +1107,7 @@ class _Parser:
     if name not in comp.names:
       if self.single and self.scopes == 1 and shape is not None:
         return self.missing_parameter(comp, name, shape, tok.start)  # type: ignore[arg-type]
-      self.error(tok.start, f"instruction {name} is not defined before it is used")
+      self.error(tok.start, f"operand {name} is not defined" + _UNDEFINED)
     return name  # type: ignore[return-value]
 
   def missing_parameter(self, comp: _Comp, name: str, shape: Shape, at: int) -> str:

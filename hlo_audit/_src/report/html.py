@@ -2,13 +2,17 @@
 script; nothing fetched from the network).
 
 Sections: summary; live bytes over the schedule with the peak marked (hover
-for a step's bytes) and the buffers live at the peak; the kernel graph
-(kernels down the page in schedule order, each buffer an arc from its producer
-to each consumer, wider for more bytes, red where a finding would remove it);
-the kernel table; the intermediate-tensor table; findings with their fusion
-decision records and source lines (the line's text when the file is readable
-where the page is rendered). Tables sort by a click on a header, byte sizes by
-value.
+for a step's bytes); the memory view (buffers stacked over the schedule, each
+a band from definition to last use coloured by lifetime, hover for name,
+shape, bytes and source, the peak and its live buffers marked); the kernel
+graph (kernels down the page in schedule order, each buffer an arc from its
+producer to each consumer, wider for more bytes, red where a finding would
+remove it); the kernel table; the intermediate-tensor table; the finding
+groups of the terminal report, filterable by class and sortable by bytes,
+each expanding to its members and decision record with the source line's
+text (when the file is readable where the page is rendered). Tables sort by
+a click on a header, byte sizes by value. Huge modules stay fast: bands,
+groups and rows are capped (largest first) and the page says what it left out.
 """
 
 from __future__ import annotations
@@ -19,8 +23,10 @@ import linecache
 import math
 
 from hlo_audit._src.analysis.buffers import Lifetime
-from hlo_audit._src.analysis.records import FindingKind, Verdict
+from hlo_audit._src.analysis.records import Verdict
 from hlo_audit._src.report import text
+from hlo_audit._src.report.grouping import ranked_groups
+from hlo_audit._src.report.memory_view import aggregate_columns, live_at, stack_buffers
 from hlo_audit._src.report.units import fmt_bytes, fmt_source
 
 #: The page style, shared with the sweep report.
@@ -38,6 +44,14 @@ svg text{font:11px system-ui,sans-serif} .legend span{display:inline-block;margi
 .sw{display:inline-block;width:12px;height:12px;border-radius:2px;vertical-align:-2px;margin-right:4px}
 .tw{overflow-x:auto;max-width:100%} pre.src{background:#f6f8fa;border-radius:4px;padding:4px 8px;margin:4px 0;overflow:auto}
 ul.cols{columns:3 260px;font-size:12.5px;margin:6px 0}
+.toolbar{display:flex;flex-wrap:wrap;gap:6px 14px;align-items:center;margin:6px 0;font-size:12.5px}
+.toolbar button{font:inherit;padding:2px 8px;cursor:pointer}
+.grow{display:grid;grid-template-columns:3em minmax(9em,13em) 3.5em minmax(8em,12em) 7.5em 5.5em minmax(6em,9em) 4em 1fr;gap:0 8px;align-items:baseline;font-size:12.5px}
+.grow span{overflow:hidden;text-overflow:ellipsis;white-space:nowrap} .grow .n{text-align:right;font-variant-numeric:tabular-nums}
+.ghead{font-weight:600;color:#57606a;padding:0 10px 0 24px}
+details.group{margin:3px 0;padding:3px 10px} details.group>summary{font-weight:400;list-style-position:outside}
+details.group>summary .grow{display:inline-grid;width:calc(100% - 16px)}
+#mem-tip{font:12px ui-monospace,monospace;min-height:1.5em;color:#1b1f24;margin:4px 0}
 """
 
 #: Sorts a `table.sortable` by the clicked column: by `data-v` where a cell has
@@ -96,6 +110,54 @@ TIMELINE_SCRIPT = """
     cursor.setAttribute('visibility', 'visible');
     label.textContent = 'step ' + i + ': ' + fmt(data[i]) + ' live';
   });
+})();
+"""
+
+#: Hovering a band of the memory view names its buffer.
+MEMORY_SCRIPT = """
+(function(){
+  var svg = document.getElementById('memory');
+  if (!svg) return;
+  var data = JSON.parse(svg.getAttribute('data-bands'));
+  var tip = document.getElementById('mem-tip');
+  svg.addEventListener('mouseover', function(ev){
+    var i = ev.target.getAttribute && ev.target.getAttribute('data-i');
+    if (i === null || i === undefined) return;
+    tip.textContent = data[+i];
+  });
+})();
+"""
+
+#: Filters the finding groups by class and sorts them by bytes saved.
+FINDINGS_SCRIPT = """
+(function(){
+  var box = document.getElementById('groups');
+  if (!box) return;
+  var boxes = document.querySelectorAll('input.fclass');
+  var shown = document.getElementById('groups-shown');
+  function apply(){
+    var on = {}, n = 0;
+    boxes.forEach(function(c){ on[c.value] = c.checked; });
+    box.querySelectorAll('details.group').forEach(function(d){
+      var vis = on[d.getAttribute('data-class')];
+      d.style.display = vis ? '' : 'none';
+      if (vis) n++;
+    });
+    shown.textContent = n + ' shown';
+  }
+  boxes.forEach(function(c){ c.addEventListener('change', apply); });
+  var btn = document.getElementById('sort-bytes'), desc = false;
+  btn.addEventListener('click', function(){
+    desc = !desc;
+    var items = Array.prototype.slice.call(box.querySelectorAll('details.group'));
+    items.sort(function(a, b){
+      var x = +a.getAttribute('data-bytes'), y = +b.getAttribute('data-bytes');
+      return desc ? y - x : x - y;
+    });
+    items.forEach(function(d){ box.appendChild(d); });
+    btn.textContent = 'bytes saved ' + (desc ? '\\u2193' : '\\u2191');
+  });
+  apply();
 })();
 """
 
@@ -257,6 +319,204 @@ def graph_svg(report, max_kernels: int = 220) -> str:
   return "".join(legend) + shown + "".join(out)
 
 
+#: Intermediate-tensor rows at most.
+MAX_INTERMEDIATES = 500
+#: Bands the memory view draws at most (the largest buffers).
+MAX_BANDS = 2000
+#: Finding groups listed at most, and groups that carry full records.
+MAX_GROUPS = 2000
+MAX_GROUP_RECORDS = 300
+#: Members listed per group, and buffers listed as live at the peak.
+MAX_MEMBERS = 200
+MAX_LIVE_LISTED = 300
+
+
+def _band_tip(b) -> str:
+  src = fmt_source(b.source)
+  return (f"{b.name}  {b.shape}  {fmt_bytes(b.bytes)}  {b.lifetime.value}  "
+          f"steps {b.live_range[0]}-{b.live_range[1]}" + (f"  {src}" if src else ""))
+
+
+def memory_svg(report, width: int = 960, height: int = 320) -> str:
+  """Buffers stacked over the schedule, XProf-style: each a band from its
+  definition to its last use at a first-fit offset, coloured by lifetime;
+  the live bytes as a line; the peak marked and its buffers outlined.
+  Hovering a band names its buffer. With more buffers than MAX_BANDS the
+  view aggregates: per pixel column, the bytes live at its busiest step
+  stacked by lifetime class, hover naming the largest buffers there."""
+  drawable = [b for b in report.buffers if not b.internal and b.bytes > 0]
+  if not drawable:
+    return '<p class="muted">No buffers.</p>'
+  pad_l, pad_b, pad_t = 70, 34, 18
+  w, h = width - pad_l - 10, height - pad_b - pad_t
+  n = max(len(report.timeline), 1 + max(b.live_range[1] for b in drawable))
+  peak_t = report.peak_time
+  aggregate = len(drawable) > MAX_BANDS
+  if aggregate:
+    cols = aggregate_columns(drawable, n, w)
+    top = max([sum(c.by_lifetime) for c in cols] + [max(report.timeline, default=0)]) or 1
+  else:
+    lay = stack_buffers(drawable, MAX_BANDS)
+    top = max(lay.height, max(report.timeline, default=0)) or 1
+
+  def x(i):
+    return pad_l + (i / n) * w
+
+  def y(v):
+    return pad_t + h - (v / top) * h
+
+  tips, marks = [], []
+  if aggregate:
+    kinds = list(Lifetime)
+    base = [0] * len(cols)
+    for k, lt in enumerate(kinds):
+      if not any(c.by_lifetime[k] for c in cols):
+        continue
+      upper, lower = [], []
+      for j, c in enumerate(cols):
+        x0, x1 = pad_l + j * w / len(cols), pad_l + (j + 1) * w / len(cols)
+        lo, hi = base[j], base[j] + c.by_lifetime[k]
+        upper += [f"{x0:.1f},{y(hi):.1f}", f"{x1:.1f},{y(hi):.1f}"]
+        lower += [f"{x1:.1f},{y(lo):.1f}", f"{x0:.1f},{y(lo):.1f}"]
+        base[j] = hi
+      marks.append(f'<polygon points="{" ".join(upper + lower[::-1])}" '
+                   f'fill="{_LIFETIME_COLORS.get(lt, "#0969da")}" fill-opacity="0.75" '
+                   f'pointer-events="none"><title>{_e(lt.value)}</title></polygon>')
+    for j, c in enumerate(cols):
+      x0 = pad_l + j * w / len(cols)
+      parts = ", ".join(f"{kinds[k].value} {fmt_bytes(v)}" for k, v in enumerate(c.by_lifetime) if v)
+      tips.append(f"step {c.step}: {fmt_bytes(sum(c.by_lifetime))} live ({parts}); largest: "
+                  + "; ".join(_band_tip(b) for b in c.largest))
+      marks.append(f'<rect x="{x0:.1f}" y="{pad_t}" width="{w / len(cols):.2f}" height="{h}" '
+                   f'fill="transparent" data-i="{j}"/>')
+  else:
+    for i, band in enumerate(lay.bands):
+      b = band.buffer
+      s0, s1 = b.live_range
+      x0, x1 = x(s0), x(s1 + 1)
+      y1, y0 = y(band.offset + b.bytes), y(band.offset)
+      at_peak = s0 <= peak_t <= s1
+      stroke = ' class="atpeak" stroke="#cf222e" stroke-width="0.8"' if at_peak else ""
+      marks.append(f'<rect x="{x0:.1f}" y="{y1:.1f}" width="{max(0.6, x1 - x0):.1f}" '
+                   f'height="{max(0.6, y0 - y1):.1f}" '
+                   f'fill="{_LIFETIME_COLORS.get(b.lifetime, "#0969da")}" fill-opacity="0.75"'
+                   f'{stroke} data-i="{i}"/>')
+      tips.append(_band_tip(b))
+  out = ['<div id="mem-tip">hover the view for the buffers there</div>',
+         f'<svg xmlns="http://www.w3.org/2000/svg" id="memory" width="{width}" height="{height}" '
+         f'role="img" aria-label="memory view" data-mode="{"columns" if aggregate else "bands"}" '
+         f'data-bands="{_e(json.dumps(tips, separators=(",", ":")))}">']
+  out += marks
+  series = report.timeline
+  if series:
+    step = max(1, len(series) // (2 * w))
+    pts = " ".join(f"{x(i + 0.5):.1f},{y(max(series[i:i + step])):.1f}"
+                   for i in range(0, len(series), step))
+    out.append(f'<polyline points="{pts}" fill="none" stroke="#24292f" stroke-width="1" '
+               'stroke-dasharray="3 2" pointer-events="none"/>')
+  for frac in (0, 0.5, 1):
+    yy = y(top * frac)
+    out.append(f'<line x1="{pad_l}" x2="{pad_l + w}" y1="{yy:.1f}" y2="{yy:.1f}" '
+               'stroke="#d0d7de" pointer-events="none"/>')
+    out.append(f'<text x="{pad_l - 6}" y="{yy + 4:.1f}" text-anchor="end">{_e(fmt_bytes(top * frac))}</text>')
+  for frac in (0, 0.25, 0.5, 0.75, 1):
+    i = round(frac * (n - 1))
+    out.append(f'<text x="{x(i):.1f}" y="{pad_t + h + 15}" text-anchor="middle">{i}</text>')
+  live = live_at(drawable, peak_t)
+  px = x(peak_t + 0.5)
+  out.append(f'<line id="memory-peak" x1="{px:.1f}" x2="{px:.1f}" y1="{pad_t - 4}" y2="{pad_t + h}" '
+             'stroke="#cf222e" stroke-dasharray="4 3" pointer-events="none"/>')
+  anchor = "end" if px > pad_l + w * 0.7 else "start"
+  out.append(f'<text x="{px + (-6 if anchor == "end" else 6):.1f}" y="{pad_t - 6}" '
+             f'text-anchor="{anchor}" fill="#cf222e">peak {_e(fmt_bytes(report.peak_bytes))} '
+             f'at step {peak_t}: {len(live)} buffers live</text>')
+  out.append(f'<text x="{pad_l + w / 2:.1f}" y="{height - 4}" text-anchor="middle">schedule step</text>')
+  out.append("</svg>")
+  legend = ['<p class="legend">']
+  for lt, color in _LIFETIME_COLORS.items():
+    legend.append(f'<span><i class="sw" style="background:{color}"></i>{_e(lt.value)}</span>')
+  if not aggregate:
+    legend.append('<span><i class="sw" style="border:1px solid #cf222e"></i>live at the peak</span>')
+  legend.append("<span>- - - live bytes (XLA's accounting)</span></p>")
+  note = ""
+  if aggregate:
+    note = (f'<p class="muted">{len(drawable)} buffers over {n} steps: more than the '
+            f"{w} pixel columns can show one by one, so each column stacks the bytes live "
+            "at its busiest step by lifetime class; hover for the largest buffers there.</p>")
+  rows = [(b.name, b.shape, fmt_bytes(b.bytes), b.lifetime.value, fmt_source(b.source))
+          for b in live[:MAX_LIVE_LISTED]]
+  more = f" (the {MAX_LIVE_LISTED} largest)" if len(live) > MAX_LIVE_LISTED else ""
+  listed = (f"<details><summary>{len(live)} buffers live at the peak (step {peak_t}){more}"
+            "</summary>" + table_html(("Buffer", "Shape", "Bytes", "Lifetime", "Source"), rows,
+                                      ("Bytes",),
+                                      {(i, 2): b.bytes for i, b in enumerate(live[:MAX_LIVE_LISTED])})
+            + "</details>")
+  return "".join(legend) + note + "".join(out) + listed
+
+
+def findings_html(report) -> str:
+  """Finding groups (as in the terminal), filterable by class and sortable
+  by bytes saved; each expands to its members and decision record."""
+  groups = ranked_groups(report.findings)
+  if not groups:
+    return '<p class="muted">None.</p>'
+  counts: dict[str, tuple[str, int]] = {}
+  for g in groups:
+    name, c = counts.get(g.kind.slug, (g.kind.value, 0))
+    counts[g.kind.slug] = (name, c + g.count)
+  bar = ['<div class="toolbar"><span>classes:</span>']
+  for slug, (name, c) in counts.items():
+    bar.append(f'<label><input type="checkbox" class="fclass" value="{_e(slug)}" checked> '
+               f"{_e(name)} ({c})</label>")
+  bar.append('<button id="sort-bytes" type="button">sort by bytes saved</button>'
+             '<span id="groups-shown" class="muted"></span></div>')
+  head = ('<div class="grow ghead"><span>#</span><span>class</span><span>count</span>'
+          '<span>shape</span><span class="n">bytes saved</span><span class="n">launches</span>'
+          '<span>kernel</span><span>verdict</span><span>source</span></div>')
+  out = bar + [head, '<div id="groups">']
+  for i, g in enumerate(groups[:MAX_GROUPS], 1):
+    out.append(_group_html(i, g, full=i <= MAX_GROUP_RECORDS))
+  out.append("</div>")
+  if len(groups) > MAX_GROUPS:
+    out.append(f'<p class="muted">{len(groups) - MAX_GROUPS} more groups (the smallest) '
+               "are in the JSON report.</p>")
+  return "".join(out)
+
+
+def _short_kernel(name: str | None) -> str:
+  return name.removeprefix("pallas_kernels.") if name else "-"
+
+
+def _group_html(i: int, g, full: bool) -> str:
+  cls = g.verdict.value
+  f = g.first
+  row = (f'<span>{i}</span><span>{_e(g.kind.value)}</span><span>x{g.count}</span>'
+         f'<span title="{_e(g.boundary_shape)}">{_e(g.boundary_shape)}</span>'
+         f'<span class="n">{_e(fmt_bytes(g.bytes_saved))}</span><span class="n">{g.launches_removed}</span>'
+         f'<span title="{_e(g.kernel or "")}">{_e(_short_kernel(g.kernel))}</span><span class="{cls}">{_e(cls)}</span>'
+         f'<span title="{_e(fmt_source(g.source))}">{_e(fmt_source(g.source) or "?")}</span>')
+  out = [f'<details class="group" data-class="{_e(g.kind.slug)}" data-bytes="{g.bytes_saved}">'
+         f'<summary><span class="grow">{row}</span></summary>',
+         f"<p>{_e(text.group_sentence(g))}</p>"]
+  members = g.members[:MAX_MEMBERS]
+  rows = [(m.boundary or "-", m.producer or "-", ", ".join(m.consumers[:4]) +
+           (f" +{len(m.consumers) - 4}" if len(m.consumers) > 4 else ""),
+           fmt_bytes(m.bytes_saved), m.launches_removed, m.computation) for m in members]
+  out.append(table_html(("Boundary", "Producer", "Consumers", "Bytes saved", "Launches",
+                         "Computation"), rows, ("Bytes saved", "Launches"),
+                        {(j, 3): m.bytes_saved for j, m in enumerate(members)}))
+  if g.count > MAX_MEMBERS:
+    out.append(f'<p class="muted">{g.count - MAX_MEMBERS} more members.</p>')
+  if full:
+    code = source_line(f.source)
+    if code is not None:
+      out.append(f'<pre class="src">{_e(fmt_source(f.source))}:  {_e(code.strip())}</pre>')
+    out.append("<dl>" + "".join(f"<dt>{_e(k)}</dt><dd>{_e(v)}</dd>"
+                                for k, v in text.record_fields(f)) + "</dl>")
+  out.append("</details>")
+  return "".join(out)
+
+
 def render_html(report) -> str:
   """The report as one self-contained HTML page (see the module docstring)."""
   m = report.module
@@ -268,11 +528,7 @@ def render_html(report) -> str:
            f'<pre class="summary">{_e(text.summary(report))}</pre>']
   parts += ["<h2>Live bytes over the schedule</h2>", timeline_svg(report),
             f"<p>{_e(text.peak_line(report))}</p>"]
-  if report.live_at_peak:
-    parts.append(f"<details><summary>{len(report.live_at_peak)} buffers live at the peak"
-                 '</summary><ul class="cols">'
-                 + "".join(f"<li><code>{_e(b)}</code></li>" for b in report.live_at_peak)
-                 + "</ul></details>")
+  parts += ["<h2>Memory view: buffers over the schedule</h2>", memory_svg(report)]
   parts += ["<h2>Kernels and the buffers between them</h2>", graph_svg(report)]
   numeric = ("Bytes", "Read", "Written", "Runs", "Reuse", "Bytes saved", "Launches", "#", "Count")
   parts += ["<h2>Kernels by kind</h2>",
@@ -281,30 +537,21 @@ def render_html(report) -> str:
   kernel_rows = text.kernel_rows(report, limit=200)
   parts += [f"<h2>Kernels by bytes moved (top {len(kernel_rows)} of {len(report.kernels)})</h2>",
             table_html(text.KERNEL_COLUMNS, kernel_rows, numeric)]
-  inter = text.intermediate_rows(report)
-  sv = {(i, 3): b.bytes for i, b in enumerate(report.intermediates)}
+  inter_all = report.intermediates
+  inter = text.intermediate_rows(report, limit=MAX_INTERMEDIATES)
+  sv = {(i, 3): b.bytes for i, b in enumerate(inter_all[:MAX_INTERMEDIATES])}
   parts += [f"<h2>Intermediate tensors (&ge; {100 * report.options.intermediate_fraction:g}% of peak)</h2>",
             table_html(text.INTERMEDIATE_COLUMNS, inter, numeric, sv) if inter else
             '<p class="muted">None.</p>']
-  parts.append("<h2>Findings</h2>")
-  if not report.findings:
-    parts.append('<p class="muted">None.</p>')
-  else:
-    fsv = {(i, 4): f.bytes_saved for i, f in enumerate(report.findings)}
-    parts.append(table_html(text.FINDING_COLUMNS, text.finding_rows(report), numeric, fsv))
-    proposals = [(i, f) for i, f in enumerate(report.findings, 1)
-                 if f.verdict is not Verdict.KEEP and f.kind is not FindingKind.ALREADY_FUSED]
-    kept = [(i, f) for i, f in enumerate(report.findings, 1)
-            if f.verdict is Verdict.KEEP and f.kind is not FindingKind.ALREADY_FUSED]
-    parts += [_record_html(i, f) for i, f in proposals]
-    if kept:
-      # Records that propose nothing, folded so the proposals stand out.
-      parts.append(f"<details><summary>{len(kept)} records that keep a buffer "
-                   "(no change proposed)</summary>"
-                   + "".join(_record_html(i, f) for i, f in kept) + "</details>")
+  if len(inter_all) > MAX_INTERMEDIATES:
+    parts.append(f'<p class="muted">The {MAX_INTERMEDIATES} largest of {len(inter_all)}.</p>')
+  n_groups = len(ranked_groups(report.findings))
+  parts.append(f"<h2>Findings: {len(report.findings)} in {n_groups} groups</h2>")
+  parts.append(findings_html(report))
   if report.notes:
     parts.append("<h2>Notes</h2><ul>" + "".join(f"<li>{_e(n)}</li>" for n in report.notes) + "</ul>")
-  parts.append(f"<script>{SORT_SCRIPT}{TIMELINE_SCRIPT}</script></body></html>")
+  parts.append(f"<script>{SORT_SCRIPT}{TIMELINE_SCRIPT}{MEMORY_SCRIPT}{FINDINGS_SCRIPT}"
+               "</script></body></html>")
   return "\n".join(parts)
 
 
@@ -314,18 +561,3 @@ def source_line(loc) -> str | None:
     return None
   line = linecache.getline(loc.file, loc.line)
   return line.rstrip() or None
-
-
-def _record_html(i: int, f) -> str:
-  """One finding: its sentence, its source line, and its decision record."""
-  cls = {"safe": "safe", "risky": "risky", "keep": "keep"}[f.verdict.value]
-  out = [f'<details class="finding"><summary>{i}. <span class="{cls}">[{_e(f.verdict.value)}]'
-         f"</span> {_e(text.finding_sentence(f))}</summary>"]
-  code = source_line(f.source)
-  if code is not None:
-    out.append(f'<pre class="src">{_e(fmt_source(f.source))}:  {_e(code.strip())}</pre>')
-  out.append("<dl>")
-  for k, v in text.record_fields(f):
-    out.append(f"<dt>{_e(k)}</dt><dd>{_e(v)}</dd>")
-  out.append("</dl></details>")
-  return "".join(out)

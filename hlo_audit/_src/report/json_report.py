@@ -80,6 +80,19 @@ def finding_dict(f) -> dict:
   }
 
 
+def groups_list(report) -> list[dict]:
+  """The finding groups, ranked; members as indices into "findings"."""
+  from hlo_audit._src.report.grouping import ranked_groups
+
+  index = {id(f): i for i, f in enumerate(report.findings)}
+  return [{"class": g.kind.slug, "source": _source(g.source),
+           "boundary_shape": g.boundary_shape, "ops": list(g.ops), "kernel": g.kernel,
+           "verdict": g.verdict.value, "count": g.count, "bytes_saved": g.bytes_saved,
+           "launches_removed": g.launches_removed, "peak_saved": g.peak_saved,
+           "actionable": g.actionable, "members": [index[id(f)] for f in g.members]}
+          for g in ranked_groups(report.findings)]
+
+
 def to_dict(report) -> dict:
   m = report.module
   return {
@@ -105,6 +118,7 @@ def to_dict(report) -> dict:
       "buffers": [buffer_dict(b) for b in report.buffers],
       "intermediates": [b.name for b in report.intermediates],
       "findings": [finding_dict(f) for f in report.findings],
+      "groups": groups_list(report),
       "live_at_peak": list(report.live_at_peak),
       "timeline": list(report.timeline),
       "cost_analysis": dict(report.cost_analysis) if report.cost_analysis else None,

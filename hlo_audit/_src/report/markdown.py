@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from hlo_audit._src.analysis.records import FindingKind
 from hlo_audit._src.report import text
+from hlo_audit._src.report.grouping import ranked_groups
 from hlo_audit._src.report.units import fmt_bytes
 
 
@@ -38,11 +38,17 @@ def render_markdown(report, max_kernels: int = 40) -> str:
   if not report.findings:
     parts += ["None.", ""]
   else:
-    parts += [table(text.FINDING_COLUMNS, text.finding_rows(report)), ""]
-    for i, f in enumerate(report.findings, 1):
-      if f.kind in (FindingKind.KEEP_REUSE, FindingKind.ALREADY_FUSED):
+    groups = ranked_groups(report.findings)
+    parts += [f"{len(report.findings)} findings in {len(groups)} groups (the same class "
+              "and pattern at one source line), largest saving first.", "",
+              table(text.FINDING_COLUMNS, text.group_rows(groups)), ""]
+    for i, g in enumerate(groups, 1):
+      if not g.actionable:
         continue
-      parts += [f"### {i}. {_escape(text.finding_sentence(f))}", ""]
-      parts += [f"- **{k}**: {_escape(v)}" for k, v in text.record_fields(f)]
+      parts += [f"### {i}. {_escape(text.group_sentence(g))}", ""]
+      parts += [f"- **{k}**: {_escape(v)}" for k, v in text.record_fields(g.first)]
+      if g.count > 1:
+        parts.append("- **members**: " + _escape(", ".join(
+            f"{m.boundary or m.producer} ({fmt_bytes(m.bytes_saved)})" for m in g.members)))
       parts.append("")
   return "\n".join(parts)

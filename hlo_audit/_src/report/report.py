@@ -149,9 +149,27 @@ class AuditReport:
   # -------------------------------------------------------- renderers ----
 
   def __str__(self) -> str:
+    """The terminal report (`to_text()`), at the CLI's width: $COLUMNS, else
+    the terminal's, else 160 when stdout is not a terminal."""
+    return self.to_text()
+
+  def to_text(self, width: int | None = None, *, all: bool = False,  # noqa: A002
+              top: int | None = None) -> str:
+    """The terminal report as text: the summary and the `top` (default 20)
+    finding groups ranked by bytes saved; `all=True` adds every table and
+    every group's decision record. Names never break mid-word."""
     from hlo_audit._src.report import terminal
 
-    return terminal.render_text(self)
+    return terminal.render_text(self, width, all=all,
+                                top=terminal.TOP if top is None else top)
+
+  @property
+  def groups(self):
+    """Findings grouped (same class and pattern at one source line) and
+    ranked: actionable first, by bytes saved (see `grouping`)."""
+    from hlo_audit._src.report.grouping import ranked_groups
+
+    return ranked_groups(self.findings)
 
   def to_dict(self) -> dict:
     """The JSON document as Python data (see `to_json`)."""
@@ -187,11 +205,12 @@ class AuditReport:
 
     return diff_reports(self, other)
 
-  def print(self, console=None) -> None:
-    """Prints the terminal report with rich (to `console`, or stdout)."""
+  def print(self, console=None, *, all: bool = False) -> None:  # noqa: A002
+    """Prints the terminal report to `console` (a rich Console or a text
+    stream; stdout when None)."""
     from hlo_audit._src.report import terminal
 
-    terminal.render_terminal(self, console)
+    terminal.render_terminal(self, console, all=all)
 
 
 def _saving(findings) -> int:

@@ -22,13 +22,15 @@ FINDING_COLUMNS = ("#", "Class", "Boundary", "Shape", "Bytes saved", "Launches",
                    "Kernel", "Verdict", "Source")
 
 
-def removable(report, b: Buffer) -> tuple[str, str]:
-  """("yes"/"no"/"-", strategy) for a buffer, from the findings about it."""
+def removable(report, b: Buffer, related=None) -> tuple[str, str]:
+  """("yes"/"no"/"-", strategy) for a buffer, from the findings about it
+  (`related`: those findings, when the caller has them indexed)."""
   if b.lifetime is Lifetime.INPUT:
     return "no", "input or carried state"
   if b.lifetime is Lifetime.EXTERNAL_OUTPUT:
     return "no", "program output"
-  related = [f for f in report.findings if f.boundary == b.name]
+  if related is None:
+    related = [f for f in report.findings if f.boundary == b.name]
   for f in related:
     if f.verdict is Verdict.KEEP:
       continue
@@ -39,10 +41,18 @@ def removable(report, b: Buffer) -> tuple[str, str]:
   return "-", ""
 
 
-def intermediate_rows(report) -> list[tuple[str, ...]]:
+def is_transient(b: Buffer) -> bool:
+  """Written between kernels: neither a program input nor its output."""
+  return b.lifetime not in (Lifetime.INPUT, Lifetime.EXTERNAL_OUTPUT)
+
+
+def intermediate_rows(report, limit: int | None = None) -> list[tuple[str, ...]]:
+  by_boundary: dict[str, list[FusionDecisionRecord]] = {}
+  for f in report.findings:
+    by_boundary.setdefault(f.boundary, []).append(f)
   rows = []
-  for b in report.intermediates:
-    yes, strategy = removable(report, b)
+  for b in report.intermediates[:limit]:
+    yes, strategy = removable(report, b, by_boundary.get(b.name, []))
     rows.append((b.name, b.shape, b.dtype, fmt_bytes(b.bytes), b.producer or "-",
                  _short_list(b.consumers), str(b.reuse_count),
                  f"{b.live_range[0]}-{b.live_range[1]}", b.lifetime.value, yes,
@@ -64,13 +74,30 @@ def kernel_rows(report, limit: int | None = None) -> list[tuple[str, ...]]:
   return rows
 
 
-def finding_rows(report) -> list[tuple[str, ...]]:
+def group_rows(groups) -> list[tuple[str, ...]]:
+  """FINDING_COLUMNS rows: one per group (numbered by rank), then one per
+  member when the group has several (boundary name and bytes)."""
   rows = []
-  for i, f in enumerate(report.findings, 1):
-    rows.append((str(i), f.kind.value, f.boundary or f.producer, f.boundary_shape,
-                 fmt_bytes(f.bytes_saved), str(f.launches_removed),
-                 f.kernel or "-", f.verdict.value, fmt_source(f.source)))
+  for i, g in enumerate(groups, 1):
+    f = g.first
+    boundary = (f.boundary or f.producer) if g.count == 1 else f"x{g.count} buffers"
+    rows.append((str(i), g.kind.value, boundary, g.boundary_shape,
+                 fmt_bytes(g.bytes_saved), str(g.launches_removed), g.kernel or "-",
+                 g.verdict.value, fmt_source(g.source)))
+    if g.count > 1:
+      rows += [("", "", "- " + (m.boundary or m.producer), "", fmt_bytes(m.bytes_saved),
+                str(m.launches_removed), "", "", "") for m in g.members]
   return rows
+
+
+def group_sentence(g) -> str:
+  """`finding_sentence` of a group: the first member's, with the count and
+  the summed saving when there are several."""
+  s = finding_sentence(g.first)
+  if g.count == 1:
+    return s
+  return (f"x{g.count} {s} (each; {fmt_bytes(g.bytes_saved)} and "
+          f"{g.launches_removed} launches for all {g.count})")
 
 
 def finding_sentence(f: FusionDecisionRecord) -> str:

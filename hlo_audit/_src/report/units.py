@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import functools
+import os
+import re
+
 from hlo_audit._src.analysis import source
 from hlo_audit._src.hlo.ir import SourceLocation
 
@@ -29,12 +33,30 @@ def fmt_pct(x: float | None) -> str:
 
 
 def fmt_source(loc: SourceLocation | None) -> str:
-  """"file.py:42" (the file's basename kept with its last folder)."""
+  """"path:line" as the user would open it: relative to the current folder
+  when the file is below it, else from the root of its Python package
+  (`hlo_audit/_src/examples/transformer.py:93`), else as recorded."""
   if loc is None:
     return ""
-  parts = loc.file.replace("\\", "/").split("/")
-  short = "/".join(parts[-2:]) if len(parts) > 1 else loc.file
-  return f"{short}:{loc.line}"
+  return f"{openable_path(loc.file, os.getcwd())}:{loc.line}"
+
+
+@functools.lru_cache(maxsize=4096)
+def openable_path(path: str, cwd: str) -> str:
+  """`path` relative to `cwd` when below it, else from its package root."""
+  if not path or not os.path.isabs(path):
+    return path
+  norm = os.path.normpath(path)
+  if norm.startswith(os.path.join(cwd, "")):
+    return os.path.relpath(norm, cwd)
+  # Walk up while the folder is a package: the top package's parent is the
+  # folder on sys.path, and the rest is the path as imports name it.
+  root = os.path.dirname(norm)
+  while os.path.isfile(os.path.join(root, "__init__.py")):
+    root = os.path.dirname(root)
+  if root != os.path.dirname(norm):
+    return os.path.relpath(norm, root)
+  return norm
 
 
 def fmt_source_context(loc: SourceLocation | None,
@@ -48,3 +70,24 @@ def fmt_source_context(loc: SourceLocation | None,
 
 def fmt_trip(trip: int | None) -> str:
   return "?" if trip is None else str(trip)
+
+
+_SIZE_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1024, "m": 1000 ** 2,
+               "mb": 1000 ** 2, "mib": 1024 ** 2, "g": 1000 ** 3, "gb": 1000 ** 3,
+               "gib": 1024 ** 3, "tb": 1000 ** 4, "tib": 1024 ** 4}
+
+
+def parse_bytes(text: str | int) -> int:
+  """"1MiB", "512 KiB", "1.5GB", "4096" -> bytes (IEC units are powers of
+  1024, SI units of 1000).
+
+  Raises:
+    ValueError: naming the accepted forms.
+  """
+  if isinstance(text, int):
+    return text
+  m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]*)?)\s*([A-Za-z]*)\s*", str(text))
+  unit = m.group(2).lower() if m else None
+  if m is None or unit not in _SIZE_UNITS:
+    raise ValueError(f"{text!r} is not a size: expected e.g. 4096, 512KiB, 1MiB, 2GB")
+  return int(float(m.group(1)) * _SIZE_UNITS[unit])

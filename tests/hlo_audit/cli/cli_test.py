@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import os
 import subprocess
 import sys
@@ -92,3 +93,54 @@ def test_console_script_is_installed():
   exe = os.path.join(os.path.dirname(sys.executable), "hlo-audit")
   out = subprocess.run([exe, "--help"], capture_output=True, text=True)
   assert out.returncode == 0 and "example" in out.stdout
+
+
+@pytest.mark.parametrize("content, message", [
+    (b"", "empty file, not HLO text"),
+    (b"\x7fELF\x02\x01\x01\x00\x00\x00" * 30, "binary file, not HLO text"),
+    (b'{"not": "hlo"}\n', "not HLO text (no HloModule header"),
+    (HLO.replace("tanh(%d)", "tanh(%y)").encode(),
+     "in.hlo:6:34: operand y is not defined: no instruction of that name before this use"),
+])
+def test_bad_input_is_one_line_on_stderr_and_exit_2(tmp_path, capsys, content, message):
+  p = tmp_path / "in.hlo"
+  p.write_bytes(content)
+  assert run(["file", str(p)]) == ExitCode.USAGE
+  err = capsys.readouterr().err
+  assert err.count("\n") == 1 and message in err and "Traceback" not in err, err
+  assert "unknown opcode" not in err
+  if b"%y" in content:
+    assert run(["file", str(p), "--verbose"]) == ExitCode.USAGE
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 4 and lines[2].strip() == "ROOT %t = f32[64,64]{1,0} tanh(%y)"
+    assert lines[3].strip() == "^"
+
+
+def test_fail_on_with_min_bytes_prints_the_offending_rows(tmp_path, capsys):
+  p = tmp_path / "m.hlo"
+  p.write_text(HLO)   # one unfused epilogue of 2 x 64 x 64 x 4 = 32 KiB
+  assert run(["file", str(p), "--fail-on", "unfused-epilogue", "--min-bytes", "1MiB"]) == ExitCode.OK
+  capsys.readouterr()
+  assert run(["file", str(p), "--json", "--fail-on", "unfused-epilogue",
+              "--min-bytes", "32KiB"]) == ExitCode.FINDINGS
+  cap = capsys.readouterr()
+  json.loads(cap.out)                       # stdout stays JSON
+  assert "1 finding(s) of class unfused-epilogue saving >= 32.00 KiB (--fail-on)" in cap.err
+  assert re.search(r"1\s+32\.00 KiB\s+unfused epilogue\s+f32\[64,64\]", cap.err), cap.err
+  assert run(["file", str(p), "--min-bytes", "lots"]) == ExitCode.USAGE
+
+
+def test_example_default_view_fits_a_screen_with_next_commands(capsys):
+  assert run(["example", "--width", "100", *SMALL]) == ExitCode.OK
+  out = capsys.readouterr().out
+  lines = out.splitlines()
+  assert len(lines) <= 60 and max(map(len, lines)) <= 100
+  assert re.search(r"Top \d+ of \d+ finding groups", out)
+  # The command is too long for 100 columns with its flags: said once.
+  assert "Next, add to hlo-audit example " + " ".join(SMALL) + ":" in " ".join(
+      l.strip() for l in lines)
+  for flag in ("--all", "--html audit.html", "--json", "--swap"):
+    assert re.search(rf"^  {flag}\s+\w", out, re.M), flag
+  assert run(["example", "--all", "--width", "100", *SMALL]) == ExitCode.OK
+  full = capsys.readouterr().out
+  assert len(full.splitlines()) > 3 * len(lines) and "Intermediate tensors" in full

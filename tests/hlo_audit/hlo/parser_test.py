@@ -270,7 +270,7 @@ MALFORMED = [
     ("unknown opcode (XLA)", module_with("ROOT r = f32[4] frobnicate(p)"), 5, 19,
      "unknown opcode 'frobnicate'"),
     ("undefined operand (XLA)", module_with("ROOT r = f32[4] add(p, q)"), 5, 26,
-     "expected ')' to end the operands, found identifier 'q'"),
+     "operand q is not defined: no instruction of that name before this use"),
     ("name defined twice (XLA)", module_with("p = f32[4] negate(p)", "ROOT r = f32[4] negate(p)"),
      5, 3, "instruction p is defined twice in computation e"),
     ("attribute given twice (XLA)",

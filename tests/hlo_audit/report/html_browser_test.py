@@ -6,17 +6,25 @@ respond to its scripts. Skips when Chromium is not installed (Debian:
 from __future__ import annotations
 
 import functools
+import importlib.util
 import io
+import json
 import linecache
+import pathlib
 import re
 
+import numpy as np
 import pytest
 
 from headless_chromium import Chromium, find_chromium
 
 import hlo_audit
 from hlo_audit._src.examples.transformer import TransformerConfig, example
-from hlo_audit._src.report.units import fmt_bytes
+from hlo_audit._src.report import html
+from hlo_audit._src.report.grouping import ranked_groups
+from hlo_audit._src.report.units import fmt_bytes, fmt_source
+
+BENCH = pathlib.Path(__file__).resolve().parents[3] / "scripts" / "bench_html.py"
 
 CHROMIUM = find_chromium()
 pytestmark = pytest.mark.skipif(
@@ -72,14 +80,15 @@ def test_every_section_renders_with_the_report_contents(page):
   browser, *_ = page
   r = report()
   headings = browser.evaluate("Array.from(document.querySelectorAll('h2'), h => h.textContent)")
-  for h in ("Live bytes over the schedule", "Kernels and the buffers between them",
+  for h in ("Live bytes over the schedule", "Memory view", "Kernels and the buffers between them",
             "Kernels by kind", "Intermediate tensors", "Findings"):
     assert any(x.startswith(h) for x in headings), (h, headings)
-  tables = browser.evaluate("Array.from(document.querySelectorAll('table.sortable'), "
-                            "t => t.tBodies[0].rows.length)")
-  # Kinds, kernels, intermediates, findings.
-  assert tables == [len(r.kernels_by_kind()), min(200, len(r.kernels)),
-                    len(r.intermediates), len(r.findings)]
+  rows = browser.evaluate("""(function(){
+      function n(h){ var e = Array.from(document.querySelectorAll('h2')).find(x => x.textContent.startsWith(h));
+        while (e && !(e.querySelector && e.querySelector('table.sortable'))) e = e.nextElementSibling;
+        return e.querySelector('table.sortable').tBodies[0].rows.length; }
+      return [n('Kernels by kind'), n('Kernels by bytes'), n('Intermediate tensors')]; })()""")
+  assert rows == [len(r.kernels_by_kind()), min(200, len(r.kernels)), len(r.intermediates)]
   graph = browser.evaluate("""(function(){
       var g = document.querySelector('svg[aria-label="kernel graph"]');
       var b = g.getBoundingClientRect();
@@ -87,7 +96,7 @@ def test_every_section_renders_with_the_report_contents(page):
               b.width, b.height]; })()""")
   assert graph[0] == len(r.kernels) and graph[1] > len(r.kernels) / 2
   assert graph[2] > 400 and graph[3] > 10 * len(r.kernels)
-  # Findings carry their source line's text.
+  # Finding groups carry their source line's text.
   first = next(f for f in r.actionable if f.source is not None)
   code = linecache.getline(first.source.file, first.source.line).strip()
   sources = browser.evaluate("Array.from(document.querySelectorAll('pre.src'), p => p.textContent)")
@@ -130,13 +139,124 @@ def test_hovering_the_chart_names_a_step_and_headers_sort_tables(page):
 
   # The kernel table's "Read" column holds sizes like "4 B" and "1.50 MiB".
   col = browser.evaluate("""(function(){
-      var t = document.querySelectorAll('table.sortable')[1];
+      var h = Array.from(document.querySelectorAll('h2')).find(x => x.textContent.startsWith('Kernels by bytes'));
+      var t = h.nextElementSibling.querySelector('table.sortable');
       var i = Array.from(t.tHead.rows[0].cells).findIndex(c => c.textContent === 'Read');
       t.tHead.rows[0].cells[i].click();
       return Array.from(t.tBodies[0].rows, r => r.cells[i].textContent); })()""")
   values = [_bytes(v) for v in col]
   assert values == sorted(values) and values[0] < values[-1]
   assert browser.errors() == []
+
+
+def test_memory_view_stacks_every_buffer_and_names_it_on_hover(page):
+  browser, *_ = page
+  r = report()
+  drawn = [b for b in r.buffers if not b.internal and b.bytes > 0]
+  at_peak = [b for b in drawn if b.live_range[0] <= r.peak_time <= b.live_range[1]]
+  mode, bands, outlined = browser.evaluate("""(function(){
+      var s = document.getElementById('memory');
+      return [s.getAttribute('data-mode'), s.querySelectorAll('rect[data-i]').length,
+              s.querySelectorAll('rect.atpeak').length]; })()""")
+  assert (mode, bands, outlined) == ("bands", len(drawn), len(at_peak))
+  label = browser.evaluate("""Array.from(document.querySelectorAll('#memory text'),
+                              t => t.textContent).filter(t => t.startsWith('peak'))[0]""")
+  assert label == f"peak {fmt_bytes(r.peak_bytes)} at step {r.peak_time}: {len(at_peak)} buffers live"
+  # Bands live at one step never overlap (a band is at least 0.6 px tall).
+  boxes = browser.evaluate("""Array.from(document.querySelectorAll('#memory rect.atpeak'), e => {
+      var b = e.getBBox(); return [b.y, b.y + b.height]; })""")
+  boxes.sort()
+  assert all(a[1] <= b[0] + 0.65 for a, b in zip(boxes, boxes[1:]))
+  # Hover the largest band: the tip names its buffer, shape, bytes and source.
+  big = max(drawn, key=lambda b: b.bytes)
+  i = browser.evaluate(f"JSON.parse(document.getElementById('memory').getAttribute('data-bands'))"
+                       f".findIndex(t => t.startsWith({json.dumps(big.name + '  ')}))")
+  x, y = browser.evaluate(f"""(function(){{
+      var e = document.querySelector('#memory rect[data-i="{i}"]');
+      e.scrollIntoView({{block: 'center'}});
+      var b = e.getBoundingClientRect();
+      return [b.left + b.width / 2, b.top + b.height / 2]; }})()""")
+  browser.call("Input.dispatchMouseEvent", type="mouseMoved", x=x, y=y)
+  tip = browser.evaluate("document.getElementById('mem-tip').textContent")
+  assert tip.startswith(f"{big.name}  {big.shape}  {fmt_bytes(big.bytes)}  {big.lifetime.value}")
+  assert fmt_source(big.source) in tip
+  # The picture has coloured bands.
+  x, y, w, h = browser.evaluate("""(function(){
+      var b = document.getElementById('memory').getBoundingClientRect();
+      return [b.left + window.scrollX, b.top + window.scrollY, b.width, b.height]; })()""")
+  shot = _png(browser.screenshot(clip={"x": x, "y": y, "width": w, "height": h}))
+  px = np.asarray(shot).astype(int)
+  colored = (px.max(axis=2) - px.min(axis=2) > 60).mean()
+  assert colored > 0.1
+
+
+def test_finding_groups_filter_by_class_sort_by_bytes_and_expand(page):
+  browser, *_ = page
+  r = report()
+  groups = ranked_groups(r.findings)
+  state = browser.evaluate("""Array.from(document.querySelectorAll('#groups details.group'),
+      d => [d.getAttribute('data-class'), +d.getAttribute('data-bytes'), d.style.display])""")
+  assert [(c, b) for c, b, _ in state] == [(g.kind.slug, g.bytes_saved) for g in groups]
+  slug = "unfused-epilogue"
+  n = sum(1 for g in groups if g.kind.slug == slug)
+  shown = browser.evaluate(f"""(function(){{
+      var c = document.querySelector('input.fclass[value="{slug}"]');
+      c.click();
+      var vis = Array.from(document.querySelectorAll('#groups details.group'))
+          .filter(d => d.style.display !== 'none');
+      var out = [vis.length, vis.some(d => d.getAttribute('data-class') === '{slug}'),
+                 document.getElementById('groups-shown').textContent];
+      c.click();
+      return out; }})()""")
+  assert shown == [len(groups) - n, False, f"{len(groups) - n} shown"]
+  order = browser.evaluate("""(function(){
+      var b = document.getElementById('sort-bytes'); var out = [];
+      for (var k = 0; k < 2; k++) { b.click();
+        out.push(Array.from(document.querySelectorAll('#groups details.group'),
+                            d => +d.getAttribute('data-bytes'))); }
+      return out; })()""")
+  assert order[0] == sorted(order[0], reverse=True) and order[1] == sorted(order[1])
+  assert order[0][0] > order[0][-1]
+  multi = next(g for g in groups if g.count > 1)
+  rows = browser.evaluate(f"""(function(){{
+      var d = Array.from(document.querySelectorAll('#groups details.group')).find(
+          d => d.querySelector('summary').textContent.includes('x{multi.count}') &&
+               d.getAttribute('data-bytes') === '{multi.bytes_saved}' &&
+               d.getAttribute('data-class') === '{multi.kind.slug}');
+      d.querySelector('summary').click();
+      return [d.open, d.querySelector('table.sortable').tBodies[0].rows.length]; }})()""")
+  assert rows == [True, multi.count]
+  assert browser.errors() == []
+
+
+def test_a_huge_module_aggregates_and_opens(browser, tmp_path):
+  spec = importlib.util.spec_from_file_location("bench_html", BENCH)
+  bench = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(bench)
+  big = bench.tiled_report(report(), 400)
+  assert big.module.instruction_count > 100_000
+  path = tmp_path / "big.html"
+  big.to_html(str(path))
+  seen = len(browser.events)
+  browser.load(path.as_uri())
+  assert browser.errors(since=seen) == []
+  mode, marks, groups, arcs = browser.evaluate("""(function(){
+      var s = document.getElementById('memory');
+      return [s.getAttribute('data-mode'), s.querySelectorAll('rect,polygon').length,
+              document.querySelectorAll('#groups details.group').length,
+              document.querySelectorAll('svg[aria-label="kernel graph"] path').length]; })()""")
+  drawn = sum(1 for b in big.buffers if not b.internal and b.bytes > 0)
+  assert mode == "columns" and drawn > html.MAX_BANDS
+  assert marks <= 880 + len(hlo_audit.Lifetime)   # one column per pixel, one area per class
+  assert groups == len(ranked_groups(report().findings))   # the copies group together
+  tip = browser.evaluate("""(function(){
+      var s = document.getElementById('memory');
+      s.scrollIntoView({block: 'center'});
+      var b = s.getBoundingClientRect();
+      return [b.left + b.width / 2, b.top + b.height / 2]; })()""")
+  browser.call("Input.dispatchMouseEvent", type="mouseMoved", x=tip[0], y=tip[1])
+  assert re.match(r"step \d+: .* live \(.*\); largest: ",
+                  browser.evaluate("document.getElementById('mem-tip').textContent"))
 
 
 def test_the_sweep_report_loads_with_its_plots(browser, tmp_path):

@@ -64,7 +64,7 @@ def test_markdown_and_terminal_show_tables_and_records():
   assert "| Buffer | Shape | Dtype | Bytes |" in md
   assert "**logical bytes saved**: 128.00 KiB of HBM traffic per run" in md
   console = Console(record=True, width=160)
-  rep().print(console)
+  rep().print(console, all=True)
   text = console.export_text()
   assert "Intermediate tensors" in text and "Findings (fusion decision records)" in text
   assert "pallas_kernels.matmul" in text

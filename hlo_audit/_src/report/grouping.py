@@ -1,0 +1,88 @@
+"""Repeated findings as one group: the same class and pattern at the same
+source line (per layer, per head, per loop iteration, forward and backward).
+
+Pure functions over the records; every renderer (terminal, JSON, HTML) and
+`hlo_audit.testing` group and rank with these, so they show the same rows.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from hlo_audit._src.analysis.records import FindingKind, FusionDecisionRecord, Verdict
+from hlo_audit._src.hlo.ir import SourceLocation
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class FindingGroup:
+  """Findings that differ only in which instance of a pattern they are."""
+
+  kind: FindingKind
+  #: The source line the members share (column and function ignored).
+  source: SourceLocation | None
+  boundary_shape: str
+  ops: tuple[str, ...]
+  kernel: str | None
+  verdict: Verdict
+  members: tuple[FusionDecisionRecord, ...]
+
+  @property
+  def count(self) -> int:
+    return len(self.members)
+
+  @property
+  def bytes_saved(self) -> int:
+    """Summed over the members (per run)."""
+    return sum(f.bytes_saved for f in self.members)
+
+  @property
+  def launches_removed(self) -> int:
+    return sum(f.launches_removed for f in self.members)
+
+  @property
+  def peak_saved(self) -> int | None:
+    """Summed `peak_saved` of the members that have one; None when none has
+    (records without the field, or what-ifs not computed)."""
+    values = [v for v in (getattr(f, "peak_saved", None) for f in self.members)
+              if v is not None]
+    return sum(values) if values else None
+
+  @property
+  def actionable(self) -> bool:
+    """Proposes a change (not "keep" and not "already fused")."""
+    return self.verdict is not Verdict.KEEP and self.kind is not FindingKind.ALREADY_FUSED
+
+  @property
+  def first(self) -> FusionDecisionRecord:
+    return self.members[0]
+
+
+def group_key(f: FusionDecisionRecord) -> tuple:
+  """What makes two findings the same pattern: class, source line, boundary
+  shape, the work found, the kernel that closes it, and the verdict. Not
+  instruction names: XLA numbers those per instance."""
+  src = (f.source.file, f.source.line) if f.source is not None else None
+  return (f.kind, src, f.boundary_shape, f.ops, f.kernel, f.verdict)
+
+
+def group_findings(findings) -> tuple[FindingGroup, ...]:
+  """Groups in order of first appearance; members in their original order."""
+  groups: dict[tuple, list[FusionDecisionRecord]] = {}
+  for f in findings:
+    groups.setdefault(group_key(f), []).append(f)
+  return tuple(
+      FindingGroup(kind=m[0].kind, source=m[0].source, boundary_shape=m[0].boundary_shape,
+                   ops=m[0].ops, kernel=m[0].kernel, verdict=m[0].verdict, members=tuple(m))
+      for m in groups.values())
+
+
+def rank_key(g: FindingGroup) -> tuple:
+  """Actionable groups first; then by peak bytes saved where known, then by
+  traffic bytes saved, then by class order."""
+  kinds = list(FindingKind)
+  return (not g.actionable, -(g.peak_saved or 0), -g.bytes_saved, kinds.index(g.kind))
+
+
+def ranked_groups(findings) -> tuple[FindingGroup, ...]:
+  """`group_findings`, most valuable first (`rank_key`; stable otherwise)."""
+  return tuple(sorted(group_findings(findings), key=rank_key))

@@ -1,0 +1,179 @@
+"""Plain-text layout shared by the terminal report, `str(report)` and the
+testing assertions: the width rule, shortening names, and tables that fit a
+width without breaking a name or a `file:line` in the middle.
+
+Names (instructions, kernels, shapes) are shortened with an ellipsis in the
+middle, so both the start and the numbered suffix stay readable; prose wraps
+at spaces; numbers and `file:line` are never broken: when a table cannot fit
+its source column, the source moves to a line of its own under the row.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+import sys
+
+#: Text width when the output is not a terminal and COLUMNS is unset.
+PIPED_WIDTH = 160
+#: Narrowest width the layout aims at.
+MIN_WIDTH = 40
+ELLIPSIS = "…"
+
+
+def text_width(stream=None, width: int | None = None) -> int:
+  """The width rule of the CLI and `print(report)`: an explicit width, else
+  $COLUMNS, else the terminal's width when `stream` is one, else PIPED_WIDTH."""
+  if width:
+    return max(MIN_WIDTH, width)
+  env = os.environ.get("COLUMNS", "")
+  if env.isdigit() and int(env) > 0:
+    return max(MIN_WIDTH, int(env))
+  stream = sys.stdout if stream is None else stream
+  try:
+    if stream.isatty():
+      return max(MIN_WIDTH, shutil.get_terminal_size((PIPED_WIDTH, 24)).columns)
+  except (AttributeError, ValueError, OSError):
+    pass
+  return PIPED_WIDTH
+
+
+def elide(s: str, n: int) -> str:
+  """`s` in at most `n` characters, shortened in the middle."""
+  if len(s) <= n:
+    return s
+  if n <= 1:
+    return ELLIPSIS[:n]
+  head = n // 2
+  tail = n - 1 - head
+  return s[:head] + ELLIPSIS + (s[-tail:] if tail else "")
+
+
+def wrap(s: str, n: int, *, indent: str = "") -> list[str]:
+  """Words of `s` in lines of at most `n` characters (after the first line,
+  each starts with `indent`); a word longer than a line is elided, never split."""
+  return hang(s, n, "", indent)
+
+
+def hang(s: str, width: int, first: str = "", rest: str = "") -> list[str]:
+  """`s` wrapped at spaces to `width`: the first line starts with `first`,
+  the others with `rest` (a hanging indent)."""
+  out: list[str] = []
+  cur, empty = first, True
+  for word in s.split():
+    if not empty and len(cur) + 1 + len(word) <= width:
+      cur += " " + word
+      continue
+    if not empty:
+      out.append(cur)
+      cur = rest
+    cur += elide(word, max(1, width - len(cur)))
+    empty = False
+  out.append(cur)
+  return out
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Column:
+  """A table column and how it may give up width."""
+
+  header: str
+  #: "num" (right-aligned, never broken), "name" (elided in the middle),
+  #: "text" (wrapped at spaces), "source" (`file:line`, never broken; moves
+  #: under the row when the table is too wide).
+  kind: str = "text"
+  #: Dropped first when the table is too wide.
+  optional: bool = False
+  #: Narrowest a name or text column gets.
+  min_width: int = 8
+
+
+def _cell_lines(col: Column, cell: str, w: int) -> list[str]:
+  if col.kind == "name":
+    return [elide(cell, w)]
+  if col.kind == "text":
+    return wrap(cell, w) if len(cell) > w else [cell]
+  return [cell]
+
+
+def table(columns, rows, width: int, *, indent: int = 2,
+          title: str | None = None) -> list[str]:
+  """`rows` (sequences of cells) under `columns` in lines of at most `width`
+  characters where the cells allow it (numbers and `file:line` are never
+  broken, so a very narrow width can still be exceeded)."""
+  columns = list(columns)
+  rows = [[str(c) for c in r] for r in rows]
+  keep = list(range(len(columns)))
+  src_below = None
+  gap = 2
+
+  def natural(i):
+    return max([len(columns[i].header)] + [len(r[i]) for r in rows])
+
+  def total(ws):
+    return indent + sum(ws.values()) + gap * (len(ws) - 1)
+
+  ws = {i: natural(i) for i in keep}
+  for step in ("optional", "shrink", "source", "gap", "hard"):
+    if total(ws) <= width:
+      break
+    if step == "optional":
+      for i in [i for i in keep if columns[i].optional]:
+        if total(ws) <= width:
+          break
+        keep.remove(i)
+        del ws[i]
+    elif step == "source":
+      src = [i for i in keep if columns[i].kind == "source"]
+      if src:
+        src_below = src[0]
+        keep.remove(src_below)
+        del ws[src_below]
+        ws = {i: natural(i) for i in keep}
+        _shrink(columns, ws, width - total(ws), soft=True)
+    elif step == "gap":
+      gap = 1
+    else:
+      _shrink(columns, ws, width - total(ws), soft=step == "shrink")
+  out = []
+  if title:
+    out += wrap(title, width, indent="  ")
+  header = " " * indent + (" " * gap).join(
+      _pad(columns[i], elide(columns[i].header, ws[i]), ws[i]) for i in keep)
+  out.append(header.rstrip())
+  for r in rows:
+    cells = [_cell_lines(columns[i], r[i], ws[i]) for i in keep]
+    for j in range(max(len(c) for c in cells)):
+      line = " " * indent + (" " * gap).join(
+          _pad(columns[i], c[j] if j < len(c) else "", ws[i]) for i, c in zip(keep, cells))
+      out.append(line.rstrip())
+    if src_below is not None and r[src_below]:
+      out.append(" " * (indent + 4) + r[src_below])
+  return out
+
+
+def _pad(col: Column, s: str, w: int) -> str:
+  return s.rjust(w) if col.kind == "num" else s.ljust(w)
+
+
+def _shrink(columns, ws, excess: int, soft: bool) -> None:
+  """Takes -excess characters from the widest text columns (wrapping loses
+  nothing), then from the widest name columns (eliding does), down to their
+  minimum (soft: twice their minimum)."""
+  need = -excess
+  for kinds in (("text",), ("name",)):
+    while need > 0:
+      room = [(ws[i] - _floor(columns[i], soft), i) for i in ws if columns[i].kind in kinds]
+      room = [(r, i) for r, i in room if r > 0]
+      if not room:
+        break
+      _, i = max(room)
+      ws[i] -= 1
+      need -= 1
+
+
+def _floor(col: Column, soft: bool) -> int:
+  # Headers stay whole: they say what the column is.
+  return max(col.min_width * (2 if soft else 1), len(col.header))
+

@@ -1,0 +1,148 @@
+"""Text layout, finding groups and the terminal report's width rules."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+import re
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+import hlo_audit
+from hlo_audit._src.examples.transformer import TransformerConfig, example
+from hlo_audit._src.hlo.ir import SourceLocation
+from hlo_audit._src.report import layout
+from hlo_audit._src.report.grouping import group_findings, ranked_groups
+from hlo_audit._src.report.layout import Column
+from hlo_audit._src.report.memory_view import stack_buffers
+from hlo_audit._src.report.units import openable_path, parse_bytes
+
+@functools.cache
+def example_report():
+  cfg = TransformerConfig(batch=2, seq=32, d_model=64, heads=2, d_ff=128, vocab=128, layers=2)
+  fn, args = example(cfg)
+  return hlo_audit.audit(fn, *args)
+
+
+def test_elide_keeps_both_ends_and_wrap_never_splits_words():
+  assert layout.elide("copy_bitcast_fusion.15", 12) == "copy_b…on.15"
+  assert layout.elide("short", 12) == "short"
+  lines = layout.wrap("a fusion named broadcast_multiply_fusion.4 reads it", 20, indent="  ")
+  assert all(len(l) <= 20 for l in lines)
+  assert "broadcast_multiply_fusion.4" not in " ".join(lines)  # too long: elided whole
+  assert any("broadcast" in l and "…" in l for l in lines)
+
+
+def test_table_moves_the_source_under_the_row_instead_of_breaking_it():
+  cols = (Column("#", "num"), Column("name", "name"), Column("note", "text"),
+          Column("extra", "text", optional=True), Column("source", "source"))
+  rows = [("1", "copy_bitcast_fusion.15", "a long note that wraps at spaces", "x" * 30,
+           "hlo_audit/_src/examples/transformer.py:93")]
+  wide = layout.table(cols, rows, 160)
+  assert len(wide) == 2 and wide[1].endswith("transformer.py:93") and "x" * 30 in wide[1]
+  narrow = layout.table(cols, rows, 60)
+  assert all(len(l) <= 60 for l in narrow)
+  assert "extra" not in narrow[0]                       # optional column dropped first
+  assert narrow[-1].strip() == "hlo_audit/_src/examples/transformer.py:93"
+
+
+def test_groups_merge_the_same_pattern_at_one_line_and_rank_by_bytes():
+  r = example_report()
+  groups = ranked_groups(r.findings)
+  assert sum(g.count for g in groups) == len(r.findings)
+  assert len(groups) < len(r.findings)                  # two layers: repeats merge
+  act = [g for g in groups if g.actionable]
+  assert [g.bytes_saved for g in act] == sorted((g.bytes_saved for g in act), reverse=True)
+  assert all(not g.actionable for g in groups[len(act):])
+  for g in groups:
+    assert len({(f.kind, f.boundary_shape, f.ops, f.source.line if f.source else None)
+                for f in g.members}) == 1
+  # Peak savings (another analysis may add them) rank first when present.
+  @dataclasses.dataclass(frozen=True)
+  class WithPeak:
+    f: object
+    peak_saved: int | None
+
+    def __getattr__(self, name):
+      return getattr(self.f, name)
+
+  small = act[-1].first
+  boosted = [WithPeak(f, 10 ** 9 if f is small else None) for f in r.findings]
+  assert ranked_groups(boosted)[0].first.f is small
+  assert group_findings(r.findings) == group_findings(r.findings)
+
+
+def test_default_report_fits_a_screen_and_never_breaks_a_name():
+  r = example_report()
+  for width in (80, 100, 160):
+    text = r.to_text(width)
+    lines = text.splitlines()
+    assert all(len(l) <= width for l in lines), width
+    assert len(lines) <= 70 if width == 80 else len(lines) <= 60
+    assert "Top " in text and "Next:" in text and "to_text(all=True)" in text
+    # Every file:line appears whole on one line.
+    srcs = {f"{openable_path(f.source.file, os.getcwd())}:{f.source.line}"
+            for f in r.findings if f.source}
+    shown = set(re.findall(r"\S+\.py:\d+", text))
+    assert shown and shown <= srcs
+  full = r.to_text(80, all=True)
+  assert all(len(l) <= 80 for l in full.splitlines())
+  assert "Intermediate tensors" in full and "Findings (fusion decision records)" in full
+  # Names are elided in the middle, never cut into pieces across lines (as
+  # rich's folding did: "multipl" / "y_add_f" / "usion").
+  names = ({k.name for k in r.kernels} | {b.name for b in r.buffers}
+           | {k.detail for k in r.kernels})
+  for text in (full, r.to_text(80)):
+    for tok in text.split():
+      tok = tok.strip(",;()")
+      assert not tok.endswith("_") and not (tok.startswith("_") and tok not in names), tok
+  assert "…" in full                                    # long names were elided
+
+
+def test_source_paths_are_the_ones_a_user_opens(tmp_path, monkeypatch):
+  pkg = tmp_path / "site" / "mypkg" / "sub"
+  pkg.mkdir(parents=True)
+  (tmp_path / "site" / "mypkg" / "__init__.py").write_text("")
+  (pkg / "__init__.py").write_text("")
+  f = str(pkg / "model.py")
+  assert openable_path(f, str(tmp_path)) == os.path.join("site", "mypkg", "sub", "model.py")
+  assert openable_path(f, "/elsewhere") == os.path.join("mypkg", "sub", "model.py")
+  loose = str(tmp_path / "script.py")
+  assert openable_path(loose, "/elsewhere") == loose
+  assert openable_path("relative/x.py", "/elsewhere") == "relative/x.py"
+  loc = example_report().findings[0].source
+  monkeypatch.chdir(tmp_path)
+  assert hlo_audit.Shape  # package importable from anywhere
+  from hlo_audit._src.report.units import fmt_source
+  assert fmt_source(loc) == f"hlo_audit/_src/examples/transformer.py:{loc.line}"
+  assert fmt_source(SourceLocation("/x/y.py", 3)) == "/x/y.py:3"
+
+
+def test_parse_bytes():
+  assert parse_bytes("1MiB") == 2 ** 20 and parse_bytes("1.5 KiB") == 1536
+  assert parse_bytes("2GB") == 2 * 10 ** 9 and parse_bytes("4096") == 4096
+  with pytest.raises(ValueError, match="not a size"):
+    parse_bytes("lots")
+
+
+def test_stacked_bands_never_overlap_while_both_are_live():
+  r = example_report()
+  lay = stack_buffers(r.buffers)
+  bands = lay.bands
+  for i, a in enumerate(bands):
+    for b in bands[i + 1:]:
+      (a0, a1), (b0, b1) = a.buffer.live_range, b.buffer.live_range
+      if a0 <= b1 and b0 <= a1:
+        assert (a.offset + a.buffer.bytes <= b.offset or
+                b.offset + b.buffer.bytes <= a.offset), (a.buffer.name, b.buffer.name)
+  assert lay.height >= max(sum(x.buffer.bytes for x in bands
+                               if x.buffer.live_range[0] <= t <= x.buffer.live_range[1])
+                           for t in range(len(r.timeline)))
+  few = stack_buffers(r.buffers, max_bands=10)
+  assert len(few.bands) == 10 and few.omitted == len(bands) - 10
+  assert min(b.buffer.bytes for b in few.bands) >= max(
+      b.bytes for b in r.buffers if not b.internal and b.bytes > 0
+      and b.name not in {x.buffer.name for x in few.bands})

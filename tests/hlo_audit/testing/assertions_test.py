@@ -1,0 +1,137 @@
+"""hlo_audit.testing: each assertion passes on a fused program and fires,
+with the offending rows and sources, when the fusion is undone on purpose."""
+
+from __future__ import annotations
+
+import re
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+import hlo_audit
+import pallas_kernels as pk
+from hlo_audit import testing
+
+S = jax.ShapeDtypeStruct
+X, W, B = S((128, 256), jnp.float32), S((256, 512), jnp.float32), S((512,), jnp.float32)
+# Big enough for the Pallas kernel's grid to be a loop XLA keeps.
+XL, WL = S((256, 256), jnp.float32), S((256, 1024), jnp.float32)
+
+
+def row_max(x, w):
+  # XLA's CPU backend runs the reduction in the matmul's kernel (one YNN fusion).
+  return jnp.max(x @ w, axis=-1)
+
+
+def row_max_split(x, w):
+  # The same math with a kernel boundary after the matmul: a custom kernel
+  # whose result XLA cannot fuse into, as a refactor might introduce.
+  return jnp.max(pk.matmul(x, w, implementation="pallas", interpret=True), axis=-1)
+
+
+def row_max_callback(x, w):
+  # A custom-call boundary between the matmul and its reduction.
+  y = x @ w
+  y = jax.pure_callback(lambda a: a, jax.ShapeDtypeStruct(y.shape, y.dtype), y)
+  return jnp.max(y, axis=-1)
+
+
+def mlp(x, w, b):
+  return jax.nn.gelu(x @ w + b, approximate=False)
+
+
+def test_assert_fused_passes_when_the_reduction_runs_in_the_matmul_kernel():
+  r = testing.assert_fused(row_max, XL, WL, op="reduce_max", into="dot")
+  assert len(r.kernels) == 1
+
+
+def test_assert_fused_fires_when_the_epilogue_is_unfused_on_purpose():
+  with pytest.raises(AssertionError) as e:
+    testing.assert_fused(row_max_split, XL, WL, op="reduce_max", into="dot")
+  msg = str(e.value)
+  line = row_max_split.__code__.co_firstlineno + 3
+  assert "'reduce_max' runs outside the 'dot' kernel in 1 kernel(s)" in msg
+  assert re.search(r"reading f32\[(1,)?256,1024\] written by pallas kernel", msg), msg
+  assert re.search(rf"assertions_test\.py:{line}\b", msg), msg
+  with pytest.raises(AssertionError, match="'reduce_max' runs outside the 'dot' kernel"):
+    testing.assert_fused(row_max_callback, XL, WL, op="reduce_max", into="dot")
+
+
+def test_assert_fused_fails_when_nothing_runs_the_op():
+  with pytest.raises(AssertionError, match="no kernel runs 'gelu'"):
+    testing.assert_fused(row_max, X, W, op="gelu", into="dot")
+
+
+# cuBLAS on a GPU: the same matmul + bias + GELU, fused into cuBLASLt's
+# epilogue, and left to a loop fusion after a plain gemm.
+GPU_FUSED = """HloModule fused, is_scheduled=true
+ENTRY %main (x: f32[64,32], w: f32[32,128], b: f32[128]) -> f32[64,128] {
+  %x = f32[64,32]{1,0} parameter(0)
+  %w = f32[32,128]{1,0} parameter(1)
+  %b = f32[128]{0} parameter(2)
+  %lt = (f32[64,128]{1,0}, s8[1024]{0}) custom-call(%x, %w, %b), custom_call_target="__cublas$lt$matmul", backend_config={"gemm_backend_config":{"epilogue":"BIAS_GELU"}}, metadata={op_name="jit(f)/dot_general" source_file="/src/model.py" source_line=9}
+  ROOT %out = f32[64,128]{1,0} get-tuple-element(%lt), index=0
+}
+"""
+
+GPU_UNFUSED = """HloModule unfused, is_scheduled=true
+%fused_gelu (p0: f32[64,128], p1: f32[128]) -> f32[64,128] {
+  %p0 = f32[64,128]{1,0} parameter(0)
+  %p1 = f32[128]{0} parameter(1)
+  %bb = f32[64,128]{1,0} broadcast(%p1), dimensions={1}
+  %add = f32[64,128]{1,0} add(%p0, %bb), metadata={op_name="jit(f)/add"}
+  ROOT %erf = f32[64,128]{1,0} erf(%add), metadata={op_name="jit(f)/erf"}
+}
+
+ENTRY %main (x: f32[64,32], w: f32[32,128], b: f32[128]) -> f32[64,128] {
+  %x = f32[64,32]{1,0} parameter(0)
+  %w = f32[32,128]{1,0} parameter(1)
+  %b = f32[128]{0} parameter(2)
+  %gemm = (f32[64,128]{1,0}, s8[4194304]{0}) custom-call(%x, %w), custom_call_target="__cublas$gemm", metadata={op_name="jit(f)/dot_general" source_file="/src/model.py" source_line=9}, backend_config={"gemm_backend_config":{"alpha_real":1,"beta":0,"epilogue":"DEFAULT"}}
+  %gte = f32[64,128]{1,0} get-tuple-element(%gemm), index=0
+  ROOT %fusion = f32[64,128]{1,0} fusion(%gte, %b), kind=kLoop, calls=%fused_gelu, metadata={op_name="jit(f)/erf" source_file="/src/model.py" source_line=9}
+}
+"""
+
+
+def test_gelu_epilogue_in_cublaslt_passes_and_a_separate_gelu_fusion_fires():
+  testing.assert_fused(hlo_audit.parse_hlo(GPU_FUSED), op="gelu", into="dot")
+  testing.assert_no_findings(hlo_audit.parse_hlo(GPU_FUSED), kinds="unfused-epilogue")
+  unfused = hlo_audit.parse_hlo(GPU_UNFUSED)
+  with pytest.raises(AssertionError) as e:
+    testing.assert_fused(unfused, op="gelu", into="dot")
+  assert "loop fusion fusion, reading f32[64,128] written by library call gemm" in str(e.value)
+  assert "/src/model.py:9" in str(e.value)
+  with pytest.raises(AssertionError) as e:
+    testing.assert_no_findings(unfused, kinds="unfused-epilogue")
+  assert "1 finding(s) (unfused-epilogue)" in str(e.value)
+  assert re.search(r"unfused epilogue\s+f32\[64,128\].*/src/model\.py:9", str(e.value))
+
+
+def test_assert_no_findings_filters_by_class_bytes_and_source():
+  r = hlo_audit.audit(mlp, X, W, B)   # one 512 KiB unfused epilogue
+  with pytest.raises(AssertionError, match=r"unfused epilogue .*assertions_test\.py:\d+"):
+    testing.assert_no_findings(r)
+  testing.assert_no_findings(r, kinds=["standalone-copy", "layout-conflict"])
+  testing.assert_no_findings(r, min_bytes="1MiB")
+  with pytest.raises(AssertionError):
+    testing.assert_no_findings(r, min_bytes="512KiB")
+  testing.assert_no_findings(r, where="elsewhere.py")
+  with pytest.raises(AssertionError):
+    testing.assert_no_findings(r, where="assertions_test.py")
+  testing.assert_no_findings(r, where=lambda f: f.bytes_saved > 10 ** 6)
+  testing.assert_no_copies(r)
+
+
+def test_assert_kernel_count_and_peak():
+  r = hlo_audit.audit(mlp, X, W, B)
+  testing.assert_kernel_count(r, at_most=2)
+  with pytest.raises(AssertionError, match=r"2 kernels .* expected at most 1"):
+    testing.assert_kernel_count(r, at_most=1)
+  testing.assert_peak_below(r, bytes=r.peak_bytes + 1)
+  with pytest.raises(AssertionError, match="is not below") as e:
+    testing.assert_peak_below(r, bytes=r.peak_bytes)
+  assert "live at the peak" in str(e.value) and "f32[256,512]" in str(e.value)
+  with pytest.raises(TypeError):
+    testing.assert_kernel_count(r)
