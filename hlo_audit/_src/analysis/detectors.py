@@ -122,7 +122,18 @@ def find_findings(module: HloModule, schedule: Schedule, dataflow: Dataflow,
   found += _expanded_broadcasts(ctx)
   epilogues, fused = _epilogues(ctx)
   found += epilogues
-  found += _prologues(ctx)
+  # dot -> elementwise -> dot: the elementwise kernel is the first dot's
+  # epilogue or the second's prologue, not both (only one boundary can go).
+  by_consumer = {c: i for i, r in enumerate(found) if r.kind is FindingKind.UNFUSED_EPILOGUE
+                 for c in r.consumers}
+  for r in _prologues(ctx):
+    i = by_consumer.get(r.producer)
+    if i is None:
+      found.append(r)
+    else:
+      found[i] = dataclasses.replace(found[i], notes=found[i].notes + (
+          f"alternatively a prologue of {', '.join(r.consumers)}: {r.producer} "
+          f"writes {r.boundary_shape} ({', '.join(r.ops)}) only for matmuls",))
   found += _separate_reductions(ctx)
   found += _materialized_slices(ctx)
   found += _loop_invariant(ctx)
@@ -568,6 +579,38 @@ def _expanded_broadcasts(ctx: _Context) -> list[FusionDecisionRecord]:
 # ------------------------------------------------ class 4: epilogues ----
 
 
+def _depends_on(ctx: _Context, consumer: Kernel, anchor: str, operand: int,
+                depth: int = 6) -> bool:
+  """Whether an operand of `consumer` other than `operand` is computed from
+  `anchor`'s output through other kernels (a BatchNorm apply reads the conv
+  output and its batch statistics, which are reductions of that output):
+  such work needs the whole result first and cannot be an epilogue."""
+  inst = ctx.inst(consumer)
+  frontier = set()
+  for i, o in enumerate(inst.operands):
+    if i == operand:
+      continue
+    for _, vid in ctx.dataflow.holds.get(o, ()):
+      if vid[0] in ctx.kernels:
+        frontier.add(vid[0])
+  seen = set()
+  for _ in range(depth):
+    if anchor in frontier:
+      return True
+    nxt = set()
+    for name in frontier - seen:
+      seen.add(name)
+      k = ctx.kernels[name]
+      for o in ctx.inst(k).operands:
+        for _, vid in ctx.dataflow.holds.get(o, ()):
+          if vid[0] in ctx.kernels and vid[0] not in seen:
+            nxt.add(vid[0])
+    if not nxt:
+      return False
+    frontier = nxt
+  return anchor in frontier
+
+
 def _epilogue_work(ctx: _Context, consumer: Kernel, operand: int,
                    anchor_buf: Buffer) -> tuple[str, ...] | None:
   """What `consumer` does to its operand `operand` (the anchor's output), as
@@ -784,6 +827,8 @@ def _epilogues(ctx: _Context) -> tuple[list[FusionDecisionRecord], list[FusionDe
       operand = _operand_number(ctx, consumer, buf)
       if operand is None:
         continue
+      if _depends_on(ctx, consumer, k.name, operand):
+        continue  # needs statistics of the whole result: not an epilogue
       work = _epilogue_work(ctx, consumer, operand, buf)
       if work is None and _store_into_slice(ctx, consumer, buf):
         work = ("store into slice",)
@@ -904,35 +949,46 @@ def _multi_epilogue(ctx: _Context, k: Kernel, anchor: str, buf: Buffer,
   result, and the matmul's output is never stored. None when a reader does
   more than elementwise work on it (another matmul, a reduction: reuse)."""
   works: list[tuple[str, ...]] = []
+  fused: list[Kernel] = []
+  later: list[Kernel] = []
   read = 0
   for c in consumers:
     operand = _operand_number(ctx, c, buf)
     work = _epilogue_work(ctx, c, operand, buf) if operand is not None else None
-    if work is not None:
-      works.append(work)
-      read += buf.bytes
+    sliced = _slice_read(ctx, c, buf) if work is None else None
+    if work is None and sliced is None:
+      return None  # another matmul, a reduction: reuse the stored result
+    if _depends_on(ctx, c, k.name, operand):
+      later.append(c)  # elementwise, but with values computed from the result
       continue
-    sliced = _slice_read(ctx, c, buf)
-    if sliced is not None:
-      works.append(("slice",))
-      read += sliced
-      continue
+    fused.append(c)
+    works.append(work if work is not None else ("slice",))
+    read += buf.bytes if work is not None else sliced
+  if not fused or (len(fused) == 1 and not later):
     return None
-  n = len(consumers)
-  if all(w == ("slice",) for w in works) and read <= buf.bytes:
+  n = len(fused)
+  stored = bool(later)
+  if all(w == ("slice",) for w in works) and read <= buf.bytes and not stored:
     ops: tuple[str, ...] = (f"split:{n}",)
-    what = (f"{n} kernels ({', '.join(c.name for c in consumers)}) each read a "
+    what = (f"{n} kernels ({', '.join(c.name for c in fused)}) each read a "
             "disjoint slice of it (column blocks)")
   else:
     items = dict.fromkeys(w for work in works for w in work if w != "slice")
     ops = (f"outputs:{n}",) + tuple(items)
-    what = (f"{n} kernels read it, each elementwise ("
-            + "; ".join(f"{c.name}: {', '.join(w)}" for c, w in zip(consumers, works))
+    what = (f"{n} kernel{'s' if n > 1 else ''} read it elementwise ("
+            + "; ".join(f"{c.name}: {', '.join(w)}" for c, w in zip(fused, works))
             + ")")
+  if stored:
+    what += (f"; {', '.join(c.name for c in later)} also read{'s' if len(later) == 1 else ''}"
+             " it with values computed from the whole result (statistics, "
+             "gradients), so the result stays stored: the saving is the "
+             "fused readers' reads")
+  saved = read + (0 if stored else buf.bytes)
+  consumers = fused
   return FusionDecisionRecord(
       kind=FindingKind.UNFUSED_EPILOGUE, producer=k.name,
       consumers=tuple(c.name for c in consumers), boundary=buf.name,
-      boundary_shape=buf.shape, bytes_saved=_times(buf.bytes + read, _trip(k)),
+      boundary_shape=buf.shape, bytes_saved=_times(saved, _trip(k)),
       launches_removed=_times(n, _trip(k)),
       extra_arithmetic=f"the {n} readers' elementwise work moves into the matmul's store",
       extra_resources=f"{n} output tiles per accumulator tile",
@@ -1115,8 +1171,13 @@ def _prologue_work(ctx: _Context, k: Kernel, inst: Instruction) -> tuple[str, ..
     fused = _fused(ctx, k)
     chain = list(fused.instructions) if fused is not None else [inst]
     names = {_primitive(i) for i in chain}
-    if compute & {"multiply", "add", "subtract"} and "broadcast" in ops:
-      items.append("affine")
+    if "broadcast" in ops and compute & {"multiply", "divide"} and \
+        compute & {"add", "subtract"}:
+      items.append("affine")  # x * a + b: a norm's apply
+    elif "broadcast" in ops and compute & {"add", "subtract"}:
+      items.append("bias")
+    elif "broadcast" in ops and compute & {"multiply", "divide"}:
+      items.append("scale")
     activation = _activation(names, set(ops), fused or ctx.comps[k.computation], chain)
     if activation:
       items.append(f"activation:{activation}")
