@@ -62,6 +62,17 @@ _FAST_COMP = re.compile(
 #: After a result shape, `{` then an integer or ':' opens a layout, not the
 #: body (as in XLA); the lexer then reports the error in the layout.
 _LAYOUT_START = re.compile(r"(?:[ \t\r\n]+|//[^\n\r]*|/\*[\s\S]*?\*/)*+(?:-?[0-9]|:)")
+_ARRAY_SHAPE_RE = (r"[a-z][a-z0-9]*\[[^\]\n]*\]"
+                   r"(?:\{[0-9,]*(?::[^{}()\n]*(?:\([^()\n]*\)[^{}()\n]*)*)?\})?")
+#: A flat tuple shape's elements as XLA prints them (`, ` between elements,
+#: `/*index=N*/` before every fifth): each element is looked up (memoized),
+#: the lexer reads only element shapes not seen before.
+_TUPLE_ELEMENT = re.compile(r"(?:,[ \t]*)?(?:/\*index=[0-9]+\*/)?(" + _ARRAY_SHAPE_RE + r")")
+#: Typed operands, `f32[2,3]{1,0} %a` (the shape holds commas): the shape
+#: and the name, separated by what XLA prints.
+_TYPED_OPERAND = re.compile(
+    r"[ \t]*(?:/\*index=[0-9]+\*/)?[ \t]*(?:(" + _SHAPE_RE + r")[ \t]+)?%(" + _NAME +
+    r")[ \t]*(?:,|$)")
 _SIG_PARAM = re.compile(_NAME + r":[ \t]*(" + _SHAPE_RE + r")[ \t]*(,[ \t]*)?")
 _WS_INLINE = re.compile(r"[ \t]*")
 _SIMPLE_REF = re.compile(r"%?(" + _NAME + r")")
@@ -855,6 +866,25 @@ class _Parser:
       ops = _COMMENT.sub("", ops)
     if ops.isspace() or not ops:
       return ()
+    if "%" in ops:
+      # Typed operands as XLA prints them without `print_operand_shape=false`
+      # (flax modules): `f32[2,3]{1,0} %a, s32[] %b`; shapes hold commas.
+      out = []
+      pos, n = 0, len(ops)
+      while pos < n:
+        t = _TYPED_OPERAND.match(ops, pos)
+        if t is None or t.end() == pos:
+          break
+        typed, op = t.groups()
+        if typed is not None and self.shape(typed) is None:
+          return None
+        if op not in names:
+          return None
+        out.append(op)
+        pos = t.end()
+      else:
+        if ops.rstrip()[-1:] != ",":
+          return tuple(out)
     out = []
     for op in ops.split(","):
       op = op.strip()
@@ -879,12 +909,42 @@ class _Parser:
     """The shape written `text` (memoized), or None if it is not one."""
     shape = self.shapes.get(text)
     if shape is None:
+      if text[:1] == "(" and text[-1:] == ")" and len(text) > 2:
+        shape = self.flat_tuple_shape(text)
+        if shape is not None:
+          self.shapes[text] = shape
+          return shape
       try:
         shape = parse_shape(text)
       except HloParseError:
         return None
       self.shapes[text] = shape
     return shape
+
+  def flat_tuple_shape(self, text: str) -> Shape | None:
+    """A tuple of array shapes from its (memoized) elements, or None to let
+    the lexer read it. Long while-loop and fusion tuples repeat the same
+    few element shapes hundreds of times; lexing each costs more than the
+    rest of their line."""
+    elements = []
+    pos, end = 1, len(text) - 1
+    match = _TUPLE_ELEMENT.match
+    shapes = self.shapes
+    while pos < end:
+      m = match(text, pos, end)
+      if m is None or (pos > 1) != (text[pos] == ","):
+        return None
+      element = m.group(1)
+      shape = shapes.get(element)
+      if shape is None:
+        try:
+          shape = parse_shape(element)
+        except HloParseError:
+          return None
+        shapes[element] = shape
+      elements.append(shape)
+      pos = m.end()
+    return Shape("tuple", tuple_shapes=tuple(elements))
 
   # ------------------------------------------------------------ slow path --
 
