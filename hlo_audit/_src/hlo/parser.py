@@ -226,6 +226,8 @@ class _Parser:
     self.single = False  # single-instruction mode creates missing parameters
     self.scopes = 0
     self.lx: Lexer | None = None
+    #: Statements the fast path handed to the slow one (for benchmarks).
+    self.slow_statements = 0
 
   # ---------------------------------------------------------------- errors --
 
@@ -597,6 +599,7 @@ class _Parser:
           pos = m.end()
           continue
       lx = self.lexer_at(pos)
+      self.slow_statements += 1
       self.parse_instruction(comp)
       pos = lx.tok.start
     self.scopes -= 1
@@ -692,9 +695,17 @@ class _Parser:
         operands = ()
       elif ops:
         # "%a, %b": split, not a regex; names found in `names` are valid.
-        if ops[0] != "%":
-          return pos, m
-        out = ops[1:].split(", %")
+        if ops[0] == "%":
+          out = ops[1:].split(", %")
+        else:
+          # Typed, as flax dumps print them: "f32[2,3]{1,0} %a, s32[] %b".
+          # No ", " inside a shape here: `ops` holds no parentheses.
+          out = []
+          for part in ops.split(", "):
+            typed, sep, op = part.rpartition(" %")
+            if not sep or (shapes(typed) is None and self.shape(typed) is None):
+              return pos, m
+            out.append(op)
         if not all(map(contains, out)):
           return pos, m
         operands = tuple(out)
@@ -1181,7 +1192,12 @@ class _Parser:
     comp_names = _NameUniquer()
     inst_names = _NameUniquer()
     generated: dict[str, str] = {}
-    for comp in self.done:
+    # Computations named as XLA prints them keep their names: one check for
+    # all instead of the uniquifier per computation.
+    names = [c.name for c in self.done]
+    keep = (not self.generated and all(map(_clean_name, names)) and
+            _uniquifier_is_identity(names))
+    for comp in () if keep else self.done:
       old = comp.name
       new = comp_names.unique(self.generated.get(old, old))
       if old in self.generated:
@@ -1203,8 +1219,14 @@ class _Parser:
       if local or generated:
         insts = [_rename(i, local, generated) for i in insts]
       root = local.get(comp.root_name, comp.root_name)
-      computations.append(Computation(
-          comp.name, tuple(insts), root, comp is entry, comp.thread, comp.offset))
+      if insts is comp.insts and not local:
+        # The parser's own name table is the computation's index.
+        computations.append(_computation(
+            comp.name, tuple(insts), root, comp is entry, comp.thread,
+            comp.offset, types.MappingProxyType(comp.names)))
+      else:
+        computations.append(Computation(
+            comp.name, tuple(insts), root, comp is entry, comp.thread, comp.offset))
     if name is None:
       name = "module_" + entry.name
     return HloModule(name, tuple(computations), entry.name,
@@ -1260,6 +1282,27 @@ def _fast_literal(literal: str) -> bool:
     if depth < 0 or depth >= grammar.MAX_DEPTH:
       return False
   return depth == 0
+
+
+def _clean_name(name: str) -> bool:
+  """Whether `sanitize_name` keeps `name` as it is."""
+  return _CLEAN.fullmatch(name) is not None and _plain_name(name)
+
+
+_COMPUTATION_FIELDS = tuple(f.name for f in dataclasses.fields(Computation))
+assert _COMPUTATION_FIELDS == ("name", "instructions", "root_name", "is_entry",
+                               "execution_thread", "offset", "_index")
+
+
+def _computation(name, instructions, root_name, is_entry, thread, offset,
+                 index) -> Computation:
+  """`Computation(...)` with its name index given (the parser has built it
+  already): a dict per computation saved on modules of thousands."""
+  comp = object.__new__(Computation)
+  for field, value in zip(_COMPUTATION_FIELDS, (
+      name, instructions, root_name, is_entry, thread, offset, index)):
+    object.__setattr__(comp, field, value)
+  return comp
 
 
 def _reserved(name: str) -> bool:
@@ -1366,6 +1409,15 @@ def _parse(text: str, source: str | None, fast: bool) -> HloModule:
   except RecursionError:
     error_at(text, parser.lx.tok.start if parser.lx else 0,
              "input nested too deeply", source)
+
+
+def parse_hlo_counting_fallbacks(text: str) -> tuple[HloModule, int]:
+  """`parse_hlo`, and how many instruction statements the fast path handed
+  to the slow one (for `scripts/bench_parse.py`)."""
+  parser = _Parser(text, None, True)
+  with paused_gc():
+    module = parser.parse()
+  return module, parser.slow_statements
 
 
 def parse_hlo_file(path: str | os.PathLike) -> HloModule:
