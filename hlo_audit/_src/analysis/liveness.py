@@ -203,13 +203,28 @@ def _interferes(a: tuple[int, int], a_id: ValueId, b: tuple[int, int],
 class _Allocation:
   """One allocation: its size and the values in it, sorted by start."""
 
-  __slots__ = ("size", "readonly", "starts", "spans")
+  __slots__ = ("size", "readonly", "starts", "spans", "tail_start", "tail_end")
 
   def __init__(self, size: int, readonly: bool):
     self.size = size
     self.readonly = readonly
     self.starts: list[int] = []
     self.spans: list[tuple[int, int, ValueId]] = []
+    # The span reaching furthest (earliest start among ties): a value that
+    # overlaps it other than at an end cannot fit. Outputs live to the end
+    # of the program, so this rejects most tries in O(1) (the assignment
+    # tries every reusable allocation for each buffer, as XLA's does).
+    self.tail_start = 0
+    self.tail_end = -1
+
+  def blocks(self, values) -> bool:
+    """Whether a value overlaps the furthest-reaching span strictly (then
+    `fits` is False: `_interferes` without touching ends)."""
+    s, e = self.tail_start, self.tail_end
+    for start, last, _ in values:
+      if start < e and last > s:
+        return True
+    return False
 
   def fits(self, values, sharer: _Sharer) -> bool:
     for start, last, vid in values:
@@ -236,6 +251,8 @@ class _Allocation:
       i = bisect.bisect_right(self.starts, start)
       self.starts.insert(i, start)
       self.spans.insert(i, (start, last, vid))
+      if last > self.tail_end or (last == self.tail_end and start < self.tail_start):
+        self.tail_start, self.tail_end = start, last
 
 
 def _assign(dataflow, schedule, comps, sizes, value_ranges, parameter_buffers,
@@ -270,7 +287,7 @@ def _assign(dataflow, schedule, comps, sizes, value_ranges, parameter_buffers,
       alloc = allocations[i]
       if alloc.readonly or alloc.size < size or (live_out and alloc.size != size):
         return False
-      if not alloc.fits(values, sharer):
+      if alloc.blocks(values) or not alloc.fits(values, sharer):
         return False
       alloc.add(values)
       allocation_of[b] = i

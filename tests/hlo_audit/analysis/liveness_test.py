@@ -124,7 +124,7 @@ def test_while_state_is_one_buffer_and_schedule_flattens_cond_then_body():
 def test_schedule_and_peak_match_xla_reports_for_a_train_step():
   from hlo_audit._src.examples.transformer import TransformerConfig, example
   fn, args = example(TransformerConfig(batch=2, seq=32, d_model=64, heads=2, d_ff=128))
-  cap = hlo_audit.capture(fn, *args)
+  cap = hlo_audit.capture(fn, *args, xla_reports=True)
   s = flatten_schedule(cap.module)
   assert [n for _, n in s.sequence] == list(cap.live_range.sequence)
   r = hlo_audit.audit(cap)
