@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import math
 import types
 from collections.abc import Mapping
 
@@ -255,6 +256,51 @@ class _Allocation:
         self.tail_start, self.tail_end = start, last
 
 
+class _Candidates:
+  """The reusable allocations a buffer might fit, newest first.
+
+  A max segment tree over allocation indices: the key of a reusable
+  allocation whose furthest-reaching span runs to the end of the program is
+  that span's start (a buffer whose values outlast it is blocked there), any
+  other reusable allocation has an infinite key, the rest none. Finding the
+  next candidate is O(log n), so a buffer that fits nowhere (it goes to the
+  heap) no longer tries every allocation: the assigner stays linear.
+  """
+
+  __slots__ = ("size", "tree")
+
+  def __init__(self, n: int):
+    size = 1
+    while size < n:
+      size *= 2
+    self.size = size
+    self.tree = [-math.inf] * (2 * size)  # no key: never a candidate
+
+  def set(self, i: int, key: float) -> None:
+    tree = self.tree
+    i += self.size
+    tree[i] = key
+    i //= 2
+    while i:
+      tree[i] = max(tree[2 * i], tree[2 * i + 1])
+      i //= 2
+
+  def below(self, hi: int, x: float) -> int:
+    """The largest index < `hi` whose key is >= `x`, or -1."""
+    tree = self.tree
+    stack = [(1, 0, self.size)]
+    while stack:
+      node, lo, end = stack.pop()
+      if lo >= hi or tree[node] < x:
+        continue
+      if end - lo == 1:
+        return lo
+      mid = (lo + end) // 2
+      stack.append((2 * node, lo, mid))  # popped last: right half first
+      stack.append((2 * node + 1, mid, end))
+    return -1
+
+
 def _assign(dataflow, schedule, comps, sizes, value_ranges, parameter_buffers,
             output_buffers, sharer):
   """XLA's BufferAssigner over our buffers; returns (allocation of each
@@ -267,7 +313,14 @@ def _assign(dataflow, schedule, comps, sizes, value_ranges, parameter_buffers,
       -sizes[b], b not in output_buffers,
       min(position.get(v[0], 0) for v in dataflow.buffers[b])))
   allocations: list[_Allocation] = []
-  reusable: list[int] = []  # indices, in creation order
+  candidates = _Candidates(len(order))
+  program_end = max((r[1] for r in value_ranges.values()), default=0)
+
+  def index_key(i: int) -> None:
+    a = allocations[i]
+    candidates.set(i, a.tail_start if a.tail_end == program_end else math.inf)
+
+  reusable: set[int] = set()
   allocation_of: dict[ValueId, int] = {}
   heap: list[ValueId] = []
   for b in order:
@@ -291,6 +344,8 @@ def _assign(dataflow, schedule, comps, sizes, value_ranges, parameter_buffers,
         return False
       alloc.add(values)
       allocation_of[b] = i
+      if i in reusable:
+        index_key(i)
       return True
 
     placed = False
@@ -310,10 +365,17 @@ def _assign(dataflow, schedule, comps, sizes, value_ranges, parameter_buffers,
         if placed:
           break
     if not placed:
-      for i in reversed(reusable):
-        if try_place(i):
-          placed = True
+      # Reusable allocations newest first (XLA's order), skipping those whose
+      # end-reaching span these values overlap (`_Allocation.blocks`).
+      outlast = max((last for start, last, _ in values if start < program_end),
+                    default=-1)
+      hi = len(allocations)
+      while not placed:
+        i = candidates.below(hi, outlast)
+        if i < 0:
           break
+        placed = try_place(i)
+        hi = i
     if placed:
       continue
     if not live_out:
@@ -322,7 +384,8 @@ def _assign(dataflow, schedule, comps, sizes, value_ranges, parameter_buffers,
     allocations.append(_Allocation(size, readonly=False))
     allocations[-1].add(values)
     allocation_of[b] = len(allocations) - 1
-    reusable.append(len(allocations) - 1)
+    reusable.add(len(allocations) - 1)
+    index_key(len(allocations) - 1)
   return allocation_of, [a.size for a in allocations], heap
 
 

@@ -129,3 +129,21 @@ def test_schedule_and_peak_match_xla_reports_for_a_train_step():
   assert [n for _, n in s.sequence] == list(cap.live_range.sequence)
   r = hlo_audit.audit(cap)
   assert abs(r.peak_agreement) <= 0.01
+
+
+def test_assigner_candidate_index_finds_what_a_scan_finds():
+  import math
+  import random
+
+  from hlo_audit._src.analysis.liveness import _Candidates
+  rng = random.Random(0)
+  for n in (1, 2, 7, 64, 100):
+    tree = _Candidates(n)
+    keys = [-math.inf] * n  # no key: not a reusable allocation
+    for _ in range(300):
+      i = rng.randrange(n)
+      keys[i] = rng.choice([-math.inf, math.inf, rng.randrange(50)])
+      tree.set(i, keys[i])
+      hi, x = rng.randrange(n + 1), rng.randrange(-1, 50)
+      want = max((j for j in range(hi) if keys[j] >= x), default=-1)
+      assert tree.below(hi, x) == want
