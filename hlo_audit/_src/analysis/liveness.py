@@ -287,18 +287,20 @@ class _Candidates:
 
   def below(self, hi: int, x: float) -> int:
     """The largest index < `hi` whose key is >= `x`, or -1."""
+    if hi <= 0:
+      return -1
     tree = self.tree
-    stack = [(1, 0, self.size)]
-    while stack:
-      node, lo, end = stack.pop()
-      if lo >= hi or tree[node] < x:
-        continue
-      if end - lo == 1:
-        return lo
-      mid = (lo + end) // 2
-      stack.append((2 * node, lo, mid))  # popped last: right half first
-      stack.append((2 * node + 1, mid, end))
-    return -1
+    node = self.size + hi - 1
+    while tree[node] < x:
+      # On to the subtree just left of this one: climb while a left child.
+      while not node & 1:
+        node >>= 1
+      if node == 1:
+        return -1
+      node -= 1
+    while node < self.size:  # the rightmost leaf with a key >= x below it
+      node = 2 * node + 1 if tree[2 * node + 1] >= x else 2 * node
+    return node - self.size
 
 
 def _assign(dataflow, schedule, comps, sizes, value_ranges, parameter_buffers,
