@@ -674,6 +674,7 @@ class _Parser:
     arity_of = _ARITY.get
     ctx = self.ctx
     new = _new
+    reserved = _RESERVED
     while True:
       m = match(text, pos)
       if m is None:
@@ -681,8 +682,9 @@ class _Parser:
       root_kw, pct, name, shape_text, word, ops, run = m.groups()
       resolved = resolve(word)
       shape = shapes(shape_text)
-      if (not pct or name in names or resolved is None or shape is None or
-          name[:2] == "__" or (root_kw and comp.root_name is not None)):
+      if (name in names or resolved is None or shape is None or
+          name[:2] == "__" or (root_kw and comp.root_name is not None) or
+          (not pct and (name in reserved or text[m.end(3)] == "="))):
         return pos, m
       opcode, wrapped = resolved
       param = None
@@ -698,14 +700,20 @@ class _Parser:
         if ops[0] == "%":
           out = ops[1:].split(", %")
         else:
-          # Typed, as flax dumps print them: "f32[2,3]{1,0} %a, s32[] %b".
-          # No ", " inside a shape here: `ops` holds no parentheses.
+          # Typed, as flax dumps print them: "f32[2,3]{1,0} %a, s32[] %b",
+          # or names without '%' (Keras dumps). No ", " inside a shape here:
+          # `ops` holds no parentheses.
           out = []
           for part in ops.split(", "):
-            typed, sep, op = part.rpartition(" %")
-            if not sep or (shapes(typed) is None and self.shape(typed) is None):
+            if " " in part:
+              typed, _, part = part.rpartition(" ")
+              if shapes(typed) is None and self.shape(typed) is None:
+                return pos, m
+            if part[:1] == "%":
+              part = part[1:]
+            elif part in reserved:  # the slow path would read a shape
               return pos, m
-            out.append(op)
+            out.append(part)
         if not all(map(contains, out)):
           return pos, m
         operands = tuple(out)
@@ -727,7 +735,7 @@ class _Parser:
           calls = [(c.group(1), base + c.start(1) - 1)
                    for c in _SIMPLE_CALL.finditer(run)]
           if len(calls) != sum(map(_STRUCTURAL_SET.__contains__, keys)):
-            return pos, m
+            return pos, m  # (`fast_instruction` writes bare names with '%')
           refs += calls
       else:
         run = _EMPTY_ATTRS
