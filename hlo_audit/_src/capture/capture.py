@@ -243,9 +243,6 @@ def _from_compiled(compiled, *, origin: str, dumped=None, pre=None,
     buffer_assignment = _proto_buffer_assignment(compiled, raw_memory, notes)
     if buffer_assignment is not None:
       source = "buffer-assignment proto"
-  if live_range is None and dumped is None:
-    notes.append("XLA's live ranges come only from its dump reports: "
-                 "audit(..., xla_reports=True) compiles once more to get them")
   device = _device(compiled)
   return Capture(
       module=module, hlo_text=text, pre_optimization=pre,
