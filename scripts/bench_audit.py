@@ -11,7 +11,9 @@ Three tables, each measured in this one run:
 3. Scaling: `audit_hlo` of 1x, 2x, 4x and 8x the module, each in a fresh
    process: time and peak RSS above the process's baseline, log-log
    exponents against instruction count (goal <= 1.1), RSS / HLO text size
-   (goal < 10x).
+   (goal < 10x); and the HTML page's render time and size (whether a browser
+   opens it fast is the HTML report's own test). `--scales=1,2,4,8,16`
+   reaches ~535k instructions.
 
 The scaled modules are synthesized from the compiled 12-layer module: k
 copies of its computations, renamed, and one entry that runs the k copies
@@ -173,9 +175,14 @@ def child(path: str, repeats: int) -> None:
     times.append(time.perf_counter() - t0)
     instructions = report.module.instruction_count
     del report
-  peak = _status_bytes("VmHWM")
+  peak = _status_bytes("VmHWM")  # the audit's peak, before the renderings
+  report = hlo_audit.audit_hlo(text)
+  t0 = time.perf_counter()
+  page = report.to_html()
+  html_s = time.perf_counter() - t0
   print(json.dumps({"times": times, "base": base, "peak": peak,
-                    "instructions": instructions, "bytes": len(text)}))
+                    "instructions": instructions, "bytes": len(text),
+                    "html_s": html_s, "html_bytes": len(page.encode())}))
 
 
 def run_child(path: str, repeats: int) -> dict:
@@ -296,11 +303,13 @@ def scaling_table(base: str, scales, repeats: int, cache_dir: str) -> None:
   print(f"\n3. audit_hlo at 1x..{scales[-1]}x the {_LAYERS}-layer module ({how}; "
         "a fresh process each)")
   print(f"{'scale':>5s} {'instrs':>8s} {'MB':>7s} {'audit s':>8s} "
-        f"{'us/instr':>8s} {'peak RSS MB':>11s} {'RSS/text':>8s}")
+        f"{'us/instr':>8s} {'peak RSS MB':>11s} {'RSS/text':>8s} "
+        f"{'HTML s':>7s} {'HTML MB':>7s}")
   for r in rows:
     print(f"{r['k']:4d}x {r['instructions']:8d} {r['bytes'] / 1e6:7.1f} "
           f"{r['seconds']:8.2f} {1e6 * r['seconds'] / r['instructions']:8.1f} "
-          f"{r['rss'] / 1e6:11.0f} {r['rss'] / r['bytes']:8.2f}")
+          f"{r['rss'] / 1e6:11.0f} {r['rss'] / r['bytes']:8.2f} "
+          f"{r['html_s']:7.2f} {r['html_bytes'] / 1e6:7.1f}")
   if len(rows) > 1:
     n = [r["instructions"] for r in rows]
     print(f"log-log exponent vs instructions: time "

@@ -89,22 +89,24 @@ def _fields(buf: bytes, pos: int = 0,
 
 
 def _packed(buf: bytes, span: tuple[int, int]) -> tuple[int, ...]:
-  return tuple(v for _, _, v in _fields_varints(buf, *span))
-
-
-def _fields_varints(buf: bytes, pos: int, end: int) -> Iterator[tuple[int, int, int]]:
-  """Varints of a packed repeated field."""
-  while pos < end:
-    v = 0
-    shift = 0
-    while True:
-      b = buf[pos]
-      pos += 1
-      v |= (b & 0x7F) << shift
-      shift += 7
-      if b < 0x80:
-        break
-    yield 0, 0, v
+  """The varints of a packed repeated field."""
+  pos, end = span
+  out = []
+  try:
+    while pos < end:
+      v = 0
+      shift = 0
+      while True:
+        b = buf[pos]
+        pos += 1
+        v |= (b & 0x7F) << shift
+        shift += 7
+        if b < 0x80:
+          break
+      out.append(v)
+  except IndexError:
+    raise ProtoError("truncated packed field") from None
+  return tuple(out)
 
 
 def _signed(v: int) -> int:
