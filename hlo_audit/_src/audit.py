@@ -29,13 +29,20 @@ from hlo_audit._src.report.report import AuditReport, ModuleInfo
 PEAK_TOLERANCE = 0.01
 
 
-def audit(fn: Any, *args: Any, **kwargs: Any) -> AuditReport:
+def audit(fn: Any, *args: Any, xla_reports: bool = False,
+          **kwargs: Any) -> AuditReport:
   """Compiles `fn` for `args` (as `capture` does) and audits the result.
+
+  No second compile: when jit already compiled `fn` for these argument types
+  the audit reuses that executable (and its buffer assignment, for XLA's
+  peak); otherwise it builds the one jit will run.
 
   Args:
     fn: a `jax.jit` function, a plain callable, a `Lowered`, a `Compiled`, or
       a `Capture` (then no arguments).
     *args: arrays, `jax.ShapeDtypeStruct`s or pytrees of them.
+    xla_reports: also read XLA's dump reports (its live ranges), which costs
+      one more compile (see `capture`).
     **kwargs: keyword arguments of `fn`.
 
   Returns:
@@ -45,10 +52,10 @@ def audit(fn: Any, *args: Any, **kwargs: Any) -> AuditReport:
     CaptureError: if `fn` cannot be traced or compiled with these arguments.
   """
   if isinstance(fn, Capture):
-    if args or kwargs:
+    if args or kwargs or xla_reports:
       raise HloAuditError("audit(capture) takes no further arguments")
     return audit_capture(fn)
-  return audit_capture(capture(fn, *args, **kwargs))
+  return audit_capture(capture(fn, *args, xla_reports=xla_reports, **kwargs))
 
 
 def audit_hlo(source: str | os.PathLike | HloModule | Capture, *,
@@ -116,7 +123,7 @@ def _audit_capture(cap: Capture, options: AuditOptions) -> AuditReport:
       instruction_count=module.instruction_count,
       computation_count=len(module.computations),
       schedule_length=schedule.end, is_scheduled=module.is_scheduled,
-      origin=cap.origin, path=cap.path)
+      origin=cap.origin, path=cap.path, xla_peak_source=_xla_peak_source(cap))
   names = {b: b[0] + ("{" + ",".join(map(str, b[1])) + "}" if b[1] else "")
            for b in liveness.live_at_peak}
   return AuditReport(
@@ -156,3 +163,10 @@ def _xla_peak(cap: Capture) -> int | None:
   if m is not None:
     return m.argument_bytes + m.output_bytes + m.temp_bytes - m.alias_bytes
   return None
+
+
+def _xla_peak_source(cap: Capture) -> str:
+  """Which of XLA's reports `_xla_peak` read."""
+  if cap.buffer_assignment is not None:
+    return cap.xla_memory_source or "buffer assignment"
+  return "memory_analysis" if cap.memory_stats is not None else ""

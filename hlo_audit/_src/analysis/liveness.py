@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import math
 import types
 from collections.abc import Mapping
 
@@ -203,13 +204,28 @@ def _interferes(a: tuple[int, int], a_id: ValueId, b: tuple[int, int],
 class _Allocation:
   """One allocation: its size and the values in it, sorted by start."""
 
-  __slots__ = ("size", "readonly", "starts", "spans")
+  __slots__ = ("size", "readonly", "starts", "spans", "tail_start", "tail_end")
 
   def __init__(self, size: int, readonly: bool):
     self.size = size
     self.readonly = readonly
     self.starts: list[int] = []
     self.spans: list[tuple[int, int, ValueId]] = []
+    # The span reaching furthest (earliest start among ties): a value that
+    # overlaps it other than at an end cannot fit. Outputs live to the end
+    # of the program, so this rejects most tries in O(1) (the assignment
+    # tries every reusable allocation for each buffer, as XLA's does).
+    self.tail_start = 0
+    self.tail_end = -1
+
+  def blocks(self, values) -> bool:
+    """Whether a value overlaps the furthest-reaching span strictly (then
+    `fits` is False: `_interferes` without touching ends)."""
+    s, e = self.tail_start, self.tail_end
+    for start, last, _ in values:
+      if start < e and last > s:
+        return True
+    return False
 
   def fits(self, values, sharer: _Sharer) -> bool:
     for start, last, vid in values:
@@ -236,6 +252,55 @@ class _Allocation:
       i = bisect.bisect_right(self.starts, start)
       self.starts.insert(i, start)
       self.spans.insert(i, (start, last, vid))
+      if last > self.tail_end or (last == self.tail_end and start < self.tail_start):
+        self.tail_start, self.tail_end = start, last
+
+
+class _Candidates:
+  """The reusable allocations a buffer might fit, newest first.
+
+  A max segment tree over allocation indices: the key of a reusable
+  allocation whose furthest-reaching span runs to the end of the program is
+  that span's start (a buffer whose values outlast it is blocked there), any
+  other reusable allocation has an infinite key, the rest none. Finding the
+  next candidate is O(log n), so a buffer that fits nowhere (it goes to the
+  heap) no longer tries every allocation: the assigner stays linear.
+  """
+
+  __slots__ = ("size", "tree")
+
+  def __init__(self, n: int):
+    size = 1
+    while size < n:
+      size *= 2
+    self.size = size
+    self.tree = [-math.inf] * (2 * size)  # no key: never a candidate
+
+  def set(self, i: int, key: float) -> None:
+    tree = self.tree
+    i += self.size
+    tree[i] = key
+    i //= 2
+    while i:
+      tree[i] = max(tree[2 * i], tree[2 * i + 1])
+      i //= 2
+
+  def below(self, hi: int, x: float) -> int:
+    """The largest index < `hi` whose key is >= `x`, or -1."""
+    if hi <= 0:
+      return -1
+    tree = self.tree
+    node = self.size + hi - 1
+    while tree[node] < x:
+      # On to the subtree just left of this one: climb while a left child.
+      while not node & 1:
+        node >>= 1
+      if node == 1:
+        return -1
+      node -= 1
+    while node < self.size:  # the rightmost leaf with a key >= x below it
+      node = 2 * node + 1 if tree[2 * node + 1] >= x else 2 * node
+    return node - self.size
 
 
 def _assign(dataflow, schedule, comps, sizes, value_ranges, parameter_buffers,
@@ -250,7 +315,14 @@ def _assign(dataflow, schedule, comps, sizes, value_ranges, parameter_buffers,
       -sizes[b], b not in output_buffers,
       min(position.get(v[0], 0) for v in dataflow.buffers[b])))
   allocations: list[_Allocation] = []
-  reusable: list[int] = []  # indices, in creation order
+  candidates = _Candidates(len(order))
+  program_end = max((r[1] for r in value_ranges.values()), default=0)
+
+  def index_key(i: int) -> None:
+    a = allocations[i]
+    candidates.set(i, a.tail_start if a.tail_end == program_end else math.inf)
+
+  reusable: set[int] = set()
   allocation_of: dict[ValueId, int] = {}
   heap: list[ValueId] = []
   for b in order:
@@ -270,10 +342,12 @@ def _assign(dataflow, schedule, comps, sizes, value_ranges, parameter_buffers,
       alloc = allocations[i]
       if alloc.readonly or alloc.size < size or (live_out and alloc.size != size):
         return False
-      if not alloc.fits(values, sharer):
+      if alloc.blocks(values) or not alloc.fits(values, sharer):
         return False
       alloc.add(values)
       allocation_of[b] = i
+      if i in reusable:
+        index_key(i)
       return True
 
     placed = False
@@ -293,10 +367,17 @@ def _assign(dataflow, schedule, comps, sizes, value_ranges, parameter_buffers,
         if placed:
           break
     if not placed:
-      for i in reversed(reusable):
-        if try_place(i):
-          placed = True
+      # Reusable allocations newest first (XLA's order), skipping those whose
+      # end-reaching span these values overlap (`_Allocation.blocks`).
+      outlast = max((last for start, last, _ in values if start < program_end),
+                    default=-1)
+      hi = len(allocations)
+      while not placed:
+        i = candidates.below(hi, outlast)
+        if i < 0:
           break
+        placed = try_place(i)
+        hi = i
     if placed:
       continue
     if not live_out:
@@ -305,7 +386,8 @@ def _assign(dataflow, schedule, comps, sizes, value_ranges, parameter_buffers,
     allocations.append(_Allocation(size, readonly=False))
     allocations[-1].add(values)
     allocation_of[b] = len(allocations) - 1
-    reusable.append(len(allocations) - 1)
+    reusable.add(len(allocations) - 1)
+    index_key(len(allocations) - 1)
   return allocation_of, [a.size for a in allocations], heap
 
 

@@ -3,15 +3,17 @@
 `capture(fn, *args)` lowers and compiles `fn` (a `jax.jit` function, a plain
 callable, a `Lowered` or a `Compiled`) and returns a `Capture`: the optimized
 HLO text and parsed module, the pre-optimization HLO, cost and memory
-analyses, platform and versions, and XLA's own buffer assignment and live
-ranges.
+analyses, platform and versions, and XLA's own buffer assignment.
 
-XLA's buffer assignment and live ranges are read from the text reports it
-writes when compiled with per-compile dump options (`xla_dump_to` in
-`compiler_options`), not decoded from `serialized_buffer_assignment_proto`:
-the proto names instructions by unique ids that HLO text does not carry, while
-the text reports name them, and they are the very files users get from
-`XLA_FLAGS=--xla_dump_to` on GPU and TPU, so one parser serves both paths.
+No second compile: `Lowered.compile()` without options returns the executable
+jit already built for these arguments (jax's compile cache; see `compat`), or
+builds the one jit will run. XLA's buffer assignment then comes from that
+executable's `serialized_buffer_assignment_proto`. XLA's live ranges exist
+only in the text reports XLA writes when compiled with per-compile dump
+options; `capture(..., xla_reports=True)` compiles once more to get them (and
+the buffer assignment from the same reports, the files users get from
+`XLA_FLAGS=--xla_dump_to` on GPU and TPU). `Capture.xla_memory_source` says
+which source was used.
 """
 
 from __future__ import annotations
@@ -20,10 +22,13 @@ import dataclasses
 import shutil
 import tempfile
 import types
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
+from hlo_audit._src import compat
 from hlo_audit._src.errors import CaptureError
+from hlo_audit._src.hlo.buffer_assignment_proto import (
+    ProtoError, parse_buffer_assignment_proto)
 from hlo_audit._src.hlo.ir import HloModule
 from hlo_audit._src.hlo.parser import parse_hlo
 from hlo_audit._src.hlo.xla_reports import (BufferAssignment, LiveRange,
@@ -55,8 +60,11 @@ class Capture:
   module: HloModule
   #: The optimized HLO text.
   hlo_text: str
-  #: HLO before XLA's optimizations, when known.
-  pre_optimization_text: str | None = None
+  #: HLO before XLA's optimizations: text, or a function making it on first
+  #: use (`pre_optimization_text`; converting a large module costs a few
+  #: percent of its compile, and most audits never read it).
+  pre_optimization: str | Callable[[], str | None] | None = dataclasses.field(
+      default=None, repr=False, compare=False)
   #: "cpu", "gpu", "tpu", or "" when unknown (e.g. a bare text file).
   platform: str = ""
   #: e.g. "NVIDIA H200", "TPU v5 lite", "cpu".
@@ -72,6 +80,11 @@ class Capture:
   live_range: LiveRange | None = None
   #: XLA's memory usage report, as text.
   memory_usage_report: str | None = None
+  #: Where XLA's buffer assignment came from: "buffer-assignment proto" (the
+  #: compiled executable's, no recompile), "dump reports" (XLA's text
+  #: reports), or "" when there is none (then "XLA's peak" comes from
+  #: `memory_analysis()`, when there is one).
+  xla_memory_source: str = ""
   #: Where it came from: "jit", "lowered", "compiled", "dump" or "text".
   origin: str = ""
   #: File the HLO text was read from, for dumps and text files.
@@ -83,13 +96,30 @@ class Capture:
   def name(self) -> str:
     return self.module.name
 
+  @property
+  def pre_optimization_text(self) -> str | None:
+    """HLO before XLA's optimizations, when known."""
+    pre = self.pre_optimization
+    if callable(pre):
+      try:
+        pre = pre()
+      except Exception:  # noqa: BLE001 - older JAX spells it differently
+        pre = None
+      object.__setattr__(self, "pre_optimization", pre)
+    return pre
+
   def memory_analysis(self) -> MemoryStats | None:
     """XLA's memory analysis (`peak_bytes` is its peak estimate)."""
     return self.memory_stats
 
 
-def capture(fn: Any, *args: Any, **kwargs: Any) -> Capture:
+def capture(fn: Any, *args: Any, xla_reports: bool = False,
+            **kwargs: Any) -> Capture:
   """Compiles `fn` for `args` and captures what XLA made of it.
+
+  Compiles at most once: when jit already compiled `fn` for these argument
+  types, its executable is reused; otherwise the executable built here is
+  the one jit will run.
 
   Args:
     fn: a `jax.jit`-wrapped function (its static and donated arguments are
@@ -97,12 +127,15 @@ def capture(fn: Any, *args: Any, **kwargs: Any) -> Capture:
       `jax.stages.Compiled`.
     *args: arguments: arrays, `jax.ShapeDtypeStruct`s, or pytrees of them (none
       for `Lowered` and `Compiled`).
+    xla_reports: also compile once more with per-compile dump options and
+      read XLA's buffer-assignment and live-range reports (live ranges exist
+      nowhere else). Not for a `Compiled`.
     **kwargs: keyword arguments of `fn`.
 
   Returns:
-    The capture. A `Compiled` carries no dump, so its capture has no XLA
-    buffer assignment or live ranges (`notes` says so): pass the function or
-    its `Lowered` to get them.
+    The capture. Its XLA buffer assignment comes from the executable
+    (`xla_memory_source` says from where); its live ranges only with
+    `xla_reports=True`.
 
   Raises:
     CaptureError: if `fn` is not a function or stage, cannot be traced with
@@ -115,11 +148,15 @@ def capture(fn: Any, *args: Any, **kwargs: Any) -> Capture:
   if isinstance(fn, stages.Compiled):
     if args or kwargs:
       raise CaptureError("a Compiled stage takes no arguments: capture(compiled)")
-    return _from_compiled(fn, origin="compiled", lowered=None)
+    if xla_reports:
+      raise CaptureError("a Compiled stage cannot be compiled again with dump "
+                         "options: pass the function or its Lowered for "
+                         "xla_reports=True")
+    return _from_compiled(fn, origin="compiled")
   if isinstance(fn, stages.Lowered):
     if args or kwargs:
       raise CaptureError("a Lowered stage takes no arguments: capture(lowered)")
-    return _compile_and_capture(fn, origin="lowered")
+    return _compile_and_capture(fn, origin="lowered", xla_reports=xla_reports)
   if isinstance(fn, stages.Wrapped) or hasattr(fn, "lower"):
     jitted, origin = fn, "jit"
   elif callable(fn):
@@ -136,7 +173,7 @@ def capture(fn: Any, *args: Any, **kwargs: Any) -> Capture:
   except Exception as e:  # JAX raises TypeError, ValueError, tracer errors...
     raise CaptureError(f"could not trace {name}{_signature(args, kwargs)}: "
                        f"{type(e).__name__}: {_first_line(e)}") from e
-  return _compile_and_capture(lowered, origin=origin)
+  return _compile_and_capture(lowered, origin=origin, xla_reports=xla_reports)
 
 
 def _jax_stage(obj: Any, kind) -> Any:
@@ -150,36 +187,51 @@ def _jax_stage(obj: Any, kind) -> Any:
   return obj
 
 
-def _compile_and_capture(lowered, *, origin: str) -> Capture:
+def _compile_and_capture(lowered, *, origin: str, xla_reports: bool) -> Capture:
+  pre = _lazy_pre_optimization(lowered)
+  try:
+    # No options: jax's cache returns the executable jit built (or will run).
+    compiled = lowered.compile()
+  except Exception as e:
+    raise CaptureError(f"XLA failed to compile: {type(e).__name__}: "
+                       f"{_first_line(e)}") from e
+  if not xla_reports:
+    return _from_compiled(compiled, origin=origin, pre=pre)
+  return _with_dump_reports(lowered, compiled, origin=origin, pre=pre)
+
+
+def _lazy_pre_optimization(lowered) -> Callable[[], str | None]:
+  return lambda: lowered.as_text(dialect="hlo")
+
+
+def _with_dump_reports(lowered, compiled, *, origin: str, pre) -> Capture:
+  """Compiles again with per-compile dump options (a second compile: the
+  options are part of jax's cache key) and reads XLA's reports; the module
+  and analyses stay those of `compiled`, the executable jit runs."""
   dump_dir = tempfile.mkdtemp(prefix="hlo_audit_")
   notes: list[str] = []
   try:
     options = {"xla_dump_to": dump_dir, "xla_dump_hlo_as_text": True}
     try:
-      compiled = lowered.compile(compiler_options=options)
+      lowered.compile(compiler_options=options)
     except TypeError:
-      # A JAX without per-compile options: compile plainly, no XLA reports.
-      compiled = lowered.compile()
       notes.append("this JAX cannot pass per-compile dump options; XLA's "
-                   "buffer assignment and live ranges are unavailable")
+                   "live ranges are unavailable")
     except Exception as e:
       raise CaptureError(f"XLA failed to compile: {type(e).__name__}: "
                          f"{_first_line(e)}") from e
     from hlo_audit._src.capture.dump import read_dump_dir  # same package
     dumped = [m for m in read_dump_dir(dump_dir) if m.after_optimizations]
-    pre = None
-    try:
-      pre = lowered.as_text(dialect="hlo")
-    except Exception:  # pragma: no cover - older JAX spells it differently
-      pre = None
-    return _from_compiled(compiled, origin=origin, lowered=lowered,
+    if not dumped and not notes:
+      notes.append("XLA wrote no dump reports: its live ranges are unavailable")
+    return _from_compiled(compiled, origin=origin,
                           dumped=dumped[-1] if dumped else None,
                           pre=pre, notes=notes)
   finally:
     shutil.rmtree(dump_dir, ignore_errors=True)
 
 
-def _from_compiled(compiled, *, origin: str, lowered, dumped=None, pre=None,
+def _from_compiled(compiled, *, origin: str, dumped=None, pre=None,
                    notes=None) -> Capture:
   import jax
   import jaxlib
@@ -190,25 +242,44 @@ def _from_compiled(compiled, *, origin: str, lowered, dumped=None, pre=None,
     raise CaptureError("the compiled executable has no HLO text")
   module = parse_hlo(text, source=f"<optimized HLO of {origin}>")
   buffer_assignment = live_range = report = None
+  source = ""
+  raw_memory = _raw_memory(compiled)
   if dumped is not None:
     buffer_assignment = dumped.read_buffer_assignment()
     live_range = dumped.read_live_range()
     report = dumped.read_memory_usage_report()
+    source = "dump reports" if buffer_assignment is not None else ""
     if pre is None:
-      pre = dumped.read_before_optimizations()
-  elif origin == "compiled":
-    notes.append("a Compiled stage carries no XLA dump: buffer assignment and "
-                 "live ranges are unavailable (capture the function or its "
-                 "Lowered to get them)")
+      pre = dumped.read_before_optimizations
+  if buffer_assignment is None:
+    buffer_assignment = _proto_buffer_assignment(compiled, raw_memory, notes)
+    if buffer_assignment is not None:
+      source = "buffer-assignment proto"
   device = _device(compiled)
   return Capture(
-      module=module, hlo_text=text, pre_optimization_text=pre,
+      module=module, hlo_text=text, pre_optimization=pre,
       platform=device.platform if device is not None else jax.default_backend(),
       device_kind=device.device_kind if device is not None else "",
       jax_version=jax.__version__, jaxlib_version=jaxlib.__version__,
-      cost_analysis=_cost(compiled), memory_stats=_memory(compiled),
+      cost_analysis=_cost(compiled), memory_stats=_memory(raw_memory),
       buffer_assignment=buffer_assignment, live_range=live_range,
-      memory_usage_report=report, origin=origin, notes=tuple(notes))
+      memory_usage_report=report, xla_memory_source=source, origin=origin,
+      notes=tuple(notes))
+
+
+def _proto_buffer_assignment(compiled, raw_memory, notes):
+  """XLA's buffer assignment from the executable itself, or None (noted)."""
+  proto = compat.buffer_assignment_proto(raw_memory)
+  if proto is None:
+    notes.append("this executable carries no serialized buffer assignment: "
+                 "XLA's peak comes from memory_analysis()")
+    return None
+  try:
+    return parse_buffer_assignment_proto(proto, compat.hlo_module_proto(compiled))
+  except ProtoError as e:
+    notes.append(f"XLA's serialized buffer assignment could not be read ({e}): "
+                 "XLA's peak comes from memory_analysis()")
+    return None
 
 
 def _device(compiled):
@@ -236,11 +307,17 @@ def _cost(compiled) -> Mapping[str, float] | None:
   return types.MappingProxyType({str(k): float(v) for k, v in cost.items()})
 
 
-def _memory(compiled) -> MemoryStats | None:
+def _raw_memory(compiled):
   try:
     m = compiled.memory_analysis()
   except Exception:  # noqa: BLE001 - some backends do not implement it
     return None
+  if isinstance(m, (list, tuple)):
+    m = m[0] if m else None
+  return m
+
+
+def _memory(m) -> MemoryStats | None:
   if m is None:
     return None
   if isinstance(m, (list, tuple)):
@@ -272,6 +349,7 @@ def capture_text(text: str, *, source: str | None = None,
       buffer_assignment=(parse_buffer_assignment(buffer_assignment)
                          if buffer_assignment else None),
       live_range=parse_live_range(live_range) if live_range else None,
+      xla_memory_source="dump reports" if buffer_assignment else "",
       notes=("HLO text alone: no XLA buffer assignment or live ranges",)
       if buffer_assignment is None else ())
 

@@ -99,10 +99,12 @@ class DumpedModule:
       notes.append("the dump has no buffer-assignment report for this module")
     if self.live_range_path is None:
       notes.append("the dump has no live-range report for this module")
+    buffer_assignment = self.read_buffer_assignment()
     return Capture(
         module=parse_hlo(text, source=self.text_path), hlo_text=text,
-        pre_optimization_text=self.read_before_optimizations(),
-        platform=self.platform, buffer_assignment=self.read_buffer_assignment(),
+        pre_optimization=self.read_before_optimizations(),
+        platform=self.platform, buffer_assignment=buffer_assignment,
+        xla_memory_source="dump reports" if buffer_assignment is not None else "",
         live_range=self.read_live_range(),
         memory_usage_report=self.read_memory_usage_report(), origin="dump",
         path=self.text_path, notes=tuple(notes))

@@ -65,6 +65,17 @@ _FAST_COMP = re.compile(
 #: After a result shape, `{` then an integer or ':' opens a layout, not the
 #: body (as in XLA); the lexer then reports the error in the layout.
 _LAYOUT_START = re.compile(r"(?:[ \t\r\n]+|//[^\n\r]*|/\*[\s\S]*?\*/)*+(?:-?[0-9]|:)")
+_ARRAY_SHAPE_RE = (r"[a-z][a-z0-9]*\[[^\]\n]*\]"
+                   r"(?:\{[0-9,]*(?::[^{}()\n]*(?:\([^()\n]*\)[^{}()\n]*)*)?\})?")
+#: A flat tuple shape's elements as XLA prints them (`, ` between elements,
+#: `/*index=N*/` before every fifth): each element is looked up (memoized),
+#: the lexer reads only element shapes not seen before.
+_TUPLE_ELEMENT = re.compile(r"(?:,[ \t]*)?(?:/\*index=[0-9]+\*/)?(" + _ARRAY_SHAPE_RE + r")")
+#: Typed operands, `f32[2,3]{1,0} %a` (the shape holds commas): the shape
+#: and the name, separated by what XLA prints.
+_TYPED_OPERAND = re.compile(
+    r"[ \t]*(?:/\*index=[0-9]+\*/)?[ \t]*(?:(" + _SHAPE_RE + r")[ \t]+)?%(" + _NAME +
+    r")[ \t]*(?:,|$)")
 _SIG_PARAM = re.compile(_NAME + r":[ \t]*(" + _SHAPE_RE + r")[ \t]*(,[ \t]*)?")
 _WS_INLINE = re.compile(r"[ \t]*")
 _SIMPLE_REF = re.compile(r"%?(" + _NAME + r")")
@@ -218,6 +229,8 @@ class _Parser:
     self.single = False  # single-instruction mode creates missing parameters
     self.scopes = 0
     self.lx: Lexer | None = None
+    #: Statements the fast path handed to the slow one (for benchmarks).
+    self.slow_statements = 0
 
   # ---------------------------------------------------------------- errors --
 
@@ -589,6 +602,7 @@ class _Parser:
           pos = m.end()
           continue
       lx = self.lexer_at(pos)
+      self.slow_statements += 1
       self.parse_instruction(comp)
       pos = lx.tok.start
     self.scopes -= 1
@@ -663,6 +677,7 @@ class _Parser:
     arity_of = _ARITY.get
     ctx = self.ctx
     new = _new
+    reserved = _RESERVED
     while True:
       m = match(text, pos)
       if m is None:
@@ -670,8 +685,9 @@ class _Parser:
       root_kw, pct, name, shape_text, word, ops, run = m.groups()
       resolved = resolve(word)
       shape = shapes(shape_text)
-      if (not pct or name in names or resolved is None or shape is None or
-          name[:2] == "__" or (root_kw and comp.root_name is not None)):
+      if (name in names or resolved is None or shape is None or
+          name[:2] == "__" or (root_kw and comp.root_name is not None) or
+          (not pct and (name in reserved or text[m.end(3)] == "="))):
         return pos, m
       opcode, wrapped = resolved
       param = None
@@ -684,9 +700,23 @@ class _Parser:
         operands = ()
       elif ops:
         # "%a, %b": split, not a regex; names found in `names` are valid.
-        if ops[0] != "%":
-          return pos, m
-        out = ops[1:].split(", %")
+        if ops[0] == "%":
+          out = ops[1:].split(", %")
+        else:
+          # Typed, as flax dumps print them: "f32[2,3]{1,0} %a, s32[] %b",
+          # or names without '%' (Keras dumps). No ", " inside a shape here:
+          # `ops` holds no parentheses.
+          out = []
+          for part in ops.split(", "):
+            if " " in part:
+              typed, _, part = part.rpartition(" ")
+              if shapes(typed) is None and self.shape(typed) is None:
+                return pos, m
+            if part[:1] == "%":
+              part = part[1:]
+            elif part in reserved:  # the slow path would read a shape
+              return pos, m
+            out.append(part)
         if not all(map(contains, out)):
           return pos, m
         operands = tuple(out)
@@ -708,7 +738,7 @@ class _Parser:
           calls = [(c.group(1), base + c.start(1) - 1)
                    for c in _SIMPLE_CALL.finditer(run)]
           if len(calls) != sum(map(_STRUCTURAL_SET.__contains__, keys)):
-            return pos, m
+            return pos, m  # (`fast_instruction` writes bare names with '%')
           refs += calls
       else:
         run = _EMPTY_ATTRS
@@ -858,6 +888,25 @@ class _Parser:
       ops = _COMMENT.sub("", ops)
     if ops.isspace() or not ops:
       return ()
+    if "%" in ops:
+      # Typed operands as XLA prints them without `print_operand_shape=false`
+      # (flax modules): `f32[2,3]{1,0} %a, s32[] %b`; shapes hold commas.
+      out = []
+      pos, n = 0, len(ops)
+      while pos < n:
+        t = _TYPED_OPERAND.match(ops, pos)
+        if t is None or t.end() == pos:
+          break
+        typed, op = t.groups()
+        if typed is not None and self.shape(typed) is None:
+          return None
+        if op not in names:
+          return None
+        out.append(op)
+        pos = t.end()
+      else:
+        if ops.rstrip()[-1:] != ",":
+          return tuple(out)
     out = []
     for op in ops.split(","):
       op = op.strip()
@@ -882,12 +931,42 @@ class _Parser:
     """The shape written `text` (memoized), or None if it is not one."""
     shape = self.shapes.get(text)
     if shape is None:
+      if text[:1] == "(" and text[-1:] == ")" and len(text) > 2:
+        shape = self.flat_tuple_shape(text)
+        if shape is not None:
+          self.shapes[text] = shape
+          return shape
       try:
         shape = parse_shape(text)
       except HloParseError:
         return None
       self.shapes[text] = shape
     return shape
+
+  def flat_tuple_shape(self, text: str) -> Shape | None:
+    """A tuple of array shapes from its (memoized) elements, or None to let
+    the lexer read it. Long while-loop and fusion tuples repeat the same
+    few element shapes hundreds of times; lexing each costs more than the
+    rest of their line."""
+    elements = []
+    pos, end = 1, len(text) - 1
+    match = _TUPLE_ELEMENT.match
+    shapes = self.shapes
+    while pos < end:
+      m = match(text, pos, end)
+      if m is None or (pos > 1) != (text[pos] == ","):
+        return None
+      element = m.group(1)
+      shape = shapes.get(element)
+      if shape is None:
+        try:
+          shape = parse_shape(element)
+        except HloParseError:
+          return None
+        shapes[element] = shape
+      elements.append(shape)
+      pos = m.end()
+    return Shape("tuple", tuple_shapes=tuple(elements))
 
   # ------------------------------------------------------------ slow path --
 
@@ -1132,7 +1211,12 @@ class _Parser:
     comp_names = _NameUniquer()
     inst_names = _NameUniquer()
     generated: dict[str, str] = {}
-    for comp in self.done:
+    # Computations named as XLA prints them keep their names: one check for
+    # all instead of the uniquifier per computation.
+    names = [c.name for c in self.done]
+    keep = (not self.generated and all(map(_clean_name, names)) and
+            _uniquifier_is_identity(names))
+    for comp in () if keep else self.done:
       old = comp.name
       new = comp_names.unique(self.generated.get(old, old))
       if old in self.generated:
@@ -1154,8 +1238,14 @@ class _Parser:
       if local or generated:
         insts = [_rename(i, local, generated) for i in insts]
       root = local.get(comp.root_name, comp.root_name)
-      computations.append(Computation(
-          comp.name, tuple(insts), root, comp is entry, comp.thread, comp.offset))
+      if insts is comp.insts and not local:
+        # The parser's own name table is the computation's index.
+        computations.append(_computation(
+            comp.name, tuple(insts), root, comp is entry, comp.thread,
+            comp.offset, types.MappingProxyType(comp.names)))
+      else:
+        computations.append(Computation(
+            comp.name, tuple(insts), root, comp is entry, comp.thread, comp.offset))
     if name is None:
       name = "module_" + entry.name
     return HloModule(name, tuple(computations), entry.name,
@@ -1211,6 +1301,27 @@ def _fast_literal(literal: str) -> bool:
     if depth < 0 or depth >= grammar.MAX_DEPTH:
       return False
   return depth == 0
+
+
+def _clean_name(name: str) -> bool:
+  """Whether `sanitize_name` keeps `name` as it is."""
+  return _CLEAN.fullmatch(name) is not None and _plain_name(name)
+
+
+_COMPUTATION_FIELDS = tuple(f.name for f in dataclasses.fields(Computation))
+assert _COMPUTATION_FIELDS == ("name", "instructions", "root_name", "is_entry",
+                               "execution_thread", "offset", "_index")
+
+
+def _computation(name, instructions, root_name, is_entry, thread, offset,
+                 index) -> Computation:
+  """`Computation(...)` with its name index given (the parser has built it
+  already): a dict per computation saved on modules of thousands."""
+  comp = object.__new__(Computation)
+  for field, value in zip(_COMPUTATION_FIELDS, (
+      name, instructions, root_name, is_entry, thread, offset, index)):
+    object.__setattr__(comp, field, value)
+  return comp
 
 
 def _reserved(name: str) -> bool:
@@ -1317,6 +1428,15 @@ def _parse(text: str, source: str | None, fast: bool) -> HloModule:
   except RecursionError:
     error_at(text, parser.lx.tok.start if parser.lx else 0,
              "input nested too deeply", source)
+
+
+def parse_hlo_counting_fallbacks(text: str) -> tuple[HloModule, int]:
+  """`parse_hlo`, and how many instruction statements the fast path handed
+  to the slow one (for `scripts/bench_parse.py`)."""
+  parser = _Parser(text, None, True)
+  with paused_gc():
+    module = parser.parse()
+  return module, parser.slow_statements
 
 
 def parse_hlo_file(path: str | os.PathLike) -> HloModule:

@@ -103,7 +103,7 @@ def to_dict(report) -> dict:
           "instruction_count": m.instruction_count,
           "computation_count": m.computation_count,
           "schedule_length": m.schedule_length, "is_scheduled": m.is_scheduled,
-          "origin": m.origin, "path": m.path,
+          "origin": m.origin, "path": m.path, "xla_peak_source": m.xla_peak_source,
       },
       "peak_bytes": report.peak_bytes,
       "xla_peak_bytes": report.xla_peak_bytes,
@@ -198,7 +198,7 @@ def report_from_dict(d: dict):
   info = ModuleInfo(**{k: m[k] for k in (
       "name", "platform", "device_kind", "jax_version", "jaxlib_version",
       "instruction_count", "computation_count", "schedule_length", "is_scheduled",
-      "origin", "path")})
+      "origin", "path")}, xla_peak_source=m.get("xla_peak_source", ""))
   return AuditReport(
       module=info, kernels=kernels, buffers=buffers, findings=findings,
       peak_bytes=d["peak_bytes"], xla_peak_bytes=d["xla_peak_bytes"],

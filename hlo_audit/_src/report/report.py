@@ -39,6 +39,9 @@ class ModuleInfo:
   #: "jit", "lowered", "compiled", "dump" or "text".
   origin: str = ""
   path: str | None = None
+  #: Where XLA's peak came from: "buffer-assignment proto" (the executable's,
+  #: no recompile), "dump reports", "memory_analysis", or "" (none).
+  xla_peak_source: str = ""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

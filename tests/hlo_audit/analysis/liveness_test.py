@@ -124,8 +124,26 @@ def test_while_state_is_one_buffer_and_schedule_flattens_cond_then_body():
 def test_schedule_and_peak_match_xla_reports_for_a_train_step():
   from hlo_audit._src.examples.transformer import TransformerConfig, example
   fn, args = example(TransformerConfig(batch=2, seq=32, d_model=64, heads=2, d_ff=128))
-  cap = hlo_audit.capture(fn, *args)
+  cap = hlo_audit.capture(fn, *args, xla_reports=True)
   s = flatten_schedule(cap.module)
   assert [n for _, n in s.sequence] == list(cap.live_range.sequence)
   r = hlo_audit.audit(cap)
   assert abs(r.peak_agreement) <= 0.01
+
+
+def test_assigner_candidate_index_finds_what_a_scan_finds():
+  import math
+  import random
+
+  from hlo_audit._src.analysis.liveness import _Candidates
+  rng = random.Random(0)
+  for n in (1, 2, 7, 64, 100):
+    tree = _Candidates(n)
+    keys = [-math.inf] * n  # no key: not a reusable allocation
+    for _ in range(300):
+      i = rng.randrange(n)
+      keys[i] = rng.choice([-math.inf, math.inf, rng.randrange(50)])
+      tree.set(i, keys[i])
+      hi, x = rng.randrange(n + 1), rng.randrange(-1, 50)
+      want = max((j for j in range(hi) if keys[j] >= x), default=-1)
+      assert tree.below(hi, x) == want

@@ -40,8 +40,81 @@ def test_capture_of_a_jit_function_holds_everything():
   assert m.argument_bytes == (8 * 16 + 16 * 32) * 4
   assert m.output_bytes == 8 * 32 * 4
   assert c.buffer_assignment is not None and c.buffer_assignment.allocations
-  assert c.live_range is not None and c.live_range.sequence
+  assert c.xla_memory_source == "buffer-assignment proto"
+  assert c.live_range is None  # only XLA's dump reports have live ranges
   assert c.notes == ()
+
+
+@functools.cache
+def reports_capture():
+  return hlo_audit.capture(jax.jit(mlp), X, W, xla_reports=True)
+
+
+def test_xla_reports_add_live_ranges_and_agree_with_the_proto():
+  c = reports_capture()
+  assert c.xla_memory_source == "dump reports" and c.notes == ()
+  assert c.live_range is not None and c.live_range.sequence
+
+  def table(ba):
+    return [(a.index, a.size, a.kind, a.parameter_number, a.is_thread_local,
+             sorted((v.instruction, v.shape_index, v.size, v.offset)
+                    for v in a.values)) for a in ba.allocations]
+  # The executable's proto, decoded, says what XLA's text report says.
+  assert table(jit_capture().buffer_assignment) == table(c.buffer_assignment)
+
+
+class _Compiles:
+  """Counts XLA backend compiles (jax.monitoring events) while active."""
+
+  def __init__(self):
+    self.count = 0
+    self.active = False
+    jax.monitoring.register_event_duration_secs_listener(self._on_event)
+
+  def _on_event(self, event, duration, **_):
+    if self.active and event == "/jax/core/compile/backend_compile_duration":
+      self.count += 1
+
+  def __enter__(self):
+    self.count, self.active = 0, True
+    return self
+
+  def __exit__(self, *exc):
+    self.active = False
+
+
+_COMPILES = _Compiles()
+
+
+def test_audit_reuses_the_executable_jit_built():
+  def step(x, w):  # a function jax has not compiled before this test
+    return jnp.sin(x @ w) + 1.0
+  jitted = jax.jit(step)
+  x, w = np.ones((8, 16), np.float32), np.ones((16, 32), np.float32)
+  with _COMPILES as compiles:
+    jitted(x, w)
+  assert compiles.count == 1  # the counter sees jit's own compile
+  with _COMPILES as compiles:
+    report = hlo_audit.audit(jitted, x, w)
+    hlo_audit.audit(jax.jit(step), X, W)  # a new jit object, abstract args
+  assert compiles.count == 0
+  assert report.module.xla_peak_source == "buffer-assignment proto"
+  assert report.xla_peak_bytes and report.xla_peak_bytes > 0
+  with _COMPILES as compiles:
+    report = hlo_audit.audit(jitted, x, w, xla_reports=True)
+  assert compiles.count == 1  # dump options are part of jax's cache key
+  assert report.module.xla_peak_source == "dump reports"
+
+
+def test_audit_before_jit_compiles_once_for_both():
+  def step(x, w):
+    return jnp.cos(x @ w) * 2.0
+  jitted = jax.jit(step)
+  x, w = np.ones((8, 16), np.float32), np.ones((16, 32), np.float32)
+  with _COMPILES as compiles:
+    hlo_audit.audit(jitted, x, w)
+    jitted(x, w)
+  assert compiles.count == 1
 
 
 def test_plain_callable_real_arrays_kwargs_and_lowered():
@@ -54,12 +127,16 @@ def test_plain_callable_real_arrays_kwargs_and_lowered():
   assert c2.origin == "lowered" and c2.buffer_assignment is not None
 
 
-def test_compiled_stage_says_it_has_no_dump():
+def test_compiled_stage_has_xla_buffer_assignment_but_no_dump():
   compiled = jax.jit(mlp).lower(X, W).compile()
   c = hlo_audit.capture(compiled)
-  assert c.origin == "compiled" and c.buffer_assignment is None
-  assert any("Compiled" in n for n in c.notes)
+  # The executable carries XLA's buffer assignment; only live ranges need a
+  # dump, which a Compiled cannot make.
+  assert c.origin == "compiled" and c.buffer_assignment is not None
+  assert c.live_range is None and c.notes == ()
   assert c.memory_stats is not None
+  with pytest.raises(CaptureError, match="cannot be compiled again"):
+    hlo_audit.capture(compiled, xla_reports=True)
 
 
 def test_static_and_donated_arguments_are_honoured():

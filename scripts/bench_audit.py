@@ -1,0 +1,341 @@
+"""Audit cost at model scale: against the compile, and as the model grows.
+
+Three tables, each measured in this one run:
+
+1. `audit(jax.jit(f), *args)` of the built-in 12-layer train step against
+   `jax.jit(f).lower(*args).compile()`: when jit has not compiled `f` yet
+   (goal <= 1.10x the compile alone) and when it has (goal <= 10% of it);
+   with `xla_reports=True` for reference (one more compile, by design).
+2. The whole report of that module: `audit_hlo` of its text, then the text,
+   JSON and HTML renderings (goal: within 10% of its compile).
+3. Scaling: `audit_hlo` of 1x, 2x, 4x and 8x the module, each in a fresh
+   process: time and peak RSS above the process's baseline, log-log
+   exponents against instruction count (goal <= 1.1), RSS / HLO text size
+   (goal < 10x); and the HTML page's render time and size (whether a browser
+   opens it fast is the HTML report's own test). `--scales=1,2,4,8,16`
+   reaches ~535k instructions.
+
+The scaled modules are synthesized from the compiled 12-layer module: k
+copies of its computations, renamed, and one entry that runs the k copies
+of the entry's body on the shared parameters and returns a k-tuple of their
+results (XLA's parser accepts the result; the script checks). Compiling a
+96-layer train step takes many minutes on 2 shared cores; `--compile_scales`
+compiles real 24/48/96-layer steps instead.
+
+Example:
+  python scripts/bench_audit.py
+  python scripts/bench_audit.py --scales=1,2 --nocapture
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+from absl import app, flags
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bench_models  # noqa: E402  (a sibling script module)
+
+_SCALES = flags.DEFINE_list("scales", ["1", "2", "4", "8"], "Multiples of the base module.")
+_REPEATS = flags.DEFINE_integer("repeats", 3, "Timed runs per measurement (median).")
+_CAPTURE = flags.DEFINE_bool("capture", True, "Time audit(jax.jit(f)) against the compile.")
+_COMPILE_SCALES = flags.DEFINE_bool(
+    "compile_scales", False, "Compile real k x 12-layer steps instead of replicating text.")
+_CACHE = flags.DEFINE_string(
+    "cache_dir", os.path.join(tempfile.gettempdir(), "hlo_audit_bench"),
+    "Where compiled modules are kept between runs ('' to always compile).")
+_CHILD = flags.DEFINE_string("child", None, "(internal) audit this file and report JSON.")
+
+_LAYERS = 12
+_SMALL = """HloModule m, is_scheduled=true
+
+%fused (p0: f32[128,512], p1: f32[512]) -> f32[128,512] {
+  %p0 = f32[128,512]{1,0} parameter(0)
+  %p1 = f32[512]{0} parameter(1)
+  %b = f32[128,512]{1,0} broadcast(%p1), dimensions={1}
+  %a = f32[128,512]{1,0} add(%p0, %b)
+  ROOT %t = f32[128,512]{1,0} tanh(%a)
+}
+
+ENTRY %main (x: f32[128,256], y: f32[256,512], z: f32[512]) -> f32[128,512] {
+  %x = f32[128,256]{1,0} parameter(0)
+  %y = f32[256,512]{1,0} parameter(1)
+  %z = f32[512]{0} parameter(2)
+  %d = f32[128,512]{1,0} dot(%x, %y), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+  ROOT %f = f32[128,512]{1,0} fusion(%d, %z), kind=kLoop, calls=%fused
+}
+"""
+
+
+# ------------------------------------------------------------ replication --
+
+_REF = re.compile(r"%([A-Za-z_][A-Za-z0-9_.\-]*)")
+_COMP_START = re.compile(r"^(ENTRY[ \t]+)?%[^\n]*\{[ \t]*$", re.MULTILINE)
+
+
+def _balanced(text: str, start: int) -> int:
+  """End of the parenthesized group that opens at `text[start]`."""
+  depth = 0
+  for i in range(start, len(text)):
+    c = text[i]
+    if c == "(":
+      depth += 1
+    elif c == ")":
+      depth -= 1
+      if depth == 0:
+        return i + 1
+  raise ValueError("unbalanced parentheses")
+
+
+def replicate(text: str, k: int) -> str:
+  """k copies of a module's computations under one entry (see module doc)."""
+  if k == 1:
+    return text
+  starts = [m.start() for m in _COMP_START.finditer(text)]
+  head, blocks = text[:starts[0]], []
+  for i, s in enumerate(starts):
+    end = text.index("\n}", s) + 2
+    blocks.append(text[s:end])
+  entry = next(b for b in blocks if b.startswith("ENTRY"))
+  others = [b for b in blocks if b is not entry]
+  entry_lines = entry.split("\n")
+  params = [ln for ln in entry_lines[1:-1] if re.search(r" parameter\(\d+\)", ln)]
+  param_names = {_REF.search(ln).group(1) for ln in params}
+  body = [ln for ln in entry_lines[1:-1] if ln not in params]
+  root_line = next(ln for ln in body if ln.lstrip().startswith("ROOT "))
+  eq = root_line.index(" = ") + 3
+  root_shape = root_line[eq:_balanced(root_line, eq)] if root_line[eq] == "(" else \
+      root_line[eq:root_line.index(" ", eq)]
+
+  def renamer(r):
+    return lambda m: (m.group(0) if m.group(1) in param_names
+                      else f"%r{r}_{m.group(1)}")
+
+  out_comps, roots = [], []
+  for r in range(k):
+    sub = functools.partial(_REF.sub, renamer(r))
+    out_comps += [sub(b) for b in others]
+    roots.append(f"%r{r}_{_REF.search(root_line).group(1)}")
+  entry_body = list(params)
+  for r in range(k):
+    sub = functools.partial(_REF.sub, renamer(r))
+    entry_body += [sub(ln).replace("ROOT ", "", 1) if ln is root_line else sub(ln)
+                   for ln in body]
+  result = "(" + ", ".join([root_shape] * k) + ")"
+  entry_body.append(f"  ROOT %replicas = {result} tuple({', '.join(roots)})")
+  header = entry_lines[0]
+  arrow = header.rindex(") -> ")
+  entry_text = "\n".join([header[:arrow + 5] + result + " {", *entry_body, "}"])
+  # The layout names the entry's result; aliasing names result indices.
+  first, rest = head.split("\n", 1)
+  layout = first.index("entry_computation_layout={")
+  close = _balanced(first, first.index("(", layout))
+  if not first.startswith("->(", close):
+    raise ValueError("expected a tuple result in entry_computation_layout")
+  end = _balanced(first, close + 2)
+  first = first[:close] + "->" + result + first[end:]
+  first = re.sub(r", input_output_alias=\{[^\n]*?\}\}", "", first)
+  return "\n".join([first, rest.rstrip("\n"), "", "\n\n".join(out_comps), "",
+                    entry_text, ""])
+
+
+# ----------------------------------------------------------------- child --
+
+def _status_bytes(field: str) -> int:
+  """A /proc/self/status memory field (VmRSS now, VmHWM its peak). Not
+  `ru_maxrss`: Linux carries it across exec from the forking parent."""
+  with open("/proc/self/status") as f:
+    for line in f:
+      if line.startswith(field + ":"):
+        return int(line.split()[1]) * 1024
+  raise RuntimeError(f"no {field} in /proc/self/status")
+
+
+def child(path: str, repeats: int) -> None:
+  """Audits `path` `repeats` times; prints time and peak RSS as JSON."""
+  import hlo_audit
+  with open(path, encoding="utf-8") as f:
+    text = f.read()
+  # Warm-up on a small module: imports and caches count in the baseline.
+  hlo_audit.audit_hlo(_SMALL)
+  base = _status_bytes("VmRSS")
+  times = []
+  for _ in range(repeats):
+    t0 = time.perf_counter()
+    report = hlo_audit.audit_hlo(text)
+    times.append(time.perf_counter() - t0)
+    instructions = report.module.instruction_count
+    del report
+  peak = _status_bytes("VmHWM")  # the audit's peak, before the renderings
+  report = hlo_audit.audit_hlo(text)
+  t0 = time.perf_counter()
+  page = report.to_html()
+  html_s = time.perf_counter() - t0
+  print(json.dumps({"times": times, "base": base, "peak": peak,
+                    "instructions": instructions, "bytes": len(text),
+                    "html_s": html_s, "html_bytes": len(page.encode())}))
+
+
+def run_child(path: str, repeats: int) -> dict:
+  out = subprocess.run(
+      [sys.executable, os.path.abspath(__file__), f"--child={path}",
+       f"--repeats={repeats}"], check=True, capture_output=True, text=True,
+      env={**os.environ, "PYTHONPATH": os.pathsep.join(
+          [os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+           os.environ.get("PYTHONPATH", "")])})
+  return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def slope(xs, ys) -> float:
+  """Least-squares slope of log(ys) on log(xs)."""
+  lx = [math.log(x) for x in xs]
+  ly = [math.log(y) for y in ys]
+  mx, my = statistics.fmean(lx), statistics.fmean(ly)
+  return (sum((a - mx) * (b - my) for a, b in zip(lx, ly)) /
+          sum((a - mx) ** 2 for a in lx))
+
+
+# ------------------------------------------------------------------ main --
+
+def median_time(fn, repeats: int) -> float:
+  times = []
+  for _ in range(repeats):
+    t0 = time.perf_counter()
+    fn()
+    times.append(time.perf_counter() - t0)
+  return statistics.median(times)
+
+
+def capture_table(repeats: int) -> float:
+  """Table 1: audit(jax.jit(f)) against jit's own compile."""
+  import jax
+
+  import hlo_audit
+  from hlo_audit._src.examples import transformer
+
+  _, args = bench_models.example_step(_LAYERS)
+
+  def fresh():  # a function jax has not compiled: a new trace and compile
+    return jax.jit(functools.partial(transformer.train_step), static_argnums=(2,))
+
+  t0 = time.perf_counter()
+  fresh().lower(*args).compile()
+  compile_s = time.perf_counter() - t0
+  jitted = fresh()
+  t0 = time.perf_counter()
+  hlo_audit.audit(jitted, *args)
+  cold_s = time.perf_counter() - t0
+  warm_s = median_time(lambda: hlo_audit.audit(jitted, *args), repeats)
+  t0 = time.perf_counter()
+  report = hlo_audit.audit(jitted, *args, xla_reports=True)
+  reports_s = time.perf_counter() - t0
+  print(f"\n1. audit(jax.jit(f)) of the {_LAYERS}-layer train step "
+        f"({report.module.instruction_count} instructions) vs "
+        "jax.jit(f).lower(*args).compile()")
+  print(f"{'':42s} {'seconds':>8s} {'/ compile':>10s}  goal")
+  print(f"{'lower + compile (fresh function)':42s} {compile_s:8.2f} {1:10.2f}")
+  print(f"{'audit, not compiled yet (compiles once)':42s} {cold_s:8.2f} "
+        f"{cold_s / compile_s:10.2f}  <= 1.10")
+  print(f"{'audit, already compiled (median)':42s} {warm_s:8.2f} "
+        f"{warm_s / compile_s:10.2f}  <= 0.10")
+  print(f"{'audit, xla_reports=True (compiles again)':42s} {reports_s:8.2f} "
+        f"{reports_s / compile_s:10.2f}")
+  print(f"XLA's peak from: {report.module.xla_peak_source} (xla_reports=True); "
+        f"{hlo_audit.audit(jitted, *args).module.xla_peak_source} (default)")
+  return compile_s
+
+
+def report_table(text: str, compile_s: float, repeats: int) -> None:
+  """Table 2: the whole report of the base module against its compile."""
+  import hlo_audit
+
+  report = hlo_audit.audit_hlo(text)  # warm-up
+  rows = [
+      ("audit_hlo (parse + analyses)", lambda: hlo_audit.audit_hlo(text)),
+      ("text render", lambda: str(report)),
+      ("JSON", lambda: report.to_json()),
+      ("HTML", lambda: report.to_html()),
+  ]
+  print(f"\n2. The whole report of the {_LAYERS}-layer module "
+        f"({report.module.instruction_count} instructions, "
+        f"{len(text) / 1e6:.1f} MB) vs its compile ({compile_s:.1f} s)")
+  total = 0.0
+  for name, fn in rows:
+    s = median_time(fn, repeats)
+    total += s
+    print(f"{name:32s} {s:7.2f} s {s / compile_s:7.1%}")
+  print(f"{'total':32s} {total:7.2f} s {total / compile_s:7.1%}  (goal <= 10%)")
+
+
+def scaling_table(base: str, scales, repeats: int, cache_dir: str) -> None:
+  """Table 3: audit time and peak RSS at 1x..8x."""
+  from jaxlib import _hlo
+
+  work = tempfile.mkdtemp(prefix="bench_audit_")
+  rows = []
+  for k in scales:
+    if _COMPILE_SCALES.value and k > 1:
+      text, _ = bench_models.compiled_text("example", cache_dir or None,
+                                           layers=_LAYERS * k)
+    else:
+      text = replicate(base, k)
+      if k == 2:
+        _hlo.hlo_module_from_text(text)  # XLA accepts the synthesized module
+    path = os.path.join(work, f"x{k}.hlo")
+    with open(path, "w", encoding="utf-8") as f:
+      f.write(text)
+    r = run_child(path, repeats if k <= 2 else max(1, repeats - 2))
+    r["k"] = k
+    r["seconds"] = statistics.median(r["times"])
+    r["rss"] = max(r["peak"] - r["base"], 1)
+    rows.append(r)
+    print(f"  measured {k}x: {r['instructions']} instructions", flush=True)
+  how = "compiled" if _COMPILE_SCALES.value else "replicated text"
+  print(f"\n3. audit_hlo at 1x..{scales[-1]}x the {_LAYERS}-layer module ({how}; "
+        "a fresh process each)")
+  print(f"{'scale':>5s} {'instrs':>8s} {'MB':>7s} {'audit s':>8s} "
+        f"{'us/instr':>8s} {'peak RSS MB':>11s} {'RSS/text':>8s} "
+        f"{'HTML s':>7s} {'HTML MB':>7s}")
+  for r in rows:
+    print(f"{r['k']:4d}x {r['instructions']:8d} {r['bytes'] / 1e6:7.1f} "
+          f"{r['seconds']:8.2f} {1e6 * r['seconds'] / r['instructions']:8.1f} "
+          f"{r['rss'] / 1e6:11.0f} {r['rss'] / r['bytes']:8.2f} "
+          f"{r['html_s']:7.2f} {r['html_bytes'] / 1e6:7.1f}")
+  if len(rows) > 1:
+    n = [r["instructions"] for r in rows]
+    print(f"log-log exponent vs instructions: time "
+          f"{slope(n, [r['seconds'] for r in rows]):.2f}, peak RSS "
+          f"{slope(n, [r['rss'] for r in rows]):.2f} (goal <= 1.1); "
+          f"RSS/text max {max(r['rss'] / r['bytes'] for r in rows):.2f} (goal < 10)")
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError("Too many command-line arguments.")
+  if _CHILD.value:
+    child(_CHILD.value, _REPEATS.value)
+    return
+  import jax
+  print(f"jax {jax.__version__}, Python {sys.version.split()[0]}, "
+        f"{os.cpu_count()} CPUs; medians of {_REPEATS.value}")
+  scales = sorted(int(s) for s in _SCALES.value)
+  base, compile_s = bench_models.compiled_text("example", _CACHE.value or None)
+  if _CAPTURE.value:
+    compile_s = capture_table(_REPEATS.value)  # this run's compile time
+  else:
+    print(f"(compile time {compile_s:.1f} s from when the module was cached)")
+  report_table(base, compile_s, _REPEATS.value)
+  scaling_table(base, scales, _REPEATS.value, _CACHE.value)
+
+
+if __name__ == "__main__":
+  app.run(main)

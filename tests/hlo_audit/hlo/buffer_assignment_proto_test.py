@@ -1,0 +1,66 @@
+"""XLA's BufferAssignmentProto, read without generated protobuf code."""
+
+from __future__ import annotations
+
+import pytest
+
+from hlo_audit._src.hlo.buffer_assignment_proto import (
+    ProtoError, instruction_names, parse_buffer_assignment_proto)
+
+
+def _varint(v: int) -> bytes:
+  out = bytearray()
+  while True:
+    b = v & 0x7F
+    v >>= 7
+    out.append(b | (0x80 if v else 0))
+    if not v:
+      return bytes(out)
+
+
+def _field(num: int, value) -> bytes:
+  if isinstance(value, int):
+    return _varint(num << 3) + _varint(value)
+  return _varint(num << 3 | 2) + _varint(len(value)) + value
+
+
+UID = (3 << 32) | 7  # computation 3, instruction 7
+
+
+def _module() -> bytes:
+  inst = _field(1, b"fusion.2") + _field(35, UID)
+  comp = _field(1, b"main") + _field(2, inst) + _field(5, 3)
+  return _field(3, comp)
+
+
+def _assignment() -> bytes:
+  location = _field(4, UID) + _field(3, _varint(1))  # shape index {1}
+  logical = _field(1, 9) + _field(2, 4096) + _field(3, location)
+  assigned = _field(1, 9) + _field(2, 128) + _field(3, 4096)
+  param = _field(1, 0) + _field(2, 64) + _field(5, 1) + _field(6, 2)
+  temp = _field(1, 1) + _field(2, 8192) + _field(7, 1) + _field(9, assigned)
+  local = _field(1, 2) + _field(2, 16) + _field(3, 1)
+  return (_field(1, logical) + _field(3, temp) + _field(3, param) +
+          _field(3, local))
+
+
+def test_allocations_values_and_names():
+  ba = parse_buffer_assignment_proto(_assignment(), _module())
+  param, temp, local = ba.allocations  # sorted by index
+  assert (param.kind, param.parameter_number, param.size) == ("parameter", 2, 64)
+  assert (temp.kind, temp.size, temp.maybe_live_out) == ("output", 8192, True)
+  (v,) = temp.values
+  assert (v.instruction, v.shape_index, v.offset, v.size) == ("fusion.2", (1,), 128, 4096)
+  assert local.is_thread_local and local.kind == "thread-local"
+  assert instruction_names(_module(), {UID}) == {UID: "fusion.2"}
+
+
+def test_unknown_ids_are_named_by_id_and_bad_bytes_raise():
+  ba = parse_buffer_assignment_proto(_assignment())  # no module proto
+  assert ba.allocations[1].values[0].instruction == f"#{UID}"
+  with pytest.raises(ProtoError, match="truncated"):
+    parse_buffer_assignment_proto(bytes([0x08, 0x80]))  # a varint cut short
+  with pytest.raises(ProtoError, match="past the end"):
+    parse_buffer_assignment_proto(_assignment()[:-3])
+  with pytest.raises(ProtoError, match="wire type"):
+    parse_buffer_assignment_proto(bytes([0x0B]))  # wire type 3 (groups)
