@@ -13,10 +13,13 @@ from typing import Any
 from hlo_audit._src.analysis.buffers import find_buffers
 from hlo_audit._src.analysis.dataflow import analyze_dataflow
 from hlo_audit._src.analysis.detectors import AuditOptions, find_findings
+from hlo_audit._src.analysis.records import Verdict
 from hlo_audit._src.analysis.kernels import find_kernels
 from hlo_audit._src.analysis.liveness import analyze_liveness
+from hlo_audit._src.analysis.memory_findings import find_memory_findings, with_peaks
 from hlo_audit._src.analysis.schedule import flatten_schedule
 from hlo_audit._src.analysis.suggestions import add_suggestions
+from hlo_audit._src.analysis.what_if import Program, arguments_of, peak_after_fusions
 from hlo_audit._src.capture.capture import Capture, capture, capture_text
 from hlo_audit._src.capture.dump import load_dump
 from hlo_audit._src.errors import HloAuditError
@@ -97,6 +100,16 @@ def _audit_capture(cap: Capture, options: AuditOptions) -> AuditReport:
   findings = find_findings(module, schedule, dataflow, kernels, buffers,
                            liveness.peak_bytes, options)
   findings = add_suggestions(findings, module)
+  program = Program(module=module, schedule=schedule, dataflow=dataflow,
+                    liveness=liveness,
+                    arguments=arguments_of(module, cap.argument_names))
+  # Every finding's peak after its change alone (what_if.py), then the
+  # memory findings, which carry their own.
+  fusions = [(f.boundary, f.producer, f.consumers)
+             if f.boundary and f.verdict is not Verdict.KEEP else None for f in findings]
+  findings = with_peaks(findings, peak_after_fusions(program, fusions), liveness.peak_bytes)
+  findings = tuple(findings) + tuple(find_memory_findings(
+      program, kernels, buffers, cap.argument_names))
   xla_peak = _xla_peak(cap)
   notes = list(cap.notes)
   if not module.is_scheduled:
@@ -125,7 +138,8 @@ def _audit_capture(cap: Capture, options: AuditOptions) -> AuditReport:
       heap_peak_bytes=liveness.peak_heap_bytes, peak_time=liveness.peak_time,
       timeline=liveness.timeline,
       live_at_peak=tuple(names[b] for b in liveness.live_at_peak),
-      cost_analysis=cap.cost_analysis, notes=tuple(notes), options=options)
+      cost_analysis=cap.cost_analysis, notes=tuple(notes), options=options,
+      program=program)
 
 
 def _xla_peak(cap: Capture) -> int | None:

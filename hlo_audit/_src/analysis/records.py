@@ -26,6 +26,15 @@ class FindingKind(enum.Enum):
   SEPARATE_REDUCTION = "separate reduction"
   KEEP_REUSE = "multi-consumer buffer worth keeping"
   ALREADY_FUSED = "already fused"
+  # Memory findings (memory_findings.py): changes that lower the peak.
+  UNDONATED_ARGUMENT = "argument not donated"
+  REMAT_CANDIDATE = "saved buffer cheap to recompute"
+  COSTLY_REMAT = "remat whose recompute dominates"
+  # Sharded programs: communication and layout around collectives.
+  EXPOSED_COLLECTIVE = "exposed communication"
+  RESHARD_AROUND_COLLECTIVE = "resharding copy around a collective"
+  COLLECTIVE_MATMUL = "all-gather feeding a dot"
+  REPLICATED_BUFFER = "replicated buffer the sharding could split"
 
   @property
   def slug(self) -> str:
@@ -104,3 +113,8 @@ class FusionDecisionRecord:
   #: The op's guard on those shapes: whether the kernel would run, or why it
   #: would fall back to XLA ("" when no kernel applies).
   guard_verdict: str = ""
+  #: The peak after this change alone, from a what-if replay of the liveness
+  #: (None: not replayed, e.g. a boundary that is no buffer of the program).
+  peak_after: int | None = None
+  #: Peak bytes the change saves: the audited peak minus `peak_after`.
+  peak_saved: int | None = None

@@ -1,11 +1,15 @@
 """JSON rendering: `dataclasses.asdict` shapes, enums as values, stable keys.
 
-Schema (version 1), top level:
+Schema (version 2), top level:
   schema_version, module, peak_bytes, xla_peak_bytes, xla_reported_peak_bytes,
   allocation_bytes, heap_peak_bytes, peak_time, kernels_by_kind, kernels,
-  buffers, intermediates (buffer names), findings, timeline, notes.
+  buffers, intermediates (buffer names), findings, timeline, notes, what_if
+  (the selected what-if replay: changes, peak_bytes, peak_saved, timeline and
+  baseline_timeline, live_at_peak; null when none).
 Each finding has at least: class (slug), class_name, bytes_saved,
-launches_removed, source ("file:line" or null), kernel, verdict.
+launches_removed, source ("file:line" or null), kernel, verdict, peak_after
+and peak_saved (the peak after the finding's change alone, from a what-if
+replay; null when not replayed).
 """
 
 from __future__ import annotations
@@ -74,6 +78,7 @@ def finding_dict(f) -> dict:
       "trip_count": f.trip_count, "source": _source(f.source), "source_location": _location(f.source),
       "computation": f.computation, "suggestion": f.suggestion,
       "guard_verdict": f.guard_verdict,
+      "peak_after": f.peak_after, "peak_saved": f.peak_saved,
   }
 
 
@@ -106,6 +111,8 @@ def to_dict(report) -> dict:
       "timeline": list(report.timeline),
       "cost_analysis": dict(report.cost_analysis) if report.cost_analysis else None,
       "notes": list(report.notes),
+      "what_if": (report.what_if_replay.to_dict()
+                  if report.what_if_replay is not None else None),
   }
 
 
@@ -168,7 +175,8 @@ def report_from_dict(d: dict):
       risks=tuple(f["risks"]), ops=tuple(f["ops"]), kernel=f["kernel"],
       trip_count=f["trip_count"], source=_loc(f["source_location"]),
       computation=f["computation"], suggestion=f.get("suggestion", ""),
-      guard_verdict=f.get("guard_verdict", "")) for f in d["findings"])
+      guard_verdict=f.get("guard_verdict", ""), peak_after=f.get("peak_after"),
+      peak_saved=f.get("peak_saved")) for f in d["findings"])
   info = ModuleInfo(**{k: m[k] for k in (
       "name", "platform", "device_kind", "jax_version", "jaxlib_version",
       "instruction_count", "computation_count", "schedule_length", "is_scheduled",
@@ -180,4 +188,17 @@ def report_from_dict(d: dict):
       allocation_bytes=d["allocation_bytes"], heap_peak_bytes=d["heap_peak_bytes"],
       peak_time=d["peak_time"], timeline=tuple(d["timeline"]),
       live_at_peak=tuple(d["live_at_peak"]),
-      cost_analysis=d.get("cost_analysis"), notes=tuple(d["notes"]))
+      cost_analysis=d.get("cost_analysis"), notes=tuple(d["notes"]),
+      what_if_replay=_what_if(d.get("what_if")))
+
+
+def _what_if(d: dict | None):
+  if not d:
+    return None
+  from hlo_audit._src.analysis.what_if import WhatIf
+
+  return WhatIf(changes=tuple(d["changes"]), baseline_peak_bytes=d["baseline_peak_bytes"],
+                peak_bytes=d["peak_bytes"], peak_time=d["peak_time"],
+                live_at_peak=tuple(d["live_at_peak"]),
+                baseline_timeline=tuple(d["baseline_timeline"]),
+                timeline=tuple(d["timeline"]), notes=tuple(d["notes"]))
