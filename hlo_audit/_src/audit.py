@@ -11,6 +11,7 @@ import os
 from typing import Any
 
 from hlo_audit._src.analysis.buffers import find_buffers
+from hlo_audit._src.analysis.collectives import find_collective_findings, find_collectives
 from hlo_audit._src.analysis.dataflow import analyze_dataflow
 from hlo_audit._src.analysis.detectors import AuditOptions, find_findings
 from hlo_audit._src.analysis.records import Verdict
@@ -108,8 +109,10 @@ def _audit_capture(cap: Capture, options: AuditOptions) -> AuditReport:
   fusions = [(f.boundary, f.producer, f.consumers)
              if f.boundary and f.verdict is not Verdict.KEEP else None for f in findings]
   findings = with_peaks(findings, peak_after_fusions(program, fusions), liveness.peak_bytes)
+  collectives = find_collectives(module, program, kernels)
   findings = tuple(findings) + tuple(find_memory_findings(
-      program, kernels, buffers, cap.argument_names))
+      program, kernels, buffers, cap.argument_names)) + tuple(
+          find_collective_findings(program, kernels, buffers, collectives))
   xla_peak = _xla_peak(cap)
   notes = list(cap.notes)
   if not module.is_scheduled:
@@ -139,7 +142,7 @@ def _audit_capture(cap: Capture, options: AuditOptions) -> AuditReport:
       timeline=liveness.timeline,
       live_at_peak=tuple(names[b] for b in liveness.live_at_peak),
       cost_analysis=cap.cost_analysis, notes=tuple(notes), options=options,
-      program=program)
+      collectives=collectives, program=program)
 
 
 def _xla_peak(cap: Capture) -> int | None:

@@ -267,31 +267,35 @@ def _costly_remats(program: Program, kernels: Sequence[Kernel]) -> list[FusionDe
   total = sum(flops.values())
   if not total:
     return []
-  found = []
-  for k in kernels:
-    name = k.op_name or ""
-    if not flops.get(k.name) or not any(m in name for m in _REMAT_MARKERS):
-      continue
-    if "transpose(" in name and "rematted_computation" not in name:
-      continue  # the backward's own dots, not recomputed forward ones
-    share = flops[k.name] / total
-    if share < COSTLY_REMAT_FLOP_SHARE:
-      continue
-    found.append(FusionDecisionRecord(
-        kind=FindingKind.COSTLY_REMAT, producer=k.name, consumers=(),
-        boundary=k.name, boundary_shape="", bytes_saved=0, launches_removed=1,
-        extra_arithmetic=f"{flops[k.name]} dot flops recomputed "
-                         f"({100 * share:.0f}% of the step's dot flops)",
-        extra_resources="none", numerical_class=NumericalClass.EXACT,
-        guard="none", layout_effect="none",
-        evidence=f"op_name {name!r} marks rematerialized work containing a dot",
-        verdict=Verdict.RISKY,
-        reasons=("the recompute includes matmuls: saving their outputs costs "
-                 f"{k.bytes_written} B of memory instead",),
-        risks=("saving the dot outputs raises the peak by their bytes",),
-        source=k.source, computation=k.computation,
-        suggestion="jax.checkpoint(f, policy=jax.checkpoint_policies.dots_saveable)"))
-  return found
+  # The rematerialized dots: forward work the backward pass runs again.
+  again = [k for k in kernels if flops.get(k.name) and
+           any(m in (k.op_name or "") for m in _REMAT_MARKERS) and
+           ("rematted_computation" in k.op_name or "transpose(" not in k.op_name)]
+  recomputed = sum(flops[k.name] for k in again)
+  share = recomputed / total
+  if not again or share < COSTLY_REMAT_FLOP_SHARE:
+    return []
+  kept = sum(k.bytes_written for k in again)
+  first = again[0]
+  return [FusionDecisionRecord(
+      kind=FindingKind.COSTLY_REMAT, producer=first.name,
+      consumers=tuple(k.name for k in again[1:]), boundary=first.name,
+      boundary_shape=f"{len(again)} recomputed dots", bytes_saved=0,
+      launches_removed=len(again),
+      extra_arithmetic=(f"{recomputed} dot flops recomputed ({100 * share:.0f}% of "
+                        "the step's dot flops)"),
+      extra_resources=f"saving their outputs instead holds {kept} B more",
+      numerical_class=NumericalClass.EXACT, guard="none", layout_effect="none",
+      evidence=(f"{len(again)} dots marked rematerialized in op_name, e.g. "
+                f"{first.op_name!r}"),
+      verdict=Verdict.RISKY,
+      reasons=(f"recomputing matmuls costs {100 * share:.0f}% of the step's dot "
+               f"flops to keep {kept} B off the peak",),
+      risks=("saving the dot outputs raises the peak by up to their bytes",),
+      source=first.source, computation=first.computation,
+      suggestion=("jax.checkpoint(f, policy=jax.checkpoint_policies.dots_saveable) "
+                  "(or dots_with_no_batch_dims_saveable): save the matmuls, "
+                  "recompute only the elementwise"))]
 
 
 def with_peaks(findings: Sequence[FusionDecisionRecord],

@@ -193,7 +193,8 @@ def resolve_arguments(program: Program, specs: Iterable[int | str]) -> list[int]
         found += [a.parameter for a in program.arguments
                   if a.argname == spec and a.parameter not in found]
     if not found:
-      close = difflib.get_close_matches(str(spec), list(paths.values()), n=3)
+      heads = {re.split(r"[\[.]", p, maxsplit=1)[0] for p in paths.values()}
+      close = difflib.get_close_matches(str(spec), sorted(heads) + list(paths.values()), n=3)
       hint = f"; did you mean {', '.join(repr(c) for c in close)}?" if close else ""
       raise WhatIfError(f"donate: no argument {spec!r} in the program{hint}")
     out.extend(n for n in sorted(found) if n not in out)

@@ -3,7 +3,9 @@
 Schema (version 2), top level:
   schema_version, module, peak_bytes, xla_peak_bytes, xla_reported_peak_bytes,
   allocation_bytes, heap_peak_bytes, peak_time, kernels_by_kind, kernels,
-  buffers, intermediates (buffer names), findings, timeline, notes, what_if
+  buffers, intermediates (buffer names), findings, timeline, notes,
+  collectives (per device: opcode, group_size, bytes_sent, bytes_received,
+  start_time, done_time, overlapped kernels), what_if
   (the selected what-if replay: changes, peak_bytes, peak_saved, timeline and
   baseline_timeline, live_at_peak; null when none).
 Each finding has at least: class (slug), class_name, bytes_saved,
@@ -82,6 +84,15 @@ def finding_dict(f) -> dict:
   }
 
 
+def collective_dict(c) -> dict:
+  return {"name": c.name, "done": c.done, "opcode": c.opcode,
+          "computation": c.computation, "group_size": c.group_size,
+          "bytes_sent": c.bytes_sent, "bytes_received": c.bytes_received,
+          "operand_bytes": c.operand_bytes, "result_bytes": c.result_bytes,
+          "start_time": c.start_time, "done_time": c.done_time,
+          "overlapped": list(c.overlapped), "trip_count": c.trip_count}
+
+
 def to_dict(report) -> dict:
   m = report.module
   return {
@@ -111,6 +122,7 @@ def to_dict(report) -> dict:
       "timeline": list(report.timeline),
       "cost_analysis": dict(report.cost_analysis) if report.cost_analysis else None,
       "notes": list(report.notes),
+      "collectives": [collective_dict(c) for c in report.collectives],
       "what_if": (report.what_if_replay.to_dict()
                   if report.what_if_replay is not None else None),
   }
@@ -189,7 +201,14 @@ def report_from_dict(d: dict):
       peak_time=d["peak_time"], timeline=tuple(d["timeline"]),
       live_at_peak=tuple(d["live_at_peak"]),
       cost_analysis=d.get("cost_analysis"), notes=tuple(d["notes"]),
-      what_if_replay=_what_if(d.get("what_if")))
+      what_if_replay=_what_if(d.get("what_if")),
+      collectives=tuple(_collective(c) for c in d.get("collectives", ())))
+
+
+def _collective(c: dict):
+  from hlo_audit._src.analysis.collectives import Collective
+
+  return Collective(**{**c, "overlapped": tuple(c["overlapped"])})
 
 
 def _what_if(d: dict | None):

@@ -73,6 +73,8 @@ class AuditReport:
   cost_analysis: Mapping[str, float] | None = None
   notes: tuple[str, ...] = ()
   options: AuditOptions = AuditOptions()
+  #: Collectives of a partitioned program, per device (see collectives.py).
+  collectives: tuple = ()
   #: The what-if replay selected for display (`with_what_if`), if any.
   what_if_replay: Any = None
   #: The analysed program, for what-if replays (None for reports read from JSON).
