@@ -279,8 +279,8 @@ def _record(kind, c: Collective, *, boundary, shape, bytes_saved, evidence, reas
   peak_after = peak_saved = None
   if drop:
     try:
-      what = replay(program, drop=list(drop))
-      peak_after, peak_saved = what.peak_bytes, what.peak_saved
+      peak_after = replay(program, drop=list(drop), quick=True)
+      peak_saved = program.liveness.peak_bytes - peak_after
     except WhatIfError:
       pass
   return FusionDecisionRecord(

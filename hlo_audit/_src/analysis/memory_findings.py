@@ -200,10 +200,10 @@ def _remat_candidates(program: Program, kernels: Sequence[Kernel],
     if not inputs_live:
       continue
     try:
-      what = replay(program, remat=[b.name])
+      peak_after = replay(program, remat=[b.name], quick=True)
     except WhatIfError:
       continue
-    if what.peak_saved < min_peak_saved:
+    if live.peak_bytes - peak_after < min_peak_saved:
       continue
     found.append(FusionDecisionRecord(
         kind=FindingKind.REMAT_CANDIDATE, producer=b.producer,
@@ -224,7 +224,7 @@ def _remat_candidates(program: Program, kernels: Sequence[Kernel],
         source=b.source, computation=b.computation,
         suggestion=("jax.checkpoint(f, policy=jax.checkpoint_policies.dots_saveable)"
                     " around the layer that computes it"),
-        peak_after=what.peak_bytes, peak_saved=what.peak_saved))
+        peak_after=peak_after, peak_saved=live.peak_bytes - peak_after))
   found.sort(key=lambda r: -(r.peak_saved or 0))
   return found
 

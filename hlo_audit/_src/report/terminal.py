@@ -46,6 +46,9 @@ def render_terminal(report, console: Console | None = None, *,
       f"of peak {fmt_bytes(report.peak_bytes)})",
       text.INTERMEDIATE_COLUMNS, text.intermediate_rows(report)))
   console.print("[bold]Peak memory[/bold]: " + text.peak_line(report))
+  if report.what_if_replay is not None:
+    from hlo_audit._src.report.what_if_text import render_what_if
+    console.print(render_what_if(report.what_if_replay), markup=False)
   if not report.findings:
     console.print("[bold]Findings[/bold]: none")
     return

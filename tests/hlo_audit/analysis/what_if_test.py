@@ -24,6 +24,8 @@ S = jax.ShapeDtypeStruct
 F32 = jnp.float32
 #: The replay's peak must match the changed program's peak this closely.
 PREDICTION_TOLERANCE = 0.05
+#: Per-finding peaks (quick replays) against full replays, as a share of the peak.
+QUICK_TOLERANCE = 0.01
 
 
 def loss(params, x):
@@ -97,8 +99,9 @@ def test_drop_and_fuse_replays():
              and f.kind.slug in ("unfused-epilogue", "separate-reduction",
                                  "unfused-prologue")]
   assert fusible
-  for f in fusible:
-    assert r.what_if(fuse=[f]).peak_bytes == f.peak_after
+  for f in fusible:  # the quick replay keeps the assignment; the full one redoes it
+    full = r.what_if(fuse=[f]).peak_bytes
+    assert abs(full - f.peak_after) <= QUICK_TOLERANCE * r.peak_bytes, (full, f.peak_after)
 
 
 def test_what_if_in_json_round_trips():
@@ -110,7 +113,7 @@ def test_what_if_in_json_round_trips():
   assert len(d["what_if"]["timeline"]) == len(d["timeline"])
   again = report_from_dict(d)
   assert again.what_if_replay == w
-  assert "peak" in str(w) and "donate params['dense']['kernel']" in str(w)
+  assert "peak" in str(w) and "donate 0 (3 arrays)" in str(w)
   with pytest.raises(WhatIfError, match="no program"):
     again.what_if(donate=[0])
 
@@ -143,7 +146,8 @@ def test_remat_candidate_lowers_the_peak_by_its_replay():
   assert found[0].peak_saved == 1024 * 512 * 4
   for f in found:
     assert f.peak_saved > 0
-    assert r.what_if(remat=[f.boundary]).peak_bytes == f.peak_after
+    full = r.what_if(remat=[f.boundary]).peak_bytes
+    assert abs(full - f.peak_after) <= QUICK_TOLERANCE * r.peak_bytes
     assert "jax.checkpoint_policies.dots_saveable" in f.suggestion
 
 
