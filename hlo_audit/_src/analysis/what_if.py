@@ -92,6 +92,8 @@ class Program:
   dataflow: Dataflow
   liveness: Liveness
   arguments: tuple[Argument, ...] = ()
+  #: Tables quick replays share (filled on first use).
+  cache: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)
 
 
 # ---------------------------------------------------------------- naming ----
@@ -418,44 +420,64 @@ def replay(program: Program, *, fuse: Sequence[tuple[str, str, Sequence[str]]] =
 
 
 def quick_peak(program: Program, edits: LivenessEdits) -> int:
-  """The peak with `edits`, keeping `program`'s buffer assignment."""
+  """The peak with `edits`, keeping `program`'s buffer assignment: only the
+  heap groups and allocations the edits touch are summed again."""
+  import numpy as np
+
   base, dataflow = program.liveness, program.dataflow
-  ranges = dict(base.ranges)
-  for v, r in edits.value_ranges.items():
+  cache = program.cache
+  if "heap" not in cache:
+    # Heap groups (a buffer and those taking its memory in place), the heap's
+    # timeline, and each allocation's buffers, as analyze_liveness has them.
+    root_of, groups = {}, {}
+    for b in base.heap_buffers:
+      root = b
+      while root in base.heap_reuses:
+        root = base.heap_reuses[root]
+      root_of[b] = root
+      groups.setdefault(root, []).append(b)
+    line = np.zeros(len(base.timeline) + 1, dtype=np.int64)
+    for members in groups.values():
+      s_, e_, size = _group_span(members, base.ranges, base.sizes)
+      line[s_:e_ + 1] += size
+    members_of: dict[int, list[ValueId]] = {}
+    for b, i in base.allocation_of.items():
+      members_of.setdefault(i, []).append(b)
+    cache.update(heap=line[:len(base.timeline)], root_of=root_of, groups=groups,
+                 members_of=members_of)
+  root_of, groups, members_of = cache["root_of"], cache["groups"], cache["members_of"]
+  ranges: dict[ValueId, tuple[int, int]] = {}
+  for v in edits.value_ranges:
     b = dataflow.buffer_of.get(v)
-    if b is not None and b in ranges:
+    if b is not None and b in base.ranges:
       members = dataflow.buffers[b]
       ranges[b] = (min(edits.value_ranges.get(m, base.value_ranges[m])[0] for m in members),
                    max(edits.value_ranges.get(m, base.value_ranges[m])[1] for m in members))
   sizes = list(base.allocation_sizes)
-  touched = {base.allocation_of[b] for b in edits.dropped if b in base.allocation_of}
-  if touched:
-    for i in touched:
-      sizes[i] = 0
-    for b, i in base.allocation_of.items():
-      if i in touched and b not in edits.dropped:
-        sizes[i] = max(sizes[i], base.sizes[b])
-  merged: dict[ValueId, list[int]] = {}
-  for b in base.heap_buffers:
-    if b in edits.dropped:
-      continue
-    root = b
-    while root in base.heap_reuses:
-      root = base.heap_reuses[root]
-    m = merged.setdefault(root, [ranges[b][0], ranges[b][1], base.sizes[b]])
-    m[0] = min(m[0], ranges[b][0])
-    m[1] = max(m[1], ranges[b][1])
-    m[2] = max(m[2], base.sizes[b])
-  end = len(base.timeline)
-  delta = [0] * (end + 2)
-  for start, last, size in [*merged.values(), *edits.extra]:
-    delta[max(start, 0)] += size
-    delta[min(last, end) + 1] -= size
-  heap = cur = 0
-  for t in range(end):
-    cur += delta[t]
-    heap = max(heap, cur)
-  return sum(sizes) + heap
+  for i in {base.allocation_of[b] for b in edits.dropped if b in base.allocation_of}:
+    sizes[i] = max((base.sizes[b] for b in members_of[i] if b not in edits.dropped),
+                   default=0)
+  touched = {root_of[b] for b in (*edits.dropped, *ranges) if b in root_of}
+  line = cache["heap"]
+  if touched or edits.extra:
+    line = line.copy()
+    end = len(line)
+    full = {**base.ranges, **ranges}
+    for root in touched:
+      s_, e_, size = _group_span(groups[root], base.ranges, base.sizes)
+      line[s_:e_ + 1] -= size
+      kept = [b for b in groups[root] if b not in edits.dropped]
+      if kept:
+        s_, e_, size = _group_span(kept, full, base.sizes)
+        line[max(s_, 0):min(e_, end - 1) + 1] += size
+    for s_, e_, size in edits.extra:
+      line[max(s_, 0):min(e_, end - 1) + 1] += size
+  return sum(sizes) + int(line.max(initial=0))
+
+
+def _group_span(members, ranges, sizes) -> tuple[int, int, int]:
+  return (min(ranges[b][0] for b in members), max(ranges[b][1] for b in members),
+          max(sizes[b] for b in members))
 
 
 def remat_split(dataflow: Dataflow, schedule: Schedule,

@@ -99,6 +99,10 @@ def test_drop_and_fuse_replays():
              and f.kind.slug in ("unfused-epilogue", "separate-reduction",
                                  "unfused-prologue")]
   assert fusible
+  # A quick replay of no change is the audited peak.
+  from hlo_audit._src.analysis.liveness import LivenessEdits
+  from hlo_audit._src.analysis.what_if import quick_peak
+  assert quick_peak(r.program, LivenessEdits()) == r.peak_bytes
   for f in fusible:  # the quick replay keeps the assignment; the full one redoes it
     full = r.what_if(fuse=[f]).peak_bytes
     assert abs(full - f.peak_after) <= QUICK_TOLERANCE * r.peak_bytes, (full, f.peak_after)
@@ -167,3 +171,10 @@ def test_remat_of_dots_is_flagged_costly():
   plain = hlo_audit.audit(jax.jit(jax.grad(mlp_layers)), [S((512, 512), F32)] * 4,
                           S((256, 512), F32))
   assert not plain.findings_of(FindingKind.COSTLY_REMAT)
+
+
+def test_html_draws_the_timeline_before_and_after():
+  r = report()
+  page = r.with_what_if(r.what_if(donate=[0, 1])).to_html()
+  assert "live bytes before and after the what-if" in page
+  assert "before and after the what-if" not in r.to_html()
