@@ -26,6 +26,7 @@ from hlo_audit._src.capture.dump import load_dump
 from hlo_audit._src.errors import HloAuditError
 from hlo_audit._src.gc_pause import paused_gc
 from hlo_audit._src.hlo.ir import HloModule
+from hlo_audit._src.hlo.parser import parse_hlo
 from hlo_audit._src.report.report import AuditReport, ModuleInfo
 
 #: Our peak and XLA's are expected to agree this closely.
@@ -112,7 +113,8 @@ def _audit_capture(cap: Capture, options: AuditOptions) -> AuditReport:
   collectives = find_collectives(module, program, kernels)
   findings = tuple(findings) + tuple(find_memory_findings(
       program, kernels, buffers, cap.argument_names)) + tuple(
-          find_collective_findings(program, kernels, buffers, collectives))
+          find_collective_findings(program, kernels, buffers, collectives,
+                                   _parameter_shardings(cap)))
   xla_peak = _xla_peak(cap)
   notes = list(cap.notes)
   if not module.is_scheduled:
@@ -143,6 +145,21 @@ def _audit_capture(cap: Capture, options: AuditOptions) -> AuditReport:
       live_at_peak=tuple(names[b] for b in liveness.live_at_peak),
       cost_analysis=cap.cost_analysis, notes=tuple(notes), options=options,
       collectives=collectives, program=program)
+
+
+def _parameter_shardings(cap: Capture) -> dict[int, str]:
+  """Entry parameter number -> sharding, for a partitioned module whose
+  optimized parameters lost theirs (newer XLA): from the HLO before
+  optimization, which keeps them."""
+  module = cap.module
+  if module.attributes.get("num_partitions", "1") in ("0", "1") or not \
+      cap.pre_optimization_text or all(p.sharding for p in module.entry.parameters):
+    return {}
+  try:
+    pre = parse_hlo(cap.pre_optimization_text)
+  except HloAuditError:
+    return {}
+  return {p.parameter_number: p.sharding for p in pre.entry.parameters if p.sharding}
 
 
 def _xla_peak(cap: Capture) -> int | None:

@@ -21,13 +21,13 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from hlo_audit._src.analysis.buffers import Buffer, is_layout_conversion
 from hlo_audit._src.analysis.kernels import Kernel, source_of
 from hlo_audit._src.analysis.records import (FindingKind, FusionDecisionRecord,
                                              NumericalClass, Verdict)
-from hlo_audit._src.analysis.what_if import Program, WhatIfError, replay
+from hlo_audit._src.analysis.what_if import Program, peak_after_fusions
 from hlo_audit._src.hlo import opcodes
 from hlo_audit._src.hlo.ir import Computation, HloModule, Instruction
 
@@ -201,9 +201,13 @@ def _collective_opcode(module: HloModule, inst: Instruction) -> str | None:
 
 def find_collective_findings(program: Program, kernels: Sequence[Kernel],
                              buffers: Sequence[Buffer],
-                             collectives: Sequence[Collective]) -> list[FusionDecisionRecord]:
+                             collectives: Sequence[Collective],
+                             parameter_shardings: Mapping[int, str] | None = None
+                             ) -> list[FusionDecisionRecord]:
   """Exposed communication, resharding copies, collective-matmul candidates
-  and replicated parameters of a partitioned program."""
+  and replicated parameters of a partitioned program. `parameter_shardings`
+  (entry parameter number -> sharding text) stands in for the parameters'
+  own `sharding=`, which newer XLA drops from optimized HLO."""
   module = program.module
   found: list[FusionDecisionRecord] = []
   users = _users(module, program)
@@ -270,7 +274,7 @@ def find_collective_findings(program: Program, kernels: Sequence[Kernel],
             suggestion=("XLA_FLAGS=--xla_gpu_threshold_for_windowed_einsum_mib=0 "
                         "(windowed einsum), or a shard_map ring of ppermute + dot"),
             loc=loc, program=program, drop=(result,)))
-  found += _replicated(program)
+  found += _replicated(program, parameter_shardings or {})
   return found
 
 
@@ -278,11 +282,10 @@ def _record(kind, c: Collective, *, boundary, shape, bytes_saved, evidence, reas
             risks, suggestion, loc, program, drop=()) -> FusionDecisionRecord:
   peak_after = peak_saved = None
   if drop:
-    try:
-      peak_after = replay(program, drop=list(drop), quick=True)
+    # Dropping the gathered buffer is fusing it away with no inputs kept.
+    (peak_after,) = peak_after_fusions(program, [(drop[0], "", ())])
+    if peak_after is not None:
       peak_saved = program.liveness.peak_bytes - peak_after
-    except WhatIfError:
-      pass
   return FusionDecisionRecord(
       kind=kind, producer=c.name, consumers=(c.done,) if c.done else (),
       boundary=boundary, boundary_shape=shape, bytes_saved=bytes_saved,
@@ -347,7 +350,7 @@ def _is_dot(module: HloModule, inst: Instruction) -> bool:
   return False
 
 
-def _replicated(program: Program) -> list[FusionDecisionRecord]:
+def _replicated(program: Program, shardings: Mapping[int, str]) -> list[FusionDecisionRecord]:
   module = program.module
   n = _int_attr(module, "num_partitions")
   if n <= 1:
@@ -355,7 +358,8 @@ def _replicated(program: Program) -> list[FusionDecisionRecord]:
   peak = program.liveness.peak_bytes
   found = []
   for p in module.entry.parameters:
-    if p.shape is None or p.shape.is_tuple or (p.sharding or "").replace(" ", "") != "{replicated}":
+    sharding = p.sharding or shardings.get(p.parameter_number) or ""
+    if p.shape is None or p.shape.is_tuple or sharding.replace(" ", "") != "{replicated}":
       continue
     size = p.shape.byte_size
     if size < REPLICATED_MIN_PEAK_FRACTION * peak:

@@ -42,6 +42,8 @@ _CHEAP_OPS = opcodes.ELEMENTWISE | frozenset({
 #: A remat is costly when its recomputed dots are at least this share of the
 #: step's dot flops.
 COSTLY_REMAT_FLOP_SHARE = 0.25
+#: Remat candidates replayed (a full liveness run each), the largest first.
+MAX_REMAT_REPLAYS = 8
 #: op_name markers JAX leaves on rematerialized work.
 _REMAT_MARKERS = ("rematted_computation", "checkpoint", "remat")
 
@@ -171,7 +173,8 @@ def _remat_candidates(program: Program, kernels: Sequence[Kernel],
   kernel_by_name = {k.name: k for k in kernels}
   at_peak = set(live.live_at_peak)
   found = []
-  for b in buffers:
+  replays = 0
+  for b in buffers:  # largest first
     if b.lifetime in (Lifetime.INPUT, Lifetime.EXTERNAL_OUTPUT, Lifetime.COMMUNICATION) \
         or b.internal or not b.producer:
       continue
@@ -199,8 +202,11 @@ def _remat_candidates(program: Program, kernels: Sequence[Kernel],
           inputs_live = False
     if not inputs_live:
       continue
+    if replays == MAX_REMAT_REPLAYS:
+      break
+    replays += 1
     try:
-      peak_after = replay(program, remat=[b.name], quick=True)
+      peak_after = replay(program, remat=[b.name]).peak_bytes
     except WhatIfError:
       continue
     if live.peak_bytes - peak_after < min_peak_saved:

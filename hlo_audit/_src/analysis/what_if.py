@@ -509,12 +509,15 @@ def _instruction(module: HloModule, schedule: Schedule, name: str) -> Instructio
 def peak_after_fusions(program: Program,
                        fusions: Sequence[tuple[str, str, Sequence[str]] | None]
                        ) -> list[int | None]:
-  """The peak after each fusion alone, from a quick replay (None where the
-  boundary is not a buffer of the program). Fusions whose boundary is a heap
-  buffer not live at the heap's peak, and whose inputs would not be kept over
-  it, cannot lower or raise the peak: those skip the replay."""
+  """The peak after each fusion alone (None where the boundary is not a
+  buffer of the program). A boundary live at the heap's peak, or inputs the
+  fusion would keep over it, can move the peak: those get the full replay
+  (the heap's packing changes around them). A heap boundary away from the
+  peak can neither lower nor raise it. Any other (in an allocation) gets the
+  quick replay."""
   base = program.liveness
   t = base.peak_time
+  time = program.schedule.time
   out: list[int | None] = []
   for fusion in fusions:
     if fusion is None:
@@ -527,10 +530,12 @@ def peak_after_fusions(program: Program,
       out.append(None)
       continue
     s, e = base.ranges[b]
-    last = max((program.schedule.time.get(c, -1) for c in consumers), default=-1)
-    crosses = s <= t <= e or (program.schedule.time.get(producer, t + 1) <= t < last)
-    if b in base.heap_buffers and not crosses:
+    last = max((time.get(c, -1) for c in consumers), default=-1)
+    crosses = s <= t <= e or (time.get(producer, t + 1) <= t < last)
+    if crosses:
+      out.append(replay(program, fuse=[fusion]).peak_bytes)
+    elif b in base.heap_buffers:
       out.append(base.peak_bytes)
-      continue
-    out.append(replay(program, fuse=[fusion], quick=True))
+    else:
+      out.append(replay(program, fuse=[fusion], quick=True))
   return out
