@@ -164,7 +164,7 @@ def find_collectives(module: HloModule, program: Program,
       start_t = time[inst.name]
       done_t = time.get(done, start_t) if done else start_t
       overlapped = tuple(k.name for k in by_comp.get(comp_name, ())
-                         if start_t < k.time < done_t)
+                         if start_t < k.time < done_t) if done_t > start_t + 1 else ()
       out.append(Collective(
           name=inst.name, done=done, opcode=opcode, computation=comp_name,
           group_size=n, bytes_sent=sent, bytes_received=received,

@@ -136,24 +136,37 @@ def _parse_buffer_name(name: str) -> ValueId:
   return name, ()
 
 
+def find_buffer(dataflow: Dataflow, name: str) -> ValueId | None:
+  """The buffer holding the value `name` ("fusion.3" or "fusion.3{1}"), or
+  None (a tuple-shaped instruction named without its index: its only leaf)."""
+  try:
+    vid = _parse_buffer_name(name)
+  except WhatIfError:
+    return None
+  if vid not in dataflow.values:
+    if vid[1]:
+      return None
+    leaves = [i for i, _ in dataflow.holds.get(vid[0], ()) if i != ()]
+    if len(leaves) != 1 or (vid[0], leaves[0]) not in dataflow.values:
+      return None
+    vid = (vid[0], leaves[0])
+  return dataflow.buffer_of[vid]
+
+
 def resolve_buffer(dataflow: Dataflow, name: str) -> ValueId:
-  """The buffer holding the value `name` ("fusion.3" or "fusion.3{1}").
+  """`find_buffer`, or an error naming the closest buffers.
 
   Raises:
-    WhatIfError: naming the closest buffers when there is no such value.
+    WhatIfError: when the program has no such value.
   """
-  vid = _parse_buffer_name(name)
-  if vid not in dataflow.values:
-    # A tuple-shaped instruction named without its index: its only leaf.
-    leaves = [v for v in dataflow.values if v[0] == vid[0]] if not vid[1] else []
-    if len(leaves) == 1:
-      vid = leaves[0]
-    else:
-      names = [buffer_name(b) for b in dataflow.buffers]
-      close = difflib.get_close_matches(name, names, n=3)
-      hint = f"; did you mean {', '.join(close)}?" if close else ""
-      raise WhatIfError(f"no buffer {name!r} in the program{hint}")
-  return dataflow.buffer_of[vid]
+  _parse_buffer_name(name)  # a malformed name says so
+  found = find_buffer(dataflow, name)
+  if found is None:
+    names = [buffer_name(b) for b in dataflow.buffers]
+    close = difflib.get_close_matches(name, names, n=3)
+    hint = f"; did you mean {', '.join(close)}?" if close else ""
+    raise WhatIfError(f"no buffer {name!r} in the program{hint}")
+  return found
 
 
 def parameter_paths(module: HloModule) -> dict[int, str]:
@@ -462,7 +475,7 @@ def quick_peak(program: Program, edits: LivenessEdits) -> int:
   if touched or edits.extra:
     line = line.copy()
     end = len(line)
-    full = {**base.ranges, **ranges}
+    full = _Overlay(ranges, base.ranges)
     for root in touched:
       s_, e_, size = _group_span(groups[root], base.ranges, base.sizes)
       line[s_:e_ + 1] -= size
@@ -473,6 +486,19 @@ def quick_peak(program: Program, edits: LivenessEdits) -> int:
     for s_, e_, size in edits.extra:
       line[max(s_, 0):min(e_, end - 1) + 1] += size
   return sum(sizes) + int(line.max(initial=0))
+
+
+class _Overlay:
+  """Edited ranges over the audited ones, without copying them."""
+
+  __slots__ = ("top", "base")
+
+  def __init__(self, top, base):
+    self.top, self.base = top, base
+
+  def __getitem__(self, key):
+    hit = self.top.get(key)
+    return hit if hit is not None else self.base[key]
 
 
 def _group_span(members, ranges, sizes) -> tuple[int, int, int]:
@@ -524,9 +550,8 @@ def peak_after_fusions(program: Program,
       out.append(None)
       continue
     boundary, producer, consumers = fusion
-    try:
-      b = resolve_buffer(program.dataflow, boundary)
-    except WhatIfError:
+    b = find_buffer(program.dataflow, boundary)
+    if b is None:
       out.append(None)
       continue
     s, e = base.ranges[b]
