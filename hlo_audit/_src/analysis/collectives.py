@@ -274,7 +274,9 @@ def find_collective_findings(program: Program, kernels: Sequence[Kernel],
             suggestion=("XLA_FLAGS=--xla_gpu_threshold_for_windowed_einsum_mib=0 "
                         "(windowed einsum), or a shard_map ring of ppermute + dot"),
             loc=loc, program=program, drop=(result,)))
-  found += _replicated(program, parameter_shardings or {})
+  # Headers without num_partitions: the widest collective group tells.
+  widest = max((c.group_size or 0 for c in collectives), default=0)
+  found += _replicated(program, parameter_shardings or {}, widest)
   return found
 
 
@@ -350,9 +352,10 @@ def _is_dot(module: HloModule, inst: Instruction) -> bool:
   return False
 
 
-def _replicated(program: Program, shardings: Mapping[int, str]) -> list[FusionDecisionRecord]:
+def _replicated(program: Program, shardings: Mapping[int, str],
+                widest_group: int = 0) -> list[FusionDecisionRecord]:
   module = program.module
-  n = _int_attr(module, "num_partitions")
+  n = _int_attr(module, "num_partitions") or widest_group
   if n <= 1:
     return []
   peak = program.liveness.peak_bytes

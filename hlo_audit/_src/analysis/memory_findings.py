@@ -31,7 +31,8 @@ from hlo_audit._src.analysis.records import (FindingKind, FusionDecisionRecord,
                                              NumericalClass, Verdict)
 from hlo_audit._src.analysis.what_if import (Program, WhatIfError, arguments_of,
                                              buffer_name, donation_aliases,
-                                             parameter_paths, remat_split, replay)
+                                             parameter_paths, remat_split, replay,
+                                             take_full_replay)
 from hlo_audit._src.hlo import opcodes
 from hlo_audit._src.hlo.ir import HloModule, Instruction
 
@@ -42,8 +43,8 @@ _CHEAP_OPS = opcodes.ELEMENTWISE | frozenset({
 #: A remat is costly when its recomputed dots are at least this share of the
 #: step's dot flops.
 COSTLY_REMAT_FLOP_SHARE = 0.25
-#: Remat candidates replayed (a full liveness run each), the largest first.
-MAX_REMAT_REPLAYS = 8
+#: Remat candidates replayed, the largest first.
+MAX_REMAT_CANDIDATES = 8
 #: op_name markers JAX leaves on rematerialized work.
 _REMAT_MARKERS = ("rematted_computation", "checkpoint", "remat")
 
@@ -202,11 +203,13 @@ def _remat_candidates(program: Program, kernels: Sequence[Kernel],
           inputs_live = False
     if not inputs_live:
       continue
-    if replays == MAX_REMAT_REPLAYS:
+    if replays == MAX_REMAT_CANDIDATES:
       break
     replays += 1
     try:
-      peak_after = replay(program, remat=[b.name]).peak_bytes
+      peak_after = (replay(program, remat=[b.name]).peak_bytes
+                    if take_full_replay(program) else
+                    replay(program, remat=[b.name], quick=True))
     except WhatIfError:
       continue
     if live.peak_bytes - peak_after < min_peak_saved:
