@@ -157,8 +157,8 @@ def report_from_dict(d: dict):
   from hlo_audit._src.report.report import AuditReport, ModuleInfo
 
   version = d.get("schema_version")
-  if version != SCHEMA_VERSION:
-    raise ValueError(f"schema_version {version!r}; this hlo-audit reads {SCHEMA_VERSION}")
+  if version not in (1, SCHEMA_VERSION):  # 1 lacks only what 2 added
+    raise ValueError(f"schema_version {version!r}; this hlo-audit reads 1 and {SCHEMA_VERSION}")
   m = d["module"]
   kernels = tuple(Kernel(
       name=k["name"], computation=k["computation"], kind=KernelKind(k["kind"]),

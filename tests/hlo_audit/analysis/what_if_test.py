@@ -178,3 +178,15 @@ def test_html_draws_the_timeline_before_and_after():
   page = r.with_what_if(r.what_if(donate=[0, 1])).to_html()
   assert "live bytes before and after the what-if" in page
   assert "before and after the what-if" not in r.to_html()
+
+
+def test_schema_1_json_still_reads():
+  d = json.loads(report().to_json())
+  d["schema_version"] = 1
+  for f in d["findings"]:
+    del f["peak_after"], f["peak_saved"]
+  del d["what_if"], d["collectives"]
+  old = report_from_dict(d)
+  assert all(f.peak_after is None for f in old.findings)
+  with pytest.raises(ValueError, match="schema_version 3"):
+    report_from_dict({**d, "schema_version": 3})
