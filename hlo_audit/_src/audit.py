@@ -7,6 +7,7 @@ the analyses on a capture already made.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from typing import Any
 
@@ -97,10 +98,12 @@ def _audit_capture(cap: Capture, options: AuditOptions) -> AuditReport:
   schedule = flatten_schedule(module)
   dataflow = analyze_dataflow(module, schedule)
   liveness = analyze_liveness(module, schedule, dataflow)
-  kernels = find_kernels(module, schedule, dataflow)
-  buffers = find_buffers(module, schedule, dataflow, liveness, kernels)
+  paths = {"library_paths": options.library_paths, "user_paths": options.user_paths}
+  kernels = find_kernels(module, schedule, dataflow, **paths)
+  buffers = find_buffers(module, schedule, dataflow, liveness, kernels, **paths)
   findings = find_findings(module, schedule, dataflow, kernels, buffers,
                            liveness.peak_bytes, options)
+  findings = _with_stacks(findings, kernels, buffers)
   findings = add_suggestions(findings, module)
   program = Program(module=module, schedule=schedule, dataflow=dataflow,
                     liveness=liveness,
@@ -160,6 +163,21 @@ def _parameter_shardings(cap: Capture) -> dict[int, str]:
   except HloAuditError:
     return {}
   return {p.parameter_number: p.sharding for p in pre.entry.parameters if p.sharding}
+
+
+def _with_stacks(findings, kernels, buffers):
+  """Each finding with the stack its `source` came from: that of the buffer
+  or kernel it names whose source it took (detectors copy `source` only)."""
+  stacks = {}
+  for row in tuple(kernels) + tuple(buffers):
+    if row.source is not None:
+      stacks.setdefault((row.name, row.source), row.source_stack)
+  out = []
+  for f in findings:
+    stack = next((stacks[(n, f.source)] for n in (f.boundary, f.producer, *f.consumers)
+                  if (n, f.source) in stacks), (f.source,) if f.source else ())
+    out.append(dataclasses.replace(f, source_stack=stack) if stack != f.source_stack else f)
+  return tuple(out)
 
 
 def _xla_peak(cap: Capture) -> int | None:

@@ -164,3 +164,14 @@ def trip_count(inst: Instruction) -> int | None:
     except (TypeError, ValueError):
       return None
   return None
+
+
+#: Anchors whose library implementation fixes its operand layouts: XLA's
+#: layout assignment canonicalises convolutions for oneDNN/XNNPACK (CPU) and
+#: cuDNN (GPU) (NHWC activations, HWIO/OHWI filters, and the transposed
+#: filter of the weight gradient) and inserts the transposes on purpose. A
+#: transpose feeding one of these is the library's contract, not a gap that
+#: dimension numbers could absorb. Dots are different: every backend's gemm
+#: takes either operand transposed, so a transpose feeding only a dot is
+#: avoidable.
+LAYOUT_FIXED_ANCHORS = frozenset({"convolution"})

@@ -14,8 +14,9 @@ import dataclasses
 import enum
 
 from hlo_audit._src.analysis import backend_traits as bt
+from hlo_audit._src.analysis import source as source_mod
 from hlo_audit._src.analysis.dataflow import Dataflow, ValueId
-from hlo_audit._src.analysis.kernels import Kernel, source_of
+from hlo_audit._src.analysis.kernels import Kernel
 from hlo_audit._src.analysis.liveness import Liveness
 from hlo_audit._src.analysis.schedule import Schedule
 from hlo_audit._src.hlo import opcodes
@@ -74,6 +75,8 @@ class Buffer:
   placement: str = ""
   #: Internal to an interpreted Pallas kernel (not the user's tensor).
   internal: bool = False
+  #: The stack `source` was chosen from, innermost frame first.
+  source_stack: tuple[SourceLocation, ...] = ()
 
   @property
   def reuse_count(self) -> int:
@@ -82,8 +85,11 @@ class Buffer:
 
 
 def find_buffers(module: HloModule, schedule: Schedule, dataflow: Dataflow,
-                 liveness: Liveness, kernels: tuple[Kernel, ...]) -> tuple[Buffer, ...]:
-  """One row per buffer of `dataflow`, largest first."""
+                 liveness: Liveness, kernels: tuple[Kernel, ...], *,
+                 library_paths: tuple[str, ...] = source_mod.DEFAULT_LIBRARY_PATHS,
+                 user_paths: tuple[str, ...] = source_mod.DEFAULT_USER_PATHS) -> tuple[Buffer, ...]:
+  """One row per buffer of `dataflow`, largest first (`library_paths` and
+  `user_paths` choose each buffer's source frame: `source.attribute`)."""
   comps = {name: module.computation(name) for name in schedule.span}
   kernel_of: dict[str, str] = {}
   for k in kernels:
@@ -113,6 +119,7 @@ def find_buffers(module: HloModule, schedule: Schedule, dataflow: Dataflow,
     lifetime = _lifetime(module, comps, dataflow, liveness, buf, inst, first.index,
                          consumers)
     alloc = liveness.allocation_of.get(buf)
+    src, stack = source_mod.attribute(module, inst, library_paths, user_paths)
     leaf = first.shape
     rows.append(Buffer(
         name=first.instruction + (_index_str(first.index) if first.index else ""),
@@ -122,7 +129,7 @@ def find_buffers(module: HloModule, schedule: Schedule, dataflow: Dataflow,
         producer=producer if inst.opcode != "parameter" else "",
         producer_opcode=inst.opcode, consumers=tuple(consumers),
         live_range=liveness.ranges[buf], lifetime=lifetime,
-        source=source_of(module, inst), op_name=inst.op_name,
+        source=src, source_stack=stack, op_name=inst.op_name,
         aliases=tuple(v[0] + (_index_str(v[1]) if v[1] else "")
                       for v in members[1:]),
         placement=f"allocation {alloc}" if alloc is not None else "heap",
@@ -163,7 +170,11 @@ def _lifetime(module: HloModule, comps, dataflow: Dataflow, liveness: Liveness,
   users = [_instruction(comps, dataflow, c) for c in consumers]
   if users and all(u is not None and u.opcode in opcodes.COLLECTIVES for u in users):
     return Lifetime.COMMUNICATION
-  if expanded_broadcast_ratio(module, inst, index) >= 2:
+  # A broadcast that an in-place op (scatter, dynamic-update-slice) writes
+  # into is the destination's initial contents: it must exist, and its
+  # readers read the updated result.
+  if len(dataflow.buffers[buf]) == 1 and \
+      expanded_broadcast_ratio(module, inst, index) >= 2:
     return Lifetime.EXPANDED_BROADCAST
   if is_layout_conversion(module, inst):
     return Lifetime.LAYOUT_CONVERSION

@@ -17,6 +17,7 @@ import dataclasses
 from collections.abc import Mapping
 
 from hlo_audit._src.analysis import backend_traits as bt
+from hlo_audit._src.analysis import source as source_mod
 from hlo_audit._src.analysis.backend_traits import KernelKind
 from hlo_audit._src.analysis.buffers import (Buffer, Lifetime,
                                              expanded_broadcast_ratio,
@@ -24,6 +25,7 @@ from hlo_audit._src.analysis.buffers import (Buffer, Lifetime,
 from hlo_audit._src.analysis.dataflow import Dataflow
 from hlo_audit._src.analysis.kernel_registry import kernel_for
 from hlo_audit._src.analysis.kernels import Kernel
+from hlo_audit._src.analysis.layouts import kernel_permutes, permutes
 from hlo_audit._src.analysis.records import (FindingKind, FusionDecisionRecord,
                                              NumericalClass, Verdict)
 from hlo_audit._src.analysis.schedule import Schedule
@@ -44,6 +46,12 @@ class AuditOptions:
   keep_min_consumers: int = 2
   #: Keep-reuse records only for buffers at least this fraction of peak.
   keep_fraction: float = 0.01
+  #: Regexes of source paths that are not the user's code (searched in the
+  #: '/'-separated path): a finding cites the innermost frame outside them.
+  library_paths: tuple[str, ...] = source_mod.DEFAULT_LIBRARY_PATHS
+  #: Regexes of source paths that are the user's even where `library_paths`
+  #: match (e.g. your own package installed in site-packages).
+  user_paths: tuple[str, ...] = source_mod.DEFAULT_USER_PATHS
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -59,6 +67,8 @@ class _Context:
   options: AuditOptions
   peak_bytes: int
   has_backward: bool
+  #: while body computation -> name of the while instruction running it.
+  loop_of: Mapping[str, str] = dataclasses.field(default_factory=dict)
   #: kernel name -> primitives it runs (filled on first use).
   _primitives: dict = dataclasses.field(default_factory=dict)
   #: computation -> instruction name -> its users (filled on first use).
@@ -103,18 +113,21 @@ def find_findings(module: HloModule, schedule: Schedule, dataflow: Dataflow,
       writes={k: tuple(v) for k, v in by_kernel.items()},
       comps={n: module.computation(n) for n in schedule.span},
       options=options, peak_bytes=peak_bytes,
-      has_backward=any("transpose(" in k.op_name for k in kernels))
+      has_backward=any("transpose(" in k.op_name for k in kernels),
+      loop_of={body: i.name for comp in module.computations
+               for i in comp.instructions if i.opcode == "while"
+               for body in i.called_computations.get("body", ())})
   found: list[FusionDecisionRecord] = []
-  layout = _layout_conflicts(ctx)
-  layout_boundaries = {r.boundary for r in layout}
-  found += [r for r in _standalone_copies(ctx) if r.boundary not in layout_boundaries]
-  found += layout
+  found += _copies(ctx)
   found += _expanded_broadcasts(ctx)
   epilogues, fused = _epilogues(ctx)
   found += epilogues
-  found += [r for r in _prologues(ctx) if r.boundary not in layout_boundaries]
+  found += _prologues(ctx)
   found += _separate_reductions(ctx)
+  found += _materialized_slices(ctx)
+  found += _loop_invariant(ctx)
   found += _keep_reuse(ctx)
+  found = _merge(found)
   found += fused
   order = list(FindingKind)
   found = [r for r in found if r.bytes_saved >= options.min_bytes_saved or
@@ -215,9 +228,22 @@ def _operand_number(ctx: _Context, consumer: Kernel, buf: Buffer) -> int | None:
 
 
 def _layouts(ctx: _Context, k: Kernel, inst: Instruction) -> tuple[str, str]:
-  """(operand layout, result layout) of a copy-like kernel."""
+  """(operand layout, result layout) of a copy-like kernel; for a fusion
+  whose permutation happens inside (a transpose between bitcasts), the
+  permuting instruction's, so the two differ where the data moves."""
   src = _layout_of(ctx, inst.operands[0], k.computation) if inst.operands else "{}"
   dst = str(inst.shape.layout) if inst.shape is not None and inst.shape.layout else "{}"
+  fused = _fused(ctx, k)
+  if src == dst and fused is not None:
+    for i in fused.instructions:
+      if i.opcode in ("transpose", "copy") and permutes(fused, i):
+        before = _layout_of(ctx, i.operands[0], None) if i.operands[0] not in fused \
+            else str(fused.instruction(i.operands[0]).shape.layout or "{}")
+        if i.opcode == "transpose":
+          return (f"{fused.instruction(i.operands[0]).shape.dtype_str}{before}",
+                  f"{i.shape.dtype_str}{i.shape.layout or ''} "
+                  f"(dimensions={{{','.join(map(str, i.dimensions or ()))}}})")
+        return before, str(i.shape.layout or "{}")
   return src, dst
 
 
@@ -241,10 +267,117 @@ _COMMON_RISKS = ("compile time: a larger kernel compiles slower",
                  "debuggability: one fused kernel is harder to inspect")
 
 
-# ------------------------------------------------------ class 1: copies ----
+# ------------------------------------------ classes 1-2: copies, layouts ----
 
 
-def _standalone_copies(ctx: _Context) -> list[FusionDecisionRecord]:
+def _through_bitcasts(comp: Computation, name: str) -> Instruction | None:
+  inst = comp.instruction(name) if name in comp else None
+  while inst is not None and inst.opcode in ("bitcast", "reshape") and inst.operands:
+    inst = comp.instruction(inst.operands[0]) if inst.operands[0] in comp else None
+  return inst
+
+
+def _aliasing_copy(ctx: _Context, k: Kernel, inst: Instruction) -> str:
+  """For an entry copy of a donated parameter: why XLA copies it, else ""."""
+  comp = ctx.comps[k.computation]
+  if comp.name != ctx.module.entry.name or inst.opcode != "copy" or not inst.operands:
+    return ""
+  src = _through_bitcasts(comp, inst.operands[0])
+  if src is None or src.opcode != "parameter":
+    return ""
+  outputs = [a.output_index for a in ctx.module.input_output_alias
+             if a.parameter == src.parameter_number]
+  if not outputs:
+    return ""
+  readers = [u.name for u in ctx.users(comp, inst.name)]
+  out = ",".join(map(str, outputs[0]))
+  return (f"argument {src.parameter_number} ({src.name}) is donated and aliased to "
+          f"output {{{out}}}, but its old value is still read after the kernel "
+          f"writing that output runs, so XLA copies it first (read by "
+          f"{', '.join(readers[:4])}{'...' if len(readers) > 4 else ''})")
+
+
+def _loop_role(ctx: _Context, k: Kernel, inst: Instruction) -> tuple[str, str]:
+  """(role, explanation) of a copy on a while loop's boundary, else ("", "")."""
+  comp = ctx.comps[k.computation]
+  users = ctx.users(comp, k.name)
+  feeds_while = [u for u in users if u.opcode == "while"] + [
+      w for u in users if u.opcode == "tuple"
+      for w in ctx.users(comp, u.name) if w.opcode == "while"]
+  if feeds_while:
+    src = _through_bitcasts(comp, inst.operands[0]) if inst.operands else None
+    siblings = [u for u in ctx.users(comp, src.name) if u.opcode == "copy"] \
+        if src is not None else []
+    trip = bt.trip_count(feeds_while[0])
+    trips = f" (the loop runs {trip} times)" if trip else ""
+    if src is not None and src.opcode == "parameter":
+      why = (f"entry argument {src.name} is loop state the body overwrites in "
+             "place; an argument that is not donated must not be overwritten, so "
+             "XLA copies it into the loop's initial state" + trips +
+             ". Donating the argument (donate_argnums) lets the loop own it")
+      return "loop-init copy (argument)", why
+    if len(siblings) > 1:
+      why = (f"one value ({src.name}) initialises {len(siblings)} carry elements; "
+             "each element needs a buffer of its own, so XLA copies it into each"
+             + trips + ". These are the initial contents of loop state (e.g. a "
+             "scan's stacked outputs), not layout changes")
+      return "loop-init copy (shared initial value)", why
+    why = ("the initial value is still needed after the loop starts (or is a "
+           "constant), so XLA copies it into the loop state" + trips)
+    return "loop-init copy", why
+  if comp.name == ctx.module.entry.name and any(
+      u.name == comp.root_name for u in users) or k.name == comp.root_name:
+    src = _through_bitcasts(comp, inst.operands[0]) if inst.operands else None
+    if src is not None and src.opcode == "parameter":
+      return "output copy (argument)", (
+          f"the program returns entry argument {src.name} (or a view of it); an "
+          "argument that is not donated cannot be the output buffer, so XLA "
+          "copies it. Donating it (donate_argnums) or not returning it removes "
+          "the copy")
+    return "output copy", (
+        "each output needs a buffer of its own: a value returned more than once, "
+        "or a constant, is copied into each output")
+  loop = ctx.loop_of.get(comp.name)
+  if loop is None:
+    return "", ""
+  param = comp.parameters[0].name if comp.parameters else ""
+  src = _through_bitcasts(comp, inst.operands[0]) if inst.operands else None
+  trip = k.trip_count
+  per = f", {trip} times per run" if trip else ""
+  if src is not None and src.opcode == "get-tuple-element" and src.operands and \
+      src.operands[0] == param:
+    why = (f"carry element {src.tuple_index} of while loop {loop} is copied at the "
+           "top of the body: its old value is still read after the body writes "
+           f"the new one{per}. Computing every use of the old value before "
+           "updating it (or carrying both) removes the copy")
+    return "loop-carry copy (body entry)", why
+  root = comp.root
+  if k.name == root.name or (root.opcode == "tuple" and k.name in root.operands):
+    why = (f"the new value of a carry element of while loop {loop} is copied into "
+           f"the loop state at the end of the body{per}: the value it is computed "
+           "from shares the old carry's buffer")
+    return "loop-carry copy (body exit)", why
+  return "", ""
+
+
+def _round_trip(ctx: _Context, k: Kernel, consumers: list[Kernel]) -> tuple[list[Kernel], bool]:
+  """Consumers converting `k`'s result back to its source dtype, and whether
+  the round trip preserves values (widening first, e.g. bf16 -> f32 -> bf16)."""
+  back = [c for c in consumers if _converts_back(ctx, k, c)]
+  if not back:
+    return [], False
+  a = ctx.inst(k)
+  src = ctx.comps[k.computation].instruction(a.operands[0]).shape
+  widening = dtypes.is_widening(src.element_type, a.shape.element_type)
+  return back, widening
+
+
+def _copies(ctx: _Context) -> list[FusionDecisionRecord]:
+  """Standalone copies, transposes and conversions, by what they are for:
+  aliasing copies of donated arguments, loop-state copies, dtype round
+  trips, permutations feeding a matmul (layout conflicts), permutations a
+  library requires, and plain copies. Convert-only kernels feeding one
+  matmul are left to the prologue detector."""
   out = []
   for k in ctx.kernels.values():
     if k.kind is KernelKind.PALLAS:
@@ -252,102 +385,132 @@ def _standalone_copies(ctx: _Context) -> list[FusionDecisionRecord]:
     inst = ctx.inst(k)
     if not (k.kind is KernelKind.COPY or is_layout_conversion(ctx.module, inst)):
       continue
+    comp = ctx.comps[k.computation]
+    moves = kernel_permutes(ctx.module, comp, inst)
+    converts = "convert" in k.fused_ops or inst.opcode == "convert"
     for buf in ctx.writes.get(k.name, ()):
       if buf.internal:
         continue
       consumers = _consumer_kernels(ctx, buf)
-      op_layout, out_layout = _layouts(ctx, k, inst)
-      converts = "convert" in k.fused_ops or inst.opcode == "convert"
-      what = "dtype conversion" if converts and op_layout == out_layout else "layout change"
       consumer_desc = ", ".join(c.name for c in consumers) or "the program's output"
-      elementwise_users = consumers and all(
-          c.kind in (KernelKind.LOOP_FUSION, KernelKind.INPUT_FUSION) for c in consumers)
-      out.append(FusionDecisionRecord(
-          kind=FindingKind.STANDALONE_COPY, producer=k.name,
-          consumers=tuple(c.name for c in consumers), boundary=buf.name,
-          boundary_shape=buf.shape, bytes_saved=_times(2 * buf.bytes, _trip(k)),
-          launches_removed=_times(1, _trip(k)),
-          extra_arithmetic="index arithmetic in the consumers' loads",
-          extra_resources="none expected",
-          numerical_class=NumericalClass.EXACT,
-          guard="none needed: consumers keep their XLA fusions",
-          layout_effect=(f"consumers read {op_layout} directly instead of the "
-                         f"{out_layout} copy"),
-          evidence=(f"XLA runs {_kernel_desc(k)} as its own kernel: a {what} "
-                    f"{op_layout} -> {out_layout} of {buf.shape} written to memory "
-                    f"and read by {consumer_desc}"),
-          verdict=Verdict.SAFE if elementwise_users else Verdict.RISKY,
-          reasons=(("layout interpretation in the consumer's loads "
-                    "(same-index elements, permuted)",) if elementwise_users else
-                   ("a data layout the next major operation may not use efficiently",)),
-          risks=("memory coalescing: permuted loads in the consumer may break "
-                 "vectorized access",
-                 "cache reuse: several consumers would each re-permute") + _COMMON_RISKS,
-          ops=(what,), kernel=None, trip_count=_trip(k), source=buf.source,
-          computation=k.computation))
-  return out
-
-
-# ---------------------------------------------- class 2: layout conflicts ----
-
-
-def _layout_conflicts(ctx: _Context) -> list[FusionDecisionRecord]:
-  out = []
-  for k in ctx.kernels.values():
-    if k.kind is KernelKind.PALLAS:
-      continue
-    inst = ctx.inst(k)
-    conversion = k.kind is KernelKind.COPY or is_layout_conversion(ctx.module, inst)
-    if not conversion:
-      continue
-    for buf in ctx.writes.get(k.name, ()):
-      if buf.internal:
-        continue
-      consumers = _consumer_kernels(ctx, buf)
       src_layout, dst_layout = _layouts(ctx, k, inst)
-      transposes = src_layout != dst_layout or "transpose" in k.fused_ops or \
-          inst.opcode == "transpose"
-      # (a) converted and converted back.
-      back = [c for c in consumers if _converts_back(ctx, k, c)]
-      # (b) a copy on a loop boundary.
-      on_loop = _on_loop_boundary(ctx, k, buf)
-      # (c) a transpose feeding a dot that dimension numbers could absorb.
-      anchors = [c for c in consumers if _anchor(ctx, c)] if transposes else []
-      if not (anchors or back or on_loop):
-        continue
-      if back:
-        detail = (f"{buf.shape} is converted by {k.name} and converted back by "
-                  f"{', '.join(c.name for c in back)}")
-        reasons = ("a value converted and converted back: both kernels can go",)
-        kernel = None
-      elif on_loop:
-        detail = f"{k.name} copies {buf.shape} on a while-loop boundary ({on_loop})"
-        reasons = ("a copy on a loop boundary: loop state could keep one buffer",)
-        kernel = None
+      rec = dict(
+          producer=k.name, consumers=tuple(c.name for c in consumers),
+          boundary=buf.name, boundary_shape=buf.shape,
+          bytes_saved=_times(2 * buf.bytes, _trip(k)),
+          launches_removed=_times(1, _trip(k)), extra_resources="none expected",
+          numerical_class=NumericalClass.EXACT, trip_count=_trip(k),
+          source=buf.source, computation=k.computation, kernel=None)
+      anchors = [c for c in consumers if _anchor(ctx, c)]
+      aliasing = _aliasing_copy(ctx, k, inst)
+      # A permuting copy into loop state is a layout change first: the
+      # producer could write the loop's layout directly.
+      role, why = ("", "") if aliasing or moves else _loop_role(ctx, k, inst)
+      back, preserving = _round_trip(ctx, k, consumers) if converts else ([], False)
+      if aliasing:
+        out.append(FusionDecisionRecord(
+            kind=FindingKind.STANDALONE_COPY, **rec,
+            extra_arithmetic="none", guard="n/a: a change to the program, not a kernel",
+            layout_effect="none", evidence=f"aliasing copy: {aliasing}",
+            verdict=Verdict.RISKY,
+            reasons=("the copy keeps the donated input's old value alive: the "
+                     "donation saves no memory for this argument",
+                     "fix: let every read of the old value happen before the "
+                     "update (e.g. compute the gradient from the same weights the "
+                     "update reads), or do not donate this argument"),
+            risks=("peak: both the copy and the aliased output are live",),
+            ops=("aliasing copy",)))
+      elif role:
+        keep = ("shared initial value" in role or "initial value is still" in why
+                or role == "output copy")
+        out.append(FusionDecisionRecord(
+            kind=FindingKind.STANDALONE_COPY, **rec,
+            extra_arithmetic="none", guard="n/a: loop structure, not a kernel",
+            layout_effect="none: same layout", evidence=f"{role}: {why}",
+            verdict=Verdict.KEEP if keep else Verdict.RISKY,
+            reasons=((f"{role}: required by the loop's buffer discipline",) if keep
+                     else (f"{role}: removable only by restructuring the loop",)),
+            risks=("loop state: each carry element needs a buffer of its own",),
+            ops=(role,)))
+      elif back:
+        if preserving:
+          detail = (f"{buf.shape} is widened by {k.name} and narrowed back by "
+                    f"{', '.join(c.name for c in back)}: the values are unchanged")
+          verdict, numerical = Verdict.SAFE, NumericalClass.EXACT
+          reasons = ("a value-preserving round trip: both conversions can go",)
+        else:
+          detail = (f"{k.name} rounds to {buf.dtype} and "
+                    f"{', '.join(c.name for c in back)} converts back: a rounding "
+                    "the program asked for (e.g. a bf16 cast of f32 weights)")
+          verdict, numerical = Verdict.RISKY, NumericalClass.PRECISION_CHANGE
+          reasons = ("removing the round trip removes the rounding: results change",)
+        out.append(FusionDecisionRecord(
+            kind=FindingKind.STANDALONE_COPY, **{**rec, "numerical_class": numerical},
+            extra_arithmetic="none", guard="none needed",
+            layout_effect="none", evidence=f"dtype round trip: {detail}",
+            verdict=verdict, reasons=reasons, risks=_COMMON_RISKS,
+            ops=("convert round trip",)))
+      elif moves and anchors:
+        anchor = _anchor(ctx, anchors[0])
+        if anchor in bt.LAYOUT_FIXED_ANCHORS:
+          out.append(FusionDecisionRecord(
+              kind=FindingKind.LAYOUT_CONFLICT, **rec,
+              extra_arithmetic="none", guard="n/a",
+              layout_effect=f"{src_layout} -> {dst_layout} as the library requires",
+              evidence=(f"{k.name} permutes {buf.shape} ({src_layout} -> "
+                        f"{dst_layout}) for {anchors[0].name} ({anchor}): the "
+                        "backend's convolution library takes canonical layouts "
+                        "and XLA's layout assignment inserts this transpose on "
+                        "purpose"),
+              verdict=Verdict.KEEP,
+              reasons=("a data layout the next major operation requires "
+                       "(library convolution)",),
+              risks=("layout reverse impact: choosing the library's layout "
+                     "upstream (e.g. NHWC activations) avoids it",),
+              ops=("transpose",)))
+        else:
+          out.append(FusionDecisionRecord(
+              kind=FindingKind.LAYOUT_CONFLICT, **{**rec, "kernel": "pallas_kernels.matmul"},
+              extra_arithmetic="none: the reader indexes the original layout",
+              guard="pallas_kernels.matmul falls back to XLA's dot outside its guard",
+              layout_effect=f"the matmul reads {src_layout} instead of {dst_layout}",
+              evidence=(f"XLA materialized a layout conversion: {k.name} permutes "
+                        f"{buf.shape} only for {', '.join(a.name for a in anchors)} "
+                        f"({anchor}), whose dimension numbers could read the "
+                        "original layout"),
+              verdict=Verdict.SAFE,
+              reasons=("layout interpretation: the matmul reads the operand "
+                       "transposed in place",),
+              risks=("layout reverse impact: check the backward pass for new "
+                     "transposes", "memory coalescing of the transposed read")
+              + _COMMON_RISKS, ops=("transpose",)))
+      elif not moves and converts and consumers and len(anchors) == len(consumers):
+        continue  # a cast read only by matmuls: an unfused prologue
       else:
-        detail = (f"{k.name} changes the layout of {buf.shape} only for "
-                  f"{', '.join(a.name for a in anchors)} "
-                  f"({_anchor(ctx, anchors[0])}), whose dimension numbers could "
-                  "read the original layout")
-        reasons = ("layout interpretation: the matmul reads the operand transposed in place",)
-        kernel = "pallas_kernels.matmul"
-      out.append(FusionDecisionRecord(
-          kind=FindingKind.LAYOUT_CONFLICT, producer=k.name,
-          consumers=tuple(c.name for c in consumers), boundary=buf.name,
-          boundary_shape=buf.shape, bytes_saved=_times(2 * buf.bytes, _trip(k)),
-          launches_removed=_times(1, _trip(k)),
-          extra_arithmetic="none: the reader indexes the original layout",
-          extra_resources="none expected",
-          numerical_class=NumericalClass.EXACT,
-          guard=("pallas_kernels.matmul falls back to XLA's dot outside its guard"
-                 if kernel else "none needed"),
-          layout_effect=f"the consumer reads {src_layout} instead of {dst_layout}",
-          evidence=f"XLA materialized a layout conversion: {detail}",
-          verdict=Verdict.SAFE, reasons=reasons,
-          risks=("layout reverse impact: check the backward pass for new transposes",
-                 "memory coalescing of the transposed read") + _COMMON_RISKS,
-          ops=("transpose",) if transposes else ("copy",), kernel=kernel,
-          trip_count=_trip(k), source=buf.source, computation=k.computation))
+        what = ("layout change" if moves else
+                "dtype conversion" if converts else "same-layout copy")
+        elementwise_users = consumers and all(
+            c.kind in (KernelKind.LOOP_FUSION, KernelKind.INPUT_FUSION) for c in consumers)
+        out.append(FusionDecisionRecord(
+            kind=FindingKind.STANDALONE_COPY, **rec,
+            extra_arithmetic="index arithmetic in the consumers' loads",
+            guard="none needed: consumers keep their XLA fusions",
+            layout_effect=(f"consumers read {src_layout} directly instead of the "
+                           f"{dst_layout} copy" if moves else
+                           "none: consumers read the source"),
+            evidence=(f"XLA runs {_kernel_desc(k)} as its own kernel: a {what}"
+                      + (f" {src_layout} -> {dst_layout}" if moves else "")
+                      + f" of {buf.shape} written to memory and read by {consumer_desc}"),
+            verdict=Verdict.SAFE if elementwise_users else Verdict.RISKY,
+            reasons=((("layout interpretation in the consumer's loads "
+                       "(same-index elements, permuted)",) if moves else
+                      ("current element only: the consumer converts on load",))
+                     if elementwise_users else
+                     ("a data layout the next major operation may not use efficiently",)),
+            risks=(("memory coalescing: permuted loads in the consumer may break "
+                    "vectorized access",) if moves else ()) +
+                  ("cache reuse: several consumers would each redo it",) + _COMMON_RISKS,
+            ops=(what,)))
   return out
 
 
@@ -362,32 +525,6 @@ def _converts_back(ctx: _Context, first: Kernel, second: Kernel) -> bool:
   return (src is not None and src.is_array and
           src.element_type == b.shape.element_type != a.shape.element_type and
           src.dims == b.shape.dims)
-
-
-def _on_loop_boundary(ctx: _Context, k: Kernel, buf: Buffer) -> str:
-  """"init" if the copy feeds a while's init, "state" if it feeds a body root."""
-  comp = ctx.comps[k.computation]
-  for u in ctx.users(comp, k.name):
-    if u.opcode == "tuple":
-      tuple_users = ctx.users(comp, u.name)
-      if any(t.opcode == "while" for t in tuple_users):
-        return "copied into the loop's initial state"
-      if u.name == comp.root_name and _is_loop_body(ctx, comp.name):
-        return "copied into the loop state each iteration"
-    if u.opcode == "while":
-      return "copied into the loop's initial state"
-  if comp.root_name == k.name and _is_loop_body(ctx, comp.name):
-    return "copied into the loop state each iteration"
-  del buf
-  return ""
-
-
-def _is_loop_body(ctx: _Context, comp_name: str) -> bool:
-  for comp in ctx.comps.values():
-    for i in comp.instructions:
-      if i.opcode == "while" and comp_name in i.called_computations.get("body", ()):
-        return True
-  return False
 
 
 # ------------------------------------------- class 3: expanded broadcasts ----
@@ -539,6 +676,12 @@ def _classify_elementwise(comp: Computation, chain: list[Instruction],
     items.append(f"activation:{activation}")
   if "clamp" in opcodes_ or ("maximum" in opcodes_ and "minimum" in opcodes_):
     items.append("clamp")
+  # A mask selects by a predicate computed elsewhere (ReLU's backward:
+  # select(x > 0, g, 0) with x from the forward pass); a select on the
+  # anchor's own value belongs to the activation (XLA's erf expansion).
+  if any(i.opcode == "select" and i.operands and i.operands[0] not in chain_names
+         for i in chain):
+    items.append("mask")
   if "transpose" in opcodes_:
     items.append("transpose")
   converts = [i for i in chain if i.opcode == "convert" and i.shape is not None]
@@ -628,6 +771,11 @@ def _epilogues(ctx: _Context) -> tuple[list[FusionDecisionRecord], list[FusionDe
       if buf.lifetime in (Lifetime.EXTERNAL_OUTPUT, Lifetime.WORKSPACE) or buf.internal:
         continue
       consumers = _consumer_kernels(ctx, buf)
+      if len(consumers) > 1:
+        multi = _multi_epilogue(ctx, k, anchor, buf, consumers)
+        if multi is not None:
+          out.append(multi)
+        continue
       if len(consumers) != 1:
         continue
       consumer = consumers[0]
@@ -635,6 +783,8 @@ def _epilogues(ctx: _Context) -> tuple[list[FusionDecisionRecord], list[FusionDe
       if operand is None:
         continue
       work = _epilogue_work(ctx, consumer, operand, buf)
+      if work is None and _store_into_slice(ctx, consumer, buf):
+        work = ("store into slice",)
       if work is None:
         continue
       kernel_ops = tuple(w.split(":")[0] if w.startswith(("cast", "quantize")) else w
@@ -686,6 +836,118 @@ def _epilogues(ctx: _Context) -> tuple[list[FusionDecisionRecord], list[FusionDe
   return out, already
 
 
+def _slice_read(ctx: _Context, consumer: Kernel, buf: Buffer) -> int | None:
+  """Bytes `consumer` reads of `buf` when it reads it only through slices
+  (possibly after elementwise work on the whole, e.g. a gate fusion adding
+  the bias before splitting the gates), else None."""
+  operand = _operand_number(ctx, consumer, buf)
+  fused = _fused(ctx, consumer)
+  if operand is None or fused is None:
+    return None
+  params = {p.parameter_number: p for p in fused.parameters}
+  if operand not in params:
+    return None
+  users: dict[str, list[Instruction]] = {}
+  for i in fused.instructions:
+    for o in dict.fromkeys(i.operands):
+      users.setdefault(o, []).append(i)
+  total, stack, seen = 0, [params[operand].name], set()
+  while stack:
+    name = stack.pop()
+    if not users.get(name):
+      return None  # the whole value reaches the output unsliced
+    for u in users[name]:
+      if u.name in seen:
+        continue
+      seen.add(u.name)
+      if u.opcode == "slice" and u.shape is not None:
+        total += u.shape.byte_size
+      elif u.opcode == "bitcast" or (u.opcode in opcodes.ELEMENTWISE and
+                                     u.shape is not None and u.shape.dims == buf.dims):
+        stack.append(u.name)
+      else:
+        return None
+  return total
+
+
+def _store_into_slice(ctx: _Context, consumer: Kernel, buf: Buffer) -> bool:
+  """Whether `consumer` only copies `buf` into a slice of another buffer
+  (a dynamic-update-slice whose update is `buf`): the anchor could store
+  there directly."""
+  inst = ctx.inst(consumer)
+  operand = _operand_number(ctx, consumer, buf)
+  if operand is None:
+    return False
+  if inst.opcode == "dynamic-update-slice":
+    return operand == 1
+  fused = _fused(ctx, consumer)
+  if fused is None:
+    return False
+  root = fused.root
+  while root.opcode == "bitcast" and root.operands:
+    root = fused.instruction(root.operands[0])
+  if root.opcode != "dynamic-update-slice" or len(root.operands) < 2:
+    return False
+  update = _through_bitcasts(fused, root.operands[1])
+  return update is not None and update.opcode == "parameter" and \
+      update.parameter_number == operand
+
+
+def _multi_epilogue(ctx: _Context, k: Kernel, anchor: str, buf: Buffer,
+                    consumers: list[Kernel]) -> FusionDecisionRecord | None:
+  """A matmul result that several kernels read, each elementwise or through
+  a slice (an LSTM's gate split, a fused QKV projection, a weight gradient
+  read by an optimizer's two moment updates, bias+activation beside the
+  activation's backward mask): one epilogue could write every reader's
+  result, and the matmul's output is never stored. None when a reader does
+  more than elementwise work on it (another matmul, a reduction: reuse)."""
+  works: list[tuple[str, ...]] = []
+  read = 0
+  for c in consumers:
+    operand = _operand_number(ctx, c, buf)
+    work = _epilogue_work(ctx, c, operand, buf) if operand is not None else None
+    if work is not None:
+      works.append(work)
+      read += buf.bytes
+      continue
+    sliced = _slice_read(ctx, c, buf)
+    if sliced is not None:
+      works.append(("slice",))
+      read += sliced
+      continue
+    return None
+  n = len(consumers)
+  if all(w == ("slice",) for w in works) and read <= buf.bytes:
+    ops: tuple[str, ...] = (f"split:{n}",)
+    what = (f"{n} kernels ({', '.join(c.name for c in consumers)}) each read a "
+            "disjoint slice of it (column blocks)")
+  else:
+    items = dict.fromkeys(w for work in works for w in work if w != "slice")
+    ops = (f"outputs:{n}",) + tuple(items)
+    what = (f"{n} kernels read it, each elementwise ("
+            + "; ".join(f"{c.name}: {', '.join(w)}" for c, w in zip(consumers, works))
+            + ")")
+  return FusionDecisionRecord(
+      kind=FindingKind.UNFUSED_EPILOGUE, producer=k.name,
+      consumers=tuple(c.name for c in consumers), boundary=buf.name,
+      boundary_shape=buf.shape, bytes_saved=_times(buf.bytes + read, _trip(k)),
+      launches_removed=_times(n, _trip(k)),
+      extra_arithmetic=f"the {n} readers' elementwise work moves into the matmul's store",
+      extra_resources=f"{n} output tiles per accumulator tile",
+      numerical_class=NumericalClass.SAME_OPS,
+      guard="no kernel yet: pallas_kernels.matmul writes one output",
+      layout_effect=f"the {anchor} writes {n} outputs instead of one",
+      evidence=f"{_kernel_desc(k)} writes its {anchor} result {buf.shape}; {what}",
+      verdict=Verdict.SAFE,
+      reasons=("current element only: each output element depends on one "
+               "accumulator element",),
+      risks=("register count: several epilogues' live values per tile",
+             "store coalescing: each output's store must stay vectorized",
+             "cache reuse: the readers no longer share one stored result") + _COMMON_RISKS,
+      ops=ops, kernel=None, trip_count=_trip(k), source=buf.source,
+      computation=k.computation)
+
+
 def _resources(work: tuple[str, ...]) -> str:
   parts = []
   if "bias" in work:
@@ -722,6 +984,10 @@ def _already_fused(ctx: _Context, k: Kernel, anchor: str,
 
 
 def _prologues(ctx: _Context) -> list[FusionDecisionRecord]:
+  """Buffers written only for matmuls (one or several: a forward dot and
+  the backward dots reading the same operand) by a kernel whose work the
+  matmuls could do on load: casts, dequantization, scales, elementwise
+  math, slices of a larger buffer."""
   out = []
   for k in ctx.kernels.values():
     if k.kind not in (KernelKind.LOOP_FUSION, KernelKind.UNFUSED_OP, KernelKind.COPY):
@@ -731,63 +997,117 @@ def _prologues(ctx: _Context) -> list[FusionDecisionRecord]:
       if buf.lifetime in (Lifetime.EXTERNAL_OUTPUT, Lifetime.EXPANDED_BROADCAST) \
           or buf.internal:
         continue
-      consumers = _consumer_kernels(ctx, buf)
-      if len(consumers) != 1:
+      readers = _consumer_kernels(ctx, buf)
+      anchors = [_anchor(ctx, c) for c in readers]
+      if not readers or None in anchors:
         continue
-      anchor_k = consumers[0]
-      anchor = _anchor(ctx, anchor_k)
-      if anchor is None:
-        continue
-      work = _prologue_work(ctx, k, inst)
+      anchor = anchors[0]
+      work = _prologue_work(ctx, k, inst) or _slice_work(ctx, k, inst)
+      if work is not None and set(anchors) & bt.LAYOUT_FIXED_ANCHORS:
+        # The library's layout contract: its transpose is not a prologue.
+        work = tuple(w for w in work if w != "transpose") or None
       if work is None:
         continue
-      kernel = kernel_for(FindingKind.UNFUSED_PROLOGUE, anchor,
-                          tuple(w.split(":")[0] for w in work))
+      kernel = (kernel_for(FindingKind.UNFUSED_PROLOGUE, anchor,
+                           tuple(w.split(":")[0] for w in work))
+                if len(set(anchors)) == 1 else None)
+      n = len(readers)
+      names = ", ".join(_kernel_desc(c) for c in readers)
       out.append(FusionDecisionRecord(
           kind=FindingKind.UNFUSED_PROLOGUE, producer=k.name,
-          consumers=(anchor_k.name,), boundary=buf.name, boundary_shape=buf.shape,
-          bytes_saved=_times(2 * buf.bytes, _trip(k)),
+          consumers=tuple(c.name for c in readers), boundary=buf.name,
+          boundary_shape=buf.shape,
+          bytes_saved=_times((1 + n) * buf.bytes, _trip(k)),
           launches_removed=_times(1, _trip(k)),
-          extra_arithmetic="the conversion runs on each loaded tile (once per "
+          extra_arithmetic="the prologue runs on each loaded tile (once per "
                            "reuse of the tile in the matmul)",
           extra_resources="converted operand tile in registers/shared memory",
           numerical_class=NumericalClass.SAME_OPS,
           guard=(f"{kernel} runs XLA's reference outside its shape/dtype rules"
-                 if kernel else "no kernel covers this prologue"),
+                 if kernel else "no kernel yet covers this prologue"),
           layout_effect="none: the matmul reads the original operand",
           evidence=(f"{_kernel_desc(k)} writes {buf.shape} ({', '.join(work)}) "
-                    f"that only {_kernel_desc(anchor_k)} reads"),
+                    f"that only {'matmuls read' if n > 1 else 'a matmul reads'}: "
+                    f"{names} ({', '.join(dict.fromkeys(anchors))})"),
           verdict=Verdict.SAFE,
-          reasons=("type conversion/dequantization of the current element",
-                   "broadcast scalars or vectors (scales)"),
+          reasons=("current element only: elementwise work on the loaded operand",
+                   "broadcast scalars or vectors (scales, per-channel affine)"),
           risks=("load coalescing of the narrower input",
-                 "reuse within tile: the conversion repeats per reuse") + _COMMON_RISKS,
+                 "reuse within tile: the conversion repeats per reuse")
+          + (("each reading matmul repeats the prologue",) if n > 1 else ())
+          + _COMMON_RISKS,
           ops=work, kernel=kernel, trip_count=_trip(k), source=buf.source,
           computation=k.computation))
   return out
 
 
-def _prologue_work(ctx: _Context, k: Kernel, inst: Instruction) -> tuple[str, ...] | None:
-  ops = dict(k.fused_ops) if inst.opcode == "fusion" else {inst.opcode: 1}
-  allowed = {"convert", "multiply", "bitcast", "reshape", "broadcast", "transpose",
-             "copy", "constant", "subtract", "bitcast-convert"}
-  if not ops or not set(ops) <= allowed:
+def _slice_work(ctx: _Context, k: Kernel, inst: Instruction) -> tuple[str, ...] | None:
+  """("dynamic-slice",) or ("slice",) for a kernel that only cuts a part of
+  a buffer (an offset the matmul's loads could apply)."""
+  ops = set(k.fused_ops) if inst.opcode == "fusion" else {inst.opcode}
+  cut = ops & {"slice", "dynamic-slice"}
+  if not cut or not ops <= cut | _SLICE_GLUE | _scalar_ops(ctx, k):
     return None
-  if "convert" not in ops and "multiply" not in ops and "transpose" not in ops:
+  return ("dynamic-slice",) if "dynamic-slice" in cut else ("slice",)
+
+
+def _scalar_ops(ctx: _Context, k: Kernel) -> set[str]:
+  """Opcodes a fusion runs only on scalars (a dynamic-slice's index
+  arithmetic, e.g. a reversed scan's `n - 1 - i`)."""
+  fused = _fused(ctx, k)
+  if fused is None:
+    return set()
+  ranked = {i.opcode for i in fused.instructions
+            if i.shape is not None and i.shape.is_array and i.shape.dims}
+  return {i.opcode for i in fused.instructions} - ranked
+
+
+#: Opcodes a prologue producer may run: elementwise math and shape-only ops.
+_PROLOGUE_OPS = (opcodes.ELEMENTWISE | {"bitcast", "reshape", "broadcast", "transpose",
+                                        "constant", "parameter", "iota"}) - {"rng"}
+
+
+def _prologue_work(ctx: _Context, k: Kernel, inst: Instruction) -> tuple[str, ...] | None:
+  """What a producer does to the operand it hands a matmul alone: "cast",
+  "dequantize:s8", "scale", "transpose", or for general elementwise work
+  "affine" (x * a + b with broadcast vectors, e.g. a BatchNorm apply),
+  "activation:relu" and "elementwise"; None when it does more (reductions,
+  gathers, another matmul)."""
+  ops = dict(k.fused_ops) if inst.opcode == "fusion" else {inst.opcode: 1}
+  if not ops or not set(ops) <= _PROLOGUE_OPS:
+    return None
+  compute = set(ops) - {"bitcast", "reshape", "broadcast", "constant", "parameter",
+                        "copy", "iota"}
+  if not compute:
     return None
   src_types = set()
   for o in inst.operands:
     shape = ctx.comps[k.computation].instruction(o).shape
     if shape is not None and shape.is_array:
       src_types.add(shape.element_type)
-  items = []
   narrow = {t for t in src_types if dtypes.is_integral(t) or t.startswith("f8")}
-  if narrow and "multiply" in ops:
-    items.append(f"dequantize:{sorted(narrow)[0]}")
-  elif "convert" in ops:
-    items.append("cast")
-  elif "multiply" in ops:
-    items.append("scale")
+  simple = compute <= {"convert", "multiply", "transpose", "subtract", "bitcast-convert"}
+  items = []
+  if simple:
+    if narrow and "multiply" in ops:
+      items.append(f"dequantize:{sorted(narrow)[0]}")
+    elif "convert" in ops:
+      items.append("cast")
+    elif "multiply" in ops:
+      items.append("scale")
+  else:
+    fused = _fused(ctx, k)
+    chain = list(fused.instructions) if fused is not None else [inst]
+    names = {_primitive(i) for i in chain}
+    if compute & {"multiply", "add", "subtract"} and "broadcast" in ops:
+      items.append("affine")
+    activation = _activation(names, set(ops), fused or ctx.comps[k.computation], chain)
+    if activation:
+      items.append(f"activation:{activation}")
+    if "convert" in ops:
+      items.append("cast")
+    if not items:
+      items.append("elementwise")
   if "transpose" in ops:
     items.append("transpose")
   return tuple(items) or None
@@ -802,32 +1122,39 @@ def _separate_reductions(ctx: _Context) -> list[FusionDecisionRecord]:
   readers: dict[str, list[Kernel]] = {}
   for r in ctx.kernels.values():
     inst = ctx.inst(r)
-    is_reduction = inst.opcode == "reduce" or (
-        "reduce" in r.fused_ops and not {"dot", "convolution"} & set(r.fused_ops)
+    # XLA:CPU lowers some column sums (bias gradients) to reduce-window.
+    is_reduction = inst.opcode in ("reduce", "reduce-window") or (
+        {"reduce", "reduce-window"} & set(r.fused_ops)
+        and not {"dot", "convolution"} & set(r.fused_ops)
         and r.kind is not KernelKind.PALLAS)
     if not is_reduction:
       continue
     for operand in inst.operands:
       for _, vid in ctx.dataflow.holds.get(operand, ()):
-        name = vid[0] + ("{" + ",".join(map(str, vid[1])) + "}" if vid[1] else "")
-        lst = readers.setdefault(name, [])
+        lst = readers.setdefault(vid, [])
         if r not in lst:
           lst.append(r)
   out = []
-  for name, reductions in readers.items():
-    buf = ctx.buffers.get(name)
+  for vid, reductions in readers.items():
+    bid = ctx.dataflow.buffer_of.get(vid)
+    if bid is None:
+      continue
+    buf = ctx.buffers.get(bid[0] + ("{" + ",".join(map(str, bid[1])) + "}" if bid[1] else ""))
     if buf is None or not buf.producer or buf.internal or buf.lifetime is Lifetime.INPUT:
       continue
-    producer = ctx.kernels.get(buf.producer)
+    # The kernel that wrote the value read: for a buffer updated in place
+    # (a scatter-add into zeros) that is the last writer, not the first.
+    producer = ctx.kernels.get(vid[0]) or ctx.kernels.get(buf.producer)
     if producer is None or producer in reductions:
       continue
     names = {r.name for r in reductions}
-    others = [c for c in buf.consumers if c not in names]
+    others = [c for c in buf.consumers if c not in names and c != producer.name]
     only = not others and len(reductions) == 1
     pattern = None
     for r in reductions:
       pattern = pattern or _reduction_pattern(ctx, r, producer)
-    kernel = kernel_for(FindingKind.SEPARATE_REDUCTION, pattern, ()) if pattern else None
+    kernel = (kernel_for(FindingKind.SEPARATE_REDUCTION, pattern, ())
+              if pattern and pattern not in _PATTERN_TEXT else None)
     trip = producer.trip_count
     saved = 2 * buf.bytes if only else buf.bytes * len(reductions)
     out.append(FusionDecisionRecord(
@@ -847,7 +1174,8 @@ def _separate_reductions(ctx: _Context) -> list[FusionDecisionRecord]:
                   f"{'s' if len(reductions) == 1 else ''} {buf.shape} written by "
                   f"{_kernel_desc(producer)}" +
                   (f"; {len(others)} other kernel(s) read it too" if others else
-                   "; no other kernel reads it")),
+                   "; no other kernel reads it") +
+                  (f"; {_PATTERN_TEXT[pattern]}" if pattern in _PATTERN_TEXT else "")),
         verdict=Verdict.SAFE if only else Verdict.RISKY,
         reasons=(("tile-local partial reductions",) if only else
                  ("tile-local partial reductions",
@@ -859,21 +1187,240 @@ def _separate_reductions(ctx: _Context) -> list[FusionDecisionRecord]:
   return out
 
 
+def _reduced_axes(ctx: _Context, r: Kernel) -> tuple[int, tuple[int, ...]] | None:
+  """(operand rank, reduced dimensions) of the kernel's widest reduce."""
+  inst = ctx.inst(r)
+  comp = ctx.comps[r.computation]
+  candidates = [(comp, inst)] if inst.opcode == "reduce" else []
+  fused = _fused(ctx, r)
+  if fused is not None:
+    candidates += [(fused, i) for i in fused.instructions if i.opcode == "reduce"]
+  best = None
+  for c, i in candidates:
+    if not i.operands or i.operands[0] not in c:
+      continue
+    shape = c.instruction(i.operands[0]).shape
+    if shape is None or not shape.is_array or i.dimensions is None:
+      continue
+    if best is None or shape.rank > best[0]:
+      best = (shape.rank, tuple(sorted(i.dimensions)))
+  return best
+
+
 def _reduction_pattern(ctx: _Context, r: Kernel, producer: Kernel) -> str | None:
-  """"layer_norm", "rms_norm" or "softmax" when the reduction belongs to one."""
+  """What a reduction computes, judged by its axes first and its ops second:
+  "layer_norm", "rms_norm" or "softmax" for a forward reduction over the
+  trailing (row) axes; "norm_backward" for a row reduction of the backward
+  pass; "batch_norm_stats" or "column_reduction" for reductions over the
+  leading axes (BatchNorm statistics, a bias or gamma gradient); None for
+  anything else. Only the first three have a kernel."""
   names = set(ctx.primitives(r)) | ctx.primitives(producer)
   for b in ctx.writes.get(r.name, ()):
     for c in b.consumers:
       if c in ctx.kernels:
         names |= ctx.primitives(ctx.kernels[c])
+  axes = _reduced_axes(ctx, r)
+  backward = "transpose(" in r.op_name or "transpose(" in producer.op_name
+  if axes is not None:
+    rank, dims = axes
+    row = bool(dims) and dims == tuple(range(rank - len(dims), rank)) and len(dims) < rank
+    if not row:
+      if "rsqrt" in names and not backward:
+        return "batch_norm_stats"
+      return "column_reduction" if rank >= 2 else None
+  if backward:
+    return "norm_backward" if "rsqrt" in names else None
   if "rsqrt" in names:
     return "layer_norm" if names & {"sub", "subtract"} else "rms_norm"
   if names & {"exp", "exponential"} and names & {"reduce_max", "max"}:
-    return "softmax"
+    # log_softmax (cross-entropy) takes the log of the sum: not a softmax.
+    return "log_softmax" if names & {"log", "log_softmax"} else "softmax"
   return None
 
 
-# ------------------------------------------------ class 7: keep reuse ----
+#: What the reduction patterns without a kernel are, for the evidence.
+_PATTERN_TEXT = {
+    "batch_norm_stats": ("batch-norm statistics: a reduction over the batch and "
+                         "spatial axes (per channel); no kernel yet"),
+    "column_reduction": ("a column reduction over the leading axes (e.g. a bias "
+                         "or gamma gradient); no kernel yet"),
+    "log_softmax": ("a log-softmax (e.g. inside a cross-entropy loss); no kernel "
+                    "yet: pallas_kernels.softmax returns probabilities, not logs"),
+    "norm_backward": ("a normalization's backward pass; no kernel suggested: "
+                      "the forward op's kernel brings its own backward"),
+}
+
+
+# ----------------------------------- class 7: materialized slices, concats ----
+
+#: Ops of a kernel that only cuts or joins data.
+_SLICE_OPS = frozenset({"slice", "dynamic-slice", "concatenate"})
+_SLICE_GLUE = frozenset({"bitcast", "reshape", "copy", "parameter", "constant",
+                         "broadcast", "tuple", "convert"})
+
+
+def _materialized_slices(ctx: _Context) -> list[FusionDecisionRecord]:
+  """A slice, dynamic-slice or concatenate written to memory for a single
+  reader kernel, which could read the parts in place."""
+  out = []
+  for k in ctx.kernels.values():
+    if k.kind is KernelKind.PALLAS:
+      continue
+    inst = ctx.inst(k)
+    ops = set(k.fused_ops) if inst.opcode == "fusion" else {inst.opcode}
+    cut = ops & _SLICE_OPS
+    if not cut or not ops <= _SLICE_OPS | _SLICE_GLUE:
+      continue
+    for buf in ctx.writes.get(k.name, ()):
+      if buf.internal or buf.lifetime is Lifetime.EXTERNAL_OUTPUT:
+        continue
+      consumers = _consumer_kernels(ctx, buf)
+      if len(consumers) != 1:
+        continue
+      reader = consumers[0]
+      anchor = _anchor(ctx, reader)
+      if anchor and "concatenate" not in cut:
+        continue  # a slice read by a matmul: an unfused prologue
+      what = "concatenate" if "concatenate" in cut else (
+          "dynamic-slice" if "dynamic-slice" in cut else "slice")
+      library = reader.kind in (KernelKind.CPU_LIBRARY_FUSION, KernelKind.LIBRARY_CALL,
+                                KernelKind.CUSTOM_FUSION, KernelKind.TRITON_GEMM)
+      out.append(FusionDecisionRecord(
+          kind=FindingKind.MATERIALIZED_SLICE, producer=k.name,
+          consumers=(reader.name,), boundary=buf.name, boundary_shape=buf.shape,
+          bytes_saved=_times(2 * buf.bytes, _trip(k)),
+          launches_removed=_times(1, _trip(k)),
+          extra_arithmetic=("offset arithmetic in the reader's loads" if what != "concatenate"
+                            else "a select between the parts in the reader's loads"),
+          extra_resources="none expected", numerical_class=NumericalClass.EXACT,
+          guard=("no kernel yet: pallas_kernels.matmul takes whole operands"
+                 if anchor else "none needed: the reader indexes the parts"),
+          layout_effect="none: the reader reads the source buffer(s)",
+          evidence=(f"{_kernel_desc(k)} writes a {what} {buf.shape} that only "
+                    f"{_kernel_desc(reader)} reads"
+                    + (f" ({anchor})" if anchor else "")
+                    + (f", {k.trip_count} times per run" if (k.trip_count or 1) > 1 else "")),
+          verdict=Verdict.RISKY if library else Verdict.SAFE,
+          reasons=((f"the reader is a library {anchor or 'call'} that takes a "
+                    "contiguous operand: reading in place needs a kernel that "
+                    "takes an offset",) if library else
+                   ("same-index elements at an offset: the reader can load them "
+                    "in place",)),
+          risks=("memory coalescing: strided reads of a column slice",) + _COMMON_RISKS,
+          ops=(what,), kernel=None, trip_count=_trip(k), source=buf.source,
+          computation=k.computation))
+  return out
+
+
+# --------------------------------------------- class 8: loop-invariant work ----
+
+
+def _loop_invariant(ctx: _Context) -> list[FusionDecisionRecord]:
+  """Kernels in a while body whose inputs are the same on every iteration:
+  carry elements the body passes through unchanged, constants, and other
+  such kernels' results. Hoisting them runs them once instead of per trip."""
+  out = []
+  for body_name, loop in ctx.loop_of.items():
+    if body_name not in ctx.comps:
+      continue
+    body = ctx.comps[body_name]
+    if not body.parameters:
+      continue
+    param = body.parameters[0].name
+    root = body.root
+    passed: set[int] = set()
+    if root.opcode == "tuple":
+      for i, name in enumerate(root.operands):
+        src = _through_bitcasts(body, name)
+        if src is not None and src.opcode == "get-tuple-element" and \
+            src.operands == (param,) and src.tuple_index == i:
+          passed.add(i)
+    invariant: set[str] = set()
+    for i in body.instructions:
+      if i.opcode == "get-tuple-element" and i.operands == (param,):
+        if i.tuple_index in passed:
+          invariant.add(i.name)
+      elif i.opcode == "constant" or (
+          i.operands and i.opcode not in ("parameter", "rng", "rng-bit-generator",
+                                          "custom-call", "infeed", "outfeed",
+                                          "send", "recv", "while", "conditional",
+                                          "call", "tuple")
+          and not i.opcode.endswith(("-start", "-done"))
+          and all(o in invariant for o in i.operands)):
+        invariant.add(i.name)
+    for name in (i.name for i in body.instructions):
+      k = ctx.kernels.get(name)
+      if k is None or name not in invariant or k.kind is KernelKind.PALLAS:
+        continue
+      inst = ctx.inst(k)
+      if inst.opcode in ("broadcast", "iota") or not any(
+          ctx.comps[body_name].instruction(o).opcode != "constant" for o in inst.operands):
+        continue  # constants materialized per trip: a memset, left to XLA
+      trip = k.trip_count
+      if trip is not None and trip <= 1:
+        continue
+      repeats = (trip - 1) if trip is not None else 1
+      moved = k.bytes_read + k.bytes_written
+      shape = inst.shape.dtype_str if inst.shape is not None else ""
+      out.append(FusionDecisionRecord(
+          kind=FindingKind.LOOP_INVARIANT, producer=k.name,
+          consumers=tuple(c for b in ctx.writes.get(k.name, ()) for c in b.consumers),
+          boundary=k.name, boundary_shape=shape,
+          bytes_saved=moved * repeats, launches_removed=repeats,
+          extra_arithmetic="none: computed once before the loop",
+          extra_resources=f"the result ({shape}) stays live across the loop",
+          numerical_class=NumericalClass.EXACT,
+          guard="n/a: a change to the program (hoist), not a kernel",
+          layout_effect="none",
+          evidence=(f"{_kernel_desc(k)} in the body of while loop {loop} reads only "
+                    f"values that do not change across iterations, and runs "
+                    f"{trip if trip is not None else 'an unknown number of'} times "
+                    f"moving {moved} bytes each time"),
+          verdict=Verdict.SAFE,
+          reasons=("hoist: compute it once before the loop (outside the scanned "
+                   "function, or saved by the remat policy) and pass it in",),
+          risks=("peak: the hoisted result is live for the whole loop",
+                 "under jax.checkpoint/remat the recompute may be deliberate: "
+                 "check the policy"),
+          ops=("hoist",), kernel=None, trip_count=trip, source=k.source,
+          computation=k.computation))
+  return out
+
+
+# ------------------------------------------------ merge: one verdict a buffer ----
+
+#: Which class speaks for a boundary several detectors saw, strongest first.
+_STRENGTH = (FindingKind.UNFUSED_EPILOGUE, FindingKind.LAYOUT_CONFLICT,
+             FindingKind.UNFUSED_PROLOGUE, FindingKind.MATERIALIZED_SLICE,
+             FindingKind.STANDALONE_COPY, FindingKind.EXPANDED_BROADCAST,
+             FindingKind.SEPARATE_REDUCTION, FindingKind.LOOP_INVARIANT,
+             FindingKind.KEEP_REUSE)
+_VERDICT_RANK = {Verdict.SAFE: 0, Verdict.RISKY: 1, Verdict.KEEP: 2}
+
+
+def _merge(found: list[FusionDecisionRecord]) -> list[FusionDecisionRecord]:
+  """One record a boundary: the strongest actionable class speaks, the
+  others become its notes; so no buffer is counted twice in a total."""
+  groups: dict[tuple[str, str], list[FusionDecisionRecord]] = {}
+  out = []
+  for r in found:
+    if not r.boundary or r.kind is FindingKind.ALREADY_FUSED:
+      out.append(r)
+    else:
+      groups.setdefault((r.computation, r.boundary), []).append(r)
+  for records in groups.values():
+    records.sort(key=lambda r: (_VERDICT_RANK[r.verdict],
+                                _STRENGTH.index(r.kind) if r.kind in _STRENGTH else 99,
+                                r.kernel is None, -r.bytes_saved))
+    head, rest = records[0], records[1:]
+    if rest:
+      notes = tuple(f"also {r.kind.value} ({r.verdict.value}): {r.evidence}" for r in rest)
+      head = dataclasses.replace(head, notes=head.notes + notes)
+    out.append(head)
+  return out
+
+
+# ------------------------------------------------ class 9: keep reuse ----
 
 
 def _keep_reuse(ctx: _Context) -> list[FusionDecisionRecord]:
@@ -885,6 +1432,10 @@ def _keep_reuse(ctx: _Context) -> list[FusionDecisionRecord]:
     if buf.lifetime in (Lifetime.INPUT, Lifetime.EXTERNAL_OUTPUT):
       continue
     if len(buf.consumers) < ctx.options.keep_min_consumers:
+      continue
+    if buf.aliases and buf.lifetime is not Lifetime.INPUT:
+      # Written in place (scatter, dynamic-update-slice): its readers read
+      # the updated values, not what the producer wrote.
       continue
     k = ctx.kernels.get(buf.producer)
     if k is None:

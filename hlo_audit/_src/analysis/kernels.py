@@ -20,6 +20,7 @@ import types
 from collections.abc import Mapping
 
 from hlo_audit._src.analysis import backend_traits as bt
+from hlo_audit._src.analysis import source as source_mod
 from hlo_audit._src.analysis.backend_traits import KernelKind
 from hlo_audit._src.analysis.dataflow import Dataflow
 from hlo_audit._src.analysis.schedule import Schedule
@@ -61,15 +62,19 @@ class Kernel:
   source: SourceLocation | None
   #: For grouped kernels (interpreted Pallas): the member instructions.
   members: tuple[str, ...] = ()
+  #: The stack `source` was chosen from, innermost frame first.
+  source_stack: tuple[SourceLocation, ...] = ()
 
   @property
   def bytes_moved(self) -> int:
     return self.bytes_read + self.bytes_written
 
 
-def find_kernels(module: HloModule, schedule: Schedule,
-                 dataflow: Dataflow) -> tuple[Kernel, ...]:
-  """Every kernel of `module`, in schedule order."""
+def find_kernels(module: HloModule, schedule: Schedule, dataflow: Dataflow, *,
+                 library_paths: tuple[str, ...] = source_mod.DEFAULT_LIBRARY_PATHS,
+                 user_paths: tuple[str, ...] = source_mod.DEFAULT_USER_PATHS) -> tuple[Kernel, ...]:
+  """Every kernel of `module`, in schedule order (`library_paths` and
+  `user_paths` choose each kernel's source frame: `source.attribute`)."""
   comps = {name: module.computation(name) for name in schedule.span}
   multiplicity = _multiplicity(module, comps)
   groups = _pallas_groups(module, comps)
@@ -84,20 +89,21 @@ def find_kernels(module: HloModule, schedule: Schedule,
       if key not in emitted_groups:
         emitted_groups.add(key)
         out.append(_pallas_kernel(module, schedule, comps, dataflow, key,
-                                  groups[key], multiplicity))
+                                  groups[key], multiplicity, library_paths, user_paths))
       continue
     if inst.opcode in _NO_LAUNCH:
       continue
     if inst.opcode == "custom-call" and inst.custom_call_target in bt.NO_OP_TARGETS:
       continue
     kind, detail, fused = _classify(module, inst)
-    read, written = _io_bytes(comp, inst, dataflow)
+    read, written = _io_bytes(module, comp, inst, dataflow)
     out.append(Kernel(
         name=name, computation=comp_name, kind=kind, opcode=inst.opcode,
         detail=detail, fused_ops=types.MappingProxyType(fused),
         bytes_read=read, bytes_written=written,
         trip_count=multiplicity.get(comp_name, 1), time=schedule.time[name],
-        op_name=inst.op_name, source=source_of(module, inst)))
+        op_name=inst.op_name,
+        **_source_fields(module, inst, library_paths, user_paths)))
   return tuple(out)
 
 
@@ -152,17 +158,92 @@ def fused_opcodes(module: HloModule, inst: Instruction) -> dict[str, int]:
   return dict(counts)
 
 
-def _io_bytes(comp: Computation, inst: Instruction, dataflow: Dataflow) -> tuple[int, int]:
+def _io_bytes(module: HloModule, comp: Computation, inst: Instruction,
+              dataflow: Dataflow) -> tuple[int, int]:
+  """Bytes a kernel reads and writes: whole operands and results, except
+  that a slice reads only the slice, and an in-place update (dynamic-update-
+  slice, scatter) writes only the update into a buffer it does not re-read."""
+  charge, out_charge = _sliced_access(module, comp, inst)
   read = 0
   seen = set()
-  for operand in inst.operands:
+  for k, operand in enumerate(inst.operands):
     for _, vid in dataflow.holds.get(operand, ()):
       if vid not in seen:
         seen.add(vid)
-        read += dataflow.values[vid].byte_size
-  written = sum(dataflow.values[v].byte_size for _, v in dataflow.holds.get(inst.name, ())
-                if v[0] == inst.name)
+        size = dataflow.values[vid].byte_size
+        read += min(size, charge[k]) if k in charge else size
+  written = 0
+  for index, v in dataflow.holds.get(inst.name, ()):
+    if v[0] == inst.name or index in out_charge:
+      size = dataflow.values[v].byte_size
+      written += min(size, out_charge[index]) if index in out_charge else size
   return read, written
+
+
+def _sliced_access(module: HloModule, comp: Computation, inst: Instruction
+                   ) -> tuple[dict[int, int], dict[tuple[int, ...], int]]:
+  """(operand number -> bytes really read, output index -> bytes really
+  written) where a kernel touches only part of a buffer."""
+  op = inst.opcode
+  if op in ("slice", "dynamic-slice") and inst.shape is not None:
+    return {0: inst.shape.byte_size}, {}
+  if op in ("dynamic-update-slice", "scatter") and len(inst.operands) >= 2:
+    update = comp.instruction(inst.operands[-1] if op == "scatter" else inst.operands[1])
+    size = update.shape.byte_size if update.shape is not None else 0
+    # A scatter combiner reads the elements it updates; a DUS reads nothing.
+    return {0: size if op == "scatter" else 0}, {(): size}
+  if op != "fusion":
+    return {}, {}
+  calls = inst.called_computations.get("calls", ())
+  if not calls or calls[0] not in module:
+    return {}, {}
+  fused = module.computation(calls[0])
+  users: dict[str, list[Instruction]] = {}
+  for i in fused.instructions:
+    for o in dict.fromkeys(i.operands):
+      users.setdefault(o, []).append(i)
+
+  def leaves(name: str) -> list[tuple[Instruction, str]]:
+    """Non-bitcast users of `name`, seen through bitcasts, with the operand
+    name they read."""
+    out = []
+    for u in users.get(name, ()):
+      if u.opcode == "bitcast":
+        out += leaves(u.name)
+      else:
+        out.append((u, name))
+    return out
+
+  root = fused.root
+  outputs = ([((k,), fused.instruction(n)) for k, n in enumerate(root.operands)]
+             if root.opcode == "tuple" else [((), root)])
+  out_charge: dict[tuple[int, ...], int] = {}
+  updated: dict[str, int] = {}
+  for index, out in outputs:
+    while out.opcode == "bitcast" and out.operands:
+      out = fused.instruction(out.operands[0])
+    if out.opcode in ("dynamic-update-slice", "scatter") and len(out.operands) >= 2:
+      upd = fused.instruction(out.operands[-1] if out.opcode == "scatter" else out.operands[1])
+      size = upd.shape.byte_size if upd.shape is not None else 0
+      out_charge[index] = size
+      updated[out.name] = size if out.opcode == "scatter" else 0
+  charge: dict[int, int] = {}
+  for p in fused.parameters:
+    uses = leaves(p.name)
+    if not uses:
+      continue
+    total = 0
+    for u, name in uses:
+      if u.opcode in ("slice", "dynamic-slice") and u.operands[0] == name and \
+          u.shape is not None:
+        total += u.shape.byte_size
+      elif u.name in updated and u.operands[0] == name:
+        total += updated[u.name]
+      else:
+        break
+    else:
+      charge[p.parameter_number or 0] = total
+  return charge, out_charge
 
 
 def _multiplicity(module: HloModule, comps: Mapping[str, Computation]) -> dict[str, int | None]:
@@ -186,21 +267,10 @@ def _multiplicity(module: HloModule, comps: Mapping[str, Computation]) -> dict[s
   return mult
 
 
-def source_of(module: HloModule, inst: Instruction) -> SourceLocation | None:
-  """The user's source line of `inst`, looking inside fusions when the
-  fusion itself carries none (root first, then any fused op)."""
-  loc = module.source_location(inst)
-  if loc is not None:
-    return loc
-  for callee in inst.called_computations.get("calls", ()):
-    if callee not in module:
-      continue
-    comp = module.computation(callee)
-    for i in (comp.root,) + comp.instructions:
-      loc = module.source_location(i)
-      if loc is not None:
-        return loc
-  return None
+def _source_fields(module: HloModule, inst: Instruction, library_paths: tuple[str, ...],
+                   user_paths: tuple[str, ...]) -> dict:
+  src, stack = source_mod.attribute(module, inst, library_paths, user_paths)
+  return {"source": src, "source_stack": stack}
 
 
 def _pallas_groups(module: HloModule,
@@ -405,7 +475,8 @@ def _all_instructions(comps: Mapping[str, Computation], comp_name: str) -> list[
           for inst in comps[name].instructions]
 
 
-def _pallas_kernel(module, schedule, comps, dataflow, key, members, multiplicity) -> Kernel:
+def _pallas_kernel(module, schedule, comps, dataflow, key, members, multiplicity,
+                   library_paths, user_paths) -> Kernel:
   member_set = set(members)
   counts: collections.Counter = collections.Counter()
   first = None
@@ -447,4 +518,4 @@ def _pallas_kernel(module, schedule, comps, dataflow, key, members, multiplicity
       fused_ops=types.MappingProxyType(dict(counts)), bytes_read=read,
       bytes_written=written, trip_count=multiplicity.get(comp_name, 1),
       time=schedule.time[inst.name], op_name=inst.op_name,
-      source=source_of(module, inst), members=tuple(members))
+      members=tuple(members), **_source_fields(module, inst, library_paths, user_paths))

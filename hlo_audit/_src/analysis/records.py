@@ -24,6 +24,11 @@ class FindingKind(enum.Enum):
   UNFUSED_EPILOGUE = "unfused epilogue"
   UNFUSED_PROLOGUE = "unfused prologue"
   SEPARATE_REDUCTION = "separate reduction"
+  #: A slice, dynamic-slice or concatenate written to memory for one reader
+  #: that could read the parts in place.
+  MATERIALIZED_SLICE = "materialized slice or concatenate"
+  #: Work inside a while body whose inputs do not change across iterations.
+  LOOP_INVARIANT = "loop-invariant work"
   KEEP_REUSE = "multi-consumer buffer worth keeping"
   ALREADY_FUSED = "already fused"
   # Memory findings (memory_findings.py): changes that lower the peak.
@@ -55,6 +60,9 @@ class NumericalClass(enum.Enum):
   MORE_PRECISE = "more precise (epilogue on the f32 accumulator)"
   #: Reductions are reassociated (tile-local partials).
   REASSOCIATED = "reassociated reduction"
+  #: Removing the boundary removes a rounding the program asked for (e.g.
+  #: an f32 -> bf16 -> f32 round trip): different numbers, by design.
+  PRECISION_CHANGE = "precision change (removes a rounding)"
 
 
 class Verdict(enum.Enum):
@@ -113,6 +121,12 @@ class FusionDecisionRecord:
   #: The op's guard on those shapes: whether the kernel would run, or why it
   #: would fall back to XLA ("" when no kernel applies).
   guard_verdict: str = ""
+  #: What other detectors saw at the same boundary (merged into this record:
+  #: one buffer, one verdict), e.g. "also read by 3 kernels (keep-reuse)".
+  notes: tuple[str, ...] = ()
+  #: The stack `source` was chosen from, innermost frame first: the library
+  #: frames above the user's line are context (`source.context`).
+  source_stack: tuple[SourceLocation, ...] = ()
   #: The peak after this change alone, from a what-if replay of the liveness
   #: (None: not replayed, e.g. a boundary that is no buffer of the program).
   peak_after: int | None = None

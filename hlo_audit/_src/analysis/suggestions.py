@@ -190,10 +190,25 @@ def _suggest(f: FusionDecisionRecord, module: HloModule,
       arrays.append(("gamma", bdt, (n,), True))
       if op == "layer_norm":
         arrays.append(("beta", bdt, (n,), True))
-      eps = (module_eps() if module_eps else _eps(module)) or 1e-6
-      options.append(("eps", repr(eps), eps))
+      eps = module_eps() if module_eps else _eps(module)
+      if eps is None:  # none, or several: never print a guess as a fact
+        options.append(("eps", "EPS", 1e-6))
+      else:
+        options.append(("eps", repr(eps), eps))
     return _Call(op, tuple(arrays), tuple(options), f.boundary_shape)
   return None
+
+
+#: Ops that carry a value unchanged in meaning between a norm's epsilon
+#: and its rsqrt (XLA leaves copies and bitcasts between them, e.g.
+#: `rsqrt(copy(bitcast(add(var, broadcast(constant(1e-05))))))`).
+_CARRIERS = ("bitcast", "copy", "convert", "reshape", "broadcast")
+
+
+def _skip_carriers(comp: Computation, inst: Instruction) -> Instruction:
+  while inst.opcode in _CARRIERS and inst.operands and inst.operands[0] in comp:
+    inst = comp.instruction(inst.operands[0])
+  return inst
 
 
 def _eps(module: HloModule) -> float | None:
@@ -205,11 +220,9 @@ def _eps(module: HloModule) -> float | None:
     for i in comp.instructions:
       if i.opcode != "rsqrt" or not i.operands:
         continue
-      add = comp.instruction(i.operands[0])
+      add = _skip_carriers(comp, comp.instruction(i.operands[0]))
       for o in add.operands if add.opcode == "add" else ():
-        c = comp.instruction(o)
-        while c.opcode in ("broadcast", "bitcast", "reshape", "convert") and c.operands:
-          c = comp.instruction(c.operands[0])
+        c = _skip_carriers(comp, comp.instruction(o))
         if c.opcode == "constant" and c.literal:
           try:
             value = float(c.literal.strip().strip("{}"))

@@ -115,6 +115,7 @@ def capture(fn: Any, *args: Any, **kwargs: Any) -> Capture:
   import jax  # Imported here: parsing HLO text must not need JAX.
   from jax import stages
 
+  fn = _jax_stage(fn, (stages.Lowered, stages.Compiled))
   if isinstance(fn, stages.Compiled):
     if args or kwargs:
       raise CaptureError("a Compiled stage takes no arguments: capture(compiled)")
@@ -133,7 +134,7 @@ def capture(fn: Any, *args: Any, **kwargs: Any) -> Capture:
         f"a Compiled; got {type(fn).__name__}")
   name = getattr(fn, "__name__", type(fn).__name__)
   try:
-    lowered = jitted.lower(*args, **kwargs)
+    lowered = _jax_stage(jitted.lower(*args, **kwargs), stages.Lowered)
   except CaptureError:
     raise
   except Exception as e:  # JAX raises TypeError, ValueError, tracer errors...
@@ -162,6 +163,17 @@ def _argument_names(fn) -> tuple[str, ...]:
       names.append("*" + p.name)
       break
   return tuple(names)
+
+
+def _jax_stage(obj: Any, kind) -> Any:
+  """JAX's own stage inside a library's wrapper (equinox's `filter_jit`
+  returns a Lowered/Compiled of its own holding JAX's as `.lowered` or
+  `.compiled`), else `obj` unchanged."""
+  for attr in ("lowered", "compiled"):
+    inner = getattr(obj, attr, None)
+    if not isinstance(obj, kind) and isinstance(inner, kind):
+      return inner
+  return obj
 
 
 def _compile_and_capture(lowered, *, origin: str) -> Capture:

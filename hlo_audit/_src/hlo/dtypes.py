@@ -124,3 +124,32 @@ def from_numpy(dtype) -> str:
     if np_name == name:
       return xla
   raise KeyError(f"no XLA element type for dtype {name!r}")
+
+
+#: Floating types' (exponent bits, mantissa bits): what a conversion keeps.
+_FLOAT_FORMAT = {
+    "f16": (5, 10), "bf16": (8, 7), "f32": (8, 23), "f64": (11, 52),
+    "f8e4m3fn": (4, 3), "f8e4m3": (4, 3), "f8e4m3fnuz": (4, 3),
+    "f8e4m3b11fnuz": (4, 3), "f8e5m2": (5, 2), "f8e5m2fnuz": (5, 2),
+    "f8e3m4": (3, 4), "f4e2m1fn": (2, 1), "f8e8m0fnu": (8, 0),
+}
+
+
+def is_widening(src: str, dst: str) -> bool:
+  """Whether converting `src` to `dst` represents every `src` value exactly
+  (bf16 -> f32 yes; f32 -> bf16 and f16 <-> bf16 no; s8 -> s32 yes)."""
+  if src == dst:
+    return True
+  if is_floating(src) and is_floating(dst):
+    a, b = _FLOAT_FORMAT.get(src), _FLOAT_FORMAT.get(dst)
+    return a is not None and b is not None and a[0] <= b[0] and a[1] <= b[1]
+  if is_integral(src) and is_integral(dst):
+    ks, kd = kind_of(src), kind_of(dst)
+    bs, bd = bits_of(src), bits_of(dst)
+    if ks is kd:
+      return bs <= bd
+    return ks is Kind.UNSIGNED and bs < bd  # u8 -> s16 fits; s8 -> u16 does not
+  if is_integral(src) and is_floating(dst):
+    fmt = _FLOAT_FORMAT.get(dst)
+    return fmt is not None and bits_of(src) <= fmt[1] + 1
+  return src == "pred"

@@ -77,7 +77,7 @@ class AuditDiff:
              f"  kernels {self.kernel_count_delta:+d} (launches per run {self.launches_delta:+d}), "
              f"materialized {fmt_delta_bytes(self.materialized_bytes_delta)}, "
              f"peak {fmt_delta_bytes(self.peak_bytes_delta)}, "
-             f"bytes a fusion would save {fmt_delta_bytes(self.bytes_saved_delta)}"]
+             f"HBM traffic a fusion would save {fmt_delta_bytes(self.bytes_saved_delta)}"]
     for title, items, fmt in (
         ("kernels removed", self.kernels_removed, _k),
         ("kernels added", self.kernels_added, _k),

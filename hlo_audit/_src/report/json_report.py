@@ -50,6 +50,7 @@ def kernel_dict(k) -> dict:
       "bytes_read": k.bytes_read, "bytes_written": k.bytes_written,
       "trip_count": k.trip_count, "time": k.time, "op_name": k.op_name,
       "source": _source(k.source), "source_location": _location(k.source), "members": list(k.members),
+      "source_stack": [_location(loc) for loc in k.source_stack],
   }
 
 
@@ -63,6 +64,7 @@ def buffer_dict(b) -> dict:
       "lifetime": b.lifetime.value, "source": _source(b.source), "source_location": _location(b.source),
       "op_name": b.op_name, "aliases": list(b.aliases), "placement": b.placement,
       "internal": b.internal,
+      "source_stack": [_location(loc) for loc in b.source_stack],
   }
 
 
@@ -80,6 +82,7 @@ def finding_dict(f) -> dict:
       "trip_count": f.trip_count, "source": _source(f.source), "source_location": _location(f.source),
       "computation": f.computation, "suggestion": f.suggestion,
       "guard_verdict": f.guard_verdict,
+      "source_stack": [_location(loc) for loc in f.source_stack],
       "peak_after": f.peak_after, "peak_saved": f.peak_saved,
   }
 
@@ -132,6 +135,11 @@ def render_json(report, indent: int | None = 2) -> str:
   return json.dumps(to_dict(report), indent=indent, sort_keys=False)
 
 
+def _stack(row: dict) -> tuple:
+  """A row's `source_stack` (absent in reports written before it existed)."""
+  return tuple(_loc(loc) for loc in row.get("source_stack", ()))
+
+
 def _loc(d):
   from hlo_audit._src.hlo.ir import SourceLocation
   if not d:
@@ -165,7 +173,8 @@ def report_from_dict(d: dict):
       opcode=k["opcode"], detail=k["detail"],
       fused_ops=types.MappingProxyType(k["fused_ops"]), bytes_read=k["bytes_read"],
       bytes_written=k["bytes_written"], trip_count=k["trip_count"], time=k["time"],
-      op_name=k["op_name"], source=_loc(k["source_location"]), members=tuple(k["members"]))
+      op_name=k["op_name"], source=_loc(k["source_location"]), members=tuple(k["members"]),
+      source_stack=_stack(k))
       for k in d["kernels"])
   buffers = tuple(Buffer(
       name=b["name"], instruction=b["instruction"], index=tuple(b["index"]),
@@ -174,7 +183,8 @@ def report_from_dict(d: dict):
       producer_opcode=b["producer_opcode"], consumers=tuple(b["consumers"]),
       live_range=tuple(b["live_range"]), lifetime=Lifetime(b["lifetime"]),
       source=_loc(b["source_location"]), op_name=b["op_name"], aliases=tuple(b["aliases"]),
-      placement=b["placement"], internal=b["internal"]) for b in d["buffers"])
+      placement=b["placement"], internal=b["internal"], source_stack=_stack(b))
+      for b in d["buffers"])
   kinds = {k.slug: k for k in FindingKind}
   findings = tuple(FusionDecisionRecord(
       kind=kinds[f["class"]], producer=f["producer"], consumers=tuple(f["consumers"]),
@@ -187,8 +197,10 @@ def report_from_dict(d: dict):
       risks=tuple(f["risks"]), ops=tuple(f["ops"]), kernel=f["kernel"],
       trip_count=f["trip_count"], source=_loc(f["source_location"]),
       computation=f["computation"], suggestion=f.get("suggestion", ""),
-      guard_verdict=f.get("guard_verdict", ""), peak_after=f.get("peak_after"),
-      peak_saved=f.get("peak_saved")) for f in d["findings"])
+      guard_verdict=f.get("guard_verdict", ""),
+      source_stack=_stack(f), peak_after=f.get("peak_after"),
+      peak_saved=f.get("peak_saved"))
+      for f in d["findings"])
   info = ModuleInfo(**{k: m[k] for k in (
       "name", "platform", "device_kind", "jax_version", "jaxlib_version",
       "instruction_count", "computation_count", "schedule_length", "is_scheduled",

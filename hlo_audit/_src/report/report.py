@@ -150,8 +150,9 @@ class AuditReport:
 
   @property
   def bytes_saved(self) -> int:
-    """Bytes per run the actionable findings would save, each boundary
-    counted once (several findings may name the same buffer)."""
+    """HBM traffic (bytes moved, not memory) per run the actionable
+    findings would save, each boundary counted once (several findings may
+    name the same buffer)."""
     return _saving(self.actionable)
 
   def bytes_saved_by_class(self) -> Mapping[str, int]:

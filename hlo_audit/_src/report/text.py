@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from hlo_audit._src.analysis.buffers import Buffer, Lifetime
 from hlo_audit._src.analysis.records import FindingKind, FusionDecisionRecord, Verdict
-from hlo_audit._src.report.units import fmt_bytes, fmt_pct, fmt_source, fmt_trip
+from hlo_audit._src.report.units import (fmt_bytes, fmt_pct, fmt_source,
+                                         fmt_source_context, fmt_trip)
 
 #: Columns of the method's intermediate-tensor table.
 INTERMEDIATE_COLUMNS = ("Buffer", "Shape", "Dtype", "Bytes", "Producer",
@@ -79,7 +80,7 @@ def finding_sentence(f: FusionDecisionRecord) -> str:
     return f"already fused{where}: {f.evidence}"
   if f.kind is FindingKind.KEEP_REUSE:
     return f"keep {f.boundary} ({f.boundary_shape}){where}: {f.evidence}"
-  saving = f"saves {fmt_bytes(f.bytes_saved)}"
+  saving = f"saves {fmt_bytes(f.bytes_saved)} of HBM traffic"
   if f.launches_removed:
     saving += f" and {f.launches_removed} launch{'es' if f.launches_removed != 1 else ''}"
   saving += " per run"
@@ -92,7 +93,7 @@ def record_fields(f: FusionDecisionRecord) -> list[tuple[str, str]]:
   return [
       ("producer and consumer", f"{f.producer or '-'} -> {', '.join(f.consumers) or '-'}"),
       ("boundary removed", f"{f.boundary or '-'} {f.boundary_shape}".strip()),
-      ("logical bytes saved", f"{fmt_bytes(f.bytes_saved)} per run"
+      ("logical bytes saved", f"{fmt_bytes(f.bytes_saved)} of HBM traffic per run"
        + (f" (x{fmt_trip(f.trip_count)} in loops)" if f.trip_count not in (1, None) else "")),
       ("launches removed", str(f.launches_removed)),
       ("extra arithmetic", f.extra_arithmetic),
@@ -103,7 +104,7 @@ def record_fields(f: FusionDecisionRecord) -> list[tuple[str, str]]:
       ("evidence", f.evidence),
       ("legality", f"{f.verdict.value}: " + "; ".join(f.reasons)),
       ("anti-benefit checks", "; ".join(f.risks) or "-"),
-      ("source", fmt_source(f.source) or "unknown"),
+      ("source", fmt_source_context(f.source, f.source_stack) or "unknown"),
   ] + ([("peak after", f"{fmt_bytes(f.peak_after)} ({fmt_bytes(f.peak_saved)} off the peak)")]
        if f.peak_after is not None else []) + ([("suggested call", f.suggestion), ("guard verdict", f.guard_verdict)]
        if f.suggestion else [])
@@ -144,7 +145,8 @@ def summary(report) -> str:
     by_class[f.kind.value] = by_class.get(f.kind.value, 0) + 1
   lines.append(f"  findings: {len(report.findings)}" +
                (" (" + ", ".join(f"{n} {k}" for k, n in by_class.items()) + ")" if by_class else "") +
-               f"; fusing the gaps would save {fmt_bytes(report.bytes_saved)} per run")
+               f"; fusing the gaps would cut HBM traffic (bytes moved, not peak memory) "
+               f"by {fmt_bytes(report.bytes_saved)} per run")
   for note in report.notes:
     lines.append(f"  note: {note}")
   return "\n".join(lines)

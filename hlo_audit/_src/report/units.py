@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from hlo_audit._src.analysis import source
 from hlo_audit._src.hlo.ir import SourceLocation
 
 
@@ -34,6 +35,15 @@ def fmt_source(loc: SourceLocation | None) -> str:
   parts = loc.file.replace("\\", "/").split("/")
   short = "/".join(parts[-2:]) if len(parts) > 1 else loc.file
   return f"{short}:{loc.line}"
+
+
+def fmt_source_context(loc: SourceLocation | None,
+                       stack: tuple[SourceLocation, ...] = ()) -> str:
+  """"model.py:27 (in flax Linear.__call__ at nn/linear.py:422)": the
+  user's line, and the library frame it called into when there is one."""
+  where = fmt_source(loc)
+  ctx = source.context(loc, stack)
+  return f"{where} ({ctx})" if where and ctx else where
 
 
 def fmt_trip(trip: int | None) -> str:

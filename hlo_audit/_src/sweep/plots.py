@@ -190,7 +190,7 @@ def plot_sweep(records: Sequence[Mapping], out_dir: str, names: Sequence[str],
   # Bytes a fusion would save, next to what is materialized.
   fig = _new_figure(2)
   ax1, ax2 = fig.subplots(1, 2)
-  for ax, key, name in ((ax1, "bytes_saved", "bytes a fusion would save (per run)"),
+  for ax, key, name in ((ax1, "bytes_saved", "HBM traffic a fusion would save (bytes moved per run)"),
                         (ax2, "materialized_bytes", "materialized intermediates")):
     xs, ys, cats = _line_plot(ax, series, x, audit(key), colors=palette)
     _style_axes(ax, x, xs, cats, name, True, ys)

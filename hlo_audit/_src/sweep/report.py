@@ -22,7 +22,7 @@ from hlo_audit._src.sweep import store as store_lib
 
 #: Metric columns of the report's table (after the parameters).
 COLUMNS = ("status", "kernels", "materialized", "peak", "XLA peak", "ours vs XLA",
-           "bytes saved", "findings", "top class", "compile s")
+           "HBM traffic saved", "findings", "top class", "compile s")
 
 
 def _e(s) -> str:
@@ -86,7 +86,7 @@ def table(records: Sequence[Mapping], params: Sequence[str], out_dir: str | None
 
 
 def class_totals(records: Sequence[Mapping]) -> list[tuple[str, int, int, int]]:
-  """(class, points with it, findings in all, most bytes saved at one point)."""
+  """(class, points with it, findings in all, most HBM traffic saved at one point)."""
   totals: dict[str, list[int]] = {}
   for r in records:
     a = r.get("audit") or {}
@@ -154,7 +154,7 @@ def render_markdown(target: str, records, params, pngs, missing: int = 0,
   totals = class_totals(records)
   if totals:
     lines += ["## Findings by class", ""]
-    lines += _md_table(("class", "points", "findings", "most bytes saved at a point"),
+    lines += _md_table(("class", "points", "findings", "most HBM traffic saved at a point"),
                        [(c, p, n, fmt_bytes(b)) for c, p, n, b in totals]) + [""]
   failures = [r for r in records if r.get("status") != "ok"]
   if failures:
@@ -189,9 +189,9 @@ def render_html(target: str, records, params, pngs, out_dir: str | None = None,
   totals = class_totals(records)
   if totals:
     parts += ["<h2>Findings by class</h2>",
-              table_html(("class", "points", "findings", "most bytes saved at a point"),
+              table_html(("class", "points", "findings", "most HBM traffic saved at a point"),
                          [(c, p, n, fmt_bytes(b)) for c, p, n, b in totals],
-                         ("points", "findings", "most bytes saved at a point"),
+                         ("points", "findings", "most HBM traffic saved at a point"),
                          {(i, 3): t[3] for i, t in enumerate(totals)})]
   failures = [r for r in records if r.get("status") != "ok"]
   if failures:

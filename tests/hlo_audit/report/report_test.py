@@ -63,7 +63,7 @@ def test_markdown_and_terminal_show_tables_and_records():
   md = rep().to_markdown()
   assert md.startswith("# hlo-audit: `jit_mlp`")
   assert "| Buffer | Shape | Dtype | Bytes |" in md
-  assert "**logical bytes saved**: 128.00 KiB per run" in md
+  assert "**logical bytes saved**: 128.00 KiB of HBM traffic per run" in md
   console = Console(record=True, width=160)
   rep().print(console)
   text = console.export_text()

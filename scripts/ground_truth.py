@@ -1,0 +1,113 @@
+r"""Precision and recall of the audit on the real-model ground-truth suite.
+
+Compiles each model of tests/hlo_audit/real_models (flax linen and nnx,
+equinox, optax train steps; CPU, a few seconds each), audits it, and compares
+the findings with the model's hand-read `TRUTH`. Scoring, as in the tests
+(tests/hlo_audit/real_models/truth.py):
+
+  recall     expected finding instances matched (class, boundary shape, the
+             model's own source line, bytes where given) / all expected,
+             per expected class;
+  precision  TP / (TP + FP) per reported class. A finding is TP when it
+             matches an expectation; FP when it matches a declared non-finding
+             (it contradicts the HLO) or is unmatched in a class the model
+             lists exhaustively; otherwise it is *unjudged* and stays out of
+             precision (its count is printed beside it, so a high precision
+             over few judged findings shows as such).
+
+KEEP_REUSE and ALREADY_FUSED propose no change and are not scored.
+
+Usage:
+  python scripts/ground_truth.py                  # all models
+  python scripts/ground_truth.py --models=lstm,bn_cnn --verbose
+
+Exit codes: 0 printed (whatever the scores), 2 bad flags or missing extras.
+"""
+
+from __future__ import annotations
+
+import collections
+import pathlib
+import sys
+
+from absl import app, flags
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+
+_MODELS = flags.DEFINE_list("models", None, "models to run (default: all)")
+_VERBOSE = flags.DEFINE_bool("verbose", False, "list misses and false positives")
+
+
+def _pct(num: int, den: int) -> str:
+  return f"{100 * num / den:5.1f}%" if den else "    -"
+
+
+def main(argv) -> int:
+  del argv
+  try:
+    from tests.hlo_audit.real_models import truth  # noqa: PLC0415
+  except ImportError as e:  # flax, equinox or optax missing
+    print(f"ground_truth: {e} (pip install -e '.[test]')", file=sys.stderr)
+    return 2
+  names = _MODELS.value or list(truth.MODELS)
+  unknown = sorted(set(names) - set(truth.MODELS))
+  if unknown:
+    print(f"ground_truth: unknown models {unknown}; known: {', '.join(truth.MODELS)}",
+          file=sys.stderr)
+    return 2
+
+  expected = collections.Counter()   # label -> instances expected
+  found = collections.Counter()      # label -> instances matched
+  tp = collections.Counter()         # reported class -> true positives
+  fp = collections.Counter()         # reported class -> false positives
+  unjudged = collections.Counter()   # reported class -> unjudged
+  print(f"jax {'.'.join(map(str, truth.jax_version()))}")
+  print(f"{'model':12} {'expected':>8} {'found':>6} {'TP':>4} {'FP':>4} {'unjudged':>8}"
+        f" {'recall':>7} {'precision':>9}")
+  for name in names:
+    r = truth.report(name)
+    out = truth.compare(name, r.findings, truth.model(name).TRUTH)
+    m_exp = sum(e.count for e, _ in out.matched)
+    m_found = sum(len(fs) for _, fs in out.matched)
+    for e, fs in out.matched:
+      expected[e.label] += e.count
+      found[e.label] += len(fs)
+    # A matched finding that also contradicts the HLO (a wrong kernel, a
+    # wrong epsilon) counts against precision, not for it.
+    false_ids = {id(f) for f, _ in out.false_positives}
+    true = [f for _, fs in out.matched for f in fs if id(f) not in false_ids]
+    for f in true:
+      tp[f.kind.slug] += 1
+    for f, _ in out.false_positives:
+      fp[f.kind.slug] += 1
+    for f in out.unjudged:
+      unjudged[f.kind.slug] += 1
+    m_tp, m_fp = len(true), len(out.false_positives)
+    print(f"{name:12} {m_exp:8d} {m_found:6d} {m_tp:4d} {m_fp:4d} "
+          f"{len(out.unjudged):8d} {_pct(m_found, m_exp):>7} {_pct(m_tp, m_tp + m_fp):>9}")
+    if _VERBOSE.value:
+      for e, n in out.missed:
+        where = f"<{e.marker}>" if e.marker else "any line"
+        print(f"    missed {n}x {e.label} {e.shape} at {where}: {e.why}")
+      for f, why in out.false_positives:
+        print(f"    false  {truth.describe(name, f)}\n           -> {why}")
+
+  print()
+  print(f"{'class':40} {'recall':>15} {'precision':>15} {'unjudged':>8}")
+  labels = [k.slug for k in truth.SCORED] + ["any class"]
+  for label in labels:
+    if not (expected[label] or tp[label] or fp[label] or unjudged[label]):
+      continue
+    rec = f"{found[label]}/{expected[label]} {_pct(found[label], expected[label])}"
+    pre = f"{tp[label]}/{tp[label] + fp[label]} {_pct(tp[label], tp[label] + fp[label])}"
+    print(f"{label:40} {rec:>15} {pre:>15} {unjudged[label]:8d}")
+  e_all, f_all = sum(expected.values()), sum(found.values())
+  t_all, p_all = sum(tp.values()), sum(fp.values())
+  print(f"{'overall':40} {f'{f_all}/{e_all} {_pct(f_all, e_all)}':>15} "
+        f"{f'{t_all}/{t_all + p_all} {_pct(t_all, t_all + p_all)}':>15} "
+        f"{sum(unjudged.values()):8d}")
+  return 0
+
+
+if __name__ == "__main__":
+  app.run(lambda argv: sys.exit(main(argv)))

@@ -1,0 +1,104 @@
+"""flax.linen MLP with a bf16 compute dtype (`nn.Dense(dtype=jnp.bfloat16)`
+casts the f32 params and inputs to bf16; params stay f32), optax adamw."""
+
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import optax
+from flax.training import train_state
+
+BATCH, DIM, HIDDEN, MID, OUT = 64, 128, 512, 384, 128
+
+
+class MLP(nn.Module):
+  @nn.compact
+  def __call__(self, x):
+    h = nn.Dense(HIDDEN, dtype=jnp.bfloat16)(x)  # <up>
+    h = nn.relu(h)  # <relu>
+    h = nn.Dense(MID, dtype=jnp.bfloat16)(h)  # <mid>
+    h = nn.relu(h)  # <relu2>
+    return nn.Dense(OUT, dtype=jnp.bfloat16)(h)  # <down>
+
+
+def train_step(state, x, y):
+  def loss_fn(params):
+    pred = state.apply_fn({"params": params}, x)  # <apply>
+    return jnp.mean((pred.astype(jnp.float32) - y) ** 2)  # <loss>
+  loss, grads = jax.value_and_grad(loss_fn)(state.params)  # <grad>
+  return state.apply_gradients(grads=grads), loss  # <update>
+
+
+def build():
+  model = MLP()
+  x = jnp.zeros((BATCH, DIM), jnp.float32)
+  params = model.init(jax.random.key(0), x)["params"]
+  state = train_state.TrainState.create(apply_fn=model.apply, params=params,
+                                        tx=optax.adamw(1e-3))
+  return jax.jit(train_step), (state, x, jnp.zeros((BATCH, OUT)))
+
+
+# ------------------------------------------------------------ ground truth --
+# Read off the optimized CPU HLO. XLA differs by version (truth.NATIVE_BF16_DOT):
+# jax 0.10 upcasts every bf16 dot operand back to f32, so each f32 param is
+# rounded to bf16 and widened again (`convert_convert_fusion`: f32 -> bf16 ->
+# f32) before an f32 dot; from 0.11 the dots run in bf16 and each param is
+# cast once (`wrapped_convert`: f32 -> bf16). Either way the casts are
+# standalone kernels feeding dots: unfused prologues, never layout changes,
+# and the f32 -> bf16 -> f32 rounding is the user's requested precision, not
+# a removable round trip. Weight gradients come out of f32 dots and are cast
+# to bf16 in a kernel of their own (an epilogue).
+from hlo_audit import FindingKind as K  # noqa: E402
+from tests.hlo_audit.real_models.truth import (NATIVE_BF16_DOT, Expect,  # noqa: E402
+                                               ModelTruth, NotFlagged)
+
+_W = "bf16" if NATIVE_BF16_DOT else "f32"  # dtype the dots read and write
+_SZ = 2 if NATIVE_BF16_DOT else 4
+_PARAMS = (("up", DIM, HIDDEN), ("mid", HIDDEN, MID), ("down", MID, OUT))
+
+# From 0.11 each relu is computed twice: in bf16 for the next forward dot, in
+# f32 (with the convert) for the weight-gradient dot; 0.10 computes it once.
+_RELU_DTYPES = (_W, "f32") if NATIVE_BF16_DOT else (_W,)
+
+TRUTH = ModelTruth(
+    expect=tuple(
+        Expect(K.UNFUSED_PROLOGUE, f"{_W}[{a},{b}]", m, why=(
+            f"the {m} param's bf16 cast is its own kernel, read only by dots"))
+        for m, a, b in _PARAMS) + tuple(
+        Expect(K.UNFUSED_PROLOGUE, f"{dt}[{BATCH},{n}]", m, why=(
+            "relu (and cast) written only for a dot"))
+        for m, n in (("relu", HIDDEN), ("relu2", MID)) for dt in _RELU_DTYPES) + (
+        Expect(K.UNFUSED_PROLOGUE, f"{_W}[{BATCH},{DIM}]", "up",
+               why="x cast to bf16 feeding the first dot"),
+        Expect(K.UNFUSED_EPILOGUE, f"{_W}[{BATCH},{HIDDEN}]", "up",
+               bytes=2 * BATCH * HIDDEN * _SZ, why="x @ W0 read once by bias + cast"),
+        Expect(K.UNFUSED_EPILOGUE, f"{_W}[{BATCH},{MID}]", "mid",
+               bytes=2 * BATCH * MID * _SZ, why="h @ W1 read once by bias + cast"),
+        Expect(K.UNFUSED_EPILOGUE, f"{_W}[{BATCH},{OUT}]", "down",
+               bytes=2 * BATCH * OUT * _SZ, why="h2 @ W2 read once by bias + cast + (pred - y)"),
+        Expect(K.UNFUSED_EPILOGUE, f"{_W}[{BATCH},{MID}]", "down",
+               bytes=2 * BATCH * MID * _SZ, why="dpred @ W2^T read once by the relu-backward select"),
+        Expect(K.UNFUSED_EPILOGUE, f"{_W}[{BATCH},{HIDDEN}]", "mid",
+               bytes=2 * BATCH * HIDDEN * _SZ, why="dz @ W1^T read once by the relu-backward select"),
+        Expect(K.UNFUSED_EPILOGUE, f"f32[{MID},{HIDDEN}]", "mid",
+               bytes=2 * MID * HIDDEN * 4, why="dW1 (f32 dot) read once by its bf16 cast"),
+        Expect(K.UNFUSED_EPILOGUE, f"f32[{HIDDEN},{DIM}]", "up",
+               bytes=2 * HIDDEN * DIM * 4, why="dW0 read once by its bf16 cast"),
+        Expect(K.UNFUSED_EPILOGUE, f"f32[{OUT},{MID}]", "down",
+               bytes=2 * OUT * MID * 4, why="dW2 read once by its bf16 cast"),
+        Expect(K.SEPARATE_REDUCTION, f"f32[{BATCH},{OUT}]", "loss",
+               why="pred - y re-read by the squared-error sum"),
+    ),
+    not_flagged=tuple(
+        NotFlagged(f"the {m} param's cast feeds a dot: a prologue, not a standalone "
+                   "copy to remove (and f32 -> bf16 -> f32 is a rounding)",
+                   kind=K.STANDALONE_COPY, shape=f"{_W}[{a},{b}]", marker=m)
+        for m, a, b in _PARAMS) + (
+        NotFlagged("converts are no layout change: no transpose or copy in "
+                   "this HLO", kind=K.LAYOUT_CONFLICT),
+        NotFlagged("a narrowing round trip (f32 -> bf16 -> f32) is not bit-exact "
+                   "to remove", evidence="converted back", numerical="EXACT"),
+    ),
+    exhaustive=frozenset({K.LAYOUT_CONFLICT, K.EXPANDED_BROADCAST, K.UNFUSED_EPILOGUE}),
+)

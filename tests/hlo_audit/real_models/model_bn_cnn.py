@@ -1,0 +1,109 @@
+"""flax.linen CNN with BatchNorm in train mode (batch_stats mutable), trained
+with optax adam, as flax's examples/imagenet writes its train step."""
+
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import optax
+
+BATCH, HW, CH, CLASSES = 16, 16, 3, 10
+
+
+class CNN(nn.Module):
+  @nn.compact
+  def __call__(self, x, train: bool):
+    x = nn.Conv(16, (3, 3))(x)  # <conv1>
+    x = nn.BatchNorm(use_running_average=not train, momentum=0.9)(x)  # <bn1>
+    x = nn.relu(x)  # <relu1>
+    x = nn.Conv(32, (3, 3), strides=(2, 2))(x)  # <conv2>
+    x = nn.BatchNorm(use_running_average=not train, momentum=0.9)(x)  # <bn2>
+    x = nn.relu(x)  # <relu2>
+    x = x.mean(axis=(1, 2))  # <gap>
+    return nn.Dense(CLASSES)(x)  # <head>
+
+
+model = CNN()
+tx = optax.adam(1e-3)
+
+
+def train_step(params, batch_stats, opt_state, x, y):
+  def loss_fn(params):
+    logits, updates = model.apply({"params": params, "batch_stats": batch_stats},  # <apply>
+                                  x, train=True, mutable=["batch_stats"])
+    loss = optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
+    return loss, updates["batch_stats"]
+  (loss, new_stats), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)  # <grad>
+  updates, opt_state = tx.update(grads, opt_state, params)  # <optax>
+  return optax.apply_updates(params, updates), new_stats, opt_state, loss
+
+
+def build():
+  x = jnp.zeros((BATCH, HW, HW, CH), jnp.float32)
+  variables = model.init(jax.random.key(0), x, train=False)
+  params, stats = variables["params"], variables["batch_stats"]
+  return jax.jit(train_step), (params, stats, tx.init(params), x,
+                               jnp.zeros((BATCH,), jnp.int32))
+
+
+# ------------------------------------------------------------ ground truth --
+# Read off the optimized CPU HLO (jax 0.10.2, 0.11.2, 0.12: the same big
+# kernels; only scalar-stat fusions differ). Convolutions run as library
+# calls (conv, __ynn_fusion) writing NHWC f32; BatchNorm statistics are two
+# reductions over (N, H, W) producing f32[C] -- a batch norm, not a layer
+# norm -- and the weight-gradient convolutions read transposed copies that
+# XLA:CPU makes for its convolution library on purpose.
+from hlo_audit import FindingKind as K  # noqa: E402
+from tests.hlo_audit.real_models.truth import Expect, ModelTruth, NotFlagged  # noqa: E402
+
+_A1 = f"f32[{BATCH},{HW},{HW},16]"  # conv1 activations
+_A2 = f"f32[{BATCH},{HW // 2},{HW // 2},32]"  # conv2 activations
+_B1 = BATCH * HW * HW * 16 * 4
+
+TRUTH = ModelTruth(
+    expect=(
+        Expect(K.UNFUSED_EPILOGUE, _A1, "conv1", why=(
+            "conv1 output read back by the bias add and by the centering fusion")),
+        Expect(K.UNFUSED_EPILOGUE, _A2, "conv2", why=(
+            "conv2 output read back by the bias add and by the centering fusion")),
+        Expect(K.UNFUSED_EPILOGUE, _A1, "conv2", bytes=2 * _B1, why=(
+            "conv2's input-gradient convolution read once by the relu1-backward "
+            "fusion")),
+        Expect(K.UNFUSED_EPILOGUE, f"f32[16,3,3,32]", "conv2", why=(
+            "conv2's weight gradient read by adam's mu and nu kernels")),
+        Expect(K.SEPARATE_REDUCTION, _A1, "conv1", why=(
+            "conv1 + bias re-read by the BatchNorm mean and mean-of-squares "
+            "reductions over (N, H, W): batch statistics, no layer norm")),
+        Expect(K.SEPARATE_REDUCTION, _A2, "conv2", why=(
+            "conv2 + bias re-read by BatchNorm's two statistics reductions")),
+        Expect(K.SEPARATE_REDUCTION, _A2, "bn2", count=3, why=(
+            "BN2 apply written only for relu + global-average-pool's reduce; a "
+            "BN2-backward term written only for its reduce; BN2's dx re-read by "
+            "conv2's bias-gradient reduce")),
+        Expect(K.SEPARATE_REDUCTION, _A2, "relu2", why=(
+            "relu2-backward dy re-read by BN2's dgamma and dbeta reductions")),
+        Expect(K.SEPARATE_REDUCTION, _A1, "relu1", why=(
+            "relu1-backward dy re-read by BN1's dgamma and dbeta reductions")),
+        Expect(K.SEPARATE_REDUCTION, _A1, "bn1", count=2, why=(
+            "a BN1-backward term written only for its reduce; BN1's dx re-read "
+            "by conv1's bias-gradient reduce")),
+        Expect(K.UNFUSED_PROLOGUE, _A1, "relu1", why=(
+            "BatchNorm apply + relu written only for conv2: a prologue of the "
+            "convolution")),
+        Expect(K.EXPANDED_BROADCAST, _A2, None, why=(
+            "relu2's zero broadcast to f32[16,8,8,32] materialized for the "
+            "pooling reduce fusion")),
+    ),
+    not_flagged=(
+        NotFlagged("BatchNorm statistics reduce over batch and space to f32[C]: "
+                   "no layer_norm kernel computes that", says="layer_norm"),
+        NotFlagged("no RMS norm in a BatchNorm net", says="rms_norm"),
+        NotFlagged("XLA:CPU transposes operands of its weight-gradient and "
+                   "backward-data convolutions on purpose: not safe to drop",
+                   kind=K.LAYOUT_CONFLICT, verdict="safe"),
+        NotFlagged("a transpose feeding a convolution is no matmul prologue",
+                   says="pallas_kernels.matmul", kind=K.LAYOUT_CONFLICT),
+    ),
+    exhaustive=frozenset({K.EXPANDED_BROADCAST}),
+)

@@ -1,0 +1,95 @@
+"""flax.linen MLP classifier, trained with optax adam through a TrainState
+(as flax's examples/mnist writes its train step)."""
+
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import optax
+from flax.training import train_state
+
+BATCH, FEATURES, HIDDEN, CLASSES = 128, 256, 512, 16
+
+
+class MLP(nn.Module):
+  hidden: int = HIDDEN
+  classes: int = CLASSES
+
+  @nn.compact
+  def __call__(self, x):
+    x = nn.Dense(self.hidden)(x)  # <dense1>
+    x = nn.relu(x)  # <relu1>
+    x = nn.Dense(self.hidden)(x)  # <dense2>
+    x = nn.gelu(x)  # <gelu2>
+    return nn.Dense(self.classes)(x)  # <logits>
+
+
+def train_step(state, batch):
+  def loss_fn(params):
+    logits = state.apply_fn({"params": params}, batch["x"])  # <apply>
+    loss = optax.softmax_cross_entropy_with_integer_labels(logits, batch["y"]).mean()  # <loss>
+    return loss
+  loss, grads = jax.value_and_grad(loss_fn)(state.params)  # <grad>
+  state = state.apply_gradients(grads=grads)  # <update>
+  return state, loss
+
+
+def build():
+  model = MLP()
+  x = jnp.zeros((BATCH, FEATURES), jnp.float32)
+  params = model.init(jax.random.key(0), x)["params"]
+  state = train_state.TrainState.create(apply_fn=model.apply, params=params,
+                                        tx=optax.adam(1e-3))
+  batch = {"x": x, "y": jnp.zeros((BATCH,), jnp.int32)}
+  return jax.jit(train_step), (state, batch)
+
+
+# ------------------------------------------------------------ ground truth --
+# Read off the optimized CPU HLO (jax 0.10.2, 0.11.2, 0.12: the same kernels).
+# Each dense layer is a library dot (__ynn_fusion or dot) writing f32 and loop
+# fusions around it; no copy, transpose or expanded broadcast anywhere.
+from hlo_audit import FindingKind as K  # noqa: E402
+from tests.hlo_audit.real_models.truth import Expect, ModelTruth, NotFlagged  # noqa: E402
+
+_ACT = f"f32[{BATCH},{HIDDEN}]"
+_MN4 = 2 * BATCH * HIDDEN * 4
+
+TRUTH = ModelTruth(
+    expect=(
+        Expect(K.UNFUSED_EPILOGUE, _ACT, "dense1", why=(
+            "x @ W0 is written and read back by the bias+relu fusion (and by "
+            "the relu-backward mask): bias and relu belong in the matmul's store")),
+        Expect(K.UNFUSED_EPILOGUE, _ACT, "dense2", count=2, why=(
+            "forward h1 @ W1 read back by bias+gelu; backward dz2 @ W1^T read "
+            "once by the relu-backward select")),
+        Expect(K.UNFUSED_EPILOGUE, _ACT, "logits", bytes=_MN4, why=(
+            "backward dlogits @ W2^T read once by the gelu-backward fusion")),
+        Expect(K.UNFUSED_EPILOGUE, f"f32[{FEATURES},{HIDDEN}]", "dense1", why=(
+            "weight gradient x^T @ dz1 written, then read by adam's mu and nu "
+            "kernels separately: one epilogue could write both moments")),
+        Expect(K.UNFUSED_EPILOGUE, f"f32[{HIDDEN},{HIDDEN}]", "dense2", why=(
+            "weight gradient h1^T @ dz2 read by adam's mu and nu kernels")),
+        Expect(K.UNFUSED_EPILOGUE, f"f32[{HIDDEN},{CLASSES}]", "logits", why=(
+            "weight gradient h2^T @ dlogits read by adam's mu and nu kernels")),
+        Expect(K.SEPARATE_REDUCTION, _ACT, "relu1", bytes=_MN4 // 2, why=(
+            "relu-backward dz1 re-read by the bias-gradient reduce")),
+        Expect(K.SEPARATE_REDUCTION, _ACT, "gelu2", bytes=_MN4 // 2, why=(
+            "gelu-backward dz2 re-read by the bias-gradient reduce")),
+        Expect((K.SEPARATE_REDUCTION, K.UNFUSED_EPILOGUE), f"f32[{BATCH},{CLASSES}]",
+               "logits", why="logits re-read by the softmax's max pass, exp pass "
+               "and label gather (bias add unfused too)"),
+        Expect(K.SEPARATE_REDUCTION, f"f32[{BATCH},{CLASSES}]", "loss", count=2, why=(
+            "exp(logits - max) re-read by the sum; dlogits (the scatter's "
+            "result) re-read by the bias-gradient reduce-window")),
+    ),
+    not_flagged=(
+        NotFlagged("the scatter-add writes into its operand in place: the "
+                   "destination is not an expanded broadcast",
+                   kind=K.EXPANDED_BROADCAST),
+        NotFlagged("no layer norm here: the only row reductions are the "
+                   "softmax's and the bias gradients'", says="layer_norm"),
+    ),
+    exhaustive=frozenset({K.STANDALONE_COPY, K.LAYOUT_CONFLICT, K.EXPANDED_BROADCAST,
+                          K.UNFUSED_EPILOGUE, K.SEPARATE_REDUCTION}),
+)

@@ -1,0 +1,126 @@
+"""flax.nnx small ViT encoder trained with nnx.Optimizer (adamw), jitted the
+functional way the nnx docs show (nnx.split / nnx.merge under jax.jit)."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+
+BATCH, PATCHES, PATCH_DIM, DIM, HEADS, CLASSES = 8, 16, 48, 64, 4, 10
+EPS = 1e-5  # LayerNorm epsilon of ViTs ported from PyTorch (nnx's default: 1e-6)
+
+
+class Block(nnx.Module):
+  def __init__(self, dim, heads, rngs):
+    self.norm1 = nnx.LayerNorm(dim, epsilon=EPS, rngs=rngs)
+    self.attn = nnx.MultiHeadAttention(num_heads=heads, in_features=dim,
+                                       decode=False, rngs=rngs)
+    self.norm2 = nnx.LayerNorm(dim, epsilon=EPS, rngs=rngs)
+    self.fc1 = nnx.Linear(dim, 4 * dim, rngs=rngs)
+    self.fc2 = nnx.Linear(4 * dim, dim, rngs=rngs)
+
+  def __call__(self, x):
+    x = x + self.attn(self.norm1(x))  # <attn>
+    h = nnx.gelu(self.fc1(self.norm2(x)))  # <mlp1>
+    return x + self.fc2(h)  # <mlp2>
+
+
+class ViT(nnx.Module):
+  def __init__(self, rngs):
+    self.embed = nnx.Linear(PATCH_DIM, DIM, rngs=rngs)
+    self.pos = nnx.Param(jnp.zeros((1, PATCHES, DIM)))
+    self.blocks = nnx.List([Block(DIM, HEADS, rngs)])
+    self.norm = nnx.LayerNorm(DIM, epsilon=EPS, rngs=rngs)
+    self.head = nnx.Linear(DIM, CLASSES, rngs=rngs)
+
+  def __call__(self, x):
+    x = self.embed(x) + self.pos  # <embed>
+    for block in self.blocks:
+      x = block(x)  # <block>
+    x = self.norm(x).mean(axis=1)  # <pool>
+    return self.head(x)  # <head>
+
+
+def loss_fn(model, x, y):
+  logits = model(x)  # <forward>
+  return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
+
+
+def build():
+  model = ViT(nnx.Rngs(0))
+  optimizer = nnx.Optimizer(model, optax.adamw(1e-3), wrt=nnx.Param)
+  graphdef, state = nnx.split((model, optimizer))
+
+  def train_step(state, x, y):
+    model, optimizer = nnx.merge(graphdef, state)
+    loss, grads = nnx.value_and_grad(loss_fn)(model, x, y)  # <grad>
+    optimizer.update(model, grads)  # <update>
+    return nnx.state((model, optimizer)), loss
+
+  x = jnp.zeros((BATCH, PATCHES, PATCH_DIM), jnp.float32)
+  y = jnp.zeros((BATCH,), jnp.int32)
+  return jax.jit(train_step), (state, x, y)
+
+
+# ------------------------------------------------------------ ground truth --
+# Read off the optimized CPU HLO (jax 0.10.2, 0.11.2, 0.12: the same large
+# kernels). One block: three LayerNorms (statistics: a mean and a mean-of-
+# squares reduce over the feature axis), separate q/k/v LinearGeneral dots
+# whose bias and head transpose run in loop fusions, a fused scores+exp
+# kernel, gelu MLP, mean-pool head, adamw. The LayerNorm backward broadcasts
+# its scale and its rstd to [8,16,64] in kernels of their own.
+from hlo_audit import FindingKind as K  # noqa: E402
+from tests.hlo_audit.real_models.truth import Expect, ModelTruth, NotFlagged  # noqa: E402
+
+_T = f"f32[{BATCH},{PATCHES},{DIM}]"  # tokens
+_R = f"f32[{BATCH * PATCHES},{DIM}]"  # tokens as matmul rows
+
+TRUTH = ModelTruth(
+    expect=(
+        Expect(K.SEPARATE_REDUCTION, _T, "embed", says="eps=1e-05", why=(
+            "embed + pos re-read by norm1's mean and mean-of-squares reduces: "
+            "a layer norm (pallas_kernels.layer_norm, eps 1e-05 as in the HLO)")),
+        Expect(K.SEPARATE_REDUCTION, _T, "attn", says="eps=1e-05", why=(
+            "x + attn re-read by norm2's statistics: a layer norm")),
+        Expect(K.SEPARATE_REDUCTION, _T, "mlp2", says="eps=1e-05", why=(
+            "x + mlp re-read by the final norm's statistics: a layer norm")),
+        Expect(K.EXPANDED_BROADCAST, _T, "attn", count=2, why=(
+            "norm1's scale [64] and rstd [8,16] broadcast to [8,16,64] for its "
+            "backward reductions")),
+        Expect(K.EXPANDED_BROADCAST, _T, "mlp1", count=2,
+               why="norm2's scale and rstd broadcast to [8,16,64]"),
+        Expect(K.EXPANDED_BROADCAST, _T, "pool", count=3, why=(
+            "final norm's scale and rstd broadcast to [8,16,64]; mean-pool's "
+            "gradient broadcast over the 16 tokens")),
+        Expect(K.UNFUSED_EPILOGUE, _R, "attn", count=8, why=(
+            "q, k, v projections read back by bias + head transpose; out "
+            "projection by bias + residual; the three input-gradient dots of "
+            "q, k, v summed by one add; the out projection's input gradient "
+            "read by two head transposes")),
+        Expect(K.UNFUSED_EPILOGUE, _R, "embed", why="patch embedding read back by bias + pos"),
+        Expect(K.UNFUSED_EPILOGUE, _R, "mlp2", why="fc2 read back by bias + residual"),
+        Expect(K.UNFUSED_EPILOGUE, f"f32[{BATCH * PATCHES},{4 * DIM}]", "mlp1", why=(
+            "fc1 read back by bias + gelu (two kernels) and the gelu backward")),
+        Expect(K.UNFUSED_EPILOGUE, f"f32[{BATCH * PATCHES},{4 * DIM}]", "mlp2",
+               bytes=2 * BATCH * PATCHES * 4 * DIM * 4,
+               why="fc2's input gradient read once by the gelu backward"),
+        Expect(K.SEPARATE_REDUCTION, f"f32[{BATCH},{PATCHES},{4 * DIM}]", "mlp1", why=(
+            "gelu-backward dz re-read by fc1's bias-gradient reduce")),
+        Expect(K.SEPARATE_REDUCTION, f"f32[1,{BATCH},{HEADS},{PATCHES},{PATCHES}]", "attn",
+               says="softmax", why="exp(scores - max) re-read by the softmax sum"),
+        Expect((K.LAYOUT_CONFLICT, K.UNFUSED_PROLOGUE), f"f32[{DIM},{DIM}]", None, count=4,
+               why="q, k, v and out kernels transposed into buffers of their own "
+               "for the input-gradient dots"),
+        Expect(K.UNFUSED_PROLOGUE, f"f32[{BATCH},{HEADS},{PATCHES},{PATCHES}]", "attn",
+               count=2, why="normalized probabilities (scaled, one transposed) "
+               "written only for the PV dot and the dV dot"),
+    ),
+    not_flagged=(
+        NotFlagged("no RMS norm in this model: LayerNorm backward reductions "
+                   "(dgamma, dbeta) and its broadcasts are not rms_norm", says="rms_norm"),
+        NotFlagged("the HLO's epsilon is 1e-05", says="eps=1e-06"),
+    ),
+    exhaustive=frozenset({K.EXPANDED_BROADCAST}),
+)

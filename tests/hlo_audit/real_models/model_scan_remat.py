@@ -1,0 +1,96 @@
+"""flax.linen residual MLP stack as nn.scan over nn.remat'd layers (the
+pattern of flax's "scan over layers" guide), SGD with momentum from optax."""
+
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import optax
+
+BATCH, DIM, LAYERS = 64, 128, 4
+
+
+class Layer(nn.Module):
+  @nn.compact
+  def __call__(self, x, _):
+    h = nn.Dense(DIM)(x)  # <layer_dense>
+    x = x + jnp.tanh(h)  # <layer_act>
+    return x, None
+
+
+class Stack(nn.Module):
+  @nn.compact
+  def __call__(self, x):
+    ScanLayer = nn.scan(nn.remat(Layer), variable_axes={"params": 0},  # <scan>
+                        split_rngs={"params": True}, length=LAYERS)
+    x, _ = ScanLayer()(x, None)  # <stack>
+    return nn.Dense(1)(x)  # <out>
+
+
+model = Stack()
+tx = optax.sgd(1e-2, momentum=0.9)
+
+
+def train_step(params, opt_state, x, y):
+  def loss_fn(params):
+    pred = model.apply({"params": params}, x)  # <apply>
+    return jnp.mean((pred - y) ** 2)
+  loss, grads = jax.value_and_grad(loss_fn)(params)  # <grad>
+  updates, opt_state = tx.update(grads, opt_state, params)  # <optax>
+  return optax.apply_updates(params, updates), opt_state, loss  # <apply_updates>
+
+
+def build():
+  x = jnp.zeros((BATCH, DIM), jnp.float32)
+  params = model.init(jax.random.key(0), x)["params"]
+  return jax.jit(train_step), (params, tx.init(params), x, jnp.zeros((BATCH, 1)))
+
+
+# ------------------------------------------------------------ ground truth --
+# Read off the optimized CPU HLO (jax 0.10.2, 0.11.2, 0.12: the same kernels).
+# Forward: a while loop (trip 4) that copies its carry x at the top of the
+# body, dynamic-slices the layer's weight into its own buffer for the dot,
+# and stores x into the residual stack in place (dynamic-update-slice into a
+# zero broadcast made at entry). Backward: a while loop (trip 4) that slices
+# weight and saved input, recomputes the forward dot (remat), and writes dW
+# into a zero-initialised gradient stack. Entry copies x into the loop state.
+from hlo_audit import FindingKind as K  # noqa: E402
+from tests.hlo_audit.real_models.truth import Expect, ModelTruth, NotFlagged  # noqa: E402
+
+_X = f"f32[{BATCH},{DIM}]"
+_W = f"f32[{DIM},{DIM}]"
+_PER_RUN = 2 * BATCH * DIM * 4 * LAYERS  # a write and a read of x, 4 trips
+
+TRUTH = ModelTruth(
+    expect=(
+        Expect(K.STANDALONE_COPY, _X, "stack", says="loop", why=(
+            "copy of the loop carry x at the top of the forward body (4 trips): "
+            "a loop-boundary copy, not a layout change")),
+        Expect(K.STANDALONE_COPY, _X, None, says="loop", why=(
+            "entry copy(x) into the forward loop's initial state")),
+        Expect((K.UNFUSED_PROLOGUE, K.STANDALONE_COPY), _W, "stack", count=2, why=(
+            "per-layer weight dynamic-sliced into its own buffer each trip, read "
+            "only by the layer's dots (forward; backward remat + dX)")),
+        Expect((K.UNFUSED_PROLOGUE, K.STANDALONE_COPY), _X, "stack", why=(
+            "saved layer input dynamic-sliced out of the residual stack each "
+            "backward trip for the remat dot and the dW dot")),
+        Expect(K.UNFUSED_EPILOGUE, _X, "layer_dense", count=3, bytes=_PER_RUN, why=(
+            "forward x @ W -> bias+tanh+residual; remat x @ W -> tanh backward; "
+            "dz @ W^T -> residual add: each read once, in a 4-trip loop")),
+        Expect(K.UNFUSED_EPILOGUE, _W, "layer_dense", why=(
+            "per-layer dW dot written, then copied into the gradient stack by a "
+            "dynamic-update-slice: the dot could write the slice")),
+        Expect(K.SEPARATE_REDUCTION, _X, "layer_act", bytes=_PER_RUN // 2, why=(
+            "tanh-backward dz re-read by the bias-gradient reduce each trip")),
+    ),
+    not_flagged=(
+        NotFlagged("the loop carry copy keeps layout {1,0}: not a layout change",
+                   shape=_X, says="layout change"),
+        NotFlagged("no transpose and no layout change anywhere", kind=K.LAYOUT_CONFLICT),
+        NotFlagged("the zero stacks are dynamic-update-slice destinations written "
+                   "in place, not expanded broadcasts", kind=K.EXPANDED_BROADCAST),
+    ),
+    exhaustive=frozenset({K.STANDALONE_COPY, K.LAYOUT_CONFLICT, K.EXPANDED_BROADCAST,
+                          K.UNFUSED_EPILOGUE}),
+)

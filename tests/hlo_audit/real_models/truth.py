@@ -1,0 +1,236 @@
+"""Ground truth on third-party models: expectations as data, and the matcher.
+
+Each `model_*.py` here is a train step written the way its library's own
+examples write it, with a `TRUTH` read off its optimized CPU HLO by hand
+(fusions, copies, transposes, broadcasts, dots and convolutions, loops),
+independently of what the detectors say. Lines are named by `# <marker>`
+comments in the model's file, so the truth survives edits above them.
+
+Scoring (the same in the tests and in `scripts/ground_truth.py`):
+
+- Scored classes are the actionable ones: every `FindingKind` but
+  `KEEP_REUSE` and `ALREADY_FUSED`, which propose no change.
+- Recall: expected finding instances that some finding matches, over all
+  expected instances.
+- Precision: TP / (TP + FP), where a finding is a true positive when it
+  matches an `Expect`; a false positive when it matches a `NotFlagged` (it
+  contradicts the HLO) or it is unmatched in a class the model declares
+  `exhaustive` (its expected list for that class is complete); otherwise it
+  is *unjudged* and left out of precision (counted and printed apart), so
+  precision never rests on findings nobody checked.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import importlib
+import pathlib
+import re
+
+import jax
+
+import hlo_audit
+from hlo_audit import FindingKind, FusionDecisionRecord
+
+HERE = pathlib.Path(__file__).resolve().parent
+
+MODELS = ("linen_mlp", "nnx_vit", "equinox_mlp", "scan_remat", "bn_cnn", "donated",
+          "bf16_mlp", "lstm")
+
+#: Classes that propose no change: not scored.
+UNSCORED = frozenset({FindingKind.KEEP_REUSE, FindingKind.ALREADY_FUSED})
+SCORED = tuple(k for k in FindingKind if k not in UNSCORED)
+
+
+def jax_version() -> tuple[int, ...]:
+  """The running jax's (major, minor, patch): where XLA's output differs by
+  version, expectations read it here and nowhere else."""
+  return tuple(int(p) for p in re.findall(r"\d+", jax.__version__)[:3])
+
+
+#: XLA:CPU runs bf16 dots natively (YNNPACK) from jax 0.11; 0.10 upcasts the
+#: bf16 operands back to f32 before the dot (f32 -> bf16 -> f32 on each).
+NATIVE_BF16_DOT = jax_version() >= (0, 11)
+
+#: From jax 0.11 XLA:CPU leaves more slicing and transposing as kernels of
+#: their own: an LSTM's time-major swap becomes a transpose plus a relayout
+#: copy (one copy in 0.10), and two backward-loop dynamic-slices that 0.10
+#: fuses into their elementwise readers are materialized.
+SPLIT_SLICES = jax_version() >= (0, 11)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Expect:
+  """A finding the audit must report."""
+
+  #: The right class; more than one when the HLO supports either reading;
+  #: None for any scored class (a miss no class names yet: then `says`
+  #: carries the requirement, e.g. "hoist").
+  kind: FindingKind | tuple[FindingKind, ...] | None
+  #: The boundary buffer's shape, e.g. "f32[128,512]".
+  shape: str
+  #: `# <marker>` of the model line the finding must cite; None where the
+  #: HLO instruction carries no stack (XLA-made copies): source unchecked.
+  marker: str | None
+  #: Logical bytes saved, where they follow from the shape (None: unchecked).
+  bytes: int | None = None
+  #: Substring the finding's ops, kernel or evidence must hold (lowercase),
+  #: e.g. "donat" for a donation copy.
+  says: str | None = None
+  #: How many such boundaries the HLO holds (e.g. one per layer).
+  count: int = 1
+  #: What the HLO shows, for the reader of a failure.
+  why: str = ""
+
+  @property
+  def kinds(self) -> tuple[FindingKind, ...]:
+    if self.kind is None:
+      return SCORED
+    return self.kind if isinstance(self.kind, tuple) else (self.kind,)
+
+  @property
+  def label(self) -> str:
+    return "any class" if self.kind is None else self.kinds[0].slug
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class NotFlagged:
+  """Findings that contradict the HLO: every given field must match for a
+  finding to be a violation (None: any)."""
+
+  why: str
+  kind: FindingKind | None = None
+  shape: str | None = None
+  marker: str | None = None
+  #: Substring of what the finding claims -- its ops, kernel or suggested
+  #: call (lowercase) -- e.g. "rms_norm", "layout change".
+  says: str | None = None
+  #: Substring of its evidence prose (lowercase), for claims made only there.
+  evidence: str | None = None
+  #: Numerical class name the finding must not give, e.g. "EXACT".
+  numerical: str | None = None
+  #: Verdict value the finding must not give, e.g. "safe".
+  verdict: str | None = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ModelTruth:
+  expect: tuple[Expect, ...]
+  not_flagged: tuple[NotFlagged, ...] = ()
+  #: Classes whose `expect` list is complete for this model.
+  exhaustive: frozenset[FindingKind] = frozenset()
+
+
+@functools.cache
+def model(name: str):
+  return importlib.import_module(f"tests.hlo_audit.real_models.model_{name}")
+
+
+def model_file(name: str) -> pathlib.Path:
+  return HERE / f"model_{name}.py"
+
+
+@functools.cache
+def markers(name: str) -> dict[str, int]:
+  """`# <marker>` -> 1-based line in the model's file."""
+  out = {}
+  for i, line in enumerate(model_file(name).read_text().splitlines(), 1):
+    for m in re.finditer(r"# <(\w+)>", line):
+      out[m.group(1)] = i
+  return out
+
+
+@functools.cache
+def report(name: str) -> hlo_audit.AuditReport:
+  """The model's audit, compiled once per process -- for CPU, whatever the
+  default backend: the truth was read off XLA:CPU's HLO."""
+  with jax.default_device(jax.devices("cpu")[0]):
+    fn, args = model(name).build()
+    return hlo_audit.audit(fn, *args)
+
+
+def in_model(name: str, f: FusionDecisionRecord, marker: str | None) -> bool:
+  """Whether `f` cites the model's line `marker` (any line when None)."""
+  src = f.source
+  if src is None or pathlib.Path(src.file).name != model_file(name).name:
+    return False
+  return marker is None or src.line == markers(name)[marker]
+
+
+def _claims(f: FusionDecisionRecord) -> str:
+  return " ".join((*f.ops, f.kernel or "", f.suggestion)).lower()
+
+
+def _said(f: FusionDecisionRecord) -> str:
+  return _claims(f) + " " + f.evidence.lower()
+
+
+def _expect_matches(name: str, e: Expect, f: FusionDecisionRecord) -> bool:
+  return (f.kind in e.kinds and f.boundary_shape == e.shape and
+          (e.marker is None or in_model(name, f, e.marker)) and
+          (e.bytes is None or f.bytes_saved == e.bytes) and
+          (e.says is None or e.says in _said(f)))
+
+
+def _violates(name: str, n: NotFlagged, f: FusionDecisionRecord) -> bool:
+  return ((n.kind is None and f.kind not in UNSCORED or f.kind is n.kind) and
+          (n.shape is None or f.boundary_shape == n.shape) and
+          (n.marker is None or in_model(name, f, n.marker)) and
+          (n.says is None or n.says in _claims(f)) and
+          (n.evidence is None or n.evidence in f.evidence.lower()) and
+          (n.numerical is None or f.numerical_class.name == n.numerical) and
+          (n.verdict is None or f.verdict.value == n.verdict))
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Outcome:
+  """One model's findings against its truth."""
+
+  #: (expectation, findings matched), one row per expectation.
+  matched: tuple[tuple[Expect, tuple[FusionDecisionRecord, ...]], ...]
+  #: (finding, why): contradicts the truth.
+  false_positives: tuple[tuple[FusionDecisionRecord, str], ...]
+  #: Scored findings the truth does not judge.
+  unjudged: tuple[FusionDecisionRecord, ...]
+
+  @property
+  def missed(self) -> tuple[tuple[Expect, int], ...]:
+    """(expectation, instances missing)."""
+    return tuple((e, e.count - len(fs)) for e, fs in self.matched if len(fs) < e.count)
+
+
+def compare(name: str, findings: tuple[FusionDecisionRecord, ...],
+            truth: ModelTruth) -> Outcome:
+  """Matches scored findings to expectations (each expectation takes up to
+  `count` findings, in report order) and judges the rest."""
+  scored = [f for f in findings if f.kind not in UNSCORED]
+  taken: set[int] = set()
+  matched = []
+  for e in truth.expect:
+    got = []
+    for i, f in enumerate(scored):
+      if len(got) < e.count and i not in taken and _expect_matches(name, e, f):
+        got.append(f)
+        taken.add(i)
+    matched.append((e, tuple(got)))
+  fps, unjudged = [], []
+  for i, f in enumerate(scored):
+    bad = next((n.why for n in truth.not_flagged if _violates(name, n, f)), None)
+    if bad is not None:
+      fps.append((f, bad))
+    elif i in taken:
+      continue
+    elif f.kind in truth.exhaustive:
+      fps.append((f, f"no such {f.kind.value} in the HLO (class checked exhaustively)"))
+    else:
+      unjudged.append(f)
+  return Outcome(matched=tuple(matched), false_positives=tuple(fps),
+                 unjudged=tuple(unjudged))
+
+
+def describe(name: str, f: FusionDecisionRecord) -> str:
+  src = f"{pathlib.Path(f.source.file).name}:{f.source.line}" if f.source else "no source"
+  return (f"{f.kind.slug} {f.boundary} {f.boundary_shape} {f.bytes_saved} B at {src} "
+          f"ops={list(f.ops)} kernel={f.kernel} {f.verdict.value} "
+          f"{f.numerical_class.name}")
