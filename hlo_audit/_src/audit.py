@@ -8,6 +8,7 @@ the analyses on a capture already made.
 from __future__ import annotations
 
 import dataclasses
+import dataclasses
 import os
 from typing import Any
 
@@ -114,10 +115,10 @@ def _audit_capture(cap: Capture, options: AuditOptions) -> AuditReport:
              if f.boundary and f.verdict is not Verdict.KEEP else None for f in findings]
   findings = with_peaks(findings, peak_after_fusions(program, fusions), liveness.peak_bytes)
   collectives = find_collectives(module, program, kernels)
-  findings = tuple(findings) + tuple(find_memory_findings(
-      program, kernels, buffers, cap.argument_names)) + tuple(
-          find_collective_findings(program, kernels, buffers, collectives,
-                                   _parameter_shardings(cap)))
+  findings = _merged(findings, [
+      *find_memory_findings(program, kernels, buffers, cap.argument_names),
+      *find_collective_findings(program, kernels, buffers, collectives,
+                                _parameter_shardings(cap))])
   xla_peak = _xla_peak(cap)
   notes = list(cap.notes)
   if not module.is_scheduled:
@@ -148,6 +149,28 @@ def _audit_capture(cap: Capture, options: AuditOptions) -> AuditReport:
       live_at_peak=tuple(names[b] for b in liveness.live_at_peak),
       cost_analysis=cap.cost_analysis, notes=tuple(notes), options=options,
       collectives=collectives, program=program)
+
+
+def _merged(findings, extra) -> tuple:
+  """`findings` and `extra`, one record per boundary: an extra record whose
+  boundary a finding already names becomes a note on it (the first record's
+  verdict stands; its peak is filled from the extra when it had none)."""
+  out = list(findings)
+  at = {(f.computation, f.boundary): i for i, f in enumerate(out) if f.boundary}
+  for f in extra:
+    i = at.get((f.computation, f.boundary)) if f.boundary else None
+    if i is None:
+      if f.boundary:
+        at[(f.computation, f.boundary)] = len(out)
+      out.append(f)
+      continue
+    note = f"also {f.kind.value}: {f.evidence}" + (f"; {f.suggestion}" if f.suggestion else "")
+    first = out[i]
+    out[i] = dataclasses.replace(
+        first, notes=(*first.notes, note),
+        peak_after=first.peak_after if first.peak_after is not None else f.peak_after,
+        peak_saved=first.peak_saved if first.peak_after is not None else f.peak_saved)
+  return tuple(out)
 
 
 def _parameter_shardings(cap: Capture) -> dict[int, str]:

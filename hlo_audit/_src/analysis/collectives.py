@@ -24,7 +24,8 @@ import re
 from collections.abc import Mapping, Sequence
 
 from hlo_audit._src.analysis.buffers import Buffer, is_layout_conversion
-from hlo_audit._src.analysis.kernels import Kernel, source_of
+from hlo_audit._src.analysis.kernels import Kernel
+from hlo_audit._src.analysis.source import attribute
 from hlo_audit._src.analysis.records import (FindingKind, FusionDecisionRecord,
                                              NumericalClass, Verdict)
 from hlo_audit._src.analysis.what_if import Program, peak_after_fusions
@@ -215,7 +216,7 @@ def find_collective_findings(program: Program, kernels: Sequence[Kernel],
   for c in collectives:
     comp = module.computation(c.computation)
     inst = comp.instruction(c.name)
-    loc = source_of(module, inst)
+    loc = attribute(module, inst)[0]
     moved = c.bytes_sent + c.bytes_received
     if c.is_async and not c.overlapped:
       found.append(_record(
@@ -378,7 +379,7 @@ def _replicated(program: Program, shardings: Mapping[int, str],
     # it takes its replicated share off every step, the peak included.
     found.append(FusionDecisionRecord(
         kind=FindingKind.REPLICATED_BUFFER, producer="", consumers=(),
-        boundary=path, boundary_shape=p.shape.dtype_str, bytes_saved=0,
+        boundary=p.name, boundary_shape=p.shape.dtype_str, bytes_saved=0,
         launches_removed=0, extra_arithmetic="none",
         extra_resources=f"{wasted} B per device held {n} times over",
         numerical_class=NumericalClass.EXACT,

@@ -26,7 +26,8 @@ import re
 from collections.abc import Mapping, Sequence
 
 from hlo_audit._src.analysis.buffers import Buffer, Lifetime
-from hlo_audit._src.analysis.kernels import Kernel, source_of
+from hlo_audit._src.analysis.kernels import Kernel
+from hlo_audit._src.analysis.source import attribute
 from hlo_audit._src.analysis.records import (FindingKind, FusionDecisionRecord,
                                              NumericalClass, Verdict)
 from hlo_audit._src.analysis.what_if import (Program, WhatIfError, arguments_of,
@@ -138,7 +139,7 @@ def _undonated(program: Program, argument_names: Sequence[str]) -> list[FusionDe
         ops=tuple(paths[n] for n in numbers), suggestion=suggestion,
         computation=entry.name,
         # The update that would write into the donated memory.
-        source=next((source_of(module, entry.instruction(out_value[m[1]][0]))
+        source=next((attribute(module, entry.instruction(out_value[m[1]][0]))[0]
                      for m in members if out_value[m[1]][0] in entry), None),
         peak_after=what.peak_bytes if what else None,
         peak_saved=what.peak_saved if what else None))
@@ -288,7 +289,8 @@ def _costly_remats(program: Program, kernels: Sequence[Kernel]) -> list[FusionDe
   first = again[0]
   return [FusionDecisionRecord(
       kind=FindingKind.COSTLY_REMAT, producer=first.name,
-      consumers=tuple(k.name for k in again[1:]), boundary=first.name,
+      # No boundary: the finding is about kernels, not a buffer.
+      consumers=tuple(k.name for k in again[1:]), boundary="",
       boundary_shape=f"{len(again)} recomputed dots", bytes_saved=0,
       launches_removed=len(again),
       extra_arithmetic=(f"{recomputed} dot flops recomputed ({100 * share:.0f}% of "

@@ -65,7 +65,10 @@ _SCRIPT = textwrap.dedent("""
           "peak": r.peak_bytes, "xla": r.xla_peak_bytes,
           "collectives": [[c.opcode, c.group_size, c.bytes_sent, c.bytes_received,
                            c.operand_bytes, c.result_bytes] for c in r.collectives],
-          "findings": [[f.kind.slug, f.boundary, f.peak_saved] for f in r.findings
+          # Replicated parameters by argument path (their boundary is the HLO
+          # parameter).
+          "findings": [[f.kind.slug, f.ops[0] if f.kind.slug == "replicated-buffer"
+                        else f.boundary, f.peak_saved] for f in r.findings
                        if f.kind.slug in ("collective-matmul", "replicated-buffer",
                                           "reshard-around-collective",
                                           "exposed-collective")],

@@ -144,15 +144,16 @@ def scaled_mlp(ws, g, x):
 def test_remat_candidate_lowers_the_peak_by_its_replay():
   r = hlo_audit.audit(jax.jit(jax.grad(scaled_mlp, argnums=(0, 1))),
                       [S((512, 512), F32)] * 3, S((512,), F32), S((1024, 512), F32))
-  found = r.findings_of(FindingKind.REMAT_CANDIDATE)
-  # Only x * g: the tanh outputs' inputs (the dots) die early.
-  assert [f.source.line for f in found] == [scaled_mlp.__code__.co_firstlineno + 1]
-  assert found[0].peak_saved == 1024 * 512 * 4
-  for f in found:
-    assert f.peak_saved > 0
-    full = r.what_if(remat=[f.boundary]).peak_bytes
-    assert abs(full - f.peak_after) <= QUICK_TOLERANCE * r.peak_bytes
-    assert "jax.checkpoint_policies.dots_saveable" in f.suggestion
+  # Only x * g: the tanh outputs' inputs (the dots) die early. A boundary
+  # another finding names carries the remat as a note (one record per buffer).
+  line = scaled_mlp.__code__.co_firstlineno + 1
+  found = [f for f in r.findings if f.kind is FindingKind.REMAT_CANDIDATE or any(
+      n.startswith("also " + FindingKind.REMAT_CANDIDATE.value) for n in f.notes)]
+  assert [f.source.line for f in found] == [line]
+  (f,) = found
+  w = r.what_if(remat=[f.boundary])
+  assert w.peak_saved == 1024 * 512 * 4
+  assert "jax.checkpoint_policies.dots_saveable" in (f.suggestion + " ".join(f.notes))
 
 
 def checkpointed(ws, x):
