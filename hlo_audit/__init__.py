@@ -34,3 +34,6 @@ from hlo_audit._src.audit import audit_capture as audit_capture
 from hlo_audit._src.audit import audit_hlo as audit_hlo
 from hlo_audit._src.report.diff import AuditDiff as AuditDiff
 from hlo_audit._src.report.report import AuditReport as AuditReport
+from hlo_audit._src.analysis.collectives import Collective as Collective
+from hlo_audit._src.analysis.what_if import WhatIf as WhatIf
+from hlo_audit._src.analysis.what_if import WhatIfError as WhatIfError

@@ -8,21 +8,27 @@ the analyses on a capture already made.
 from __future__ import annotations
 
 import dataclasses
+import dataclasses
 import os
 from typing import Any
 
 from hlo_audit._src.analysis.buffers import find_buffers
+from hlo_audit._src.analysis.collectives import find_collective_findings, find_collectives
 from hlo_audit._src.analysis.dataflow import analyze_dataflow
 from hlo_audit._src.analysis.detectors import AuditOptions, find_findings
+from hlo_audit._src.analysis.records import Verdict
 from hlo_audit._src.analysis.kernels import find_kernels
 from hlo_audit._src.analysis.liveness import analyze_liveness
+from hlo_audit._src.analysis.memory_findings import find_memory_findings, with_peaks
 from hlo_audit._src.analysis.schedule import flatten_schedule
 from hlo_audit._src.analysis.suggestions import add_suggestions
+from hlo_audit._src.analysis.what_if import Program, arguments_of, peak_after_fusions
 from hlo_audit._src.capture.capture import Capture, capture, capture_text
 from hlo_audit._src.capture.dump import load_dump
 from hlo_audit._src.errors import HloAuditError
 from hlo_audit._src.gc_pause import paused_gc
 from hlo_audit._src.hlo.ir import HloModule
+from hlo_audit._src.hlo.parser import parse_hlo
 from hlo_audit._src.report.report import AuditReport, ModuleInfo
 
 #: Our peak and XLA's are expected to agree this closely.
@@ -107,6 +113,19 @@ def _audit_capture(cap: Capture, options: AuditOptions) -> AuditReport:
                            liveness.peak_bytes, options)
   findings = _with_stacks(findings, kernels, buffers)
   findings = add_suggestions(findings, module)
+  program = Program(module=module, schedule=schedule, dataflow=dataflow,
+                    liveness=liveness,
+                    arguments=arguments_of(module, cap.argument_names))
+  # Every finding's peak after its change alone (what_if.py), then the
+  # memory findings, which carry their own.
+  fusions = [(f.boundary, f.producer, f.consumers)
+             if f.boundary and f.verdict is not Verdict.KEEP else None for f in findings]
+  findings = with_peaks(findings, peak_after_fusions(program, fusions), liveness.peak_bytes)
+  collectives = find_collectives(module, program, kernels)
+  findings = _merged(findings, [
+      *find_memory_findings(program, kernels, buffers, cap.argument_names),
+      *find_collective_findings(program, kernels, buffers, collectives,
+                                _parameter_shardings(cap))])
   xla_peak = _xla_peak(cap)
   notes = list(cap.notes)
   if not module.is_scheduled:
@@ -135,7 +154,45 @@ def _audit_capture(cap: Capture, options: AuditOptions) -> AuditReport:
       heap_peak_bytes=liveness.peak_heap_bytes, peak_time=liveness.peak_time,
       timeline=liveness.timeline,
       live_at_peak=tuple(names[b] for b in liveness.live_at_peak),
-      cost_analysis=cap.cost_analysis, notes=tuple(notes), options=options)
+      cost_analysis=cap.cost_analysis, notes=tuple(notes), options=options,
+      collectives=collectives, program=program)
+
+
+def _merged(findings, extra) -> tuple:
+  """`findings` and `extra`, one record per boundary: an extra record whose
+  boundary a finding already names becomes a note on it (the first record's
+  verdict stands; its peak is filled from the extra when it had none)."""
+  out = list(findings)
+  at = {(f.computation, f.boundary): i for i, f in enumerate(out) if f.boundary}
+  for f in extra:
+    i = at.get((f.computation, f.boundary)) if f.boundary else None
+    if i is None:
+      if f.boundary:
+        at[(f.computation, f.boundary)] = len(out)
+      out.append(f)
+      continue
+    note = f"also {f.kind.value}: {f.evidence}" + (f"; {f.suggestion}" if f.suggestion else "")
+    first = out[i]
+    out[i] = dataclasses.replace(
+        first, notes=(*first.notes, note),
+        peak_after=first.peak_after if first.peak_after is not None else f.peak_after,
+        peak_saved=first.peak_saved if first.peak_after is not None else f.peak_saved)
+  return tuple(out)
+
+
+def _parameter_shardings(cap: Capture) -> dict[int, str]:
+  """Entry parameter number -> sharding, for a partitioned module whose
+  optimized parameters lost theirs (newer XLA): from the HLO before
+  optimization, which keeps them."""
+  module = cap.module
+  if module.attributes.get("num_partitions", "1") in ("0", "1") or not \
+      cap.pre_optimization_text or all(p.sharding for p in module.entry.parameters):
+    return {}
+  try:
+    pre = parse_hlo(cap.pre_optimization_text)
+  except HloAuditError:
+    return {}
+  return {p.parameter_number: p.sharding for p in pre.entry.parameters if p.sharding}
 
 
 def _with_stacks(findings, kernels, buffers):

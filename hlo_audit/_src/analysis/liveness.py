@@ -76,9 +76,24 @@ class Liveness:
     return sum(self.sizes[b] for b in self.parameter_buffers)
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class LivenessEdits:
+  """Changes a what-if replay makes to the program's buffers (see what_if)."""
+
+  #: Buffers that no longer exist (fused away, dropped).
+  dropped: frozenset[ValueId] = frozenset()
+  #: value -> (first, last) replacing its live range (a remat shortens one,
+  #: a fusion lengthens its inputs').
+  value_ranges: Mapping[ValueId, tuple[int, int]] = dataclasses.field(
+      default_factory=lambda: types.MappingProxyType({}))
+  #: Extra temporaries on the heap, (first, last, bytes): recomputed values.
+  extra: tuple[tuple[int, int, int], ...] = ()
+
+
 def analyze_liveness(module: HloModule, schedule: Schedule,
-                     dataflow: Dataflow) -> Liveness:
-  """Live ranges of `dataflow`'s values and buffers, and the peak memory."""
+                     dataflow: Dataflow, edits: LivenessEdits | None = None) -> Liveness:
+  """Live ranges of `dataflow`'s values and buffers, and the peak memory;
+  with `edits`, of the program those edits describe."""
   end = schedule.end
   time = schedule.time
   span = schedule.span
@@ -109,6 +124,14 @@ def analyze_liveness(module: HloModule, schedule: Schedule,
         parameter_buffers.add(dataflow.buffer_of[vid])
   output_buffers = {dataflow.buffer_of[vid]
                     for _, vid in dataflow.holds.get(entry.root_name, ())}
+  if edits is not None:
+    for vid, r in edits.value_ranges.items():
+      value_ranges[vid] = list(r)
+    if edits.dropped:
+      dataflow = dataclasses.replace(dataflow, buffers=types.MappingProxyType(
+          {b: m for b, m in dataflow.buffers.items() if b not in edits.dropped}))
+      parameter_buffers -= edits.dropped
+      output_buffers -= edits.dropped
 
   sizes = {b: max(dataflow.values[v].byte_size for v in members)
            for b, members in dataflow.buffers.items()}
@@ -132,7 +155,10 @@ def analyze_liveness(module: HloModule, schedule: Schedule,
     m[0] = min(m[0], ranges[b][0])
     m[1] = max(m[1], ranges[b][1])
     m[2] = max(m[2], sizes[b])
-  heap_line = _timeline(merged.values(), end)
+  intervals = list(merged.values())
+  if edits is not None:
+    intervals.extend(edits.extra)
+  heap_line = _timeline(intervals, end)
   peak_heap = max(heap_line, default=0)
   peak_time = heap_line.index(peak_heap) if heap_line else 0
   fixed = sum(allocation_sizes)

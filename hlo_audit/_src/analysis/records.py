@@ -31,6 +31,15 @@ class FindingKind(enum.Enum):
   LOOP_INVARIANT = "loop-invariant work"
   KEEP_REUSE = "multi-consumer buffer worth keeping"
   ALREADY_FUSED = "already fused"
+  # Memory findings (memory_findings.py): changes that lower the peak.
+  UNDONATED_ARGUMENT = "argument not donated"
+  REMAT_CANDIDATE = "saved buffer cheap to recompute"
+  COSTLY_REMAT = "remat whose recompute dominates"
+  # Sharded programs: communication and layout around collectives.
+  EXPOSED_COLLECTIVE = "exposed communication"
+  RESHARD_AROUND_COLLECTIVE = "resharding copy around a collective"
+  COLLECTIVE_MATMUL = "all-gather feeding a dot"
+  REPLICATED_BUFFER = "replicated buffer the sharding could split"
 
   @property
   def slug(self) -> str:
@@ -118,3 +127,8 @@ class FusionDecisionRecord:
   #: The stack `source` was chosen from, innermost frame first: the library
   #: frames above the user's line are context (`source.context`).
   source_stack: tuple[SourceLocation, ...] = ()
+  #: The peak after this change alone, from a what-if replay of the liveness
+  #: (None: not replayed, e.g. a boundary that is no buffer of the program).
+  peak_after: int | None = None
+  #: Peak bytes the change saves: the audited peak minus `peak_after`.
+  peak_saved: int | None = None

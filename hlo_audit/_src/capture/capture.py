@@ -91,6 +91,10 @@ class Capture:
   path: str | None = None
   #: Why some of the above is missing, for reports to say.
   notes: tuple[str, ...] = ()
+  #: The jitted function's positional parameter names, by argument number
+  #: ("*args" for a var-positional one), to turn the argument paths JAX writes
+  #: in parameters' metadata into `donate_argnums`; () when unknown.
+  argument_names: tuple[str, ...] = ()
 
   @property
   def name(self) -> str:
@@ -173,7 +177,29 @@ def capture(fn: Any, *args: Any, xla_reports: bool = False,
   except Exception as e:  # JAX raises TypeError, ValueError, tracer errors...
     raise CaptureError(f"could not trace {name}{_signature(args, kwargs)}: "
                        f"{type(e).__name__}: {_first_line(e)}") from e
-  return _compile_and_capture(lowered, origin=origin, xla_reports=xla_reports)
+  return dataclasses.replace(_compile_and_capture(lowered, origin=origin, xla_reports=xla_reports),
+                             argument_names=_argument_names(fn))
+
+
+def _argument_names(fn) -> tuple[str, ...]:
+  """Positional parameter names of `fn` (through jax.jit's wrapper)."""
+  import inspect
+
+  raw = fn
+  while hasattr(raw, "__wrapped__"):
+    raw = raw.__wrapped__
+  try:
+    sig = inspect.signature(raw)
+  except (TypeError, ValueError):
+    return ()
+  names = []
+  for p in sig.parameters.values():
+    if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD):
+      names.append(p.name)
+    elif p.kind is p.VAR_POSITIONAL:
+      names.append("*" + p.name)
+      break
+  return tuple(names)
 
 
 def _jax_stage(obj: Any, kind) -> Any:

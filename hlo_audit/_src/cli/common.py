@@ -54,6 +54,10 @@ def add_output_flags(p: argparse.ArgumentParser) -> None:
   out.add_argument("--min-bytes", metavar="SIZE", type=_size, default=0,
                    help="with --fail-on: only finding groups (the same pattern at one "
                         "source line) saving at least SIZE per run fail, e.g. 1MiB")
+  out.add_argument("--what-if", metavar="CHANGES", default=None,
+                   help="replay the peak with changes made, e.g. 'donate=0,1', "
+                        "'donate=params;remat=fusion.3', 'drop=NAME', 'fuse=2' (finding "
+                        "numbers); prints the replayed peak beside the original")
   out.add_argument("--width", type=int, default=None,
                    help="width of the text report (default: $COLUMNS, else the terminal's; "
                    f"{PIPED_WIDTH} when piped)")
@@ -92,6 +96,70 @@ def hints(prefix: list[str], swap: bool = False) -> tuple[tuple[str, str], ...]:
   return tuple(out)
 
 
+def add_devices_flag(p: argparse.ArgumentParser) -> None:
+  p.add_argument("--devices", type=int, default=None, metavar="N",
+                 help="compile for N devices (on CPU: N host devices, "
+                      "--xla_force_host_platform_device_count=N)")
+
+
+def use_devices(n: int | None) -> None:
+  """Makes N devices available before JAX starts its backends.
+
+  Raises:
+    UsageError: for N < 1, or when JAX already runs with fewer devices.
+  """
+  if n is None:
+    return
+  if n < 1:
+    raise UsageError(f"--devices {n}: expected a positive number")
+  flag = f"--xla_force_host_platform_device_count={n}"
+  flags = [f for f in os.environ.get("XLA_FLAGS", "").split()
+           if not f.startswith("--xla_force_host_platform_device_count=")]
+  os.environ["XLA_FLAGS"] = " ".join([*flags, flag])
+  import jax
+
+  have = jax.device_count()
+  if have < n:
+    raise UsageError(f"--devices {n}: JAX runs with {have} {jax.default_backend()} "
+                     f"device(s) (on CPU, set XLA_FLAGS={flag} before JAX starts)")
+
+
+_WHAT_IF_KEYS = ("donate", "remat", "drop", "fuse")
+
+
+def replay_what_if(report: AuditReport, spec: str):
+  """The what-if `--what-if` asks for: 'KEY=V1,V2;KEY=...' with KEY one of
+  donate, remat, drop, fuse (fuse takes finding numbers, 1-based)."""
+  changes: dict[str, list] = {}
+  for part in spec.split(";"):
+    if not part.strip():
+      continue
+    key, sep, values = part.partition("=")
+    key = key.strip()
+    if not sep or key not in _WHAT_IF_KEYS:
+      raise UsageError(f"--what-if {part!r}: expected KEY=V1,V2 with KEY one of "
+                       + ", ".join(_WHAT_IF_KEYS))
+    # Argument paths hold commas only inside brackets: split outside them.
+    items, depth, cur = [], 0, ""
+    for ch in values:
+      depth += ch in "[(" 
+      depth -= ch in "])"
+      if ch == "," and depth == 0:
+        items.append(cur.strip())
+        cur = ""
+      else:
+        cur += ch
+    items.append(cur.strip())
+    changes.setdefault(key, []).extend(i for i in items if i)
+  fuse = []
+  for n in changes.pop("fuse", []):
+    if not n.isdigit() or not 1 <= int(n) <= len(report.findings):
+      raise UsageError(f"--what-if fuse={n}: expected a finding number from 1 to "
+                       f"{len(report.findings)}")
+    fuse.append(report.findings[int(n) - 1])
+  return report.what_if(fuse=fuse, **changes)
+
+
 def emit(report: AuditReport, args, out=None, *, prefix: list[str] | None = None,
          swap_hint: bool = False) -> ExitCode:
   """Writes the report as asked and returns the exit code."""
@@ -100,6 +168,8 @@ def emit(report: AuditReport, args, out=None, *, prefix: list[str] | None = None
 
   out = out or sys.stdout
   kinds = fail_on_classes(args.fail_on)
+  if getattr(args, "what_if", None):
+    report = report.with_what_if(replay_what_if(report, args.what_if))
   if args.json:
     out.write(report.to_json() + "\n")
   elif args.markdown:

@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
-from hlo_audit._src.cli.common import ExitCode, UsageError, add_output_flags, emit
+from hlo_audit._src.cli.common import (ExitCode, UsageError, add_devices_flag,
+                                       add_output_flags, emit, use_devices)
 
 
 def add_parser(sub) -> None:
@@ -20,6 +21,7 @@ def add_parser(sub) -> None:
   p.add_argument("--swap", action="store_true",
                  help="also swap pallas_kernels into the example and show the "
                       "before/after audit and numerics check")
+  add_devices_flag(p)
   add_output_flags(p)
   p.set_defaults(handler=run)
 
@@ -48,11 +50,16 @@ def config_from(pairs: list[str]):
 
 
 def run(args: argparse.Namespace) -> ExitCode:
+  use_devices(args.devices)  # before anything starts JAX's backends
   from hlo_audit._src.audit import audit
   from hlo_audit._src.examples.transformer import example
 
   cfg = config_from(args.set)
   fn, fn_args = example(cfg, backward=not args.forward_only)
+  if args.devices and args.devices > 1:
+    if args.swap:
+      raise UsageError("--swap runs on one device; drop --devices")
+    fn_args = data_parallel(fn_args, args.devices)
   if args.swap:
     from hlo_audit._src.cli.swap_cmd import run_swap
     return run_swap(fn, fn_args, args)
@@ -60,3 +67,25 @@ def run(args: argparse.Namespace) -> ExitCode:
   for pair in args.set:
     prefix += ["--set", pair]
   return emit(audit(fn, *fn_args), args, prefix=prefix, swap_hint=True)
+
+
+def data_parallel(fn_args, n: int):
+  """The example's (params, tokens, cfg) for data parallelism over n devices:
+  the batch split over a 'data' mesh axis, the parameters replicated."""
+  import jax
+  from jax.sharding import NamedSharding, PartitionSpec as P
+
+  params, tokens, cfg = fn_args
+  if tokens.shape[0] % n:
+    raise UsageError(f"--devices {n}: the example's batch ({tokens.shape[0]}) must "
+                     f"divide by {n}; add --set batch={n * max(1, tokens.shape[0] // n)}")
+  # Auto axes: XLA's sharding propagation places the rest, as with jit shardings.
+  auto = getattr(jax.sharding, "AxisType", None)
+  kw = {"axis_types": (auto.Auto,)} if auto is not None else {}
+  mesh = jax.make_mesh((n,), ("data",), devices=jax.devices()[:n], **kw)
+  replicated = NamedSharding(mesh, P())
+  params = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=replicated),
+                        params)
+  tokens = jax.ShapeDtypeStruct(tokens.shape, tokens.dtype,
+                                sharding=NamedSharding(mesh, P("data", None)))
+  return params, tokens, cfg

@@ -9,7 +9,8 @@ import os
 import re
 import sys
 
-from hlo_audit._src.cli.common import ExitCode, UsageError, add_output_flags, emit
+from hlo_audit._src.cli.common import (ExitCode, UsageError, add_devices_flag,
+                                       add_output_flags, emit, use_devices)
 
 _SPEC = re.compile(r"^\s*([a-z][a-z0-9]*)\[([0-9,\s]*)\]\s*$")
 
@@ -24,6 +25,7 @@ def add_parser(sub) -> None:
                  help="a positional argument, e.g. 'f32[8,128]', 'bf16[128,256]', 's32[]'")
   p.add_argument("--kwarg", metavar="NAME=SHAPE", action="append", default=[],
                  help="a keyword argument, e.g. 'mask=pred[128,128]'")
+  add_devices_flag(p)
   add_output_flags(p)
   p.set_defaults(handler=run)
 
@@ -75,6 +77,7 @@ def load_function(target: str):
 
 
 def run(args: argparse.Namespace) -> ExitCode:
+  use_devices(args.devices)  # before anything starts JAX's backends
   from hlo_audit._src.audit import audit
 
   # Check the argument specs before importing the user's module.

@@ -517,6 +517,36 @@ def _group_html(i: int, g, full: bool) -> str:
   return "".join(out)
 
 
+def what_if_svg(w, width: int = 960, height: int = 200) -> str:
+  """A what-if replay's live bytes before (grey) and after (blue), one scale."""
+  before, after = w.baseline_timeline, w.timeline
+  n = max(len(before), len(after))
+  if not n:
+    return ""
+  pad_l, pad_b, pad_t = 70, 30, 14
+  plot_w, plot_h = width - pad_l - 10, height - pad_b - pad_t
+  top = max(max(before, default=0), max(after, default=0)) or 1
+  step = max(1, n // (2 * plot_w))
+
+  def line(series, color, label):
+    pts = " ".join(
+        f"{pad_l + i / max(1, n - 1) * plot_w:.1f},"
+        f"{pad_t + plot_h - max(series[i:i + step]) / top * plot_h:.1f}"
+        for i in range(0, len(series), step))
+    return (f'<polyline points="{pts}" fill="none" stroke="{color}" stroke-width="1.5">'
+            f"<title>{_e(label)}</title></polyline>")
+
+  return "".join([
+      f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+      'role="img" aria-label="live bytes before and after the what-if">',
+      line(before, "#8c959f", f"before: peak {fmt_bytes(w.baseline_peak_bytes)}"),
+      line(after, "#0969da", f"after: peak {fmt_bytes(w.peak_bytes)}"),
+      f'<text x="{pad_l - 6}" y="{pad_t + 4}" text-anchor="end">{_e(fmt_bytes(top))}</text>',
+      f'<text x="{pad_l}" y="{height - 8}">grey: before, peak {_e(fmt_bytes(w.baseline_peak_bytes))};'
+      f' blue: after {_e("; ".join(w.changes))}, peak {_e(fmt_bytes(w.peak_bytes))}</text>',
+      "</svg>"])
+
+
 def render_html(report) -> str:
   """The report as one self-contained HTML page (see the module docstring)."""
   m = report.module
@@ -529,6 +559,8 @@ def render_html(report) -> str:
   parts += ["<h2>Live bytes over the schedule</h2>", timeline_svg(report),
             f"<p>{_e(text.peak_line(report))}</p>"]
   parts += ["<h2>Memory view: buffers over the schedule</h2>", memory_svg(report)]
+  if report.what_if_replay is not None:
+    parts += ["<h2>What-if</h2>", what_if_svg(report.what_if_replay)]
   parts += ["<h2>Kernels and the buffers between them</h2>", graph_svg(report)]
   numeric = ("Bytes", "Read", "Written", "Runs", "Reuse", "Bytes saved", "Launches", "#", "Count")
   parts += ["<h2>Kernels by kind</h2>",

@@ -1,11 +1,17 @@
 """JSON rendering: `dataclasses.asdict` shapes, enums as values, stable keys.
 
-Schema (version 1), top level:
+Schema (version 2), top level:
   schema_version, module, peak_bytes, xla_peak_bytes, xla_reported_peak_bytes,
   allocation_bytes, heap_peak_bytes, peak_time, kernels_by_kind, kernels,
-  buffers, intermediates (buffer names), findings, timeline, notes.
+  buffers, intermediates (buffer names), findings, timeline, notes,
+  collectives (per device: opcode, group_size, bytes_sent, bytes_received,
+  start_time, done_time, overlapped kernels), what_if
+  (the selected what-if replay: changes, peak_bytes, peak_saved, timeline and
+  baseline_timeline, live_at_peak; null when none).
 Each finding has at least: class (slug), class_name, bytes_saved,
-launches_removed, source ("file:line" or null), kernel, verdict.
+launches_removed, source ("file:line" or null), kernel, verdict, peak_after
+and peak_saved (the peak after the finding's change alone, from a what-if
+replay; null when not replayed).
 """
 
 from __future__ import annotations
@@ -77,6 +83,7 @@ def finding_dict(f) -> dict:
       "computation": f.computation, "suggestion": f.suggestion,
       "guard_verdict": f.guard_verdict,
       "source_stack": [_location(loc) for loc in f.source_stack],
+      "peak_after": f.peak_after, "peak_saved": f.peak_saved,
   }
 
 
@@ -91,6 +98,15 @@ def groups_list(report) -> list[dict]:
            "launches_removed": g.launches_removed, "peak_saved": g.peak_saved,
            "actionable": g.actionable, "members": [index[id(f)] for f in g.members]}
           for g in ranked_groups(report.findings)]
+
+
+def collective_dict(c) -> dict:
+  return {"name": c.name, "done": c.done, "opcode": c.opcode,
+          "computation": c.computation, "group_size": c.group_size,
+          "bytes_sent": c.bytes_sent, "bytes_received": c.bytes_received,
+          "operand_bytes": c.operand_bytes, "result_bytes": c.result_bytes,
+          "start_time": c.start_time, "done_time": c.done_time,
+          "overlapped": list(c.overlapped), "trip_count": c.trip_count}
 
 
 def to_dict(report) -> dict:
@@ -123,6 +139,9 @@ def to_dict(report) -> dict:
       "timeline": list(report.timeline),
       "cost_analysis": dict(report.cost_analysis) if report.cost_analysis else None,
       "notes": list(report.notes),
+      "collectives": [collective_dict(c) for c in report.collectives],
+      "what_if": (report.what_if_replay.to_dict()
+                  if report.what_if_replay is not None else None),
   }
 
 
@@ -160,8 +179,8 @@ def report_from_dict(d: dict):
   from hlo_audit._src.report.report import AuditReport, ModuleInfo
 
   version = d.get("schema_version")
-  if version != SCHEMA_VERSION:
-    raise ValueError(f"schema_version {version!r}; this hlo-audit reads {SCHEMA_VERSION}")
+  if version not in (1, SCHEMA_VERSION):  # 1 lacks only what 2 added
+    raise ValueError(f"schema_version {version!r}; this hlo-audit reads 1 and {SCHEMA_VERSION}")
   m = d["module"]
   kernels = tuple(Kernel(
       name=k["name"], computation=k["computation"], kind=KernelKind(k["kind"]),
@@ -193,7 +212,8 @@ def report_from_dict(d: dict):
       trip_count=f["trip_count"], source=_loc(f["source_location"]),
       computation=f["computation"], suggestion=f.get("suggestion", ""),
       guard_verdict=f.get("guard_verdict", ""),
-      source_stack=_stack(f))
+      source_stack=_stack(f), peak_after=f.get("peak_after"),
+      peak_saved=f.get("peak_saved"))
       for f in d["findings"])
   info = ModuleInfo(**{k: m[k] for k in (
       "name", "platform", "device_kind", "jax_version", "jaxlib_version",
@@ -206,4 +226,24 @@ def report_from_dict(d: dict):
       allocation_bytes=d["allocation_bytes"], heap_peak_bytes=d["heap_peak_bytes"],
       peak_time=d["peak_time"], timeline=tuple(d["timeline"]),
       live_at_peak=tuple(d["live_at_peak"]),
-      cost_analysis=d.get("cost_analysis"), notes=tuple(d["notes"]))
+      cost_analysis=d.get("cost_analysis"), notes=tuple(d["notes"]),
+      what_if_replay=_what_if(d.get("what_if")),
+      collectives=tuple(_collective(c) for c in d.get("collectives", ())))
+
+
+def _collective(c: dict):
+  from hlo_audit._src.analysis.collectives import Collective
+
+  return Collective(**{**c, "overlapped": tuple(c["overlapped"])})
+
+
+def _what_if(d: dict | None):
+  if not d:
+    return None
+  from hlo_audit._src.analysis.what_if import WhatIf
+
+  return WhatIf(changes=tuple(d["changes"]), baseline_peak_bytes=d["baseline_peak_bytes"],
+                peak_bytes=d["peak_bytes"], peak_time=d["peak_time"],
+                live_at_peak=tuple(d["live_at_peak"]),
+                baseline_timeline=tuple(d["baseline_timeline"]),
+                timeline=tuple(d["timeline"]), notes=tuple(d["notes"]))

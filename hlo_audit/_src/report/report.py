@@ -10,7 +10,8 @@ from __future__ import annotations
 import collections
 import dataclasses
 import types
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from hlo_audit._src.analysis.backend_traits import KernelKind
 from hlo_audit._src.analysis.buffers import Buffer, Lifetime
@@ -18,8 +19,9 @@ from hlo_audit._src.analysis.detectors import AuditOptions
 from hlo_audit._src.analysis.kernels import Kernel
 from hlo_audit._src.analysis.records import FindingKind, FusionDecisionRecord, Verdict
 
-#: Version of the JSON schema written by `to_json`.
-SCHEMA_VERSION = 1
+#: Version of the JSON schema written by `to_json` (2: findings' peak_after
+#: and peak_saved, the what_if section).
+SCHEMA_VERSION = 2
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -74,6 +76,47 @@ class AuditReport:
   cost_analysis: Mapping[str, float] | None = None
   notes: tuple[str, ...] = ()
   options: AuditOptions = AuditOptions()
+  #: Collectives of a partitioned program, per device (see collectives.py).
+  collectives: tuple = ()
+  #: The what-if replay selected for display (`with_what_if`), if any.
+  what_if_replay: Any = None
+  #: The analysed program, for what-if replays (None for reports read from JSON).
+  program: Any = dataclasses.field(default=None, compare=False, repr=False)
+
+  # --------------------------------------------------------- what-ifs ----
+
+  def what_if(self, *, fuse: Sequence[FusionDecisionRecord] = (),
+              donate: Sequence[int | str] = (), remat: Sequence[str] = (),
+              drop: Sequence[str] = ()):
+    """Replays the liveness with changes made; returns a `WhatIf` (new peak,
+    timeline and buffers live at the new peak).
+
+    Args:
+      fuse: findings whose boundary the change fuses away.
+      donate: arguments to donate: argument numbers (as `donate_argnums`),
+        names, or pytree paths such as "params['dense']['kernel']".
+      remat: buffers (by name, as in `buffers`) recomputed before their late uses.
+      drop: buffers removed outright.
+
+    Raises:
+      WhatIfError: for a name the program lacks, or a report read from JSON.
+    """
+    from hlo_audit._src.analysis.what_if import WhatIfError, replay
+
+    if self.program is None:
+      raise WhatIfError("this report carries no program to replay (read from JSON?); "
+                        "audit the function or HLO again")
+    fusions = []
+    for f in fuse:
+      if not isinstance(f, FusionDecisionRecord) or not f.boundary:
+        raise WhatIfError(f"fuse: expected findings with a boundary buffer, got {f!r:.80}")
+      fusions.append((f.boundary, f.producer, f.consumers))
+    return replay(self.program, fuse=fusions, donate=list(donate), remat=list(remat),
+                  drop=list(drop))
+
+  def with_what_if(self, what_if) -> AuditReport:
+    """This report with `what_if` selected for display (terminal, JSON, HTML)."""
+    return dataclasses.replace(self, what_if_replay=what_if)
 
   # ------------------------------------------------------------ views ----
 

@@ -181,6 +181,10 @@ def full_lines(report, width: int, *, max_kernels: int | None = None) -> list[st
   out.append("")
   out += layout.wrap("Peak memory: " + text.peak_line(report), width, indent="  ")
   out.append("")
+  if report.what_if_replay is not None:
+    from hlo_audit._src.report.what_if_text import render_what_if
+    out += render_what_if(report.what_if_replay).splitlines()
+    out.append("")
   if not report.findings:
     out.append("Findings: none")
     return out

@@ -132,7 +132,8 @@ def record_fields(f: FusionDecisionRecord) -> list[tuple[str, str]]:
       ("legality", f"{f.verdict.value}: " + "; ".join(f.reasons)),
       ("anti-benefit checks", "; ".join(f.risks) or "-"),
       ("source", fmt_source_context(f.source, f.source_stack) or "unknown"),
-  ] + ([("suggested call", f.suggestion), ("guard verdict", f.guard_verdict)]
+  ] + ([("peak after", f"{fmt_bytes(f.peak_after)} ({fmt_bytes(f.peak_saved)} off the peak)")]
+       if f.peak_after is not None else []) + ([("suggested call", f.suggestion), ("guard verdict", f.guard_verdict)]
        if f.suggestion else [])
 
 
@@ -142,7 +143,15 @@ def peak_line(report) -> str:
     return f"peak {ours} (allocations {fmt_bytes(report.allocation_bytes)} + heap {fmt_bytes(report.heap_peak_bytes)}); XLA's peak unknown"
   return (f"peak {ours} (allocations {fmt_bytes(report.allocation_bytes)} + heap "
           f"{fmt_bytes(report.heap_peak_bytes)}); XLA's {fmt_bytes(report.xla_peak_bytes)} "
-          f"({fmt_pct(report.peak_agreement)})")
+          f"({fmt_pct(report.peak_agreement)})") + _what_if_peak(report)
+
+
+def _what_if_peak(report) -> str:
+  """The selected what-if's peak, beside the original."""
+  w = report.what_if_replay
+  if w is None:
+    return ""
+  return f"; what-if ({'; '.join(w.changes) or 'no change'}): {fmt_bytes(w.peak_bytes)}"
 
 
 def summary(report) -> str:

@@ -144,3 +144,46 @@ def test_example_default_view_fits_a_screen_with_next_commands(capsys):
   assert run(["example", "--all", "--width", "100", *SMALL]) == ExitCode.OK
   full = capsys.readouterr().out
   assert len(full.splitlines()) > 3 * len(lines) and "Intermediate tensors" in full
+
+
+STEP = """
+import jax.numpy as jnp
+
+def step(w, x):
+  return w * jnp.mean(jnp.tanh(x @ w))
+"""
+
+
+def test_run_what_if_prints_the_replayed_peak(tmp_path, capsys):
+  (tmp_path / "train.py").write_text(STEP)
+  target = f"{tmp_path / 'train.py'}:step"
+  args = ["run", target, "--arg", "f32[512,512]", "--arg", "f32[64,512]", "--width", "400"]
+  assert run([*args, "--what-if", "donate=0"]) == ExitCode.OK
+  out = capsys.readouterr().out
+  assert "what-if (donate w): " in out and "what-if: donate w" in out
+  assert run([*args, "--json", "--what-if", "donate=w"]) == ExitCode.OK
+  d = json.loads(capsys.readouterr().out)
+  # The output reuses w's 1 MiB.
+  assert d["what_if"]["peak_saved"] == 512 * 512 * 4
+  (f,) = [f for f in d["findings"] if f["class"] == "undonated-argument"]
+  assert f["suggestion"] == "jax.jit(step, donate_argnums=(0,))" and f["ops"] == ["w"]
+  assert run([*args, "--what-if", "donate=nope"]) == ExitCode.USAGE
+  assert "no argument 'nope'" in capsys.readouterr().err
+  assert run([*args, "--what-if", "shrink=1"]) == ExitCode.USAGE
+
+
+def test_devices_flag_compiles_the_example_data_parallel():
+  # A fresh interpreter: the device count must be set before JAX starts.
+  code = ("import sys; from hlo_audit._src.cli.main import run; "
+          "sys.exit(int(run(['example', '--devices', '2', '--json', '--set', 'batch=2', "
+          "'--set', 'seq=32', '--set', 'd_model=64', '--set', 'heads=2', "
+          "'--set', 'd_ff=128'])))")
+  env = dict(os.environ, PYTHONPATH=os.getcwd(), JAX_PLATFORMS="cpu")
+  env.pop("XLA_FLAGS", None)
+  out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       env=env, timeout=600)
+  assert out.returncode == 0, out.stderr[-2000:]
+  d = json.loads(out.stdout)
+  assert [c["opcode"] for c in d["collectives"]] == ["all-reduce"]
+  assert d["collectives"][0]["group_size"] == 2
+  assert abs(d["peak_bytes"] - d["xla_peak_bytes"]) <= 0.01 * d["xla_peak_bytes"]

@@ -28,7 +28,7 @@ def rep():
 
 def test_json_schema_has_the_documented_fields():
   d = json.loads(rep().to_json())
-  assert d["schema_version"] == 1
+  assert d["schema_version"] == 2
   for key in ("module", "kernels", "buffers", "findings", "peak_bytes",
               "xla_peak_bytes", "intermediates", "timeline"):
     assert key in d
@@ -37,6 +37,7 @@ def test_json_schema_has_the_documented_fields():
   assert f["source"].endswith("report_test.py:" + str(mlp.__code__.co_firstlineno + 1))
   assert f["kernel"] == "pallas_kernels.matmul"
   assert set(f["ops"]) == {"bias", "activation:relu"}
+  assert f["peak_after"] + f["peak_saved"] == d["peak_bytes"]
 
 
 def test_json_round_trip_and_diff_with_itself_is_empty():

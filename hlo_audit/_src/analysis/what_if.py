@@ -1,0 +1,581 @@
+"""What-if replays: the peak after a change the user can make.
+
+A replay runs the liveness analysis again (XLA's BufferAssigner and heap, see
+liveness.py) on the program a change would produce, described as edits of the
+original's buffers rather than by recompiling:
+
+- fuse a finding: its boundary buffer is never written; the fused kernel runs
+  where the last consumer ran, so the producer's inputs live until then.
+- donate an argument: the module gains the `input_output_alias` entries JAX
+  would add (each donated leaf aliased to the first free output of the same
+  shape and dtype, in order), and dataflow and liveness run on that module.
+- remat a buffer: it is kept until its first group of uses only; before the
+  later group (the backward pass) it is recomputed, a temporary living from
+  the first of those uses to the last, and its producer's inputs stay live
+  until then (as `jax.checkpoint` would do).
+- drop a buffer: it is gone (an upper bound on what removing it can give).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import re
+import types
+from collections.abc import Iterable, Mapping, Sequence
+
+from hlo_audit._src.analysis.dataflow import Dataflow, ValueId, analyze_dataflow
+from hlo_audit._src.analysis.liveness import Liveness, LivenessEdits, analyze_liveness
+from hlo_audit._src.analysis.schedule import Schedule
+from hlo_audit._src.errors import HloAuditError
+from hlo_audit._src.hlo.ir import HloModule, Instruction
+
+
+class WhatIfError(HloAuditError, ValueError):
+  """A what-if naming a buffer, argument or finding the program lacks."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Argument:
+  """One array leaf of a jitted function's arguments, as JAX passes it."""
+
+  #: Entry parameter number in the HLO.
+  parameter: int
+  #: Pytree path, e.g. "params['dense']['kernel']".
+  path: str
+  #: Positional argument it belongs to (None: keyword-only or unknown).
+  argnum: int | None = None
+  #: Name of that argument in the function's signature, when known.
+  argname: str | None = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class WhatIf:
+  """The outcome of a what-if replay."""
+
+  #: The changes replayed, in words, e.g. "donate params['w']".
+  changes: tuple[str, ...]
+  baseline_peak_bytes: int
+  peak_bytes: int
+  #: Time of the new peak, and what is live then.
+  peak_time: int
+  live_at_peak: tuple[str, ...]
+  #: Live bytes per schedule step, before and after.
+  baseline_timeline: tuple[int, ...]
+  timeline: tuple[int, ...]
+  notes: tuple[str, ...] = ()
+
+  @property
+  def peak_saved(self) -> int:
+    return self.baseline_peak_bytes - self.peak_bytes
+
+  def to_dict(self) -> dict:
+    return {"changes": list(self.changes),
+            "baseline_peak_bytes": self.baseline_peak_bytes,
+            "peak_bytes": self.peak_bytes, "peak_saved": self.peak_saved,
+            "peak_time": self.peak_time, "live_at_peak": list(self.live_at_peak),
+            "baseline_timeline": list(self.baseline_timeline),
+            "timeline": list(self.timeline), "notes": list(self.notes)}
+
+  def __str__(self) -> str:
+    from hlo_audit._src.report.what_if_text import render_what_if
+
+    return render_what_if(self)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Program:
+  """What a replay needs of the audited program."""
+
+  module: HloModule
+  schedule: Schedule
+  dataflow: Dataflow
+  liveness: Liveness
+  arguments: tuple[Argument, ...] = ()
+  #: Tables quick replays share (filled on first use).
+  cache: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)
+
+
+# ---------------------------------------------------------------- naming ----
+
+
+def arguments_of(module: HloModule, argument_names: Sequence[str]) -> tuple[Argument, ...]:
+  """The entry parameters as the user's arguments: the pytree path JAX writes
+  in each parameter's `op_name`, and the argument number its leading name has
+  in the function's signature (`argument_names`, "*args" for var-positional)."""
+  out = []
+  star = next((i for i, n in enumerate(argument_names) if n.startswith("*")), None)
+  for p in module.entry.parameters:
+    path = p.metadata.op_name or p.name
+    head = re.match(r"[A-Za-z_][A-Za-z_0-9]*", path)
+    name = head.group(0) if head else None
+    argnum = None
+    if name is not None and name in argument_names:
+      argnum = argument_names.index(name)
+    elif star is not None and name == argument_names[star][1:]:
+      index = re.match(r"\[(\d+)\]", path[len(name):])
+      if index:
+        argnum, name = star + int(index.group(1)), None
+    out.append(Argument(parameter=p.parameter_number, path=path, argnum=argnum,
+                        argname=name if argnum is not None else None))
+  return tuple(out)
+
+
+def buffer_name(vid: ValueId) -> str:
+  """A buffer's display name, as the report's Buffer rows spell it."""
+  return vid[0] + ("{" + ",".join(map(str, vid[1])) + "}" if vid[1] else "")
+
+
+def _parse_buffer_name(name: str) -> ValueId:
+  if name.endswith("}") and "{" in name:
+    inst, _, idx = name[:-1].partition("{")
+    try:
+      return inst, tuple(int(i) for i in idx.split(",") if i.strip())
+    except ValueError:
+      raise WhatIfError(f"bad buffer name {name!r}: expected NAME or NAME{{i,j}}") from None
+  return name, ()
+
+
+def find_buffer(dataflow: Dataflow, name: str) -> ValueId | None:
+  """The buffer holding the value `name` ("fusion.3" or "fusion.3{1}"), or
+  None (a tuple-shaped instruction named without its index: its only leaf)."""
+  try:
+    vid = _parse_buffer_name(name)
+  except WhatIfError:
+    return None
+  if vid not in dataflow.values:
+    if vid[1]:
+      return None
+    leaves = [i for i, _ in dataflow.holds.get(vid[0], ()) if i != ()]
+    if len(leaves) != 1 or (vid[0], leaves[0]) not in dataflow.values:
+      return None
+    vid = (vid[0], leaves[0])
+  return dataflow.buffer_of[vid]
+
+
+def resolve_buffer(dataflow: Dataflow, name: str) -> ValueId:
+  """`find_buffer`, or an error naming the closest buffers.
+
+  Raises:
+    WhatIfError: when the program has no such value.
+  """
+  _parse_buffer_name(name)  # a malformed name says so
+  found = find_buffer(dataflow, name)
+  if found is None:
+    names = [buffer_name(b) for b in dataflow.buffers]
+    close = difflib.get_close_matches(name, names, n=3)
+    hint = f"; did you mean {', '.join(close)}?" if close else ""
+    raise WhatIfError(f"no buffer {name!r} in the program{hint}")
+  return found
+
+
+def parameter_paths(module: HloModule) -> dict[int, str]:
+  """Entry parameter number -> the argument path JAX wrote in its metadata
+  (`op_name`), or the parameter's name when there is none."""
+  return {p.parameter_number: (p.metadata.op_name or p.name)
+          for p in module.entry.parameters}
+
+
+def resolve_arguments(program: Program, specs: Iterable[int | str]) -> list[int]:
+  """Entry parameter numbers named by `specs`: argument numbers (when the
+  capture knows them), argument names or pytree paths (a prefix path names
+  every leaf under it, e.g. "params" or "params['dense']"), or HLO parameter
+  names.
+
+  Raises:
+    WhatIfError: for a spec naming no parameter.
+  """
+  paths = parameter_paths(program.module)
+  names = {p.name: p.parameter_number for p in program.module.entry.parameters}
+  out: list[int] = []
+  for spec in specs:
+    found: list[int] = []
+    if isinstance(spec, int) or (isinstance(spec, str) and spec.strip().isdigit()):
+      n = int(spec)
+      if not program.arguments:
+        raise WhatIfError(
+            f"donate={n}: argument numbers need the jitted function's arguments "
+            "(audit(fn, *args)); name the argument or its path instead, e.g. "
+            + ", ".join(repr(p) for p in list(paths.values())[:3]))
+      found = [a.parameter for a in program.arguments if a.argnum == n]
+    else:
+      spec = spec.strip()
+      if spec in names:
+        found = [names[spec]]
+      else:
+        found = [n for n, path in paths.items() if path == spec or
+                 path.startswith(spec + "[") or path.startswith(spec + ".")]
+        found += [a.parameter for a in program.arguments
+                  if a.argname == spec and a.parameter not in found]
+    if not found:
+      heads = {re.split(r"[\[.]", p, maxsplit=1)[0] for p in paths.values()}
+      close = difflib.get_close_matches(str(spec), sorted(heads) + list(paths.values()), n=3)
+      hint = f"; did you mean {', '.join(repr(c) for c in close)}?" if close else ""
+      raise WhatIfError(f"donate: no argument {spec!r} in the program{hint}")
+    out.extend(n for n in sorted(found) if n not in out)
+  return out
+
+
+# ------------------------------------------------------------- donation ----
+
+
+def donation_aliases(module: HloModule, dataflow: Dataflow,
+                     parameters: Sequence[int]) -> list[tuple[tuple[int, ...], int]]:
+  """(output index, parameter) pairs JAX's donation would add: each donated
+  parameter, in order, takes the first output of its shape and dtype not
+  aliased already and not itself a parameter passed through."""
+  entry = module.entry
+  root = entry.instruction(entry.root_name)
+  taken = {a.output_index for a in module.input_output_alias}
+  already = {a.parameter for a in module.input_output_alias}
+  params = {p.parameter_number: p for p in entry.parameters}
+  outputs = []
+  for index, vid in dataflow.holds.get(root.name, ()):
+    inst = entry.instruction(vid[0]) if vid[0] in entry else None
+    if inst is not None and inst.opcode == "parameter":
+      continue  # an argument returned as is: JAX does not alias it
+    leaf = root.shape.subshape(index)
+    outputs.append((index, (leaf.element_type, tuple(leaf.dims))))
+  pairs = []
+  for n in parameters:
+    p = params[n]
+    if n in already or p.shape is None or p.shape.is_tuple:
+      continue
+    key = (p.shape.element_type, tuple(p.shape.dims))
+    for index, okey in outputs:
+      if okey == key and index not in taken:
+        taken.add(index)
+        pairs.append((index, n))
+        break
+  return pairs
+
+
+def with_donation(module: HloModule, pairs: Sequence[tuple[tuple[int, ...], int]]) -> HloModule:
+  """`module` with `input_output_alias` entries for `pairs` added."""
+  entries = [f"{{{','.join(map(str, a.output_index))}}}: ({a.parameter}, "
+             f"{{{','.join(map(str, a.parameter_index))}}}, "
+             f"{'must-alias' if a.must_alias else 'may-alias'})"
+             for a in module.input_output_alias]
+  entries += [f"{{{','.join(map(str, index))}}}: ({n}, {{}}, may-alias)"
+              for index, n in pairs]
+  attributes = dict(module.attributes)
+  attributes["input_output_alias"] = "{ " + ", ".join(entries) + " }"
+  return dataclasses.replace(module, attributes=types.MappingProxyType(attributes))
+
+
+def aliasing_copies(module: HloModule, dataflow: Dataflow, schedule: Schedule,
+                    pairs: Sequence[tuple[tuple[int, ...], int]]
+                    ) -> list[tuple[int, int, int, int]]:
+  """The copies XLA's copy insertion adds for donated parameters, as
+  (parameter, first, last, bytes): a donated parameter read by an instruction
+  that is neither the aliased output's writer nor one of its dataflow
+  ancestors may run after the output overwrote it, so XLA copies the
+  parameter and every read takes the copy. The scheduler puts such copies
+  first, so a copy lives from the entry's first step after its parameters
+  and constants to the parameter's last read, and the parameter itself only
+  until the copy."""
+  entry = module.entry
+  root = entry.instruction(entry.root_name)
+  out_value = dict(dataflow.holds.get(root.name, ()))
+  params = {p.parameter_number: p for p in entry.parameters}
+  time = schedule.time
+  ancestors_of: dict[str, set[str]] = {}
+
+  def ancestors(name: str) -> set[str]:
+    found = ancestors_of.get(name)
+    if found is None:
+      found = set()
+      stack = [name]
+      while stack:
+        inst = entry.instruction(stack.pop())
+        for o in (*inst.operands, *inst.control_predecessors):
+          if o not in found:
+            found.add(o)
+            stack.append(o)
+      ancestors_of[name] = found
+    return found
+
+  first = min((time[i.name] for i in entry.instructions
+                if i.opcode not in ("parameter", "constant") and i.name in time),
+               default=0)
+  out = []
+  for index, n in pairs:
+    p = params[n]
+    writer = out_value[index][0]
+    if writer not in entry:
+      continue
+    readers = [u for u, _ in dataflow.uses.get((p.name, ()), ())]
+    before = ancestors(writer)
+    if all(u == writer or (u in before) for u in readers if u in entry) and \
+        all(u in entry for u in readers):
+      continue
+    times = [time[u] for u in readers if u in time]
+    if times:
+      out.append((n, min(first, min(times)), max(times), p.shape.byte_size))
+  return out
+
+
+# --------------------------------------------------------------- replay ----
+
+
+def replay(program: Program, *, fuse: Sequence[tuple[str, str, Sequence[str]]] = (),
+           donate: Sequence[int | str] = (), remat: Sequence[str] = (),
+           drop: Sequence[str] = (), quick: bool = False) -> WhatIf | int:
+  """Replays the liveness of `program` with the changes applied.
+
+  With `quick`, returns only the new peak, keeping the audited buffer
+  assignment (each allocation shrinks to its remaining buffers, the heap is
+  summed again): the per-finding peaks, where a full assignment per finding
+  would cost a second each on large modules.
+
+  Args:
+    program: the audited program.
+    fuse: (boundary buffer, producer kernel, consumer kernels) per fusion.
+    donate: arguments to donate (see `resolve_arguments`).
+    remat: buffers to recompute before their later uses.
+    drop: buffers to remove.
+
+  Raises:
+    WhatIfError: for a name the program lacks.
+  """
+  module, schedule, dataflow = program.module, program.schedule, program.dataflow
+  base = program.liveness
+  changes: list[str] = []
+  notes: list[str] = []
+  if donate:
+    parameters = resolve_arguments(program, donate)
+    pairs = donation_aliases(module, dataflow, parameters)
+    paths = parameter_paths(module)
+    aliased = {n for _, n in pairs}
+    for spec in donate:
+      leaves = [n for n in resolve_arguments(program, [spec]) if n in aliased]
+      if len(leaves) == 1:
+        changes.append(f"donate {paths[leaves[0]]}")
+      elif leaves:
+        changes.append(f"donate {spec} ({len(leaves)} arrays)")
+    unmatched = [paths[n] for n in parameters if n not in aliased]
+    if unmatched:
+      notes.append("no output of the same shape and dtype to reuse (JAX would "
+                   "warn and ignore the donation): " + ", ".join(unmatched))
+    copies = aliasing_copies(module, dataflow, schedule, pairs)
+    for n, _, _, size in copies:
+      notes.append(f"XLA copies {paths[n]} ({size} B): a read of it is not "
+                   "ordered before the write of its aliased output")
+    if pairs:
+      module = with_donation(module, pairs)
+      dataflow = analyze_dataflow(module, schedule)
+  base_ranges = base.value_ranges
+  time = schedule.time
+  dropped: set[ValueId] = set()
+  ranges: dict[ValueId, tuple[int, int]] = {}
+  extra: list[tuple[int, int, int]] = []
+  if donate:
+    entry_params = {p.parameter_number: p.name for p in module.entry.parameters}
+    for n, first, last, size in copies:
+      extra.append((first, last, size))
+      # Only the copy is read: the parameter's memory is free until the
+      # output is written into it.
+      ranges[(entry_params[n], ())] = (base_ranges[(entry_params[n], ())][0], first)
+
+  def value_range(v: ValueId) -> tuple[int, int]:
+    return ranges.get(v, base_ranges[v])
+
+  def keep_inputs_until(inst_name: str, t: int) -> None:
+    inst = _instruction(module, schedule, inst_name)
+    if inst is None:
+      return
+    for operand in inst.operands:
+      for _, v in dataflow.holds.get(operand, ()):
+        if v in base_ranges:
+          s, e = value_range(v)
+          if e < t:
+            ranges[v] = (s, t)
+
+  for name in drop:
+    dropped.add(resolve_buffer(dataflow, name))
+    changes.append(f"drop {name}")
+  for boundary, producer, consumers in fuse:
+    b = resolve_buffer(dataflow, boundary)
+    dropped.add(b)
+    last = max((time[c] for c in consumers if c in time), default=None)
+    if last is not None and producer:
+      keep_inputs_until(producer, last)
+    changes.append(f"fuse {boundary} ({producer or 'input'} -> "
+                   f"{', '.join(consumers) or '?'})")
+  for name in remat:
+    b = resolve_buffer(dataflow, name)
+    members = dataflow.buffers[b]
+    if len(members) != 1:
+      raise WhatIfError(f"remat {name!r}: the buffer is shared by {len(members)} "
+                        "values (loop state or an alias); only a plain value can "
+                        "be recomputed")
+    split = remat_split(dataflow, schedule, base_ranges, b)
+    if split is None:
+      notes.append(f"remat {name}: its uses form one group; nothing to recompute")
+      continue
+    kept_last, again_first, again_last = split
+    ranges[b] = (value_range(b)[0], kept_last)
+    extra.append((again_first, again_last, dataflow.buffer_bytes(b)))
+    keep_inputs_until(b[0], again_first)
+    changes.append(f"remat {name}")
+  edits = LivenessEdits(dropped=frozenset(dropped),
+                        value_ranges=types.MappingProxyType(ranges), extra=tuple(extra))
+  if quick:
+    if donate:
+      raise WhatIfError("a quick replay keeps the buffer assignment: donation changes it")
+    return quick_peak(program, edits)
+  after = analyze_liveness(module, schedule, dataflow, edits)
+  return WhatIf(
+      changes=tuple(changes), baseline_peak_bytes=base.peak_bytes,
+      peak_bytes=after.peak_bytes, peak_time=after.peak_time,
+      live_at_peak=tuple(buffer_name(b) for b in after.live_at_peak),
+      baseline_timeline=base.timeline, timeline=after.timeline, notes=tuple(notes))
+
+
+def quick_peak(program: Program, edits: LivenessEdits) -> int:
+  """The peak with `edits`, keeping `program`'s buffer assignment: only the
+  heap groups and allocations the edits touch are summed again."""
+  import numpy as np
+
+  base, dataflow = program.liveness, program.dataflow
+  cache = program.cache
+  if "heap" not in cache:
+    # Heap groups (a buffer and those taking its memory in place), the heap's
+    # timeline, and each allocation's buffers, as analyze_liveness has them.
+    root_of, groups = {}, {}
+    for b in base.heap_buffers:
+      root = b
+      while root in base.heap_reuses:
+        root = base.heap_reuses[root]
+      root_of[b] = root
+      groups.setdefault(root, []).append(b)
+    line = np.zeros(len(base.timeline) + 1, dtype=np.int64)
+    for members in groups.values():
+      s_, e_, size = _group_span(members, base.ranges, base.sizes)
+      line[s_:e_ + 1] += size
+    members_of: dict[int, list[ValueId]] = {}
+    for b, i in base.allocation_of.items():
+      members_of.setdefault(i, []).append(b)
+    cache.update(heap=line[:len(base.timeline)], root_of=root_of, groups=groups,
+                 members_of=members_of)
+  root_of, groups, members_of = cache["root_of"], cache["groups"], cache["members_of"]
+  ranges: dict[ValueId, tuple[int, int]] = {}
+  for v in edits.value_ranges:
+    b = dataflow.buffer_of.get(v)
+    if b is not None and b in base.ranges:
+      members = dataflow.buffers[b]
+      ranges[b] = (min(edits.value_ranges.get(m, base.value_ranges[m])[0] for m in members),
+                   max(edits.value_ranges.get(m, base.value_ranges[m])[1] for m in members))
+  sizes = list(base.allocation_sizes)
+  for i in {base.allocation_of[b] for b in edits.dropped if b in base.allocation_of}:
+    sizes[i] = max((base.sizes[b] for b in members_of[i] if b not in edits.dropped),
+                   default=0)
+  touched = {root_of[b] for b in (*edits.dropped, *ranges) if b in root_of}
+  line = cache["heap"]
+  if touched or edits.extra:
+    line = line.copy()
+    end = len(line)
+    full = _Overlay(ranges, base.ranges)
+    for root in touched:
+      s_, e_, size = _group_span(groups[root], base.ranges, base.sizes)
+      line[s_:e_ + 1] -= size
+      kept = [b for b in groups[root] if b not in edits.dropped]
+      if kept:
+        s_, e_, size = _group_span(kept, full, base.sizes)
+        line[max(s_, 0):min(e_, end - 1) + 1] += size
+    for s_, e_, size in edits.extra:
+      line[max(s_, 0):min(e_, end - 1) + 1] += size
+  return sum(sizes) + int(line.max(initial=0))
+
+
+class _Overlay:
+  """Edited ranges over the audited ones, without copying them."""
+
+  __slots__ = ("top", "base")
+
+  def __init__(self, top, base):
+    self.top, self.base = top, base
+
+  def __getitem__(self, key):
+    hit = self.top.get(key)
+    return hit if hit is not None else self.base[key]
+
+
+def _group_span(members, ranges, sizes) -> tuple[int, int, int]:
+  return (min(ranges[b][0] for b in members), max(ranges[b][1] for b in members),
+          max(sizes[b] for b in members))
+
+
+def remat_split(dataflow: Dataflow, schedule: Schedule,
+                value_ranges: Mapping[ValueId, tuple[int, int]],
+                b: ValueId) -> tuple[int, int, int] | None:
+  """(last time the value is kept, first and last time of its recomputed
+  copy), splitting its uses at the widest gap in time; None for one group."""
+  start, end = value_ranges[b]
+  times = sorted({schedule.time[u] for u, _ in dataflow.uses.get(b, ())
+                  if u in schedule.time})
+  if len(times) < 1:
+    return None
+  points = [start] + times
+  gaps = [(points[i + 1] - points[i], i) for i in range(len(points) - 1)]
+  width, i = max(gaps)
+  if i == 0 or width <= 1:
+    return None  # the first use is the widest gap: nothing kept short
+  return points[i], points[i + 1], max(end, times[-1])
+
+
+def _instruction(module: HloModule, schedule: Schedule, name: str) -> Instruction | None:
+  for comp_name in schedule.span:
+    comp = module.computation(comp_name)
+    if name in comp:
+      return comp.instruction(name)
+  return None
+
+
+#: Full replays (a liveness run each, ~1 s on a 30k-instruction module) one
+#: audit spends on per-finding peaks, the largest boundaries first; the rest
+#: get quick replays.
+FULL_REPLAYS_PER_AUDIT = 24
+
+
+def take_full_replay(program: Program) -> bool:
+  """Whether the audit's budget of full replays allows one more (and takes it)."""
+  left = program.cache.get("full_replays_left", FULL_REPLAYS_PER_AUDIT)
+  program.cache["full_replays_left"] = left - 1
+  return left > 0
+
+
+def peak_after_fusions(program: Program,
+                       fusions: Sequence[tuple[str, str, Sequence[str]] | None]
+                       ) -> list[int | None]:
+  """The peak after each fusion alone (None where the boundary is not a
+  buffer of the program). A boundary live at the heap's peak, or inputs the
+  fusion would keep over it, can move the peak: those get the full replay
+  (the heap's packing changes around them), the largest first while the
+  audit's budget lasts (`FULL_REPLAYS_PER_AUDIT`). A heap boundary away from
+  the peak can neither lower nor raise it. The others get the quick replay."""
+  base = program.liveness
+  t = base.peak_time
+  time = program.schedule.time
+  out: list[int | None] = [None] * len(fusions)
+  crossing = []
+  for k, fusion in enumerate(fusions):
+    if fusion is None:
+      continue
+    boundary, producer, consumers = fusion
+    b = find_buffer(program.dataflow, boundary)
+    if b is None:
+      continue
+    s, e = base.ranges[b]
+    last = max((time.get(c, -1) for c in consumers), default=-1)
+    if s <= t <= e or (time.get(producer, t + 1) <= t < last):
+      crossing.append((-base.sizes[b], k))
+    elif b in base.heap_buffers:
+      out[k] = base.peak_bytes
+    else:
+      out[k] = replay(program, fuse=[fusion], quick=True)
+  for _, k in sorted(crossing):
+    full = take_full_replay(program)
+    out[k] = (replay(program, fuse=[fusions[k]]).peak_bytes if full else
+              replay(program, fuse=[fusions[k]], quick=True))
+  return out

@@ -1,0 +1,193 @@
+"""What-if replays and the memory findings, held against XLA's own peaks.
+
+The train step below was inspected by hand: without donation XLA keeps the
+six arguments of params and opt read-only and writes six outputs of the same
+shapes; with `donate_argnums=(0, 1)` the outputs reuse the arguments' memory,
+and XLA copies params['out']['kernel'], which the backward reads on a path
+not ordered before its update.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+import hlo_audit
+from hlo_audit import FindingKind, WhatIfError
+from hlo_audit._src.report.json_report import report_from_dict
+
+S = jax.ShapeDtypeStruct
+F32 = jnp.float32
+#: The replay's peak must match the changed program's peak this closely.
+PREDICTION_TOLERANCE = 0.05
+#: Per-finding peaks (quick replays) against full replays, as a share of the peak.
+QUICK_TOLERANCE = 0.01
+
+
+def loss(params, x):
+  h = jnp.tanh(x @ params["dense"]["kernel"] + params["dense"]["bias"])
+  return jnp.sum(h @ params["out"]["kernel"])
+
+
+def step(params, opt, x):
+  g = jax.grad(loss)(params, x)
+  new_opt = jax.tree.map(lambda m, g: 0.9 * m + g, opt, g)
+  new_params = jax.tree.map(lambda p, m: p - 0.01 * m, params, new_opt)  # update
+  return new_params, new_opt
+
+
+PARAMS = {"dense": {"kernel": S((512, 512), F32), "bias": S((512,), F32)},
+          "out": {"kernel": S((512, 256), F32)}}
+X = S((64, 512), F32)
+
+
+@functools.cache
+def report(donate: tuple[int, ...] = ()) -> hlo_audit.AuditReport:
+  return hlo_audit.audit(jax.jit(step, donate_argnums=donate), PARAMS, PARAMS, X)
+
+
+def test_undonated_arguments_are_found_by_path_with_the_fix():
+  r = report()
+  found = {f.boundary: f for f in r.findings_of(FindingKind.UNDONATED_ARGUMENT)}
+  assert set(found) == {"params", "opt"}
+  p = found["params"]
+  assert set(p.ops) == {"params['dense']['kernel']", "params['dense']['bias']",
+                        "params['out']['kernel']"}
+  assert p.suggestion == "jax.jit(step, donate_argnums=(0, 1))"
+  assert p.peak_saved > 0 and p.peak_after == r.peak_bytes - p.peak_saved
+  assert p.source is not None and p.source.file.endswith("what_if_test.py")
+
+
+def test_donation_prediction_matches_the_donated_program():
+  before, after = report(), report((0, 1))
+  w = before.what_if(donate=[0, 1])
+  assert w.baseline_peak_bytes == before.peak_bytes
+  assert abs(w.peak_bytes - after.xla_peak_bytes) <= PREDICTION_TOLERANCE * after.xla_peak_bytes
+  # The copy XLA adds for the out kernel is what makes the prediction right.
+  assert any("params['out']['kernel']" in n for n in w.notes)
+  assert w.peak_saved > 1 << 20
+  # Names, paths and numbers name the same arguments.
+  assert before.what_if(donate=["params", "opt"]).peak_bytes == w.peak_bytes
+  # With donation in place the finding is gone.
+  assert not after.findings_of(FindingKind.UNDONATED_ARGUMENT)
+
+
+def test_what_if_names_what_is_wrong():
+  r = report()
+  with pytest.raises(WhatIfError, match="no argument 'parms'.*params"):
+    r.what_if(donate=["parms"])
+  with pytest.raises(WhatIfError, match="no buffer 'nope.1'"):
+    r.what_if(drop=["nope.1"])
+
+
+def test_drop_and_fuse_replays():
+  r = layers_report()
+  heap = [b for b in r.buffers if b.name in r.live_at_peak and b.placement == "heap"]
+  assert heap
+  b = max(heap, key=lambda b: b.bytes)
+  w = r.what_if(drop=[b.name])
+  assert r.peak_bytes - b.bytes <= w.peak_bytes < r.peak_bytes
+  assert len(w.timeline) == len(r.timeline) and w.baseline_timeline == r.timeline
+  for f in r.findings:
+    if f.peak_after is not None:
+      assert f.peak_after + f.peak_saved == r.peak_bytes
+  fusible = [f for f in r.actionable if f.boundary and f.peak_after is not None
+             and f.kind.slug in ("unfused-epilogue", "separate-reduction",
+                                 "unfused-prologue")]
+  assert fusible
+  # A quick replay of no change is the audited peak.
+  from hlo_audit._src.analysis.liveness import LivenessEdits
+  from hlo_audit._src.analysis.what_if import quick_peak
+  assert quick_peak(r.program, LivenessEdits()) == r.peak_bytes
+  for f in fusible:  # the quick replay keeps the assignment; the full one redoes it
+    full = r.what_if(fuse=[f]).peak_bytes
+    assert abs(full - f.peak_after) <= QUICK_TOLERANCE * r.peak_bytes, (full, f.peak_after)
+
+
+def test_what_if_in_json_round_trips():
+  r = report()
+  w = r.what_if(donate=[0])
+  d = json.loads(r.with_what_if(w).to_json())
+  assert d["schema_version"] == 2
+  assert d["what_if"]["peak_bytes"] == w.peak_bytes
+  assert len(d["what_if"]["timeline"]) == len(d["timeline"])
+  again = report_from_dict(d)
+  assert again.what_if_replay == w
+  assert "peak" in str(w) and "donate 0 (3 arrays)" in str(w)
+  with pytest.raises(WhatIfError, match="no program"):
+    again.what_if(donate=[0])
+
+
+def mlp_layers(ws, x):
+  for w in ws:
+    x = jnp.tanh(x @ w)
+  return jnp.sum(x)
+
+
+@functools.cache
+def layers_report() -> hlo_audit.AuditReport:
+  return hlo_audit.audit(jax.jit(jax.grad(mlp_layers)), [S((512, 512), F32)] * 4,
+                         S((1024, 512), F32))
+
+
+def scaled_mlp(ws, g, x):
+  x = x * g  # saved for the backward of the first dot; x and g stay live anyway
+  for w in ws:
+    x = jnp.tanh(x @ w)
+  return jnp.sum(x)
+
+
+def test_remat_candidate_lowers_the_peak_by_its_replay():
+  r = hlo_audit.audit(jax.jit(jax.grad(scaled_mlp, argnums=(0, 1))),
+                      [S((512, 512), F32)] * 3, S((512,), F32), S((1024, 512), F32))
+  # Only x * g: the tanh outputs' inputs (the dots) die early. A boundary
+  # another finding names carries the remat as a note (one record per buffer).
+  line = scaled_mlp.__code__.co_firstlineno + 1
+  found = [f for f in r.findings if f.kind is FindingKind.REMAT_CANDIDATE or any(
+      n.startswith("also " + FindingKind.REMAT_CANDIDATE.value) for n in f.notes)]
+  assert [f.source.line for f in found] == [line]
+  (f,) = found
+  w = r.what_if(remat=[f.boundary])
+  assert w.peak_saved == 1024 * 512 * 4
+  assert "jax.checkpoint_policies.dots_saveable" in (f.suggestion + " ".join(f.notes))
+
+
+def checkpointed(ws, x):
+  layer = jax.checkpoint(lambda w, x: jnp.tanh(x @ w),
+                         policy=jax.checkpoint_policies.nothing_saveable)
+  for w in ws:
+    x = layer(w, x)
+  return jnp.sum(x)
+
+
+def test_remat_of_dots_is_flagged_costly():
+  r = hlo_audit.audit(jax.jit(jax.grad(checkpointed)), [S((512, 512), F32)] * 4,
+                      S((256, 512), F32))
+  (f,) = r.findings_of(FindingKind.COSTLY_REMAT)
+  assert "dots_saveable" in f.suggestion
+  plain = hlo_audit.audit(jax.jit(jax.grad(mlp_layers)), [S((512, 512), F32)] * 4,
+                          S((256, 512), F32))
+  assert not plain.findings_of(FindingKind.COSTLY_REMAT)
+
+
+def test_html_draws_the_timeline_before_and_after():
+  r = report()
+  page = r.with_what_if(r.what_if(donate=[0, 1])).to_html()
+  assert "live bytes before and after the what-if" in page
+  assert "before and after the what-if" not in r.to_html()
+
+
+def test_schema_1_json_still_reads():
+  d = json.loads(report().to_json())
+  d["schema_version"] = 1
+  for f in d["findings"]:
+    del f["peak_after"], f["peak_saved"]
+  del d["what_if"], d["collectives"]
+  old = report_from_dict(d)
+  assert all(f.peak_after is None for f in old.findings)
+  with pytest.raises(ValueError, match="schema_version 3"):
+    report_from_dict({**d, "schema_version": 3})
