@@ -82,7 +82,7 @@ def compact_summary(report, groups, width: int) -> list[str]:
       f"{100 * report.options.intermediate_fraction:g}% of peak",
       f"{len(report.findings)} findings: {n_act} propose a change"
       + (" (" + ", ".join(f"{n} {k}" for k, n in by_class.items()) + ")" if by_class else "")
-      + f" in {len(act)} groups; {keep} keep a buffer or note a fusion XLA made",
+      + f" in {len(act)} groups; {keep} keep (reuse, already fused)",
   ]
   if n_act:
     items.append(f"closing every gap would save {fmt_bytes(report.bytes_saved)} "
@@ -100,6 +100,11 @@ def compact_lines(report, width: int, *, top: int = TOP, hints=PYTHON_HINTS) -> 
   act = [g for g in groups if g.actionable]
   out = compact_summary(report, groups, width)
   out.append("")
+  if report.what_if_replay is not None:
+    from hlo_audit._src.report.what_if_text import render_what_if
+    for line in render_what_if(report.what_if_replay).splitlines():
+      out += layout.hang(line, width, "", "    ")
+    out.append("")
   if not act:
     out.append("No fusion gaps found: nothing XLA wrote to memory would be removed "
                "by a fusion this audit knows.")
