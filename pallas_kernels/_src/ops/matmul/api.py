@@ -210,31 +210,36 @@ def matmul(x: jax.Array, w: jax.Array, *, bias: jax.Array | None = None,
   cdt = reference.compute_dtype(x.dtype, w.dtype)
   odt = (jnp.dtype(out_dtype) if out_dtype is not None
          else reference.default_out_dtype(x.dtype, w.dtype))
-  interp = backend_lib.resolve_interpret(interpret)
-  # The kernel folds x's batch into M when w has no batch (see kernel.py).
-  folded = not transpose_x and not transpose_out and math.prod(_shape(w)[:-2]) == 1
-  cfg = config if config is not None else config_lib.choose_config(
-      m * (math.prod(_shape(x)[:-2]) if folded else 1), n, k,
-      cdt, interp, group_size=group, fused_quantize=quantize is not None,
-      packed_n=jnp.dtype(w.dtype).name == "int4" and not transpose_w)
-  static = vjp.Static(
-      activation=act, clamp=clamp, out_dtype=odt.name, compute_dtype=jnp.dtype(cdt).name,
-      quantize=quantize, transpose_x=bool(transpose_x), transpose_w=bool(transpose_w),
-      transpose_out=bool(transpose_out), x_scale_kind=x_kind, w_scale_kind=w_kind,
-      group_size=group, config=cfg, interpret=interp,
-      backend=backend_lib.current_backend())
   operands = (x, w, bias, residual, scale, x_scale, w_scale)
 
+  def launch(interp: bool):
+    # The kernel folds x's batch into M when w has no batch (see kernel.py).
+    folded = not transpose_x and not transpose_out and math.prod(_shape(w)[:-2]) == 1
+    cfg = config if config is not None else config_lib.choose_config(
+        m * (math.prod(_shape(x)[:-2]) if folded else 1), n, k,
+        cdt, interp, group_size=group, fused_quantize=quantize is not None,
+        packed_n=jnp.dtype(w.dtype).name == "int4" and not transpose_w)
+    target = backend_lib.target()
+    static = vjp.Static(
+        activation=act, clamp=clamp, out_dtype=odt.name, compute_dtype=jnp.dtype(cdt).name,
+        quantize=quantize, transpose_x=bool(transpose_x), transpose_w=bool(transpose_w),
+        transpose_out=bool(transpose_out), x_scale_kind=x_kind, w_scale_kind=w_kind,
+        group_size=group, config=cfg, interpret=interp, backend=target.backend,
+        target=target)
+    if implementation == "xla":
+      return vjp.reference_call(static, *operands)
+    reason = guard.unsupported_reason(
+        x, w, out_dtype=odt, bias=bias, residual=residual, scale=scale,
+        group_size=group, quantize=quantize, transpose_x=transpose_x,
+        transpose_w=transpose_w, backend=static.backend, interpret=interp, config=cfg)
+    if reason is not None:
+      guard_lib.record_fallback("matmul", reason, guard_lib.signature(
+          **dict(zip(vjp.Operands.NAMES, operands))))
+      return vjp.reference_call(static, *operands)
+    return vjp.build(static)(*operands)
+
   if implementation is None:
-    implementation = backend_lib.default_implementation(interpret, static.backend)
+    implementation = backend_lib.default_implementation(interpret)
   if implementation == "xla":
-    return vjp.reference_call(static, *operands)
-  reason = guard.unsupported_reason(
-      x, w, out_dtype=odt, bias=bias, residual=residual, scale=scale,
-      group_size=group, quantize=quantize, transpose_x=transpose_x,
-      transpose_w=transpose_w, backend=static.backend, interpret=interp, config=cfg)
-  if reason is not None:
-    guard_lib.record_fallback("matmul", reason, guard_lib.signature(
-        **dict(zip(vjp.Operands.NAMES, operands))))
-    return vjp.reference_call(static, *operands)
-  return vjp.build(static)(*operands)
+    return launch(backend_lib.resolve_interpret(interpret))
+  return backend_lib.per_platform(interpret, launch)

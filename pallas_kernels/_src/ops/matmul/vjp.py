@@ -69,6 +69,8 @@ class Static:
   config: Config
   interpret: bool
   backend: backend_lib.Backend
+  #: The device traced for; the VJP rules, traced later, re-enter it.
+  target: backend_lib.Target
 
 
 class Operands:
@@ -322,9 +324,14 @@ def build(static: Static):
 
   @jax.custom_vjp
   def fused(x, w, bias, residual, scale, x_scale, w_scale):
-    return result(static, forward(static, x, w, bias, residual, scale, x_scale, w_scale))
+    with backend_lib.targeting(static.target):
+      return result(static, forward(static, x, w, bias, residual, scale, x_scale, w_scale))
 
   def fused_fwd(x, w, bias, residual, scale, x_scale, w_scale):
+    with backend_lib.targeting(static.target):
+      return _fused_fwd(x, w, bias, residual, scale, x_scale, w_scale)
+
+  def _fused_fwd(x, w, bias, residual, scale, x_scale, w_scale):
     inputs = (x, w, bias, residual, scale, x_scale, w_scale)
     want_dx, want_dw, reason = _plan(static, x, w)
     if reason is not None:
@@ -339,6 +346,10 @@ def build(static: Static):
     return result(static, out), (inputs, out.aux)
 
   def fused_bwd(res, ct):
+    with backend_lib.targeting(static.target):
+      return _fused_bwd(res, ct)
+
+  def _fused_bwd(res, ct):
     inputs, aux = res
     x, w = inputs[0], inputs[1]
     want_dx, want_dw, reason = _plan(static, x, w)
