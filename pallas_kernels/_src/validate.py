@@ -64,16 +64,19 @@ class ValidationRow:
   nonfinite_ok: bool
   repeat_exact: bool
   fallback: str | None
+  #: A fallback fails the row: the kernel itself must have run (and compiled).
+  kernel_required: bool = False
 
   @property
   def passed(self) -> bool:
     grads_ok = self.grad_err is None or self.grad_err <= self.grad_bound
     return (self.kernel_err <= self.bound and grads_ok and self.written
-            and self.nonfinite_ok and self.repeat_exact)
+            and self.nonfinite_ok and self.repeat_exact
+            and not (self.kernel_required and self.fallback))
 
 
 _COLUMNS = ("op", "case", "dtype", "kernel_err", "xla_err", "bound", "grad_err",
-            "written", "nonfinite", "repeat", "passed", "fallback")
+            "written", "nonfinite", "repeat", "passed", "FALLBACK")
 
 
 def _fmt_err(v: float | None) -> str:
@@ -93,6 +96,8 @@ class ValidationReport:
   rows: tuple[ValidationRow, ...]
   interpret: bool
   device: str
+  #: Whether a fallback to XLA failed a row (see `validate`).
+  require_kernel: bool = False
 
   @property
   def passed(self) -> bool:
@@ -108,11 +113,17 @@ class ValidationReport:
       out.append([r.op, r.case, r.dtype, _fmt_err(r.kernel_err), _fmt_err(r.xla_err),
                   f"{r.bound:.0e}", grad, _yes(r.written), _yes(r.nonfinite_ok),
                   _yes(r.repeat_exact), "PASS" if r.passed else "FAIL",
-                  r.fallback or "-"])
+                  (("REQUIRED KERNEL FELL BACK: " if r.kernel_required else "")
+                   + r.fallback) if r.fallback else "-"])
     return out
 
   def _header(self) -> str:
     mode = "interpret mode" if self.interpret else "compiled"
+    if self.require_kernel:
+      mode += ", kernels required"
+    fell_back = sum(1 for r in self.rows if r.fallback)
+    if fell_back:
+      mode += f", {fell_back} fell back to XLA"
     verdict = "PASSED" if self.passed else "FAILED"
     return (f"validate: {verdict}, {len(self.rows)} cases, "
             f"{len(self.failures())} failed ({mode}, {self.device})")
@@ -279,7 +290,8 @@ def _validate_case(spec: OpSpec, case: Case, interpret: bool, seed: int,
 def validate(op: str | OpSpec | Sequence[str | OpSpec], *,
              tags: Sequence[str] = ("ci",), dtypes: Sequence[Any] | None = None,
              seed: int = 0, interpret: bool | None = None,
-             check_grads: bool = True) -> ValidationReport:
+             check_grads: bool = True,
+             require_kernel: bool | None = None) -> ValidationReport:
   """Validates op(s) against the XLA reference over their cases.
 
   Args:
@@ -290,6 +302,10 @@ def validate(op: str | OpSpec | Sequence[str | OpSpec], *,
     seed: seeds the random inputs and cotangents (deterministic).
     interpret: Pallas interpret mode; None interprets exactly without GPU/TPU.
     check_grads: also check gradients of cases that name `grad_argnums`.
+    require_kernel: a row whose call fell back to XLA fails (else it passes on
+      the reference's numbers, with the reason in the FALLBACK column). None
+      requires kernels exactly where they compile (GPU, TPU): there "every
+      kernel compiled" must not read like "nothing compiled".
 
   Returns:
     A frozen `ValidationReport`; `report.passed` is the verdict, `print(report)`
@@ -301,7 +317,9 @@ def validate(op: str | OpSpec | Sequence[str | OpSpec], *,
   """
   wanted = None if dtypes is None else {jnp.dtype(d).name for d in dtypes}
   interp = backend.resolve_interpret(interpret)
-  rows = [_validate_case(spec, case, interp, seed, check_grads)
+  required = (not interp) if require_kernel is None else bool(require_kernel)
+  rows = [dataclasses.replace(_validate_case(spec, case, interp, seed, check_grads),
+                              kernel_required=required)
           for spec, case in registry.select_cases(op, tags, seed)
           if wanted is None or jnp.dtype(case.args[0].dtype).name in wanted]
   if not rows:
@@ -309,4 +327,4 @@ def validate(op: str | OpSpec | Sequence[str | OpSpec], *,
     raise ValueError(f"no cases for ops {[getattr(o, 'name', o) for o in ops]} with "
                      f"tags {tuple(tags)} and dtypes {dtypes}")
   return ValidationReport(rows=tuple(rows), interpret=interp,
-                          device=backend.device_kind())
+                          device=backend.device_kind(), require_kernel=required)
