@@ -46,3 +46,7 @@ class OpSpec:
   bytes_moved: Callable[[Case], int]
   #: Floating-point operations for a case (for TFLOP/s).
   flops: Callable[[Case], int]
+  #: What `bench` times the kernel against: the same user-level computation as
+  #: XLA gets it from plain jnp (fn(*args, **kwargs)); None: `fn` with
+  #: implementation="xla", when that already is what a user would write.
+  baseline: Callable[..., Any] | None = None

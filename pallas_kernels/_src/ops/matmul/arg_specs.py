@@ -233,6 +233,14 @@ def reference_f32(*args: Any, **kwargs: Any):
                              **options)
 
 
+def xla_baseline(*args: Any, **kwargs: Any):
+  """`OpSpec.baseline`: the call as a user writes it in jnp (see reference)."""
+  named = _split(args)
+  x, w = named.pop("x"), named.pop("w")
+  options = {k: v for k, v in kwargs.items() if k not in _IMPL_KEYWORDS}
+  return reference.xla_baseline(x, w, **named, **options)
+
+
 def _bits(dtype) -> int:
   dt = jnp.dtype(dtype)
   return 4 if dt.name in ("int4", "uint4") else 8 * dt.itemsize
@@ -269,4 +277,5 @@ SPEC = OpSpec(
     cases=cases,
     bytes_moved=bytes_moved,
     flops=flops,
+    baseline=xla_baseline,
 )
