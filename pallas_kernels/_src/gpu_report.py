@@ -256,7 +256,7 @@ def default_cases() -> list[Case]:
       Case("matmul bf16 plain 4096^3",
            lambda x, w: pk.matmul(x, w, implementation="pallas"),
            (S((4096, 4096), bf), S((4096, 4096), bf))),
-      Case("matmul f32 bias+gelu+residual", mm(activation="gelu"),
+      Case("matmul f32 highest bias+gelu+res", mm(activation="gelu", precision="highest"),
            tuple(S(s.shape, f32) for s in mm_specs)),
       Case("matmul bf16 grad (dact, dx, dw)", grad(mm(activation="gelu"), (0, 1, 2)),
            mm_specs),
@@ -273,6 +273,17 @@ def default_cases() -> list[Case]:
         implementation="pallas"))(tw, group)
     cases.append(Case(f"matmul bf16 x {label} w", fn,
                       (S((m, k), bf), S(wshape, wdt), S(sshape, f32), S((n,), bf))))
+  cases += [
+      Case("matmul f32 tf32 (precision default)", mm(activation="gelu", precision="default"),
+           tuple(S(s.shape, f32) for s in mm_specs)),
+      Case("matmul bf16 decode m=16 x int8 w",
+           lambda x, w, s: pk.matmul(x, w, w_scale=s, implementation="pallas"),
+           (S((16, 8192), bf), S((8192, 8192), jnp.int8), S((8192,), f32))),
+      Case("matmul bf16 quantize=int8 n=256",
+           lambda x, w, b: pk.matmul(x, w, bias=b, activation="gelu", quantize="int8",
+                                     implementation="pallas"),
+           (S((8192, 512), bf), S((512, 256), bf), S((256,), bf))),
+  ]
   x = S((8192, 8192), bf)
   g = S((8192,), bf)
   ln = lambda x, g, r: pk.layer_norm(x, g, g, residual=r, implementation="pallas")[0]

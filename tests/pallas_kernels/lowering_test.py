@@ -254,3 +254,25 @@ def test_without_an_abstract_device_lowers_for_the_default_h200():
   # The same trace lowered for this CPU keeps the interpreted kernel instead.
   cpu = jax.jit(fn).trace(*specs).lower().as_text()
   assert not _kernel_calls(cpu)
+
+
+def _kernel_dot_precisions(fn, *specs) -> set[str]:
+  with jax.sharding.use_abstract_mesh(_mesh()):
+    jaxpr = str(jax.make_jaxpr(fn)(*specs))
+  return set(re.findall(r"precision=\(Precision\.(\w+)", jaxpr))
+
+
+def test_float32_follows_the_callers_precision_like_xla():
+  from pallas_kernels._src.ops.matmul import gpu  # noqa: PLC0415
+  f32 = S((256, 256), jnp.float32), S((256, 256), jnp.float32)
+  dot = lambda precision: lambda x, w: pk.matmul(x, w, implementation="pallas",
+                                                 precision=precision)
+  # DEFAULT (what jnp.matmul uses, TF32 tensor cores on a GPU) unless told.
+  assert _kernel_dot_precisions(dot(None), *f32) == {"DEFAULT"}
+  assert _kernel_dot_precisions(dot(jax.lax.Precision.HIGHEST), *f32) == {"HIGHEST"}
+  with jax.default_matmul_precision("float32"):
+    assert _kernel_dot_precisions(dot(None), *f32) == {"HIGHEST"}
+  assert gpu.resolve_precision("tensorfloat32") == "HIGH"
+  assert gpu.resolve_precision((jax.lax.Precision.DEFAULT, "highest")) == "HIGHEST"
+  with pytest.raises(ValueError, match="precision must be None, a jax.lax.Precision"):
+    pk.matmul(jnp.ones((4, 4)), jnp.ones((4, 4)), precision="F32_F32_F32")

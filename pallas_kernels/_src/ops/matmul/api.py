@@ -12,6 +12,7 @@ from pallas_kernels._src import backend as backend_lib
 from pallas_kernels._src import guard as guard_lib
 from pallas_kernels._src.ops import quantize as quant
 from pallas_kernels._src.ops.matmul import config as config_lib
+from pallas_kernels._src.ops.matmul import gpu
 from pallas_kernels._src.ops.matmul import guard
 from pallas_kernels._src.ops.matmul import reference
 from pallas_kernels._src.ops.matmul import vjp
@@ -54,7 +55,7 @@ def matmul(x: jax.Array, w: jax.Array, *, bias: jax.Array | None = None,
            transpose_x: bool = False, transpose_w: bool = False,
            transpose_out: bool = False, quantize: str | None = None,
            implementation: str | None = None, interpret: bool | None = None,
-           config: Config | None = None):
+           config: Config | None = None, precision: Any = None):
   """`x @ w` with a fused dequantizing prologue and a fused epilogue.
 
   Computes, in float32 from the accumulator on (x_l, w_l are the logical
@@ -110,6 +111,11 @@ def matmul(x: jax.Array, w: jax.Array, *, bias: jax.Array | None = None,
       or when `interpret=True` is passed, else XLA.
     interpret: Pallas interpret mode; None interprets exactly when no GPU/TPU.
     config: tiling (`Config`); None picks `config.heuristic_config`.
+    precision: of float32 dots, as for `jnp.matmul`: None (JAX's
+      `jax_default_matmul_precision`, else DEFAULT), a `jax.lax.Precision` or
+      its name. On a GPU, DEFAULT and HIGH run TF32 tensor cores, as XLA does
+      for the same jnp call; HIGHEST runs IEEE fp32. 16-bit and quantized
+      operands are unaffected. The XLA implementation uses the same precision.
 
   Returns:
     The result [..., M, N] (or [..., N, M]) in out_dtype, or (values, scales)
@@ -137,6 +143,7 @@ def matmul(x: jax.Array, w: jax.Array, *, bias: jax.Array | None = None,
     raise ValueError(f"config must be a matmul Config, got {type(config).__name__}")
   act = reference.canonical_activation(activation)
   clamp = _check_clamp(clamp)
+  prec = gpu.resolve_precision(precision)
   if quantize is not None and quantize not in quant.KINDS:
     raise ValueError(f"quantize must be one of {quant.KINDS} or None, got {quantize!r}")
   if quantize is not None and out_dtype is not None:
@@ -218,14 +225,14 @@ def matmul(x: jax.Array, w: jax.Array, *, bias: jax.Array | None = None,
     cfg = config if config is not None else config_lib.choose_config(
         m * (math.prod(_shape(x)[:-2]) if folded else 1), n, k,
         cdt, interp, group_size=group, fused_quantize=quantize is not None,
-        packed_n=jnp.dtype(w.dtype).name == "int4" and not transpose_w)
+        packed_n=jnp.dtype(w.dtype).name == "int4" and not transpose_w, precision=prec)
     target = backend_lib.target()
     static = vjp.Static(
         activation=act, clamp=clamp, out_dtype=odt.name, compute_dtype=jnp.dtype(cdt).name,
         quantize=quantize, transpose_x=bool(transpose_x), transpose_w=bool(transpose_w),
         transpose_out=bool(transpose_out), x_scale_kind=x_kind, w_scale_kind=w_kind,
         group_size=group, config=cfg, interpret=interp, backend=target.backend,
-        target=target)
+        target=target, precision=prec)
     if implementation == "xla":
       return vjp.reference_call(static, *operands)
     reason = guard.unsupported_reason(

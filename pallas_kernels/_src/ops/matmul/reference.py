@@ -216,7 +216,7 @@ def reference(x: jax.Array, w: jax.Array, *, bias: jax.Array | None = None,
 def xla_baseline(x: jax.Array, w: jax.Array, *, x_scale: jax.Array | None = None,
                  w_scale: jax.Array | None = None, w_group_size: int | None = None,
                  transpose_x: bool = False, transpose_w: bool = False, out_dtype=None,
-                 **epilogue):
+                 precision=None, **epilogue):
   """The same call as a user writes it in jnp, for `bench` to time against.
 
   Quantized operands are dequantized to the compute dtype (what the kernel
@@ -229,7 +229,7 @@ def xla_baseline(x: jax.Array, w: jax.Array, *, x_scale: jax.Array | None = None
   wd = dequantize_w(logical_w(w, transpose_w), w_scale, w_group_size).astype(cdt)
   if out_dtype is None and epilogue.get("quantize") is None:
     out_dtype = default_out_dtype(x.dtype, w.dtype)
-  return reference(xd, wd, out_dtype=out_dtype, precision=None, **epilogue)
+  return reference(xd, wd, out_dtype=out_dtype, precision=precision, **epilogue)
 
 
 def num_groups(k: int, group_size: int) -> int:

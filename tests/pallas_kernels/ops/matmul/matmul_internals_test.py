@@ -167,10 +167,19 @@ def test_config_rejects_invalid_tiles():
 def test_gpu_defaults_are_tensor_core_tiles():
   cfg = config_lib.heuristic_config(4096, 4096, 4096, jnp.bfloat16, GPU,
                                     device_kind="NVIDIA A100-SXM4-80GB")
-  assert (cfg.block_m, cfg.block_n, cfg.block_k, cfg.num_stages) == (128, 128, 64, 3)
-  wide = config_lib.heuristic_config(4096, 4096, 4096, jnp.bfloat16, GPU,
+  assert (cfg.block_m, cfg.block_n, cfg.block_k, cfg.num_warps, cfg.num_stages) == (
+      128, 128, 64, 8, 3)
+  # Hopper: the same tile (128x256 spills, see the compile report), deeper pipeline.
+  h200 = config_lib.heuristic_config(4096, 4096, 4096, jnp.bfloat16, GPU,
                                      device_kind="NVIDIA H200")
-  assert (wide.block_m, wide.block_n, wide.num_warps) == (128, 256, 8)
+  assert (h200.block_m, h200.block_n, h200.num_warps, h200.num_stages) == (128, 128, 8, 4)
+  # float32: TF32 tensor cores take the 128x128 tile; IEEE FMA a 64x128 one.
+  tf32 = config_lib.heuristic_config(4096, 4096, 4096, jnp.float32, GPU, tf32=True,
+                                     device_kind="NVIDIA H200")
+  ieee = config_lib.heuristic_config(4096, 4096, 4096, jnp.float32, GPU,
+                                     device_kind="NVIDIA H200")
+  assert (tf32.block_m, tf32.block_n, tf32.block_k, tf32.num_warps) == (128, 128, 32, 8)
+  assert (ieee.block_m, ieee.block_n, ieee.block_k, ieee.num_warps) == (64, 128, 32, 8)
   skinny = config_lib.heuristic_config(1, 4096, 4096, jnp.bfloat16, GPU)
   assert skinny.block_m == 16 and skinny.block_k == 128
 
