@@ -27,11 +27,14 @@ def main(argv=None) -> int:
     return 2
   cases = [c for c in gpu_report.default_cases() if args.case in c.name]
   try:
-    rows = gpu_report.report(cases, tuple(args.arch or gpu_report.ARCHS))
+    result = gpu_report.report(cases, tuple(args.arch or gpu_report.ARCHS))
   except gpu_report.IrUnreadable as e:
     print(f"gpu_compile_report: {e}", file=sys.stderr)
     return 2
+  rows = result.rows
   print(gpu_report.format_table(rows))
+  for case, arch, reason in result.fallbacks:
+    print(f"no kernel: {case} on {arch} falls back to XLA: {reason}")
   bad = [r for r in rows if not r.fits]
   print(f"\n{len(rows)} kernels compiled, {len(bad)} spill or overflow shared memory")
   return 1 if bad else 0

@@ -29,6 +29,7 @@ import jax
 
 from pallas_kernels._src import compat
 from pallas_kernels._src import devices
+from pallas_kernels._src import guard
 
 
 class Backend(enum.Enum):
@@ -133,8 +134,14 @@ def per_platform(interpret: bool | None, launch: Callable[[bool], Any]) -> Any:
     return launch(resolve_interpret(interpret))
 
   def on_gpu():
-    with targeting(DEFAULT_GPU):
-      return launch(False)
+    # What this branch would fall back on concerns only a lowering for CUDA:
+    # the record says so, lest a CPU run seem to have fallen back.
+    with targeting(DEFAULT_GPU), guard.collect_fallbacks() as records:
+      out = launch(False)
+    for f in records:
+      guard.record_fallback(f.op, f"when lowered for CUDA ({DEFAULT_GPU.device_kind} "
+                            f"assumed): {f.reason}", f.signature)
+    return out
 
   return jax.lax.platform_dependent(cuda=on_gpu, default=lambda: launch(True))
 

@@ -211,24 +211,36 @@ class Case:
   specs: tuple[Any, ...]
 
 
-def report(cases: Sequence[Case], archs: Sequence[str] = ("sm_90a", "sm_80")
-           ) -> list[KernelStats]:
+@dataclasses.dataclass(frozen=True, slots=True)
+class Report:
+  """Compiled kernels, and the cases whose op fell back to XLA on an arch."""
+
+  rows: tuple[KernelStats, ...]
+  #: (case, arch, reason) for each fallback recorded while lowering.
+  fallbacks: tuple[tuple[str, str, str], ...] = ()
+
+
+def report(cases: Sequence[Case], archs: Sequence[str] = ("sm_90a", "sm_80")) -> Report:
   """Stats of every Triton kernel of every case, for every arch."""
-  rows = []
+  from pallas_kernels._src import guard  # noqa: PLC0415
+  rows, fell_back = [], []
   for arch in archs:
     for case in cases:
-      for kernel in kernel_irs(lower_for(arch, case.fn, *case.specs)):
+      with guard.collect_fallbacks() as records:
+        lowered = lower_for(arch, case.fn, *case.specs)
+      fell_back += [(case.name, arch, f.reason) for f in records]
+      for kernel in kernel_irs(lowered):
         rows.append(compile_kernel(case.name, kernel, arch))
-  return rows
+  return Report(tuple(rows), tuple(fell_back))
 
 
 def format_table(rows: Sequence[KernelStats]) -> str:
   """A fixed-width table, one line per kernel and arch."""
-  head = (f"{'case':<34} {'kernel':<22} {'arch':<7} {'warps':>5} {'stages':>6} "
+  head = (f"{'case':<38} {'kernel':<26} {'arch':<7} {'warps':>5} {'stages':>6} "
           f"{'regs':>4} {'spill st/ld B':>13} {'smem B':>7} {'dot':<5} fits")
   lines = [head, "-" * len(head)]
   for r in rows:
-    lines.append(f"{r.case:<34} {r.kernel[:22]:<22} {r.arch:<7} {r.num_warps:>5} "
+    lines.append(f"{r.case:<38} {r.kernel:<26} {r.arch:<7} {r.num_warps:>5} "
                  f"{r.num_stages:>6} {r.registers:>4} {f'{r.spill_stores}/{r.spill_loads}':>13} {r.shared:>7} "
                  f"{r.dot_unit:<5} {'yes' if r.fits else 'NO'}")
   return "\n".join(lines)

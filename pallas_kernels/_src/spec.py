@@ -27,6 +27,10 @@ class Case:
   tags: frozenset[str] = frozenset()
   #: Positions in `args` that gradients are checked for.
   grad_argnums: tuple[int, ...] = ()
+  #: A case that exists to exercise a designed fallback names part of the
+  #: reason it must record (e.g. "backward: out_dtype"); with kernels required
+  #: it passes only if exactly that fallback happened. Empty: none allowed.
+  expect_fallback: str = ""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -66,17 +66,37 @@ class ValidationRow:
   fallback: str | None
   #: A fallback fails the row: the kernel itself must have run (and compiled).
   kernel_required: bool = False
+  #: The designed fallback the case exercises (`Case.expect_fallback`), if any.
+  expected_fallback: str = ""
+  #: The distinct fallback reasons (`fallback` joins them for display).
+  fallback_reasons: tuple[str, ...] = ()
 
   @property
   def passed(self) -> bool:
     grads_ok = self.grad_err is None or self.grad_err <= self.grad_bound
     return (self.kernel_err <= self.bound and grads_ok and self.written
             and self.nonfinite_ok and self.repeat_exact
-            and not (self.kernel_required and self.fallback))
+            and not (self.kernel_required and not self.fallback_as_designed))
+
+  @property
+  def fallback_as_designed(self) -> bool:
+    """No fallback, or exactly the designed one the case exercises."""
+    if self.expected_fallback:
+      return bool(self.fallback_reasons) and all(
+          r.startswith(self.expected_fallback) for r in self.fallback_reasons)
+    return not self.fallback
 
 
 _COLUMNS = ("op", "case", "dtype", "kernel_err", "xla_err", "bound", "grad_err",
             "written", "nonfinite", "repeat", "passed", "FALLBACK")
+
+
+def _fallback_cell(r: ValidationRow) -> str:
+  if not r.fallback:
+    return "MISSING DESIGNED FALLBACK" if r.expected_fallback and r.kernel_required else "-"
+  if r.expected_fallback and r.fallback_as_designed:
+    return f"as designed: {r.fallback}"
+  return ("REQUIRED KERNEL FELL BACK: " if r.kernel_required else "") + r.fallback
 
 
 def _fmt_err(v: float | None) -> str:
@@ -113,8 +133,7 @@ class ValidationReport:
       out.append([r.op, r.case, r.dtype, _fmt_err(r.kernel_err), _fmt_err(r.xla_err),
                   f"{r.bound:.0e}", grad, _yes(r.written), _yes(r.nonfinite_ok),
                   _yes(r.repeat_exact), "PASS" if r.passed else "FAIL",
-                  (("REQUIRED KERNEL FELL BACK: " if r.kernel_required else "")
-                   + r.fallback) if r.fallback else "-"])
+                  _fallback_cell(r)])
     return out
 
   def _header(self) -> str:
@@ -284,7 +303,9 @@ def _validate_case(spec: OpSpec, case: Case, interpret: bool, seed: int,
       op=spec.name, case=case.name, dtype=jnp.dtype(case.args[0].dtype).name,
       kernel_err=kernel_err, xla_err=xla_err, bound=bound, grad_err=grad_err,
       grad_bound=grad_bound, written=bool(written), nonfinite_ok=bool(nonfinite_ok),
-      repeat_exact=repeat_exact, fallback="; ".join(reasons) or None)
+      repeat_exact=repeat_exact, fallback="; ".join(reasons) or None,
+      fallback_reasons=tuple(reasons),
+      expected_fallback=case.expect_fallback)
 
 
 def validate(op: str | OpSpec | Sequence[str | OpSpec], *,

@@ -276,3 +276,15 @@ def test_float32_follows_the_callers_precision_like_xla():
   assert gpu.resolve_precision((jax.lax.Precision.DEFAULT, "highest")) == "HIGHEST"
   with pytest.raises(ValueError, match="precision must be None, a jax.lax.Precision"):
     pk.matmul(jnp.ones((4, 4)), jnp.ones((4, 4)), precision="F32_F32_F32")
+
+
+@pytest.mark.skipif(jax.default_backend() != "cpu", reason="the dual lowering is CPU-only")
+def test_a_cuda_only_fallback_says_so_on_cpu():
+  # int4 packed along an N (40) no GPU tile divides: the CUDA branch falls
+  # back, the interpreted one does not; the record names the CUDA lowering.
+  fn = lambda x, w, s: pk.matmul(x, w, w_scale=s, implementation="pallas")
+  jax.jit(fn).trace(S((16, 64), jnp.bfloat16), S((64, 40), jnp.int4),
+                    S((40,), jnp.float32))
+  [f] = pk.fallbacks()
+  guard.clear_fallbacks()
+  assert f.reason.startswith("when lowered for CUDA (NVIDIA H200 assumed): int4 w"), f

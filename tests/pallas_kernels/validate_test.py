@@ -148,3 +148,16 @@ def test_a_fallback_never_passes_when_kernels_are_required(clean_fallbacks):
   lenient = pk.validate(spec, require_kernel=False)
   assert lenient.passed and "1 fell back to XLA" in str(lenient)
   assert pk.validate(spec, interpret=True).require_kernel is False
+
+
+def test_a_designed_fallback_passes_only_as_designed(clean_fallbacks):
+  # softmax f32 -> bf16 runs its backward through the reference by design.
+  report = pk.validate("softmax", tags=("ci",), require_kernel=True, check_grads=True)
+  [row] = [r for r in report.rows if r.expected_fallback]
+  assert row.fallback_as_designed and row.passed and "as designed" in str(report)
+  assert all(r.passed for r in report.rows), str(report)
+  spec = _falling_back_spec()
+  wrong = dataclasses.replace(_small_case(), expect_fallback="backward:")
+  report = pk.validate(dataclasses.replace(spec, cases=lambda t, s: iter([wrong])),
+                       require_kernel=True)
+  assert not report.passed  # a fallback, but not the designed one

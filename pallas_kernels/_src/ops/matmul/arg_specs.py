@@ -166,6 +166,8 @@ def build_case(d: CaseDef, seed: int) -> Case:
 _CI = frozenset({"ci"})
 _CI_GRAD = frozenset({"ci", "grad"})
 _BENCH = frozenset({"bench"})
+#: Also in `scripts/device_check.sh`'s short table ("device" tag).
+_DEVICE = frozenset({"bench", "device"})
 
 #: Every case definition, in display order.
 CASE_DEFS: tuple[CaseDef, ...] = (
@@ -210,8 +212,8 @@ CASE_DEFS: tuple[CaseDef, ...] = (
     # README's epilogue case: a wide, shallow product whose epilogue traffic
     # (bias, GELU, residual) is what fusing saves.
     CaseDef(8192, 512, 8192, "bfloat16", bias=True, residual=True, activation="gelu",
-            tags=_BENCH),
-    CaseDef(16, 8192, 8192, "bfloat16", w_dtype="int8", w_scale="channel", tags=_BENCH),
+            tags=_DEVICE),
+    CaseDef(16, 8192, 8192, "bfloat16", w_dtype="int8", w_scale="channel", tags=_DEVICE),
     CaseDef(16, 8192, 8192, "bfloat16", w_dtype="int4", w_scale="group", group_size=128,
             tags=_BENCH),
     CaseDef(4096, 4096, 4096, "bfloat16", w_dtype="float8_e4m3fn", w_scale="scalar",
