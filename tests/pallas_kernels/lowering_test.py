@@ -230,6 +230,12 @@ def test_target_follows_the_abstract_device():
     t = backend.target()
   assert (t.backend, t.compute_capability, t.abstract) == (backend.Backend.GPU, 80, True)
   assert backend.target() == backend._local_target()  # noqa: SLF001
+  # Traced for the named device alone: one kernel, no per-platform branches.
+  fn = lambda x, w: pk.matmul(x, w, implementation="pallas")
+  spec = S((64, 64), jnp.bfloat16)
+  with jax.sharding.use_abstract_mesh(_mesh()):
+    jaxpr = str(jax.make_jaxpr(fn)(spec, spec))
+  assert jaxpr.count("pallas_call") == 1 and "platform_index" not in jaxpr
 
 
 def test_a100_target_guards_float8_out():
