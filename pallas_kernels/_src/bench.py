@@ -173,7 +173,8 @@ def _bench_case(spec: OpSpec, case: Case, interpret: bool, repeats: int, warmup:
   kernel_tflops = flops / kernel_s / 1e12
   return BenchRow(
       op=spec.name, case=case.name, dtype=dtype, kernel_ms=kernel_s * 1e3,
-      xla_ms=xla_s * 1e3, speedup=None if reasons else xla_s / kernel_s, bytes_moved=nbytes, flops=flops,
+      xla_ms=xla_s * 1e3, speedup=None if reasons else xla_s / kernel_s,
+      bytes_moved=nbytes, flops=flops,
       kernel_gbps=kernel_gbps, xla_gbps=xla_gbps, kernel_tflops=kernel_tflops,
       kernel_pct_hbm=None if device is None else 100 * kernel_gbps / device.hbm_gbps,
       xla_pct_hbm=None if device is None else 100 * xla_gbps / device.hbm_gbps,

@@ -18,8 +18,6 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
-import jax
-
 from pallas_kernels._src import backend
 
 try:

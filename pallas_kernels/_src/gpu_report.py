@@ -135,14 +135,14 @@ def triton_available() -> bool:
 
 
 def _ttir_text(ir_bytes: bytes, workdir: str) -> str:
-  triton, ir, _ = _triton()
+  """The Triton IR bytecode as text TTIR (what `triton.compile` takes)."""
+  triton, ir, GPUTarget = _triton()
+  from triton.backends.nvidia.compiler import CUDABackend  # noqa: PLC0415
   path = os.path.join(workdir, "kernel.mlirbc")
   with open(path, "wb") as f:
     f.write(ir_bytes)
   ctx = ir.context()
   ir.load_dialects(ctx)
-  from triton.backends.nvidia.compiler import CUDABackend  # noqa: PLC0415
-  _, _, GPUTarget = _triton()
   CUDABackend(GPUTarget("cuda", 90, 32)).load_dialects(ctx)
   try:
     return str(ir.parse_mlir_module(path, ctx))
@@ -164,8 +164,9 @@ def _ptxas_usage(ptx: str, arch: str, workdir: str) -> tuple[int, int, int]:
   src = os.path.join(workdir, "kernel.ptx")
   with open(src, "w") as f:
     f.write(ptx)
-  res = subprocess.run([ptxas, "-v", "--regAllocOptLevel=2", f"--gpu-name={arch}", src, "-o", src + ".o"],
-                       capture_output=True, text=True, check=False)
+  # The flags Triton's own ptxas call uses (verbose for the usage lines).
+  cmd = [ptxas, "-v", "--regAllocOptLevel=2", f"--gpu-name={arch}", src, "-o", src + ".o"]
+  res = subprocess.run(cmd, capture_output=True, text=True, check=False)
   if res.returncode:
     raise RuntimeError(f"ptxas failed for {arch}: {res.stderr[-2000:]}")
   log = res.stdout + res.stderr
@@ -240,8 +241,9 @@ def format_table(rows: Sequence[KernelStats]) -> str:
           f"{'regs':>4} {'spill st/ld B':>13} {'smem B':>7} {'dot':<5} fits")
   lines = [head, "-" * len(head)]
   for r in rows:
+    spill = f"{r.spill_stores}/{r.spill_loads}"
     lines.append(f"{r.case:<38} {r.kernel:<26} {r.arch:<7} {r.num_warps:>5} "
-                 f"{r.num_stages:>6} {r.registers:>4} {f'{r.spill_stores}/{r.spill_loads}':>13} {r.shared:>7} "
+                 f"{r.num_stages:>6} {r.registers:>4} {spill:>13} {r.shared:>7} "
                  f"{r.dot_unit:<5} {'yes' if r.fits else 'NO'}")
   return "\n".join(lines)
 

@@ -66,7 +66,8 @@ def test_every_custom_call_is_classified_or_reported(gpu_audits):
         for n in report.notes):
       unreported.append(f)
   assert not unreported, f"unknown targets missing from the notes of {unreported[:10]}"
-  assert unknown <= TEST_ONLY_TARGETS, f"unclassified targets: {sorted(unknown - TEST_ONLY_TARGETS)}"
+  assert unknown <= TEST_ONLY_TARGETS, (
+      f"unclassified targets: {sorted(unknown - TEST_ONLY_TARGETS)}")
   # The corpus exercises every family the GPU pipeline emits.
   for family in (custom_calls.CallFamily.GEMM, custom_calls.CallFamily.CONVOLUTION,
                  custom_calls.CallFamily.ATTENTION, custom_calls.CallFamily.USER_KERNEL,
