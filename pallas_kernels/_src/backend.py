@@ -97,7 +97,8 @@ def target() -> Target:
   if forced is not None:
     return forced
   abstract = compat.abstract_device()
-  if abstract is not None:
+  if abstract is not None and str(abstract.device_kind) != _local_target().device_kind:
+    # (A mesh mirroring the local device describes it: the local one knows more.)
     kind = str(abstract.device_kind)
     return Target(_backend_of(str(abstract.platform)), kind, _capability_of(kind),
                   abstract=True)
