@@ -47,6 +47,10 @@ def run(ops: list[str] | None, tags: list[str], *, out: str | None = None,
   print(report)
   print()
   for row in report.rows:
+    if row.speedup is None:
+      print(f"{row.op:12s} {row.case:55s} no speed-up: the kernel call fell back to XLA "
+            f"({row.fallback})")
+      continue
     verdict = "faster" if row.speedup > 1 else "slower"
     print(f"{row.op:12s} {row.case:55s} kernel/XLA: {row.speedup:6.2f}x {verdict} "
           f"({row.kernel_ms:.3f} ms vs {row.xla_ms:.3f} ms)")

@@ -26,6 +26,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 _OUT = flags.DEFINE_string("out", None, "Folder to write the fixtures to.")
 flags.mark_flag_as_required("out")
+_TINY = flags.DEFINE_bool("tiny", False, "Small shapes (a CPU dry run of the device check).")
 
 
 def _cases():
@@ -38,11 +39,12 @@ def _cases():
     return jax.nn.gelu(x @ w + b, approximate=False)
 
   s = jax.ShapeDtypeStruct
+  d = 256 if _TINY.value else 4096
   yield "gelu_layer", jax.jit(gelu_layer), (
-      s((4096, 4096), jnp.bfloat16), s((4096, 4096), jnp.bfloat16),
-      s((4096,), jnp.bfloat16))
+      s((d, d), jnp.bfloat16), s((d, d), jnp.bfloat16), s((d,), jnp.bfloat16))
   for dtype in ("float32", "bfloat16"):
-    cfg = TransformerConfig(dtype=dtype)
+    cfg = (TransformerConfig(dtype=dtype, batch=1, seq=32, d_model=64, d_ff=128, vocab=64)
+           if _TINY.value else TransformerConfig(dtype=dtype))
     for backward in (False, True):
       fn, args = example(cfg, backward=backward)
       yield f"transformer_{dtype}_{'train' if backward else 'fwd'}", fn, args

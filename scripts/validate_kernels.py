@@ -41,18 +41,21 @@ def _define_flags() -> None:
   flags.DEFINE_integer("seed", 0, "Seed of the random inputs.")
   flags.DEFINE_enum("interpret", "auto", ["auto", "true", "false"],
                     "Pallas interpret mode (auto: without GPU/TPU).")
+  flags.DEFINE_enum("require_kernel", "auto", ["auto", "true", "false"],
+                    "Fail a case that fell back to XLA (auto: where kernels compile).")
   flags.DEFINE_boolean("grads", True, "Also check gradients.")
 
 
 def run(ops: list[str] | None, tags: list[str], *, dtypes=None, out: str | None = None,
-        seed: int = 0, interpret: bool | None = None, check_grads: bool = True) -> int:
+        seed: int = 0, interpret: bool | None = None, check_grads: bool = True,
+        require_kernel: bool | None = None) -> int:
   """Validates, prints and writes the report; returns the exit status."""
   errors = dict(registry.load_errors())
   for module, error in errors.items():
     print(f"ERROR: {module} failed to import: {error!r}", file=sys.stderr)
   names = ops or list(registry.spec_names())
   report = pk.validate(names, tags=tags, dtypes=dtypes, seed=seed, interpret=interpret,
-                       check_grads=check_grads)
+                       check_grads=check_grads, require_kernel=require_kernel)
   print(report)
   if out:
     path = pathlib.Path(out)
@@ -60,6 +63,7 @@ def run(ops: list[str] | None, tags: list[str], *, dtypes=None, out: str | None 
     path.with_suffix(".md").write_text(report.to_markdown() + "\n")
     path.with_suffix(".json").write_text(json.dumps({
         "passed": report.passed, "interpret": report.interpret, "device": report.device,
+        "require_kernel": report.require_kernel,
         "rows": [dict(dataclasses.asdict(r), passed=r.passed) for r in report.rows],
     }, indent=2))
   return 0 if report.passed and not errors else 1
@@ -68,10 +72,11 @@ def run(ops: list[str] | None, tags: list[str], *, dtypes=None, out: str | None 
 def main(argv: list[str]) -> None:
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  interpret = {"auto": None, "true": True, "false": False}[flags.FLAGS.interpret]
+  choice = {"auto": None, "true": True, "false": False}
   f = flags.FLAGS
   sys.exit(run(f.ops, f.tags, dtypes=f.dtypes, out=f.out, seed=f.seed,
-               interpret=interpret, check_grads=f.grads))
+               interpret=choice[f.interpret], check_grads=f.grads,
+               require_kernel=choice[f.require_kernel]))
 
 
 if __name__ == "__main__":

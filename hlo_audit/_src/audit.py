@@ -12,6 +12,7 @@ import dataclasses
 import os
 from typing import Any
 
+from hlo_audit._src.analysis import custom_calls
 from hlo_audit._src.analysis.buffers import find_buffers
 from hlo_audit._src.analysis.collectives import find_collective_findings, find_collectives
 from hlo_audit._src.analysis.dataflow import analyze_dataflow
@@ -130,6 +131,10 @@ def _audit_capture(cap: Capture, options: AuditOptions) -> AuditReport:
   notes = list(cap.notes)
   if not module.is_scheduled:
     notes.append("the module is not scheduled: text order stands in for XLA's schedule")
+  unknown = custom_calls.unknown_targets(module)
+  if unknown:
+    notes.append("unknown custom-call targets (opaque: their reads and writes count, "
+                 f"what they compute is not audited): {', '.join(map(repr, unknown))}")
   if xla_peak:
     gap = (liveness.peak_bytes - xla_peak) / xla_peak
     if abs(gap) > PEAK_TOLERANCE:

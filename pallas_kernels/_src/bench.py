@@ -7,6 +7,12 @@ median is reported. From the op's cost model (`OpSpec.bytes_moved`,
 `OpSpec.flops`) come achieved GB/s and TFLOP/s, and against `devices.py` the
 percentage of the device's roofline. speedup = xla_time / kernel_time.
 
+The XLA column times the same user-level computation as XLA gets it
+(`OpSpec.baseline`: e.g. for quantized weights, dequantize to the compute dtype
+and one dot at default precision, the epilogue in jnp), not the HIGHEST
+precision validation reference. A row whose kernel call fell back to XLA has no
+speed-up (`speedup` None, shown as "fell back"): it would time XLA against XLA.
+
 Interpret mode runs the kernel as a slow emulation on the host: its timings
 say nothing about the kernel, and the report says so (`interpret=True`, a
 warning line in every rendering).
@@ -44,8 +50,9 @@ class BenchRow:
   #: Median wall time per call, milliseconds.
   kernel_ms: float
   xla_ms: float
-  #: xla_ms / kernel_ms (> 1: the kernel is faster).
-  speedup: float
+  #: xla_ms / kernel_ms (> 1: the kernel is faster); None when the kernel
+  #: call fell back to XLA (no kernel was timed).
+  speedup: float | None
   bytes_moved: int
   flops: int
   kernel_gbps: float
@@ -87,12 +94,13 @@ class BenchReport:
   def _cells(self) -> tuple[list[str], list[list[str]]]:
     header = ["op", "case", "kernel ms", "xla ms", "speedup", "MB", "kernel GB/s",
               "xla GB/s", "kernel %HBM", "xla %HBM", "kernel TFLOP/s", "%peak",
-              "fallback"]
+              "FALLBACK"]
 
     def pct(v):
       return "-" if v is None else f"{v:.1f}%"
 
-    rows = [[r.op, r.case, f"{r.kernel_ms:.4f}", f"{r.xla_ms:.4f}", f"{r.speedup:.2f}x",
+    rows = [[r.op, r.case, f"{r.kernel_ms:.4f}", f"{r.xla_ms:.4f}",
+             "fell back" if r.speedup is None else f"{r.speedup:.2f}x",
              f"{r.bytes_moved / 1e6:.1f}", f"{r.kernel_gbps:.1f}", f"{r.xla_gbps:.1f}",
              pct(r.kernel_pct_hbm), pct(r.xla_pct_hbm), f"{r.kernel_tflops:.3f}",
              pct(r.kernel_pct_flops), r.fallback or "-"] for r in self.rows]
@@ -144,6 +152,8 @@ def _median_seconds(fn, args, repeats: int, warmup: int) -> float:
 def _bench_case(spec: OpSpec, case: Case, interpret: bool, repeats: int, warmup: int,
                 device: devices.DeviceSpec | None) -> BenchRow:
   def jitted(implementation: str):
+    if implementation == "xla" and spec.baseline is not None:
+      return jax.jit(lambda *args: spec.baseline(*args, **case.kwargs))
     return jax.jit(lambda *args: spec.fn(*args, implementation=implementation,
                                          interpret=interpret, **case.kwargs))
 
@@ -163,7 +173,8 @@ def _bench_case(spec: OpSpec, case: Case, interpret: bool, repeats: int, warmup:
   kernel_tflops = flops / kernel_s / 1e12
   return BenchRow(
       op=spec.name, case=case.name, dtype=dtype, kernel_ms=kernel_s * 1e3,
-      xla_ms=xla_s * 1e3, speedup=xla_s / kernel_s, bytes_moved=nbytes, flops=flops,
+      xla_ms=xla_s * 1e3, speedup=None if reasons else xla_s / kernel_s,
+      bytes_moved=nbytes, flops=flops,
       kernel_gbps=kernel_gbps, xla_gbps=xla_gbps, kernel_tflops=kernel_tflops,
       kernel_pct_hbm=None if device is None else 100 * kernel_gbps / device.hbm_gbps,
       xla_pct_hbm=None if device is None else 100 * xla_gbps / device.hbm_gbps,

@@ -18,8 +18,6 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
-import jax
-
 from pallas_kernels._src import backend
 
 try:
@@ -50,16 +48,9 @@ def unavailable_reason(interpret: bool) -> str | None:
 
 
 def compute_capability() -> int | None:
-  """Compute capability of the first GPU as an int (90 for H100), else None."""
-  if backend.current_backend() is not backend.Backend.GPU:
-    return None
-  cc = getattr(jax.devices()[0], "compute_capability", None)
-  if cc is None:
-    return None
-  try:
-    return int(str(cc).replace(".", ""))
-  except ValueError:
-    return None
+  """Compute capability of the target GPU as an int (90 for H100), else None."""
+  t = backend.target()
+  return t.compute_capability if t.backend is backend.Backend.GPU else None
 
 
 def float8_reason(interpret: bool) -> str | None:

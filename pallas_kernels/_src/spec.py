@@ -27,6 +27,10 @@ class Case:
   tags: frozenset[str] = frozenset()
   #: Positions in `args` that gradients are checked for.
   grad_argnums: tuple[int, ...] = ()
+  #: A case that exists to exercise a designed fallback names part of the
+  #: reason it must record (e.g. "backward: out_dtype"); with kernels required
+  #: it passes only if exactly that fallback happened. Empty: none allowed.
+  expect_fallback: str = ""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -46,3 +50,7 @@ class OpSpec:
   bytes_moved: Callable[[Case], int]
   #: Floating-point operations for a case (for TFLOP/s).
   flops: Callable[[Case], int]
+  #: What `bench` times the kernel against: the same user-level computation as
+  #: XLA gets it from plain jnp (fn(*args, **kwargs)); None: `fn` with
+  #: implementation="xla", when that already is what a user would write.
+  baseline: Callable[..., Any] | None = None

@@ -64,16 +64,39 @@ class ValidationRow:
   nonfinite_ok: bool
   repeat_exact: bool
   fallback: str | None
+  #: A fallback fails the row: the kernel itself must have run (and compiled).
+  kernel_required: bool = False
+  #: The designed fallback the case exercises (`Case.expect_fallback`), if any.
+  expected_fallback: str = ""
+  #: The distinct fallback reasons (`fallback` joins them for display).
+  fallback_reasons: tuple[str, ...] = ()
 
   @property
   def passed(self) -> bool:
     grads_ok = self.grad_err is None or self.grad_err <= self.grad_bound
     return (self.kernel_err <= self.bound and grads_ok and self.written
-            and self.nonfinite_ok and self.repeat_exact)
+            and self.nonfinite_ok and self.repeat_exact
+            and not (self.kernel_required and not self.fallback_as_designed))
+
+  @property
+  def fallback_as_designed(self) -> bool:
+    """No fallback, or exactly the designed one the case exercises."""
+    if self.expected_fallback:
+      return bool(self.fallback_reasons) and all(
+          r.startswith(self.expected_fallback) for r in self.fallback_reasons)
+    return not self.fallback
 
 
 _COLUMNS = ("op", "case", "dtype", "kernel_err", "xla_err", "bound", "grad_err",
-            "written", "nonfinite", "repeat", "passed", "fallback")
+            "written", "nonfinite", "repeat", "passed", "FALLBACK")
+
+
+def _fallback_cell(r: ValidationRow) -> str:
+  if not r.fallback:
+    return "MISSING DESIGNED FALLBACK" if r.expected_fallback and r.kernel_required else "-"
+  if r.expected_fallback and r.fallback_as_designed:
+    return f"as designed: {r.fallback}"
+  return ("REQUIRED KERNEL FELL BACK: " if r.kernel_required else "") + r.fallback
 
 
 def _fmt_err(v: float | None) -> str:
@@ -93,6 +116,8 @@ class ValidationReport:
   rows: tuple[ValidationRow, ...]
   interpret: bool
   device: str
+  #: Whether a fallback to XLA failed a row (see `validate`).
+  require_kernel: bool = False
 
   @property
   def passed(self) -> bool:
@@ -108,11 +133,16 @@ class ValidationReport:
       out.append([r.op, r.case, r.dtype, _fmt_err(r.kernel_err), _fmt_err(r.xla_err),
                   f"{r.bound:.0e}", grad, _yes(r.written), _yes(r.nonfinite_ok),
                   _yes(r.repeat_exact), "PASS" if r.passed else "FAIL",
-                  r.fallback or "-"])
+                  _fallback_cell(r)])
     return out
 
   def _header(self) -> str:
     mode = "interpret mode" if self.interpret else "compiled"
+    if self.require_kernel:
+      mode += ", kernels required"
+    fell_back = sum(1 for r in self.rows if r.fallback)
+    if fell_back:
+      mode += f", {fell_back} fell back to XLA"
     verdict = "PASSED" if self.passed else "FAILED"
     return (f"validate: {verdict}, {len(self.rows)} cases, "
             f"{len(self.failures())} failed ({mode}, {self.device})")
@@ -273,13 +303,16 @@ def _validate_case(spec: OpSpec, case: Case, interpret: bool, seed: int,
       op=spec.name, case=case.name, dtype=jnp.dtype(case.args[0].dtype).name,
       kernel_err=kernel_err, xla_err=xla_err, bound=bound, grad_err=grad_err,
       grad_bound=grad_bound, written=bool(written), nonfinite_ok=bool(nonfinite_ok),
-      repeat_exact=repeat_exact, fallback="; ".join(reasons) or None)
+      repeat_exact=repeat_exact, fallback="; ".join(reasons) or None,
+      fallback_reasons=tuple(reasons),
+      expected_fallback=case.expect_fallback)
 
 
 def validate(op: str | OpSpec | Sequence[str | OpSpec], *,
              tags: Sequence[str] = ("ci",), dtypes: Sequence[Any] | None = None,
              seed: int = 0, interpret: bool | None = None,
-             check_grads: bool = True) -> ValidationReport:
+             check_grads: bool = True,
+             require_kernel: bool | None = None) -> ValidationReport:
   """Validates op(s) against the XLA reference over their cases.
 
   Args:
@@ -290,6 +323,10 @@ def validate(op: str | OpSpec | Sequence[str | OpSpec], *,
     seed: seeds the random inputs and cotangents (deterministic).
     interpret: Pallas interpret mode; None interprets exactly without GPU/TPU.
     check_grads: also check gradients of cases that name `grad_argnums`.
+    require_kernel: a row whose call fell back to XLA fails (else it passes on
+      the reference's numbers, with the reason in the FALLBACK column). None
+      requires kernels exactly where they compile (GPU, TPU): there "every
+      kernel compiled" must not read like "nothing compiled".
 
   Returns:
     A frozen `ValidationReport`; `report.passed` is the verdict, `print(report)`
@@ -301,7 +338,9 @@ def validate(op: str | OpSpec | Sequence[str | OpSpec], *,
   """
   wanted = None if dtypes is None else {jnp.dtype(d).name for d in dtypes}
   interp = backend.resolve_interpret(interpret)
-  rows = [_validate_case(spec, case, interp, seed, check_grads)
+  required = (not interp) if require_kernel is None else bool(require_kernel)
+  rows = [dataclasses.replace(_validate_case(spec, case, interp, seed, check_grads),
+                              kernel_required=required)
           for spec, case in registry.select_cases(op, tags, seed)
           if wanted is None or jnp.dtype(case.args[0].dtype).name in wanted]
   if not rows:
@@ -309,4 +348,4 @@ def validate(op: str | OpSpec | Sequence[str | OpSpec], *,
     raise ValueError(f"no cases for ops {[getattr(o, 'name', o) for o in ops]} with "
                      f"tags {tuple(tags)} and dtypes {dtypes}")
   return ValidationReport(rows=tuple(rows), interpret=interp,
-                          device=backend.device_kind())
+                          device=backend.device_kind(), require_kernel=required)

@@ -58,3 +58,33 @@ def test_device_table_lookup(kind, name):
 
 def test_unknown_device_has_no_roofline():
   assert devices.lookup("Some Future Accelerator") is None
+
+
+def test_a_row_that_fell_back_gets_no_speedup(clean_fallbacks):
+  from pallas_kernels._src import guard  # noqa: PLC0415
+  spec = _one_case_spec()
+
+  def fn(*args, implementation, interpret=None, **kwargs):
+    if implementation == "pallas":
+      guard.record_fallback(spec.name, "no kernel here", guard.signature(x=args[0]))
+    return pk.softmax(*args, implementation="xla", **kwargs)
+
+  report = pk.bench(dataclasses.replace(spec, fn=fn), tags=("ci",), repeats=1, warmup=1)
+  [row] = report.rows
+  assert row.fallback == "no kernel here" and row.speedup is None
+  assert "fell back" in str(report) and "FALLBACK" in report.to_markdown()
+
+
+def test_quantized_matmul_baseline_is_what_xla_does_for_the_user_call():
+  import jax.numpy as jnp  # noqa: PLC0415
+  spec = registry.get_spec("matmul")
+  S = jax.ShapeDtypeStruct
+  x, w, s = S((64, 128), jnp.bfloat16), S((128, 256), jnp.int8), S((256,), jnp.float32)
+  jaxpr = str(jax.make_jaxpr(lambda x, w, s: spec.baseline(x, w, w_scale=s,
+                                                           activation="gelu"))(x, w, s))
+  # w dequantized to the compute dtype (bf16), one dot at default precision
+  # (XLA:CPU then widens the bf16 operands to f32 for its dot): not HIGHEST.
+  assert jaxpr.count("dot_general") == 1 and "HIGHEST" not in jaxpr
+  assert "bf16[128,256]" in jaxpr
+  ref = str(jax.make_jaxpr(lambda x, w, s: spec.reference_f32(x, w, w_scale=s))(x, w, s))
+  assert "HIGHEST" in ref  # the validation reference is the other one

@@ -119,3 +119,45 @@ def test_reference_of_the_broken_spec_is_the_real_one():
   spec = _broken_spec("plus_1e-2", lambda y: y + 1e-2)
   np.testing.assert_allclose(spec.reference_f32(*case.args),
                              softmax_reference.softmax_f32(*case.args))
+
+
+def _falling_back_spec() -> OpSpec:
+  """An op whose "pallas" path always falls back (recording why), exactly right."""
+  from pallas_kernels._src import guard  # noqa: PLC0415
+
+  def fn(x, *, implementation, interpret=None):
+    del interpret
+    if implementation == "pallas":
+      guard.record_fallback("always_xla", "no kernel here", guard.signature(x=x))
+    return pk.softmax(x, implementation="xla")
+
+  base = registry.get_spec("softmax")
+  return dataclasses.replace(
+      base, name="always_xla", fn=fn,
+      cases=lambda tag, seed: iter([_small_case()] if tag == "ci" else []))
+
+
+def test_a_fallback_never_passes_when_kernels_are_required(clean_fallbacks):
+  spec = _falling_back_spec()
+  required = pk.validate(spec, require_kernel=True)
+  [row] = required.rows
+  assert row.fallback == "no kernel here" and row.kernel_err <= row.bound
+  assert not required.passed and "REQUIRED KERNEL FELL BACK" in str(required)
+  assert "1 fell back to XLA" in str(required) and "FALLBACK" in required.to_markdown()
+  # Not required (the default where kernels are interpreted): it passes, flagged.
+  lenient = pk.validate(spec, require_kernel=False)
+  assert lenient.passed and "1 fell back to XLA" in str(lenient)
+  assert pk.validate(spec, interpret=True).require_kernel is False
+
+
+def test_a_designed_fallback_passes_only_as_designed(clean_fallbacks):
+  # softmax f32 -> bf16 runs its backward through the reference by design.
+  report = pk.validate("softmax", tags=("ci",), require_kernel=True, check_grads=True)
+  [row] = [r for r in report.rows if r.expected_fallback]
+  assert row.fallback_as_designed and row.passed and "as designed" in str(report)
+  assert all(r.passed for r in report.rows), str(report)
+  spec = _falling_back_spec()
+  wrong = dataclasses.replace(_small_case(), expect_fallback="backward:")
+  report = pk.validate(dataclasses.replace(spec, cases=lambda t, s: iter([wrong])),
+                       require_kernel=True)
+  assert not report.passed  # a fallback, but not the designed one

@@ -51,9 +51,23 @@ def over_chunks(n_chunks: int, block_cols: int, body: Callable[[Any, Any], Any],
   return jax.lax.fori_loop(0, n_chunks, step, init)
 
 
+def _past_end_ok(start, size: int, length: int):
+  """`start`, traced if a static `start` would reach past `length`.
+
+  JAX 0.12 rejects a statically known slice that runs past a ref's end at
+  trace time, masked or not; a traced start of the same value is not checked,
+  and the mask still keeps every access in bounds (Triton folds the zero).
+  """
+  if isinstance(start, int) and start + size > length:
+    return pl.program_id(0) * 0 + start
+  return start
+
+
 def load_tile(ref, local_row0, col0, block_rows: int, block_cols: int, mask,
               other=0.0):
   """Masked load of a [block_rows, block_cols] tile of a 2-D block ref."""
+  local_row0 = _past_end_ok(local_row0, block_rows, ref.shape[0])
+  col0 = _past_end_ok(col0, block_cols, ref.shape[1])
   view = ref.at[pl.ds(local_row0, block_rows), pl.ds(col0, block_cols)]
   return gpu.load(view, mask, other)
 
@@ -61,17 +75,21 @@ def load_tile(ref, local_row0, col0, block_rows: int, block_cols: int, mask,
 def store_tile(ref, local_row0, col0, block_rows: int, block_cols: int, value,
                mask) -> None:
   """Masked store of a [block_rows, block_cols] tile into a 2-D block ref."""
+  local_row0 = _past_end_ok(local_row0, block_rows, ref.shape[0])
+  col0 = _past_end_ok(col0, block_cols, ref.shape[1])
   view = ref.at[pl.ds(local_row0, block_rows), pl.ds(col0, block_cols)]
   gpu.store(view, value, mask)
 
 
 def load_vec(ref, start, size: int, mask, other=0.0):
   """Masked load of `size` consecutive entries of a 1-D ref."""
+  start = _past_end_ok(start, size, ref.shape[0])
   return gpu.load(ref.at[pl.ds(start, size)], mask, other)
 
 
 def store_vec(ref, start, size: int, value, mask) -> None:
   """Masked store of `size` consecutive entries into a 1-D ref."""
+  start = _past_end_ok(start, size, ref.shape[0])
   gpu.store(ref.at[pl.ds(start, size)], value, mask)
 
 

@@ -15,6 +15,7 @@ from typing import Any
 
 import jax
 
+from pallas_kernels._src import backend
 from pallas_kernels._src import guard
 
 _cache: dict[Any, tuple[str | None, Any]] = {}
@@ -53,7 +54,8 @@ def dry_run(op: str, positional: Sequence[Any], keywords: Mapping[str, Any] | No
     None) when it falls back ("invalid call: ..." for a ValueError).
   """
   keywords = dict(keywords or {})
-  static = dict(static or {}, implementation="pallas", interpret=interpret)
+  static = dict(static or {}, implementation="pallas",
+                interpret=backend.resolve_interpret(interpret))
   key = (op, tuple(map(_key, positional)), tuple(sorted((k, _key(v)) for k, v in keywords.items())),
          tuple(sorted(static.items(), key=str)))
   with _lock:

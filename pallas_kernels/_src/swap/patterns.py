@@ -379,6 +379,9 @@ def match_matmul(program: Program, dot: Node, taken: set[int]) -> Result:
   all_items = tuple(pro_items + items)
   if not any(i.split(" ")[-1] != "transpose" for i in all_items):
     return None  # Nothing XLA leaves behind: its own dot is as good.
+  precision = dot.params.get("precision")
+  if precision is not None and not isinstance(precision, tuple):
+    layout = f"dot algorithm {precision} (the kernel takes jax.lax.Precision levels only)"
   if isinstance(layout, str):
     return Rejection("matmul", all_items, layout, dot.index, frozenset(consumed))
   transpose_x, transpose_w = layout
@@ -397,6 +400,8 @@ def match_matmul(program: Program, dot: Node, taken: set[int]) -> Result:
     static.append(("transpose_x", True))
   if transpose_w:
     static.append(("transpose_w", True))
+  if precision is not None:
+    static.append(("precision", precision))  # The user's dot precision, kept.
   return Match(op="matmul", items=all_items,
                positional=(("x", Operand(x)), ("w", Operand(w))),
                keywords=tuple(keywords), static=tuple(static), outputs=(cur,),

@@ -22,6 +22,7 @@ import numpy as np
 from jax.extend import core as jex_core
 from jax.extend import source_info_util
 
+from pallas_kernels._src import backend
 from pallas_kernels._src.ops.matmul.api import matmul
 from pallas_kernels._src.ops.normalization.api import layer_norm, rms_norm
 from pallas_kernels._src.ops.softmax.api import softmax
@@ -115,7 +116,10 @@ def _dry_run(program: Program, match: Match, interpret: bool | None) -> str | No
 
 def _emitter(program: Program, match: Match, interpret: bool | None):
   fn = OPS[match.op]
-  static = dict(match.static, implementation="pallas", interpret=interpret)
+  # Resolved here: a swapped program runs one kernel per site, the one for
+  # the device it is traced for (see `backend.per_platform`).
+  static = dict(match.static, implementation="pallas",
+                interpret=backend.resolve_interpret(interpret))
   info = program.nodes[match.anchor].eqn.source_info
 
   def emit(read) -> dict[int, Any]:

@@ -12,6 +12,7 @@ from pallas_kernels._src import backend as backend_lib
 from pallas_kernels._src import guard as guard_lib
 from pallas_kernels._src.ops import quantize as quant
 from pallas_kernels._src.ops.matmul import config as config_lib
+from pallas_kernels._src.ops.matmul import gpu
 from pallas_kernels._src.ops.matmul import guard
 from pallas_kernels._src.ops.matmul import reference
 from pallas_kernels._src.ops.matmul import vjp
@@ -54,7 +55,7 @@ def matmul(x: jax.Array, w: jax.Array, *, bias: jax.Array | None = None,
            transpose_x: bool = False, transpose_w: bool = False,
            transpose_out: bool = False, quantize: str | None = None,
            implementation: str | None = None, interpret: bool | None = None,
-           config: Config | None = None):
+           config: Config | None = None, precision: Any = None):
   """`x @ w` with a fused dequantizing prologue and a fused epilogue.
 
   Computes, in float32 from the accumulator on (x_l, w_l are the logical
@@ -110,6 +111,11 @@ def matmul(x: jax.Array, w: jax.Array, *, bias: jax.Array | None = None,
       or when `interpret=True` is passed, else XLA.
     interpret: Pallas interpret mode; None interprets exactly when no GPU/TPU.
     config: tiling (`Config`); None picks `config.heuristic_config`.
+    precision: of float32 dots, as for `jnp.matmul`: None (JAX's
+      `jax_default_matmul_precision`, else DEFAULT), a `jax.lax.Precision` or
+      its name. On a GPU, DEFAULT and HIGH run TF32 tensor cores, as XLA does
+      for the same jnp call; HIGHEST runs IEEE fp32. 16-bit and quantized
+      operands are unaffected. The XLA implementation uses the same precision.
 
   Returns:
     The result [..., M, N] (or [..., N, M]) in out_dtype, or (values, scales)
@@ -137,6 +143,7 @@ def matmul(x: jax.Array, w: jax.Array, *, bias: jax.Array | None = None,
     raise ValueError(f"config must be a matmul Config, got {type(config).__name__}")
   act = reference.canonical_activation(activation)
   clamp = _check_clamp(clamp)
+  prec = gpu.resolve_precision(precision)
   if quantize is not None and quantize not in quant.KINDS:
     raise ValueError(f"quantize must be one of {quant.KINDS} or None, got {quantize!r}")
   if quantize is not None and out_dtype is not None:
@@ -210,31 +217,36 @@ def matmul(x: jax.Array, w: jax.Array, *, bias: jax.Array | None = None,
   cdt = reference.compute_dtype(x.dtype, w.dtype)
   odt = (jnp.dtype(out_dtype) if out_dtype is not None
          else reference.default_out_dtype(x.dtype, w.dtype))
-  interp = backend_lib.resolve_interpret(interpret)
-  # The kernel folds x's batch into M when w has no batch (see kernel.py).
-  folded = not transpose_x and not transpose_out and math.prod(_shape(w)[:-2]) == 1
-  cfg = config if config is not None else config_lib.choose_config(
-      m * (math.prod(_shape(x)[:-2]) if folded else 1), n, k,
-      cdt, interp, group_size=group, fused_quantize=quantize is not None,
-      packed_n=jnp.dtype(w.dtype).name == "int4" and not transpose_w)
-  static = vjp.Static(
-      activation=act, clamp=clamp, out_dtype=odt.name, compute_dtype=jnp.dtype(cdt).name,
-      quantize=quantize, transpose_x=bool(transpose_x), transpose_w=bool(transpose_w),
-      transpose_out=bool(transpose_out), x_scale_kind=x_kind, w_scale_kind=w_kind,
-      group_size=group, config=cfg, interpret=interp,
-      backend=backend_lib.current_backend())
   operands = (x, w, bias, residual, scale, x_scale, w_scale)
 
+  def launch(interp: bool):
+    # The kernel folds x's batch into M when w has no batch (see kernel.py).
+    folded = not transpose_x and not transpose_out and math.prod(_shape(w)[:-2]) == 1
+    cfg = config if config is not None else config_lib.choose_config(
+        m * (math.prod(_shape(x)[:-2]) if folded else 1), n, k,
+        cdt, interp, group_size=group, fused_quantize=quantize is not None,
+        packed_n=jnp.dtype(w.dtype).name == "int4" and not transpose_w, precision=prec)
+    target = backend_lib.target()
+    static = vjp.Static(
+        activation=act, clamp=clamp, out_dtype=odt.name, compute_dtype=jnp.dtype(cdt).name,
+        quantize=quantize, transpose_x=bool(transpose_x), transpose_w=bool(transpose_w),
+        transpose_out=bool(transpose_out), x_scale_kind=x_kind, w_scale_kind=w_kind,
+        group_size=group, config=cfg, interpret=interp, backend=target.backend,
+        target=target, precision=prec)
+    if implementation == "xla":
+      return vjp.reference_call(static, *operands)
+    reason = guard.unsupported_reason(
+        x, w, out_dtype=odt, bias=bias, residual=residual, scale=scale,
+        group_size=group, quantize=quantize, transpose_x=transpose_x,
+        transpose_w=transpose_w, backend=static.backend, interpret=interp, config=cfg)
+    if reason is not None:
+      guard_lib.record_fallback("matmul", reason, guard_lib.signature(
+          **dict(zip(vjp.Operands.NAMES, operands))))
+      return vjp.reference_call(static, *operands)
+    return vjp.build(static)(*operands)
+
   if implementation is None:
-    implementation = backend_lib.default_implementation(interpret, static.backend)
+    implementation = backend_lib.default_implementation(interpret)
   if implementation == "xla":
-    return vjp.reference_call(static, *operands)
-  reason = guard.unsupported_reason(
-      x, w, out_dtype=odt, bias=bias, residual=residual, scale=scale,
-      group_size=group, quantize=quantize, transpose_x=transpose_x,
-      transpose_w=transpose_w, backend=static.backend, interpret=interp, config=cfg)
-  if reason is not None:
-    guard_lib.record_fallback("matmul", reason, guard_lib.signature(
-        **dict(zip(vjp.Operands.NAMES, operands))))
-    return vjp.reference_call(static, *operands)
-  return vjp.build(static)(*operands)
+    return launch(backend_lib.resolve_interpret(interpret))
+  return backend_lib.per_platform(interpret, launch)

@@ -25,6 +25,8 @@ from pallas_kernels._src.spec import Case, OpSpec
 _POSITIONAL = ("x", "w", "bias", "residual")
 #: Keywords of `matmul` that only steer the implementation (not the math).
 _IMPL_KEYWORDS = ("implementation", "interpret", "config")
+#: Keywords the HIGHEST-precision ground truth ignores.
+_REFERENCE_IGNORES = _IMPL_KEYWORDS + ("precision",)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,6 +55,10 @@ class CaseDef:
   out_dtype: str | None = None
   tags: frozenset[str] = frozenset({"ci"})
   grad: bool = False
+  #: `precision=` of the call. float32 products that name none run at
+  #: "highest" (IEEE, held to float32's bound); "default" is TF32 on a GPU,
+  #: so such a case stores bf16 to be held to a bound TF32 meets.
+  precision: str | None = None
 
   @property
   def name(self) -> str:
@@ -83,6 +89,8 @@ class CaseDef:
       extras.append(f"quantize:{self.quantize}")
     if self.out_dtype:
       extras.append(f"out:{inputs.short_dtype(self.out_dtype)}")
+    if self.precision:
+      extras.append(f"precision:{self.precision}")
     return " ".join(parts + (["+".join(extras)] if extras else []))
 
 
@@ -144,6 +152,10 @@ def build_case(d: CaseDef, seed: int) -> Case:
     value = getattr(d, key)
     if value:
       kwargs[key] = value
+  if d.precision:
+    kwargs["precision"] = d.precision
+  elif jnp.dtype(reference.compute_dtype(d.dtype, wd)) == jnp.float32:
+    kwargs["precision"] = "highest"
   grad_argnums = ()
   if d.grad:
     grad_argnums = tuple(i for i, a in enumerate(args) if not reference.is_quantized(a.dtype))
@@ -154,6 +166,8 @@ def build_case(d: CaseDef, seed: int) -> Case:
 _CI = frozenset({"ci"})
 _CI_GRAD = frozenset({"ci", "grad"})
 _BENCH = frozenset({"bench"})
+#: Also in `scripts/device_check.sh`'s short table ("device" tag).
+_DEVICE = frozenset({"bench", "device"})
 
 #: Every case definition, in display order.
 CASE_DEFS: tuple[CaseDef, ...] = (
@@ -166,6 +180,8 @@ CASE_DEFS: tuple[CaseDef, ...] = (
     CaseDef(37, 53, 41, "float32", bias=True, residual=True, activation="gelu_tanh",
             scale="vector", clamp=(-2.0, 2.0), tags=_CI_GRAD, grad=True),
     CaseDef(64, 96, 80, "bfloat16", bias=True, activation="relu", scale="scalar"),
+    CaseDef(33, 72, 40, "float32", bias=True, activation="gelu", out_dtype="bfloat16",
+            precision="default"),
     CaseDef(16, 40, 24, "float32", activation="sigmoid", batch=(2, 3), bias=True,
             tags=_CI_GRAD, grad=True),
     CaseDef(19, 40, 23, "bfloat16", activation="tanh", batch=(3,), w_batch=(3,),
@@ -192,7 +208,12 @@ CASE_DEFS: tuple[CaseDef, ...] = (
     CaseDef(8192, 8192, 8192, "bfloat16", tags=_BENCH),
     CaseDef(4096, 4096, 4096, "float16", tags=_BENCH),
     CaseDef(4096, 4096, 4096, "float32", tags=_BENCH),
-    CaseDef(16, 8192, 8192, "bfloat16", w_dtype="int8", w_scale="channel", tags=_BENCH),
+    CaseDef(4096, 4096, 4096, "float32", precision="default", tags=_BENCH),
+    # README's epilogue case: a wide, shallow product whose epilogue traffic
+    # (bias, GELU, residual) is what fusing saves.
+    CaseDef(8192, 512, 8192, "bfloat16", bias=True, residual=True, activation="gelu",
+            tags=_DEVICE),
+    CaseDef(16, 8192, 8192, "bfloat16", w_dtype="int8", w_scale="channel", tags=_DEVICE),
     CaseDef(16, 8192, 8192, "bfloat16", w_dtype="int4", w_scale="group", group_size=128,
             tags=_BENCH),
     CaseDef(4096, 4096, 4096, "bfloat16", w_dtype="float8_e4m3fn", w_scale="scalar",
@@ -228,9 +249,17 @@ def reference_f32(*args: Any, **kwargs: Any):
   """`OpSpec.reference_f32`: the reference at Precision.HIGHEST."""
   named = _split(args)
   x, w = named.pop("x"), named.pop("w")
-  options = {k: v for k, v in kwargs.items() if k not in _IMPL_KEYWORDS}
+  options = {k: v for k, v in kwargs.items() if k not in _REFERENCE_IGNORES}
   return reference.reference(x, w, precision=jax.lax.Precision.HIGHEST, **named,
                              **options)
+
+
+def xla_baseline(*args: Any, **kwargs: Any):
+  """`OpSpec.baseline`: the call as a user writes it in jnp (see reference)."""
+  named = _split(args)
+  x, w = named.pop("x"), named.pop("w")
+  options = {k: v for k, v in kwargs.items() if k not in _IMPL_KEYWORDS}
+  return reference.xla_baseline(x, w, **named, **options)
 
 
 def _bits(dtype) -> int:
@@ -269,4 +298,5 @@ SPEC = OpSpec(
     cases=cases,
     bytes_moved=bytes_moved,
     flops=flops,
+    baseline=xla_baseline,
 )

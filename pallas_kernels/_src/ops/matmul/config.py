@@ -111,7 +111,8 @@ def _is_hopper_or_newer(kind: str) -> bool:
 
 def heuristic_config(m: int, n: int, k: int, dtype, backend: backend_lib.Backend, *,
                      group_size: int | None = None, fused_quantize: bool = False,
-                     packed_n: bool = False, device_kind: str = "") -> Config:
+                     packed_n: bool = False, device_kind: str = "",
+                     tf32: bool = False) -> Config:
   """Forward tiling for an [m, k] @ [k, n] product computed in `dtype`.
 
   Args:
@@ -126,7 +127,9 @@ def heuristic_config(m: int, n: int, k: int, dtype, backend: backend_lib.Backend
       whole row (`block_n >= n`) when the row is narrow enough.
     packed_n: w is int4 packed along N (Triton cannot mask a packed axis), so
       on GPU `block_n` should divide n.
-    device_kind: `jax.devices()[0].device_kind`, for generation-specific tiles.
+    device_kind: the target's `device_kind`, for generation-specific tiles.
+    tf32: float32 tiles feed TF32 tensor cores (precision DEFAULT/HIGH), not
+      the FMA units (HIGHEST).
 
   Returns:
     A valid `Config` for the backend (powers of two, Triton minimums on GPU).
@@ -138,19 +141,24 @@ def heuristic_config(m: int, n: int, k: int, dtype, backend: backend_lib.Backend
     bk = _clamp_pow2(k, 1, _CPU_MAX_BLOCK)
     warps, stages = 4, 1
   else:
+    # Chosen from `scripts/gpu_compile_report.py` (Triton 3.9, sm_90a and
+    # sm_80; README has the table): the f32 accumulator costs bm*bn/(32*warps)
+    # registers per thread, so a 128x128 tile needs 8 warps to leave room for
+    # the operands and the epilogue (GELU's erf is long). 128x256 tiles and
+    # 128x128 with 4 warps hit 255 registers and spill on both.
     lo = GPU_MIN_BLOCK
     if m <= 64:
       # Skinny (decode-like) products: few rows, so spend the tile on K and N.
       bm, bn, bk = _clamp_pow2(m, lo, 64), _clamp_pow2(n, lo, 128), _clamp_pow2(k, lo, 128)
-    elif itemsize >= 4:
-      # f32 dots run on FMA units at IEEE precision: smaller K steps.
-      bm, bn, bk = _clamp_pow2(m, lo, 128), _clamp_pow2(n, lo, 128), _clamp_pow2(k, lo, 32)
+    elif itemsize >= 4 and not tf32:
+      # IEEE f32 dots run on the FMA units, operand tiles in registers too.
+      bm, bn, bk = _clamp_pow2(m, lo, 64), _clamp_pow2(n, lo, 128), _clamp_pow2(k, lo, 32)
     else:
-      wide = _is_hopper_or_newer(device_kind) and n >= 256 and m >= 128
-      bm = _clamp_pow2(m, lo, 128)
-      bn = _clamp_pow2(n, lo, 256 if wide else 128)
-      bk = _clamp_pow2(k, lo, 64)
-    warps = 8 if bm * bn >= 128 * 128 and (itemsize >= 4 or bn >= 256) else 4
+      # Tensor cores: bf16/f16 (and quantized operands converted to them) or TF32.
+      bm, bn = _clamp_pow2(m, lo, 128), _clamp_pow2(n, lo, 128)
+      bk = _clamp_pow2(k, lo, 32 if itemsize >= 4 else 64)
+    fma = itemsize >= 4 and not tf32
+    warps = 8 if bm * bn >= (64 if fma else 128) * 128 else 4
     stages = 4 if _is_hopper_or_newer(device_kind) and itemsize < 4 else 3
   if group_size is not None and group_size >= 1 and is_pow2(group_size):
     bk = min(bk, group_size)
@@ -210,10 +218,10 @@ def tiling_backend(interpret: bool) -> backend_lib.Backend:
 
 def choose_config(m: int, n: int, k: int, dtype, interpret: bool, *,
                   group_size: int | None = None, fused_quantize: bool = False,
-                  packed_n: bool = False) -> Config:
+                  packed_n: bool = False, precision: str = "HIGHEST") -> Config:
   """`heuristic_config` for the backend this call runs on (CPU when interpreting)."""
   backend = tiling_backend(interpret)
   kind = backend_lib.device_kind() if backend is backend_lib.Backend.GPU else ""
   return heuristic_config(m, n, k, dtype, backend, group_size=group_size,
                           fused_quantize=fused_quantize, packed_n=packed_n,
-                          device_kind=kind)
+                          device_kind=kind, tf32=precision != "HIGHEST")

@@ -18,8 +18,9 @@ What the Triton lowering implies for the kernel body (see `kernel.py`):
     >= 16 (`config.GPU_MIN_BLOCK`).
   * Both dot operands must have the same element type: quantized tiles are
     converted to the compute dtype in registers before the dot.
-  * `Precision.DEFAULT` on float32 operands lowers to TF32; the kernel asks for
-    `HIGHEST` (IEEE fp32) so that float32 meets its 1e-5 tolerance.
+  * float32 operands follow the caller's `precision` as XLA's dots do:
+    `DEFAULT` and `HIGH` lower to TF32 tensor cores, `HIGHEST` to IEEE fp32
+    FMA (see `resolve_precision`); 16-bit and quantized tiles are unaffected.
   * There is no `erf` and no `round` lowering: the epilogue uses its own erf
     (`kernel.erf`) and the shared quantizer rounds with floor.
   * float8_e4m3fn conversions need compute capability >= 8.9.
@@ -132,15 +133,58 @@ def shared_memory_bytes_of(device_kind: str) -> int:
 
 
 def pipeline_smem_bytes(block_m: int, block_n: int, block_k: int, x_itemsize: float,
-                        w_itemsize: float, num_stages: int) -> int:
-  """Shared memory the K-loop pipeline holds: `num_stages` x and w tiles."""
+                        w_itemsize: float, num_stages: int,
+                        compute_itemsize: float | None = None) -> int:
+  """Shared memory the kernel needs, erring high: `num_stages` x and w tiles
+  of the K-loop pipeline, plus, for an operand stored narrower than the
+  compute dtype (int8, int4, fp8), one tile of it converted to the compute
+  dtype, which Triton stages through shared memory on its way to the dot.
+
+  Compiled for sm_90a the pipeline alone undercounts quantized weights by up
+  to a compute-dtype tile (int8 131,072 estimated vs 147,456 used; int4
+  98,304 vs 122,880; see `gpu_report` and its test, which holds this
+  estimate above what Triton allocates for every default config).
+  """
   per_stage = block_m * block_k * x_itemsize + block_k * block_n * w_itemsize
-  return int(per_stage * max(1, num_stages))
+  total = per_stage * max(1, num_stages)
+  if compute_itemsize is not None:
+    if x_itemsize < compute_itemsize:
+      total += block_m * block_k * compute_itemsize
+    if w_itemsize < compute_itemsize:
+      total += block_k * block_n * compute_itemsize
+  return int(total)
 
 
-def dot_precision() -> jax.lax.Precision:
-  """Precision of the in-kernel dot: HIGHEST (IEEE fp32; bf16/f16 unaffected)."""
-  return jax.lax.Precision.HIGHEST
+def resolve_precision(precision: Any) -> str:
+  """The `jax.lax.Precision` name a matmul runs at: the caller's, else JAX's
+  `jax_default_matmul_precision`, else DEFAULT, as for `jnp.matmul`.
+
+  On a GPU, DEFAULT (and HIGH) f32 dots use TF32 tensor cores in XLA and in
+  Triton alike; HIGHEST is IEEE fp32. Interpret mode on CPU is exact either way.
+
+  Raises:
+    ValueError: for a value `jax.lax.Precision` does not take (a dot algorithm
+      preset included: the kernel does not implement those).
+  """
+  if precision is None:
+    precision = jax.config.jax_default_matmul_precision
+    if precision is None:
+      return "DEFAULT"
+  if isinstance(precision, (tuple, list)) and len(precision) == 2:
+    # jax's (lhs, rhs) pair: the more precise of the two, as XLA takes it.
+    names = [resolve_precision(p) for p in precision]
+    return max(names, key=("DEFAULT", "HIGH", "HIGHEST").index)
+  try:
+    return jax.lax.Precision(precision).name
+  except (TypeError, ValueError):
+    raise ValueError(
+        f"precision must be None, a jax.lax.Precision or its name ('default', 'high', "
+        f"'highest', 'bfloat16', 'tensorfloat32', 'float32'), got {precision!r}") from None
+
+
+def dot_precision(name: str) -> jax.lax.Precision:
+  """The in-kernel dot's precision for a `resolve_precision` name."""
+  return jax.lax.Precision[name]
 
 
 # Masked access is shared with the row-wise ops: one implementation of the

@@ -120,7 +120,8 @@ def unsupported_reason(x: Any, w: Any, *, out_dtype, bias: Any = None,
               f"not a multiple of block_n={config.block_n}")
     smem = gpu.pipeline_smem_bytes(
         config.block_m, config.block_n, config.block_k, jnp.dtype(x.dtype).itemsize,
-        0.5 if wd == "int4" else jnp.dtype(w.dtype).itemsize, config.num_stages)
+        0.5 if wd == "int4" else jnp.dtype(w.dtype).itemsize, config.num_stages,
+        compute_itemsize=jnp.dtype(cdt).itemsize)
     limit = gpu.shared_memory_bytes()
     if smem > limit:
       return (f"{config} needs ~{smem // 1024} KiB of shared memory, more than the "

@@ -218,6 +218,8 @@ class _Forward:
   poison: bool
   interpret: bool
   cfg: Config
+  #: `jax.lax.Precision` name of the dot ("DEFAULT" -> TF32 for f32 on GPU).
+  precision: str = "HIGHEST"
 
   @property
   def mb(self) -> int:
@@ -285,7 +287,7 @@ def _forward_kernel(*refs, p: _Forward):
     # folds the transposed store into the dot). 16-bit products are exact in
     # f32, so widening the tiles first changes nothing but the summation order.
     cdt = jnp.dtype(_F32)
-  precision = gpu.dot_precision()
+  precision = gpu.dot_precision(p.precision)
 
   def k_step(kk, acc):
     k0 = pl.multiple_of(kk * bk, bk)
@@ -382,7 +384,7 @@ def matmul_forward(
     clamp: tuple[float | None, float | None] | None = None,
     transpose_x: bool = False, transpose_w: bool = False, transpose_out: bool = False,
     quantize: str | None = None, save_aux: bool = False, aux_dtype=_F32,
-    poison: bool = False) -> ForwardOutputs:
+    poison: bool = False, precision: str = "HIGHEST") -> ForwardOutputs:
   """Launches the forward kernel on canonical operands.
 
   The caller (`api.py`, `vjp.py`) has validated shapes and folded scalar
@@ -444,7 +446,8 @@ def matmul_forward(
       has_scale=scale is not None, has_bias=bias is not None,
       has_residual=residual is not None, activation=activation, clamp=clamp,
       compute_dtype=jnp.dtype(compute_dtype).name, quantize=quantize,
-      save_aux=save_aux, poison=poison, interpret=bool(interpret), cfg=cfg)
+      save_aux=save_aux, poison=poison, interpret=bool(interpret), cfg=cfg,
+      precision=precision)
   bm, bn, kp = cfg.block_m, cfg.block_n, p.kp
   coords = functools.partial(tile_coords, mb=p.mb, nb=p.nb, group_m=cfg.group_m,
                              batch=batch)

@@ -213,6 +213,25 @@ def reference(x: jax.Array, w: jax.Array, *, bias: jax.Array | None = None,
   return jnp.swapaxes(out, -1, -2) if transpose_out else out
 
 
+def xla_baseline(x: jax.Array, w: jax.Array, *, x_scale: jax.Array | None = None,
+                 w_scale: jax.Array | None = None, w_group_size: int | None = None,
+                 transpose_x: bool = False, transpose_w: bool = False, out_dtype=None,
+                 precision=None, **epilogue):
+  """The same call as a user writes it in jnp, for `bench` to time against.
+
+  Quantized operands are dequantized to the compute dtype (what the kernel
+  feeds its dot), one dot at default precision with an f32 accumulator, and the
+  same epilogue in jnp, which XLA fuses as it can. Not the validation
+  reference: that one dequantizes to f32 and multiplies at HIGHEST.
+  """
+  cdt = compute_dtype(x.dtype, w.dtype)
+  xd = dequantize_x(logical_x(x, transpose_x), x_scale).astype(cdt)
+  wd = dequantize_w(logical_w(w, transpose_w), w_scale, w_group_size).astype(cdt)
+  if out_dtype is None and epilogue.get("quantize") is None:
+    out_dtype = default_out_dtype(x.dtype, w.dtype)
+  return reference(xd, wd, out_dtype=out_dtype, precision=precision, **epilogue)
+
+
 def num_groups(k: int, group_size: int) -> int:
   """Rows of a per-group scale array: ceil(K / G)."""
   return math.ceil(k / group_size)

@@ -69,6 +69,10 @@ class Static:
   config: Config
   interpret: bool
   backend: backend_lib.Backend
+  #: The device traced for; the VJP rules, traced later, re-enter it.
+  target: backend_lib.Target
+  #: `jax.lax.Precision` name of the f32 dots (`gpu.resolve_precision`).
+  precision: str = "HIGHEST"
 
 
 class Operands:
@@ -86,7 +90,7 @@ def reference_call(static: Static, x, w, bias, residual, scale, x_scale, w_scale
       w_group_size=static.group_size if static.w_scale_kind == "group" else None,
       transpose_x=static.transpose_x, transpose_w=static.transpose_w,
       transpose_out=static.transpose_out, quantize=static.quantize,
-      precision=jax.lax.Precision.HIGHEST)
+      precision=jax.lax.Precision[static.precision])
 
 
 def _col_mult(static: Static, n: int, x_scale, w_scale):
@@ -136,7 +140,7 @@ def forward(static: Static, x, w, bias, residual, scale, x_scale, w_scale, *,
       transpose_x=static.transpose_x, transpose_w=static.transpose_w,
       transpose_out=static.transpose_out,
       quantize=static.quantize if fused_quantize else None, save_aux=save_aux,
-      aux_dtype=_aux_dtype(static.out_dtype))
+      aux_dtype=_aux_dtype(static.out_dtype), precision=static.precision)
   if static.quantize is not None and not fused_quantize:
     # Rows wider than one tile: the kernel stored f32 y, XLA quantizes it (its
     # amax needs the whole row) in one fused elementwise pass.
@@ -169,7 +173,8 @@ def _grad_matmul_reason(static: Static, lhs, rhs, tl: bool, tr: bool, out_dtype)
   m, n, k = guard.dims(lhs.shape, rhs.shape, tl, tr)
   cdt = reference.compute_dtype(lhs.dtype, rhs.dtype)
   cfg = config_lib.choose_config(m, n, k, cdt, static.interpret,
-                                 packed_n=jnp.dtype(rhs.dtype).name == "int4" and not tr)
+                                 packed_n=jnp.dtype(rhs.dtype).name == "int4" and not tr,
+                                 precision=static.precision)
   return guard.unsupported_reason(
       lhs, rhs, out_dtype=out_dtype, transpose_x=tl, transpose_w=tr,
       backend=static.backend, interpret=static.interpret, config=cfg)
@@ -212,10 +217,12 @@ def _matmul_grad(static: Static, lhs, rhs, *, tl: bool, tr: bool, to: bool, out_
   m, n, k = guard.dims(lhs.shape, rhs.shape, tl, tr)
   cdt = reference.compute_dtype(lhs.dtype, rhs.dtype)
   cfg = config_lib.choose_config(m, n, k, cdt, static.interpret,
-                                 packed_n=jnp.dtype(rhs.dtype).name == "int4" and not tr)
+                                 packed_n=jnp.dtype(rhs.dtype).name == "int4" and not tr,
+                                 precision=static.precision)
   return kernel.matmul_forward(
       lhs, rhs, cfg=cfg, interpret=static.interpret, compute_dtype=cdt,
-      out_dtype=out_dtype, transpose_x=tl, transpose_w=tr, transpose_out=to).out
+      out_dtype=out_dtype, transpose_x=tl, transpose_w=tr, transpose_out=to,
+      precision=static.precision).out
 
 
 def _dequantized_w_stored(static: Static, w, w_scale):
@@ -322,9 +329,14 @@ def build(static: Static):
 
   @jax.custom_vjp
   def fused(x, w, bias, residual, scale, x_scale, w_scale):
-    return result(static, forward(static, x, w, bias, residual, scale, x_scale, w_scale))
+    with backend_lib.targeting(static.target):
+      return result(static, forward(static, x, w, bias, residual, scale, x_scale, w_scale))
 
   def fused_fwd(x, w, bias, residual, scale, x_scale, w_scale):
+    with backend_lib.targeting(static.target):
+      return _fused_fwd(x, w, bias, residual, scale, x_scale, w_scale)
+
+  def _fused_fwd(x, w, bias, residual, scale, x_scale, w_scale):
     inputs = (x, w, bias, residual, scale, x_scale, w_scale)
     want_dx, want_dw, reason = _plan(static, x, w)
     if reason is not None:
@@ -339,6 +351,10 @@ def build(static: Static):
     return result(static, out), (inputs, out.aux)
 
   def fused_bwd(res, ct):
+    with backend_lib.targeting(static.target):
+      return _fused_bwd(res, ct)
+
+  def _fused_bwd(res, ct):
     inputs, aux = res
     x, w = inputs[0], inputs[1]
     want_dx, want_dw, reason = _plan(static, x, w)

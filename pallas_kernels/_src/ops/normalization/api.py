@@ -96,12 +96,19 @@ def _normalize(kind: str, x, gamma, beta, *, residual, eps, out_dtype, quantize,
                       out_dtype=None if out_dtype is None else jnp.dtype(out_dtype),
                       quantize=quantize)
 
-  interp = backend_lib.resolve_interpret(interpret)
   if implementation is None:
     implementation = backend_lib.default_implementation(interpret)
   if implementation == "xla":
     return run_reference()
+  return backend_lib.per_platform(interpret, lambda interp: _launch(
+      kind, x, gamma, beta, residual, eps=eps, out_dtype=out_dtype,
+      quantize=quantize, interp=interp, config=config,
+      backward_config=backward_config, run_reference=run_reference))
 
+
+def _launch(kind, x, gamma, beta, residual, *, eps, out_dtype, quantize,
+            interp: bool, config, backward_config, run_reference):
+  """The guarded kernel call for the current target and interpret mode."""
   dtypes = tuple(a.dtype for a in (x, gamma, beta, residual) if a is not None)
   reason = guard.unsupported_reason(x_shape=tuple(x.shape), dtypes=dtypes,
                                     quantize=quantize, interpret=interp)

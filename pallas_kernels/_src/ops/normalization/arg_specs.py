@@ -59,7 +59,7 @@ _DEFS: tuple[_Def, ...] = (
     _Def((3, 64), "float32", _t("ci"), residual=True, quantize="float8_e4m3fn"),
     _Def((6, 33), "float32", _t("ci", "nonfinite"), residual=True),
     _Def((8192, 8192), "bfloat16", _t("bench")),
-    _Def((8192, 8192), "bfloat16", _t("bench"), residual=True),
+    _Def((8192, 8192), "bfloat16", _t("bench", "device"), residual=True),
     _Def((16384, 1024), "bfloat16", _t("bench"), residual=True),
     _Def((4096, 4096), "float32", _t("bench")),
     _Def((2048, 16384), "bfloat16", _t("bench")),

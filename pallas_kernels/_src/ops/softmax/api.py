@@ -129,11 +129,19 @@ def softmax(x, *, scale: float | None = None, mask=None, causal: bool = False,
     return _reference(x, mask, scale=scale, causal=causal,
                       causal_alignment=causal_alignment, out_dtype=out_dtype)
 
-  interp = backend_lib.resolve_interpret(interpret)
   if implementation is None:
     implementation = backend_lib.default_implementation(interpret)
   if implementation == "xla":
     return run_reference()
+  return backend_lib.per_platform(interpret, lambda interp: _launch(
+      x, mask, scale=scale, causal=causal, causal_alignment=causal_alignment,
+      out_dtype=out_dtype, interp=interp, config=config,
+      backward_config=backward_config, run_reference=run_reference))
+
+
+def _launch(x, mask, *, scale, causal, causal_alignment, out_dtype, interp: bool,
+            config, backward_config, run_reference):
+  """The guarded kernel call for the current target and interpret mode."""
   reason = guard.unsupported_reason(
       x_shape=tuple(x.shape), x_dtype=x.dtype,
       mask_dtype=None if mask is None else mask.dtype, interpret=interp)

@@ -61,6 +61,7 @@ _DEFS: tuple[_Def, ...] = (
     _Def((6, 33), "float32", _t("ci", "nonfinite")),
     _Def((16, 16, 1024, 1024), "bfloat16", _t("bench"), scale=0.125, causal="top_left"),
     _Def((16, 16, 1024, 1024), "bfloat16", _t("bench"), mask=((1024, 1024), "add")),
+    _Def((4096, 4096), "bfloat16", _t("bench", "device"), causal="top_left"),
     _Def((8192, 8192), "bfloat16", _t("bench")),
     _Def((4096, 32768), "bfloat16", _t("bench")),
 )
@@ -129,8 +130,11 @@ def _cases(tag: str, seed: int) -> Iterator[Case]:
     if "grad" in d.tags:
       additive = d.mask is not None and d.mask[1] == "add"
       grad_argnums = (0, 1) if additive else (0,)
+    # A narrower output than input: the backward runs the reference by design.
+    designed = ("backward: out_dtype" if d.out_dtype and
+                jnp.dtype(d.out_dtype).itemsize < jnp.dtype(d.dtype).itemsize else "")
     yield Case(name=name, args=tuple(args), kwargs=kwargs, tags=d.tags,
-               grad_argnums=grad_argnums)
+               grad_argnums=grad_argnums, expect_fallback=designed)
 
 
 def _softmax(x, mask=None, **kwargs):

@@ -1,0 +1,314 @@
+"""Compile the kernels' Triton IR for a GPU without one: registers, spills, shared memory.
+
+The route: lower an op for "cuda" under an abstract mesh naming the device
+(`backend.target` follows it), read each Triton kernel custom call's backend
+config (the kernel's Triton IR as MLIR bytecode, `num_warps`, `num_stages`),
+and compile that IR with the `triton` package from pip, which ships `ptxas`.
+`ptxas -v` then reports registers and spill bytes; Triton's metadata the
+dynamic shared memory; the PTX whether the dots became wgmma (Hopper) or
+mma.sync (Ampere) instructions or stayed on the FMA units.
+
+What this cannot show: run time, occupancy under real contention, or whether
+XLA's own Triton pipeline (which compiles the same IR on a GPU) picks other
+passes than pip Triton's. Pip Triton must read this JAX's Triton dialect: JAX
+0.12 and Triton 3.9 agree; older JAX writes bytecode Triton 3.9 rejects
+(`IrUnreadable`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+import re
+import subprocess
+import tempfile
+import warnings
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+
+#: Device kind and sm arch of each compile target.
+ARCHS = {"sm_90a": ("NVIDIA H200", 132, 90), "sm_80": ("NVIDIA A100-SXM4-80GB", 108, 80)}
+#: Opt-in shared memory per block by arch (CUDA programming guide, compute
+#: capability tables): 227 KiB on sm_90, 163 KiB on sm_80.
+SMEM_LIMIT = {"sm_90a": 227 * 1024, "sm_80": 163 * 1024}
+_TRITON_TARGETS = ("__gpu$xla.gpu.triton",)
+
+
+class IrUnreadable(RuntimeError):
+  """Pip Triton cannot parse the Triton IR this JAX wrote."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class KernelIr:
+  """One Triton kernel custom call of a lowered module."""
+
+  name: str
+  ir: bytes
+  num_warps: int
+  num_stages: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class KernelStats:
+  """What ptxas and Triton say about one compiled kernel."""
+
+  case: str
+  kernel: str
+  arch: str
+  num_warps: int
+  num_stages: int
+  registers: int
+  spill_stores: int
+  spill_loads: int
+  #: Dynamic shared memory Triton allocates, bytes.
+  shared: int
+  #: "wgmma", "mma" or "fma": what the dots compiled to ("-" if none).
+  dot_unit: str
+
+  @property
+  def spills(self) -> int:
+    return self.spill_stores + self.spill_loads
+
+  @property
+  def fits(self) -> bool:
+    return self.spills == 0 and self.shared <= SMEM_LIMIT[self.arch]
+
+
+def abstract_mesh(arch: str):
+  """An abstract one-device mesh naming the GPU of `arch`."""
+  kind, cores, _ = ARCHS[arch]
+  device = jax.sharding.AbstractDevice(kind, cores, "cuda")
+  return jax.sharding.AbstractMesh((1,), ("x",), abstract_device=device)
+
+
+def lower_for(arch: str, fn: Callable[..., Any], *specs) -> Any:
+  """`jax.jit(fn)` lowered for "cuda" with the abstract GPU of `arch`."""
+  with warnings.catch_warnings():
+    warnings.simplefilter("ignore", DeprecationWarning)
+    with jax.sharding.use_abstract_mesh(abstract_mesh(arch)):
+      return jax.jit(fn).trace(*specs).lower(lowering_platforms=("cuda",))
+
+
+def _walk(op):
+  yield op
+  for region in op.regions:
+    for block in region.blocks:
+      for inner in block.operations:
+        yield from _walk(inner)
+
+
+def kernel_irs(lowered) -> list[KernelIr]:
+  """The Triton kernels of a lowered module, in program order."""
+  module = lowered.compiler_ir("stablehlo")
+  out = []
+  for top in module.body.operations:
+    for op in _walk(top.operation):
+      if op.name != "stablehlo.custom_call":
+        continue
+      target = str(op.attributes["call_target_name"]).strip('"')
+      if target not in _TRITON_TARGETS:
+        continue
+      cfg = {a.name: a.attr for a in op.attributes["mhlo.backend_config"]}
+      out.append(KernelIr(name=str(cfg["name"]).strip('"'), ir=bytes(cfg["ir"].value_bytes),
+                          num_warps=int(cfg["num_warps"].value),
+                          num_stages=int(cfg["num_stages"].value)))
+  return out
+
+
+@functools.cache
+def _triton():
+  import triton  # noqa: PLC0415 - optional, test-only dependency.
+  from triton._C.libtriton import ir  # noqa: PLC0415
+  from triton.backends.compiler import GPUTarget  # noqa: PLC0415
+  return triton, ir, GPUTarget
+
+
+def triton_available() -> bool:
+  try:
+    _triton()
+  except ImportError:
+    return False
+  return True
+
+
+def _ttir_text(ir_bytes: bytes, workdir: str) -> str:
+  """The Triton IR bytecode as text TTIR (what `triton.compile` takes)."""
+  triton, ir, GPUTarget = _triton()
+  from triton.backends.nvidia.compiler import CUDABackend  # noqa: PLC0415
+  path = os.path.join(workdir, "kernel.mlirbc")
+  with open(path, "wb") as f:
+    f.write(ir_bytes)
+  ctx = ir.context()
+  ir.load_dialects(ctx)
+  CUDABackend(GPUTarget("cuda", 90, 32)).load_dialects(ctx)
+  try:
+    return str(ir.parse_mlir_module(path, ctx))
+  except RuntimeError as e:
+    raise IrUnreadable(
+        f"triton {triton.__version__} cannot read the Triton IR of jax {jax.__version__} "
+        f"({e}); use the newest JAX (0.12 reads with Triton 3.9)") from None
+
+
+_REGS = re.compile(r"Used (\d+) registers")
+_SPILL = re.compile(r"(\d+) bytes spill stores, (\d+) bytes spill loads")
+
+
+def _ptxas_usage(ptx: str, arch: str, workdir: str) -> tuple[int, int, int]:
+  """(registers, spill store bytes, spill load bytes) from `ptxas -v`."""
+  # The ptxas Triton itself uses for this arch (it ships two).
+  from triton.backends.nvidia.compiler import get_ptxas  # noqa: PLC0415
+  ptxas = get_ptxas(ARCHS[arch][2]).path
+  src = os.path.join(workdir, "kernel.ptx")
+  with open(src, "w") as f:
+    f.write(ptx)
+  # The flags Triton's own ptxas call uses (verbose for the usage lines).
+  cmd = [ptxas, "-v", "--regAllocOptLevel=2", f"--gpu-name={arch}", src, "-o", src + ".o"]
+  res = subprocess.run(cmd, capture_output=True, text=True, check=False)
+  if res.returncode:
+    raise RuntimeError(f"ptxas failed for {arch}: {res.stderr[-2000:]}")
+  log = res.stdout + res.stderr
+  regs = max((int(r) for r in _REGS.findall(log)), default=0)
+  spills = [(int(a), int(b)) for a, b in _SPILL.findall(log)]
+  return regs, max((a for a, _ in spills), default=0), max((b for _, b in spills), default=0)
+
+
+def compile_kernel(case: str, kernel: KernelIr, arch: str) -> KernelStats:
+  """Compiles one kernel's Triton IR for `arch` ("sm_90a" or "sm_80")."""
+  triton, _, GPUTarget = _triton()
+  cc = ARCHS[arch][2]
+  with tempfile.TemporaryDirectory() as tmp:
+    path = os.path.join(tmp, "kernel.ttir")
+    with open(path, "w") as f:
+      f.write(_ttir_text(kernel.ir, tmp))
+    with warnings.catch_warnings():
+      warnings.simplefilter("ignore", UserWarning)  # Triton's FP-fusion notice.
+      compiled = triton.compile(path, target=GPUTarget("cuda", cc, 32),
+                                options=dict(num_warps=kernel.num_warps,
+                                             num_stages=kernel.num_stages))
+    ptx = compiled.asm["ptx"]
+    regs, st, ld = _ptxas_usage(ptx, arch, tmp)
+  if "wgmma" in ptx:
+    unit = "wgmma"
+  elif "mma.sync" in ptx:
+    unit = "mma"
+  elif "fma.rn.f32" in ptx:
+    unit = "fma"
+  else:
+    unit = "-"
+  return KernelStats(case=case, kernel=kernel.name, arch=arch, num_warps=kernel.num_warps,
+                     num_stages=kernel.num_stages, registers=regs, spill_stores=st,
+                     spill_loads=ld, shared=int(compiled.metadata.shared), dot_unit=unit)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Case:
+  """One op call to report: a name, the function and its argument specs."""
+
+  name: str
+  fn: Callable[..., Any]
+  specs: tuple[Any, ...]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Report:
+  """Compiled kernels, and the cases whose op fell back to XLA on an arch."""
+
+  rows: tuple[KernelStats, ...]
+  #: (case, arch, reason) for each fallback recorded while lowering.
+  fallbacks: tuple[tuple[str, str, str], ...] = ()
+
+
+def report(cases: Sequence[Case], archs: Sequence[str] = ("sm_90a", "sm_80")) -> Report:
+  """Stats of every Triton kernel of every case, for every arch."""
+  from pallas_kernels._src import guard  # noqa: PLC0415
+  rows, fell_back = [], []
+  for arch in archs:
+    for case in cases:
+      with guard.collect_fallbacks() as records:
+        lowered = lower_for(arch, case.fn, *case.specs)
+      fell_back += [(case.name, arch, f.reason) for f in records]
+      for kernel in kernel_irs(lowered):
+        rows.append(compile_kernel(case.name, kernel, arch))
+  return Report(tuple(rows), tuple(fell_back))
+
+
+def format_table(rows: Sequence[KernelStats]) -> str:
+  """A fixed-width table, one line per kernel and arch."""
+  head = (f"{'case':<38} {'kernel':<26} {'arch':<7} {'warps':>5} {'stages':>6} "
+          f"{'regs':>4} {'spill st/ld B':>13} {'smem B':>7} {'dot':<5} fits")
+  lines = [head, "-" * len(head)]
+  for r in rows:
+    spill = f"{r.spill_stores}/{r.spill_loads}"
+    lines.append(f"{r.case:<38} {r.kernel:<26} {r.arch:<7} {r.num_warps:>5} "
+                 f"{r.num_stages:>6} {r.registers:>4} {spill:>13} {r.shared:>7} "
+                 f"{r.dot_unit:<5} {'yes' if r.fits else 'NO'}")
+  return "\n".join(lines)
+
+
+def default_cases() -> list[Case]:
+  """Every kernel at its default config: README's shapes and each dtype path,
+  forward and backward."""
+  import jax.numpy as jnp  # noqa: PLC0415
+  import pallas_kernels as pk  # noqa: PLC0415
+  S = jax.ShapeDtypeStruct
+  bf, f32 = jnp.bfloat16, jnp.float32
+  m, k, n = 8192, 512, 8192
+
+  def mm(**kw):
+    return lambda x, w, b, r: pk.matmul(x, w, bias=b, residual=r, implementation="pallas",
+                                        **kw)
+
+  def grad(f, argnums):
+    return jax.grad(lambda *a: f(*a).astype(f32).sum(), argnums=argnums)
+
+  mm_specs = (S((m, k), bf), S((k, n), bf), S((n,), bf), S((m, n), bf))
+  cases = [
+      Case("matmul bf16 bias+gelu+residual", mm(activation="gelu"), mm_specs),
+      Case("matmul bf16 plain 4096^3",
+           lambda x, w: pk.matmul(x, w, implementation="pallas"),
+           (S((4096, 4096), bf), S((4096, 4096), bf))),
+      Case("matmul f32 highest bias+gelu+res", mm(activation="gelu", precision="highest"),
+           tuple(S(s.shape, f32) for s in mm_specs)),
+      Case("matmul bf16 grad (dact, dx, dw)", grad(mm(activation="gelu"), (0, 1, 2)),
+           mm_specs),
+  ]
+  # Quantized weights: per-channel int8 and fp8, per-group int4 (both layouts).
+  for label, wdt, tw, group in (("int8", jnp.int8, False, None),
+                                ("fp8", jnp.float8_e4m3fn, False, None),
+                                ("int4 g128", jnp.int4, False, 128),
+                                ("int4 g128 transpose_w", jnp.int4, True, 128)):
+    wshape = (n, k) if tw else (k, n)
+    sshape = (k // group, n) if group else (n,)
+    fn = (lambda tw, group: lambda x, w, s, b: pk.matmul(
+        x, w, w_scale=s, w_group_size=group, transpose_w=tw, bias=b, activation="gelu",
+        implementation="pallas"))(tw, group)
+    cases.append(Case(f"matmul bf16 x {label} w", fn,
+                      (S((m, k), bf), S(wshape, wdt), S(sshape, f32), S((n,), bf))))
+  cases += [
+      Case("matmul f32 tf32 (precision default)", mm(activation="gelu", precision="default"),
+           tuple(S(s.shape, f32) for s in mm_specs)),
+      Case("matmul bf16 decode m=16 x int8 w",
+           lambda x, w, s: pk.matmul(x, w, w_scale=s, implementation="pallas"),
+           (S((16, 8192), bf), S((8192, 8192), jnp.int8), S((8192,), f32))),
+      Case("matmul bf16 quantize=int8 n=256",
+           lambda x, w, b: pk.matmul(x, w, bias=b, activation="gelu", quantize="int8",
+                                     implementation="pallas"),
+           (S((8192, 512), bf), S((512, 256), bf), S((256,), bf))),
+  ]
+  x = S((8192, 8192), bf)
+  g = S((8192,), bf)
+  ln = lambda x, g, r: pk.layer_norm(x, g, g, residual=r, implementation="pallas")[0]
+  rms = lambda x, g, r: pk.rms_norm(x, g, residual=r, implementation="pallas")[0]
+  sm = lambda s: pk.softmax(s, causal=True, implementation="pallas")
+  s = S((4096, 4096), bf)
+  cases += [
+      Case("layer_norm+residual bf16 fwd", ln, (x, g, x)),
+      Case("layer_norm+residual bf16 grad", grad(ln, (0, 1, 2)), (x, g, x)),
+      Case("rms_norm+residual bf16 fwd", rms, (x, g, x)),
+      Case("softmax causal bf16 fwd", sm, (s,)),
+      Case("softmax causal bf16 grad", grad(sm, 0), (s,)),
+  ]
+  return cases
