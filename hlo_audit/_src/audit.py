@@ -124,7 +124,8 @@ def _audit_capture(cap: Capture, options: AuditOptions) -> AuditReport:
   findings = with_peaks(findings, peak_after_fusions(program, fusions), liveness.peak_bytes)
   collectives = find_collectives(module, program, kernels)
   findings = _merged(findings, [
-      *find_memory_findings(program, kernels, buffers, cap.argument_names),
+      *find_memory_findings(program, kernels, buffers, cap.argument_names,
+                            min_peak_saved=options.min_bytes_saved),
       *find_collective_findings(program, kernels, buffers, collectives,
                                 _parameter_shardings(cap))])
   xla_peak = _xla_peak(cap)
