@@ -1352,7 +1352,7 @@ def _materialized_slices(ctx: _Context) -> list[FusionDecisionRecord]:
     inst = ctx.inst(k)
     ops = set(k.fused_ops) if inst.opcode == "fusion" else {inst.opcode}
     cut = ops & _SLICE_OPS
-    if not cut or not ops <= _SLICE_OPS | _SLICE_GLUE:
+    if not cut or not ops <= _SLICE_OPS | _SLICE_GLUE | _scalar_ops(ctx, k):
       continue
     for buf in ctx.writes.get(k.name, ()):
       if buf.internal or buf.lifetime is Lifetime.EXTERNAL_OUTPUT:
