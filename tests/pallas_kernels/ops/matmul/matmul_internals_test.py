@@ -8,12 +8,12 @@ import hypothesis
 import hypothesis.strategies as st
 import jax
 import jax.numpy as jnp
-import jaxlib
 import numpy as np
 import pytest
 
 import pallas_kernels as pk
 from pallas_kernels._src import backend
+from pallas_kernels._src import compat
 from pallas_kernels._src import registry
 from pallas_kernels._src.ops.matmul import arg_specs
 from pallas_kernels._src.ops.matmul import config as config_lib
@@ -334,12 +334,7 @@ def test_spec_fn_and_reference_agree_and_ignore_implementation_keywords():
 
 
 def _can_lower_for_cuda() -> bool:
-  if jax.default_backend() == "gpu":
-    return True
-  # Up to jaxlib 0.10.2 Pallas embeds Triton IR in a custom call at lowering
-  # time; newer jaxlibs compile it then, which needs the CUDA plugin.
-  version = tuple(int(p) for p in jaxlib.__version__.split(".")[:3] if p.isdigit())
-  return version <= (0, 10, 2)
+  return jax.default_backend() == "gpu" or compat.TRITON_LOWERS_WITHOUT_GPU
 
 
 needs_cuda_lowering = pytest.mark.skipif(
