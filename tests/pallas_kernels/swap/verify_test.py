@@ -89,3 +89,36 @@ def test_interpreted_kernels_are_one_kernel_each_forward_and_backward(op):
     assert not report.findings_of(FindingKind.STANDALONE_COPY)
     assert not report.findings_of(FindingKind.LAYOUT_CONFLICT)
     assert not [x for x in report.kernels if x.kind is KernelKind.COPY]
+
+
+
+_FILLS = """HloModule m
+
+fill_comp {
+  c = f32[] parameter(0)
+  ROOT b = f32[64,128] broadcast(c), dimensions={}
+}
+
+ENTRY main {
+  x = f32[64,128] parameter(0)
+  fillv = f32[] constant(nan)
+  merged = f32[64,128] fusion(fillv), kind=kLoop, calls=fill_comp
+  loop_copy = f32[64,128] copy(merged)
+  named = f32[64,128] fusion(fillv), kind=kLoop, calls=fill_comp, metadata={op_name="jit(f)/pallas_kernels.softmax/softmax_fwd/broadcast_in_dim"}
+  users = f32[64,128] broadcast(fillv), dimensions={}, metadata={op_name="jit(f)/broadcast_in_dim"}
+  ROOT copy_x = f32[64,128] copy(x)
+}
+"""
+
+
+def test_interpreted_kernels_output_fills_are_recognised():
+  """Interpret mode fills each kernel's outputs before its loop; XLA merges
+  identical fills (dropping their names) and copies them into each loop's
+  state. Those are kernel internals (the peak gate leaves them out when only
+  interpreted kernels read them); the user's broadcasts and copies are not."""
+  from hlo_audit._src.analysis.buffers import _is_kernel_fill
+  module = hlo_audit.parse_hlo(_FILLS)
+  comp = module.computation("main")
+  verdicts = {i.name: _is_kernel_fill(module, comp, i) for i in comp.instructions}
+  assert verdicts == {"x": False, "fillv": False, "merged": True, "loop_copy": True,
+                      "named": True, "users": False, "copy_x": False}
