@@ -82,11 +82,11 @@ JAX_TRITON_WARNING = "The Pallas Triton backend is deprecated"
 #: default, once per process).
 TRITON_NOTICE = (
     "pallas_kernels compiles its GPU kernels through Pallas's Triton backend, "
-    "which JAX {jax} deprecates (JAX warns at every lowering; pallas_kernels "
-    "shows this once instead). The kernels keep working while JAX ships the "
-    "backend; once a JAX release drops it, every op falls back to XLA, "
-    "reported by pallas_kernels.fallbacks(), until pallas_kernels has Mosaic "
-    "GPU kernels.")
+    "which JAX deprecates since 0.11 (this is jax {jax}; its warning at every "
+    "lowering is silenced, this one is given once). The kernels keep working "
+    "while JAX ships the backend; once a JAX release drops it, the ops fall "
+    "back to XLA, listed by pallas_kernels.fallbacks(), until pallas_kernels "
+    "has Mosaic GPU kernels.")
 
 _noticed = False
 
