@@ -14,7 +14,6 @@ import dataclasses
 import enum
 
 from hlo_audit._src.analysis import backend_traits as bt
-from hlo_audit._src.analysis import kernels as kernels_lib
 from hlo_audit._src.analysis.dataflow import Dataflow, ValueId
 from hlo_audit._src.analysis.kernels import Kernel, source_of
 from hlo_audit._src.analysis.liveness import Liveness
@@ -92,7 +91,6 @@ def find_buffers(module: HloModule, schedule: Schedule, dataflow: Dataflow,
     for m in k.members:
       kernel_of[m] = k.name
   internal_members = {m for k in kernels for m in k.members}
-  pallas = {k.name for k in kernels if k.kind is bt.KernelKind.PALLAS}
   rows = []
   for buf, members in dataflow.buffers.items():
     first = dataflow.values[buf]
@@ -110,10 +108,8 @@ def find_buffers(module: HloModule, schedule: Schedule, dataflow: Dataflow,
           consumers.append(k)
     consumers.sort(key=lambda k: schedule.time.get(k, 0))
     producer = kernel_of.get(first.instruction, "")
-    internal = (first.instruction in internal_members and all(
-        c == producer for c in consumers)) or (
-            bool(consumers) and all(c in pallas for c in consumers)
-            and _is_kernel_fill(module, comp, inst))
+    internal = first.instruction in internal_members and all(
+        c == producer for c in consumers)
     lifetime = _lifetime(module, comps, dataflow, liveness, buf, inst, first.index,
                          consumers)
     alloc = liveness.allocation_of.get(buf)
@@ -137,32 +133,6 @@ def find_buffers(module: HloModule, schedule: Schedule, dataflow: Dataflow,
 
 def _index_str(index: tuple[int, ...]) -> str:
   return "{" + ",".join(map(str, index)) + "}"
-
-
-#: Opcodes of a fill: a constant broadcast to a shape, and nothing else.
-_FILL_OPS = frozenset({"parameter", "constant", "broadcast", "bitcast", "reshape"})
-
-
-def _is_kernel_fill(module: HloModule, comp: Computation, inst: Instruction,
-                    depth: int = 0) -> bool:
-  """Whether `inst` is an interpreted Pallas kernel's output initialisation:
-  a constant broadcast to the output's shape (fused or not), or a copy of
-  one, made by the kernel or by XLA (CSE merges the kernels' identical fills
-  and drops their names; copy insertion copies them into each kernel's loop
-  state), never by the user. A compiled kernel makes none of them."""
-  if depth > 4 or not (not inst.op_name or kernels_lib.PALLAS_SCOPE in inst.op_name):
-    return False
-  if inst.opcode == "copy" and len(inst.operands) == 1:
-    return _is_kernel_fill(module, comp, comp.instruction(inst.operands[0]), depth + 1)
-  if any(comp.instruction(o).opcode != "constant" for o in inst.operands):
-    return False
-  if inst.opcode == "broadcast":
-    return True
-  if inst.opcode == "fusion":
-    called = inst.called_computations.get("calls", ())
-    return len(called) == 1 and all(
-        i.opcode in _FILL_OPS for i in module.computation(called[0]).instructions)
-  return False
 
 
 def _instruction(comps, dataflow: Dataflow, name: str) -> Instruction | None:
