@@ -58,10 +58,10 @@ def _jaxlib_at_least(*version: int) -> bool:
 
 # ---------------------------------------------------- XLA's HLO parser ----
 
-#: Since jaxlib 0.11 an async start with fewer operands than its computation
-#: has parameters (`call-start(), to_apply=c`: "partially bound") gets the
-#: missing ones as `async_param` parameters of the wrapper XLA builds, after
-#: the wrapped op; up to 0.10.2 the wrapper holds the op alone.
+#: Since jaxlib 0.11 a `call-start` or `fusion-start` with fewer operands than
+#: its computation has parameters (`call-start(), to_apply=c`: "partially
+#: bound") gets the missing ones as `async_param` parameters of the wrapper XLA
+#: builds, after the wrapped op; up to 0.10.2 the wrapper holds the op alone.
 XLA_ASYNC_START_BINDS_MISSING_PARAMS: bool = _jaxlib_at_least(0, 11)
 
 # ---------------------------------------------------- CPython collector ----

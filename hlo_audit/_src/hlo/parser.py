@@ -1041,9 +1041,10 @@ class _Parser:
     inner.insts.append(root)
     inner.names[root.name] = root
     inner.root_name = root.name
-    if compat.XLA_ASYNC_START_BINDS_MISSING_PARAMS:
-      # A start with fewer operands than its computation has parameters
-      # ("partially bound"): newer XLA gives the wrapper the rest as parameters.
+    if compat.XLA_ASYNC_START_BINDS_MISSING_PARAMS and wrapped in ("call", "fusion"):
+      # A call or fusion start with fewer operands than its computation has
+      # parameters ("partially bound"): newer XLA gives the wrapper the rest
+      # as parameters. (A reducer's parameters are not operands.)
       for i, shape_i in enumerate(self.unbound_params(attrs, len(operands)),
                                   start=len(operands)):
         p = Instruction("async_param" if i == 0 else f"async_param.{i}", "parameter",
