@@ -1,9 +1,82 @@
-"""Facts that differ between the JAX/jaxlib versions hlo-audit supports
-(0.10.2, 0.11.2, 0.12.x), each stated once."""
+"""What differs between the jaxlib/XLA and Python versions hlo_audit supports.
+
+Supported: Python 3.11-3.13 with jax/jaxlib 0.10.2 up to the newest 0.12.x
+(README, "Supported versions"). Code elsewhere asks this module instead of
+reading version numbers itself, so each difference is written down once, with
+the versions it covers.
+
+Sections:
+  * Versions: the installed jax and jaxlib (from package metadata: importing
+    this module imports neither), as text and comparable tuples.
+  * XLA's HLO parser: what the installed jaxlib's parser builds differently.
+  * CPython's collector: objects the interpreter itself freezes.
+  * Compile reuse and XLA's memory reports: where an executable jit built
+    keeps XLA's buffer assignment.
+
+Facts about jax's tracing and Pallas live in `pallas_kernels/_src/compat.py`.
+"""
 
 from __future__ import annotations
 
+import gc
+import importlib.metadata
+import re
+import sys
 from typing import Any
+
+# ------------------------------------------------------------- versions ----
+
+
+def parse_version(text: str) -> tuple[int, ...]:
+  """"0.12.0.1" -> (0, 12, 0, 1); a suffix ("0.11.0rc1", ".dev2026") ends it."""
+  out = []
+  for part in text.split("."):
+    m = re.match(r"\d+", part)
+    if not m:
+      break
+    out.append(int(m.group()))
+    if m.end() != len(part):
+      break
+  return tuple(out)
+
+
+def _installed(dist: str) -> str:
+  # From the package metadata, so that the parser need not import jax.
+  try:
+    return importlib.metadata.version(dist)
+  except importlib.metadata.PackageNotFoundError:
+    return ""
+
+
+JAX_VERSION_TEXT: str = _installed("jax")
+JAXLIB_VERSION_TEXT: str = _installed("jaxlib")
+#: () when jaxlib is not installed: the XLA facts below then follow the
+#: newest jaxlib.
+JAXLIB_VERSION: tuple[int, ...] = parse_version(JAXLIB_VERSION_TEXT)
+
+
+def _jaxlib_at_least(*version: int) -> bool:
+  return not JAXLIB_VERSION or JAXLIB_VERSION >= version
+
+
+# ---------------------------------------------------- XLA's HLO parser ----
+
+#: Since jaxlib 0.11 a `call-start` or `fusion-start` with fewer operands than
+#: its computation has parameters (`call-start(), to_apply=c`: "partially
+#: bound") gets the missing ones as `async_param` parameters of the wrapper XLA
+#: builds, after the wrapped op; up to 0.10.2 the wrapper holds the op alone.
+XLA_ASYNC_START_BINDS_MISSING_PARAMS: bool = _jaxlib_at_least(0, 11)
+
+# ---------------------------------------------------- CPython collector ----
+
+#: Objects the interpreter leaves in the permanent generation at start-up.
+#: CPython 3.12 freezes a few hundred tuples of its own (375 on 3.12.1), 3.11
+#: and 3.13 none. Read when hlo_audit is imported, which is exact unless the
+#: program froze objects before importing it (then those count as the
+#: interpreter's too).
+INTERPRETER_FROZEN_AT_START: int = (gc.get_freeze_count()
+                                    if sys.version_info[:2] == (3, 12) else 0)
+
 
 # ---------------------------------------------------------------------------
 # Compile reuse and XLA's memory reports (issue 14)

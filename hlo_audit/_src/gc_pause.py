@@ -6,6 +6,12 @@ import contextlib
 import gc
 from collections.abc import Iterator
 
+from hlo_audit._src import compat
+
+#: Frozen objects that are the interpreter's own, not the program's (until the
+#: first pause thaws them).
+_interpreter_frozen = compat.INTERPRETER_FROZEN_AT_START
+
 
 @contextlib.contextmanager
 def paused_gc() -> Iterator[None]:
@@ -21,9 +27,13 @@ def paused_gc() -> Iterator[None]:
   generation (`freeze` then `unfreeze`, which splice lists without visiting
   objects); otherwise the first young collection after the pause would still
   visit all of it (a tenth of a large parse). Cycles made meanwhile are
-  collected by the next full collection instead of the next young one. (Not
-  done when the process has frozen objects of its own, e.g. before a fork.)
+  collected by the next full collection instead of the next young one. Not
+  done when the program has frozen objects of its own (e.g. before a fork):
+  `unfreeze` would thaw them. The few hundred objects CPython 3.12 freezes at
+  start-up (`compat.INTERPRETER_FROZEN_AT_START`) are not the program's: the
+  first pause thaws them, as any `unfreeze` would, and the step works there too.
   """
+  global _interpreter_frozen
   if not gc.isenabled():  # the caller manages the collector: leave it be
     yield
     return
@@ -31,7 +41,8 @@ def paused_gc() -> Iterator[None]:
   try:
     yield
   finally:
-    if gc.get_freeze_count() == 0:  # unfreeze would thaw someone's freeze
+    if gc.get_freeze_count() in (0, _interpreter_frozen):
       gc.freeze()
       gc.unfreeze()
+      _interpreter_frozen = 0  # thawed: from now on any frozen object is theirs
     gc.enable()

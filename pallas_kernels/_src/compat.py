@@ -1,16 +1,151 @@
-"""Facts that differ between the supported JAX versions, one section per topic.
+"""What differs between the JAX versions pallas_kernels supports, in one place.
 
-Code elsewhere asks these functions instead of testing `jax.__version__`.
+Supported: jax/jaxlib 0.10.2 up to the newest 0.12.x (README, "Supported
+versions"). Code elsewhere asks this module instead of reading
+`jax.__version__`, probing with `hasattr` or catching ImportError, so that each
+version difference is written down once, with the versions it covers.
+
+Sections:
+  * Versions: the installed jax and jaxlib as comparable tuples.
+  * Pallas Triton backend: its module and compiler params (absent -> None), the
+    deprecation JAX 0.11 added (warned once by us, jax's per-lowering warning
+    silenced), and whether it lowers without a GPU.
+  * Jaxpr parameters: how control-flow primitives describe their operands
+    (scan's `num_consts`/`num_carry` became a FlatTree `ft_in` in 0.11).
+  * Target devices: lowering for a GPU this machine does not have.
+
+Facts about jaxlib's XLA (its parser, its HLO) live in
+`hlo_audit/_src/compat.py`.
 """
 
 from __future__ import annotations
 
+import re
+import warnings
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax
+import jaxlib
 
-# Target devices
-# --------------
+# ------------------------------------------------------------- versions ----
+
+
+def parse_version(text: str) -> tuple[int, ...]:
+  """"0.12.0.1" -> (0, 12, 0, 1); a suffix ("0.11.0rc1", ".dev2026") ends it."""
+  out = []
+  for part in text.split("."):
+    m = re.match(r"\d+", part)
+    if not m:
+      break
+    out.append(int(m.group()))
+    if m.end() != len(part):
+      break
+  return tuple(out)
+
+
+JAX_VERSION: tuple[int, ...] = parse_version(jax.__version__)
+JAXLIB_VERSION: tuple[int, ...] = parse_version(jaxlib.__version__)
+
+# ------------------------------------------------ Pallas Triton backend ----
+
+try:
+  # Deprecated since JAX 0.11 and slated for removal; importing it may warn.
+  # Without it the ops fall back to XLA (see `gpu.unavailable_reason`).
+  with warnings.catch_warnings():
+    warnings.simplefilter("ignore", DeprecationWarning)
+    from jax.experimental.pallas import triton as _triton
+except ImportError:  # pragma: no cover - depends on the installed JAX.
+  _triton = None
+
+#: `jax.experimental.pallas.triton` (masked `load`/`store`), or None.
+pallas_triton: Any = _triton
+
+#: Triton's compiler-params class for `pallas_call`, or None. JAX >= 0.5 names
+#: it `CompilerParams`; older ones `TritonCompilerParams`.
+TRITON_COMPILER_PARAMS: Any = None
+if _triton is not None:
+  TRITON_COMPILER_PARAMS = (getattr(_triton, "CompilerParams", None)
+                            or getattr(_triton, "TritonCompilerParams", None))
+
+#: Up to jaxlib 0.10.2 Pallas embeds Triton IR in a custom call when lowering,
+#: so a CPU-only machine can lower for CUDA; newer jaxlibs compile the IR then,
+#: which needs the CUDA plugin (and a GPU).
+TRITON_LOWERS_WITHOUT_GPU: bool = JAXLIB_VERSION <= (0, 10, 2)
+
+#: JAX >= 0.11 deprecates the Triton backend and warns at every lowering.
+TRITON_DEPRECATED: bool = JAX_VERSION >= (0, 11)
+
+#: The start of jax's warning (a DeprecationWarning, at every lowering).
+JAX_TRITON_WARNING = "The Pallas Triton backend is deprecated"
+
+#: The one warning we give instead (a FutureWarning: shown to users by
+#: default, once per process).
+TRITON_NOTICE = (
+    "pallas_kernels compiles its GPU kernels through Pallas's Triton backend, "
+    "which JAX deprecates since 0.11 (this is jax {jax}; its warning at every "
+    "lowering is silenced, this one is given once). The kernels keep working "
+    "while JAX ships the backend; once a JAX release drops it, the ops fall "
+    "back to XLA, listed by pallas_kernels.fallbacks(), until pallas_kernels "
+    "has Mosaic GPU kernels.")
+
+_noticed = False
+
+
+def triton_compiler_params(*, num_warps: int, num_stages: int) -> Any:
+  """Triton compiler params for a compiled (not interpreted) `pallas_call`.
+
+  Building them means a Triton lowering follows: on a JAX that deprecates the
+  backend, this gives our notice once and silences jax's per-lowering warning
+  (the filter is re-added each time, since `warnings.catch_warnings` blocks,
+  pytest's included, restore the filters on exit).
+
+  Returns:
+    An instance of `TRITON_COMPILER_PARAMS`, or None when this JAX has none
+    (the guards keep such a JAX from compiling).
+  """
+  global _noticed
+  if TRITON_DEPRECATED:
+    warnings.filterwarnings("ignore", message=re.escape(JAX_TRITON_WARNING),
+                            category=DeprecationWarning)
+    if not _noticed:
+      _noticed = True
+      warnings.warn(TRITON_NOTICE.format(jax=jax.__version__), FutureWarning,
+                    stacklevel=2)
+  if TRITON_COMPILER_PARAMS is None:
+    return None
+  return TRITON_COMPILER_PARAMS(num_warps=num_warps, num_stages=num_stages)
+
+
+# ----------------------------------------------------- jaxpr parameters ----
+
+
+def scan_layout(params: Mapping[str, Any]) -> tuple[int, int]:
+  """(consts, carry): how many of a `scan` equation's operands are constants
+  and how many the carry (the rest are the scanned-over xs).
+
+  jax <= 0.10 has `num_consts`/`num_carry`; 0.11 replaced them with FlatTrees
+  `ft_in` = (consts, carry, xs) and `ft_out` = (carry, ys).
+  """
+  if "num_consts" in params:
+    return int(params["num_consts"]), int(params["num_carry"])
+  if "ft_in" in params:
+    consts, carry, _ = params["ft_in"].unpack()
+    return len(consts), len(carry)
+  raise NotImplementedError(
+      "this JAX's scan has neither num_consts/num_carry nor ft_in; known "
+      f"params: {sorted(params)}")
+
+
+def split_scan_operands(params: Mapping[str, Any],
+                        operands: Sequence[Any]) -> tuple[list, list, list]:
+  """A scan equation's operands as (consts, carry init, xs)."""
+  n_consts, n_carry = scan_layout(params)
+  ops = list(operands)
+  return ops[:n_consts], ops[n_consts:n_consts + n_carry], ops[n_consts + n_carry:]
+
+
+# ------------------------------------------------------- target devices ----
 # Lowering for a GPU this machine does not have. Every supported JAX has the
 # public `jax.sharding.use_abstract_mesh` / `get_abstract_mesh` and an
 # `AbstractMesh(..., abstract_device=AbstractDevice(kind, cores, platform))`.
@@ -40,12 +175,4 @@ def abstract_device() -> Any | None:
 def lowering_needs_abstract_gpu() -> bool:
   """Whether Pallas's Triton lowering needs an abstract GPU device (or a real
   GPU) to lower for "cuda": true from jax 0.11 on (see above)."""
-  return _jax_version() >= (0, 11)
-
-
-def _jax_version() -> tuple[int, ...]:
-  parts = []
-  for p in jax.__version__.split(".")[:3]:
-    digits = "".join(ch for ch in p if ch.isdigit())
-    parts.append(int(digits) if digits else 0)
-  return tuple(parts)
+  return JAX_VERSION >= (0, 11)

@@ -15,19 +15,14 @@ blocks with NaN instead, so an unmasked access shows up there as NaN in tests.
 
 from __future__ import annotations
 
-import warnings
 from typing import Any
 
 from pallas_kernels._src import backend
+from pallas_kernels._src import compat
 
-try:
-  # Deprecated since JAX 0.11 and slated for removal; importing it may warn.
-  # Without it the ops fall back to XLA (see `unavailable_reason`).
-  with warnings.catch_warnings():
-    warnings.simplefilter("ignore", DeprecationWarning)
-    from jax.experimental.pallas import triton as _plgpu
-except ImportError:  # pragma: no cover - depends on the installed JAX.
-  _plgpu = None
+# Deprecated since JAX 0.11 and slated for removal: None when it is gone, and
+# then the ops fall back to XLA (see `unavailable_reason`).
+_plgpu = compat.pallas_triton
 
 
 def unavailable_reason(interpret: bool) -> str | None:
@@ -64,8 +59,8 @@ def float8_reason(interpret: bool) -> str | None:
 
 
 def compiler_params(*, num_warps: int, num_stages: int) -> Any:
-  """Triton compiler params for `pallas_call` (ignored in interpret mode)."""
-  return _plgpu.CompilerParams(num_warps=num_warps, num_stages=num_stages)
+  """Triton compiler params for `pallas_call` (not for interpret mode)."""
+  return compat.triton_compiler_params(num_warps=num_warps, num_stages=num_stages)
 
 
 def load(ref: Any, mask: Any, other: float | int) -> Any:

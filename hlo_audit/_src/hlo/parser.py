@@ -26,6 +26,7 @@ import types
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
 
+from hlo_audit._src import compat
 from hlo_audit._src.errors import HloParseError
 from hlo_audit._src.gc_pause import paused_gc
 from hlo_audit._src.hlo import attributes, dtypes, grammar, opcodes, shape_inference
@@ -1122,6 +1123,16 @@ class _Parser:
     inner.insts.append(root)
     inner.names[root.name] = root
     inner.root_name = root.name
+    if compat.XLA_ASYNC_START_BINDS_MISSING_PARAMS and wrapped in ("call", "fusion"):
+      # A call or fusion start with fewer operands than its computation has
+      # parameters ("partially bound"): newer XLA gives the wrapper the rest
+      # as parameters. (A reducer's parameters are not operands.)
+      for i, shape_i in enumerate(self.unbound_params(attrs, len(operands)),
+                                  start=len(operands)):
+        p = Instruction("async_param" if i == 0 else f"async_param.{i}", "parameter",
+                        shape_i, (), _EMPTY_ATTRS, (), None, i, None, at, self.ctx)
+        inner.insts.append(p)
+        inner.names[p.name] = p
     self.done.append(inner)
     key = inner.name
     self.pool[key] = at
@@ -1131,6 +1142,18 @@ class _Parser:
         out[k] = attrs[k]
     out["calls"] = "%" + key
     return out
+
+  def unbound_params(self, attrs: dict[str, str], bound: int) -> list[Shape]:
+    """Shapes of the parameters after the first `bound` of the computation an
+    async start calls (`to_apply` or `calls`), when it is already parsed."""
+    ref = attrs.get("to_apply", attrs.get("calls", ""))
+    name = ref[1:] if ref.startswith("%") else ref
+    for c in self.done:
+      if c.name == name:
+        params = sorted((i for i in c.insts if i.opcode == "parameter"),
+                        key=lambda i: i.parameter_number)
+        return [i.shape for i in params[bound:]]
+    return []
 
   def parse_operands(self, comp: _Comp, depth: int) -> list[str]:
     """operands ::= '(' (operand (',' operand)*)? ')'; operand ::= shape? name

@@ -6,6 +6,11 @@ over the columns in chunks of `block_cols` (a power of two, as Triton needs).
 Every access goes through a mask, so neither a ragged last row block nor a row
 width that is not a multiple of `block_cols` is ever read or written past its
 end.
+
+A block is `padded_cols` wide (the width rounded up to whole chunks), as the
+matmul kernels round K up to whole K steps: every chunk's slice then lies
+inside the block, which JAX >= 0.12 checks for static slices at trace time,
+while the masks keep every access inside the array.
 """
 
 from __future__ import annotations
@@ -33,6 +38,11 @@ def col_ids(start, block_cols: int):
 def num_chunks(n_cols: int, block_cols: int) -> int:
   """How many column chunks cover a row (static)."""
   return pl.cdiv(n_cols, block_cols)
+
+
+def padded_cols(n_cols: int, block_cols: int) -> int:
+  """Width of a row block's BlockSpec: `n_cols` rounded up to whole chunks."""
+  return num_chunks(n_cols, block_cols) * block_cols
 
 
 def over_chunks(n_chunks: int, block_cols: int, body: Callable[[Any, Any], Any],

@@ -23,6 +23,7 @@ from jax.extend import core as jex_core
 from jax.extend import source_info_util
 
 from pallas_kernels._src import backend
+from pallas_kernels._src import compat
 from pallas_kernels._src.ops.matmul.api import matmul
 from pallas_kernels._src.ops.normalization.api import layer_norm, rms_norm
 from pallas_kernels._src.ops.softmax.api import softmax
@@ -219,10 +220,10 @@ def _plan_bodies(node, options: _Options, where: str,
     if sub is None:
       return None
     prog, plan = sub
-    nc, ncarry = p["num_consts"], p["num_carry"]
+    ncarry = compat.scan_layout(p)[1]
 
     def run_scan(invals):
-      consts, init, xs = invals[:nc], invals[nc:nc + ncarry], invals[nc + ncarry:]
+      consts, init, xs = compat.split_scan_operands(p, invals)
 
       def step(carry, x):
         outs = prog_lib.evaluate(prog, plan, [*consts, *carry, *x])

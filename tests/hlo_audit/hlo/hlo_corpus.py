@@ -14,6 +14,11 @@ import os
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
+#: The jaxlib whose XLA parser made INDEX.tsv's `xla_parses` and counts (the
+#: corpus README, "How the xla_parses check was done"). Other jaxlibs' parsers
+#: differ on a few modules: tests compare with those columns only where this
+#: jaxlib is installed, and otherwise with XLA's parser run live.
+INDEX_JAXLIB = "0.10.2"
 #: Where the corpus is looked for when $HLO_CORPUS is not set.
 DEFAULT_CORPUS = REPO_ROOT / ".." / "shared" / "hlo_corpus"
 

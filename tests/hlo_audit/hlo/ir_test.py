@@ -465,3 +465,34 @@ def test_op_name_shortcut_ignores_nested_metadata(attrs, op_name):
   root = parse_hlo(text).entry.root
   assert root.op_name == op_name
   assert root.metadata.op_name == op_name
+
+
+_PARTIAL_CALL_START = """HloModule test
+
+async_computation {
+  p0 = f32[2,3] parameter(0)
+  p1 = s32[] parameter(1)
+  ROOT abs = f32[2,3] abs(p0)
+}
+
+ENTRY main {
+  x = f32[2,3] parameter(0)
+  ROOT start = ((f32[2,3]), f32[2,3], s32[]) call-start(x), to_apply=async_computation
+}
+"""
+
+
+@pytest.mark.parametrize("binds_missing", [False, True])
+def test_partially_bound_async_start_follows_the_installed_xla(monkeypatch, binds_missing):
+  """jaxlib >= 0.11 gives the wrapper of a partially bound async start the
+  unbound parameters too (after the op); 0.10.2 does not. The parser follows
+  the installed jaxlib (`compat`), as parity with XLA requires."""
+  from hlo_audit._src import compat
+  monkeypatch.setattr(compat, "XLA_ASYNC_START_BINDS_MISSING_PARAMS", binds_missing)
+  wrapped = parse_hlo(_PARTIAL_CALL_START).computation("async_wrapped")
+  got = [(i.name, i.opcode, str(i.shape), i.parameter_number) for i in wrapped.instructions]
+  expected = [("async_param", "parameter", "f32[2,3]", 0), ("call", "call", "f32[2,3]", None)]
+  if binds_missing:
+    expected.append(("async_param.1", "parameter", "s32[]", 1))
+  assert [g[:2] for g in got] == [e[:2] for e in expected]
+  assert [(g[0], g[3]) for g in got] == [(e[0], e[3]) for e in expected]

@@ -171,3 +171,71 @@ def test_transformer_block_forward_and_gradients(example):
   _close(jax.jit(swapped)(params, tokens), jax.jit(loss)(params, tokens))
   _close(jax.jit(jax.grad(swapped))(params, tokens), jax.jit(jax.grad(loss))(params, tokens),
          grad=True)
+
+
+# ---- control flow: every body swap descends into, on every supported jax ----
+
+
+def test_scan_operands_split_as_jax_describes_them(keys):
+  """consts / carry / xs of a scan equation, whichever params this jax uses
+  (num_consts/num_carry up to 0.10, ft_in since 0.11)."""
+  from pallas_kernels._src import compat
+  w, b = jax.random.normal(keys[0], (4, 4)), jax.random.normal(keys[1], (4,))
+
+  def f(c0, c1, xs):
+    def body(carry, x):
+      a, z = carry
+      return (a @ w + b, z + x.sum()), a.sum() * x
+    return jax.lax.scan(body, (c0, c1), xs)
+
+  jaxpr = jax.make_jaxpr(f)(jnp.ones((2, 4)), jnp.float32(0), jnp.ones((3, 5)))
+  (eqn,) = [e for e in jaxpr.jaxpr.eqns if e.primitive.name == "scan"]
+  assert compat.scan_layout(eqn.params) == (2, 2)  # w, b closed over; (a, z)
+  consts, carry, xs = compat.split_scan_operands(eqn.params, "wbazx")
+  assert (consts, carry, xs) == (["w", "b"], ["a", "z"], ["x"])
+
+
+def test_while_body_is_swapped(keys, mlp_args):
+  x, w, b = mlp_args
+  w2 = jax.random.normal(keys[5], (64, 64)) / 8
+
+  def f(x):
+    def body(s):
+      i, h = s
+      return i + 1, jax.nn.relu(h @ w2 + b)
+    return jax.lax.while_loop(lambda s: s[0] < 3, body, (0, x @ w))[1]
+
+  swapped = pallas_kernels.swap(f)
+  sites = swapped.report(x).sites
+  inner = [s for s in sites if s.where == "while body"]
+  assert len(inner) == 1 and inner[0].replaced
+  assert inner[0].pattern == "dot_general + bias + activation:relu"
+  _close(jax.jit(swapped)(x), f(x))
+
+
+def test_cond_branches_are_swapped_with_gradients(mlp_args):
+  x, w, b = mlp_args
+
+  def f(p, x, w):
+    return jax.lax.cond(p, lambda x: jax.nn.gelu(x @ w + b, approximate=False),
+                        lambda x: jnp.tanh(x @ w), x)
+
+  swapped = pallas_kernels.swap(f)
+  sites = swapped.report(True, x, w).sites
+  assert sorted(s.where for s in sites if s.replaced) == ["cond branch 0", "cond branch 1"]
+  for p in (True, False):
+    _close(jax.jit(swapped)(p, x, w), f(p, x, w))
+    loss = lambda g: jax.jit(jax.grad(lambda x, w: (g(p, x, w) ** 2).sum(), argnums=(0, 1)))
+    _close(loss(swapped)(x, w), loss(f)(x, w), grad=True)
+
+
+def test_checkpoint_body_is_swapped_with_gradients(mlp_args):
+  x, w, b = mlp_args
+  f = lambda x, w: jax.checkpoint(lambda x, w: jax.nn.silu(x @ w + b))(x, w)
+  swapped = pallas_kernels.swap(f)
+  (site,) = swapped.report(x, w).sites
+  assert site.where == "checkpoint body" and site.replaced
+  assert site.pattern == "dot_general + bias + activation:silu"
+  _close(jax.jit(swapped)(x, w), f(x, w))
+  loss = lambda g: jax.jit(jax.grad(lambda x, w: (g(x, w) ** 2).sum(), argnums=(0, 1)))
+  _close(loss(swapped)(x, w), loss(f)(x, w), grad=True)

@@ -89,3 +89,24 @@ def test_interpreted_kernels_are_one_kernel_each_forward_and_backward(op):
     assert not report.findings_of(FindingKind.STANDALONE_COPY)
     assert not report.findings_of(FindingKind.LAYOUT_CONFLICT)
     assert not [x for x in report.kernels if x.kind is KernelKind.COPY]
+
+
+
+
+def test_judged_peak_counts_interpreted_outputs_from_their_launch():
+  """Interpreted kernels' internal buffers are left out at every step, and
+  an interpreted kernel's output counts from the kernel's launch (compiled, it
+  comes to life then), not from the fill XLA schedules before the loop."""
+  import types
+  from pallas_kernels._src.swap.verify import peak_without_internal
+  buf = lambda name, nbytes, rng, producer, internal=False: types.SimpleNamespace(
+      name=name, bytes=nbytes, live_range=rng, producer=producer, internal=internal,
+      placement="heap")
+  kernel = types.SimpleNamespace(name="while.7", time=2, members=("while.7", "fill"))
+  # Base [10, 30, 5, 5]; the kernel's output (25 B, filled at t=0, the kernel
+  # launches at t=2) and an internal pad (10 B at t=3) on top.
+  report = types.SimpleNamespace(
+      timeline=(35, 55, 30, 40), peak_bytes=55, kernels=(kernel,),
+      buffers=(buf("out", 25, (0, 3), "while.7"), buf("pad", 10, (3, 3), "while.7", True),
+               buf("x", 5, (0, 3), "")))
+  assert peak_without_internal(report) == 30

@@ -30,31 +30,13 @@ What the Triton lowering implies for the kernel body (see `kernel.py`):
 
 from __future__ import annotations
 
-import warnings
 from typing import Any
 
 import jax
 
 from pallas_kernels._src import backend as backend_lib
+from pallas_kernels._src import compat
 from pallas_kernels._src import gpu as shared_gpu
-
-try:
-  # JAX >= 0.5 spells it `jax.experimental.pallas.triton.CompilerParams`; the
-  # module is deprecated since 0.11 (it may warn on import) and may go away.
-  with warnings.catch_warnings():
-    warnings.simplefilter("ignore", DeprecationWarning)
-    from jax.experimental.pallas import triton as _pltriton
-  _PARAMS_CLS: Any = getattr(_pltriton, "CompilerParams", None) or getattr(
-      _pltriton, "TritonCompilerParams", None)
-except ImportError:  # pragma: no cover - depends on the installed JAX.
-  _PARAMS_CLS = None
-
-if _PARAMS_CLS is None:  # pragma: no cover - older JAX spelled it this way.
-  try:
-    from jax.experimental.pallas import gpu as _plgpu_old
-    _PARAMS_CLS = getattr(_plgpu_old, "TritonCompilerParams", None)
-  except ImportError:
-    _PARAMS_CLS = None
 
 #: Shared memory per block (bytes) that Triton may use, by compute capability
 #: major.minor (opt-in maximum, minus a little for Triton's own bookkeeping).
@@ -79,25 +61,27 @@ def unavailable_reason(interpret: bool) -> str | None:
   if kind is not backend_lib.Backend.GPU:
     # The body relies on Triton's masked loads; Mosaic TPU needs another kernel.
     return f"no compiled matmul kernel for backend {kind.value!r}"
-  if _PARAMS_CLS is None:
+  if compat.TRITON_COMPILER_PARAMS is None:
     return "this JAX has no Triton CompilerParams for pallas_call"
   return None
 
 
-def compiler_params(*, num_warps: int, num_stages: int) -> Any:
-  """Triton compiler params for `pallas_call` (ignored in interpret mode).
+def compiler_params(*, num_warps: int, num_stages: int, interpret: bool) -> Any:
+  """Triton compiler params for `pallas_call`.
 
   Args:
     num_warps: warps per program.
     num_stages: software-pipelining depth of the kernel's loops.
+    interpret: whether the call runs in interpret mode (then no params: no
+      Triton lowering follows).
 
   Returns:
     An instance of this JAX's Triton params class (None if it has none; the
     guard keeps such a JAX from compiling).
   """
-  if _PARAMS_CLS is None:
+  if interpret:
     return None
-  return _PARAMS_CLS(num_warps=num_warps, num_stages=num_stages)
+  return compat.triton_compiler_params(num_warps=num_warps, num_stages=num_stages)
 
 
 def compute_capability() -> int | None:

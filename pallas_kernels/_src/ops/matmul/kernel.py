@@ -535,7 +535,8 @@ def matmul_forward(
       out_specs=out_specs,
       input_output_aliases=aliases,
       compiler_params=gpu.compiler_params(num_warps=cfg.num_warps,
-                                          num_stages=cfg.num_stages),
+                                          num_stages=cfg.num_stages,
+                                          interpret=interpret),
       interpret=interpret,
       name="pallas_kernels_matmul",
   )
@@ -789,7 +790,8 @@ def dact_bgrad(dy: jax.Array, aux: jax.Array, *, cfg: BackwardConfig | None, int
       in_specs=specs,
       out_specs=out_specs,
       compiler_params=gpu.compiler_params(num_warps=cfg.num_warps,
-                                          num_stages=cfg.num_stages),
+                                          num_stages=cfg.num_stages,
+                                          interpret=interpret),
       interpret=interpret,
       name="pallas_kernels_matmul_dact_bgrad",
   )

@@ -2,8 +2,8 @@
 
 Both ops share one body, switched by `kind` at trace time. Inputs arrive
 flattened to [rows, cols]; the grid runs over blocks of `block_rows` rows
-(BlockSpecs over rows, full width) and a block walks its columns in chunks of
-`block_cols` (see `ops/rows.py`). The arithmetic is float32 throughout and
+(BlockSpecs over rows, full width rounded up to whole chunks) and a block
+walks its columns in chunks of `block_cols` (see `ops/rows.py`). The arithmetic is float32 throughout and
 follows `reference.py` term by term; where it differs in order of operations
 (chunked statistics use Chan's parallel combination of per-chunk mean and M2)
 the difference is rounding only.
@@ -205,8 +205,9 @@ def forward(x, residual, gamma, beta, *, kind: str, eps: float, out_dtype,
   n_rows, n_cols = x.shape
   bm = cfg.block_rows
   h_dtype = x.dtype if residual is None else jnp.promote_types(x.dtype, residual.dtype)
-  tile = pl.BlockSpec((bm, n_cols), lambda i: (i, 0))
-  vec = pl.BlockSpec((n_cols,), lambda i: (0,))
+  width = rows_lib.padded_cols(n_cols, cfg.block_cols)  # whole chunks
+  tile = pl.BlockSpec((bm, width), lambda i: (i, 0))
+  vec = pl.BlockSpec((width,), lambda i: (0,))
   row_vec = pl.BlockSpec((bm,), lambda i: (i,))
 
   inputs, in_specs = [x], [tile]
@@ -370,10 +371,11 @@ def backward(h, gamma, mean, rstd, dy, dh, *, kind: str, dx_dtype, cfg: Config,
     raise ValueError(f"row_steps must be 1 when rows are chunked: {cfg}")
   rpp = cfg.rows_per_program
   programs = pl.cdiv(n_rows, rpp)
-  tile = pl.BlockSpec((rpp, n_cols), lambda i: (i, 0))
-  vec = pl.BlockSpec((n_cols,), lambda i: (0,))
+  width = rows_lib.padded_cols(n_cols, cfg.block_cols)  # whole chunks
+  tile = pl.BlockSpec((rpp, width), lambda i: (i, 0))
+  vec = pl.BlockSpec((width,), lambda i: (0,))
   row_vec = pl.BlockSpec((rpp,), lambda i: (i,))
-  partial = pl.BlockSpec((None, n_cols), lambda i: (i, 0))
+  partial = pl.BlockSpec((None, width), lambda i: (i, 0))
 
   inputs, in_specs = [h, gamma], [tile, vec]
   if kind == "layer_norm":

@@ -1,9 +1,9 @@
 """Pallas softmax kernels (forward and backward) with fused scale and masks.
 
 x arrives flattened to [rows, cols]. The grid runs over blocks of `block_rows`
-rows (BlockSpecs over rows, full width); a row longer than `block_cols` is
-walked in chunks with an online max/sum (one read for statistics, one for the
-output). Everything is float32 inside.
+rows (BlockSpecs over rows, full width rounded up to whole chunks); a row
+longer than `block_cols` is walked in chunks with an online max/sum (one read
+for statistics, one for the output). Everything is float32 inside.
 
 Masks are never broadcast to x's shape in memory: the mask is passed whole,
 flattened to [mask_rows, 1 or cols], and each row of x finds its mask row by
@@ -184,7 +184,8 @@ def forward(x, mask, *, scale: float | None, masking: Masking, out_dtype,
   """
   n_rows, n_cols = x.shape
   bm = cfg.block_rows
-  tile = pl.BlockSpec((bm, n_cols), lambda i: (i, 0))
+  width = rows_lib.padded_cols(n_cols, cfg.block_cols)  # whole chunks
+  tile = pl.BlockSpec((bm, width), lambda i: (i, 0))
   inputs, in_specs = [x], [tile]
   if mask is not None:
     inputs.append(mask)
@@ -252,7 +253,8 @@ def backward(y, dy, *, scale: float | None, dx_dtype, cfg: Config,
   """dx [rows, cols] of softmax from its output y and cotangent dy."""
   n_rows, n_cols = y.shape
   bm = cfg.block_rows
-  tile = pl.BlockSpec((bm, n_cols), lambda i: (i, 0))
+  width = rows_lib.padded_cols(n_cols, cfg.block_cols)  # whole chunks
+  tile = pl.BlockSpec((bm, width), lambda i: (i, 0))
   body = functools.partial(_backward_kernel, n_rows=n_rows, n_cols=n_cols,
                            scale=scale, cfg=cfg)
   with backend.kernel_scope("softmax"):

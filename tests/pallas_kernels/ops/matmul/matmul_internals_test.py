@@ -14,6 +14,7 @@ import pytest
 
 import pallas_kernels as pk
 from pallas_kernels._src import backend
+from pallas_kernels._src import compat
 from pallas_kernels._src import registry
 from pallas_kernels._src.ops.matmul import arg_specs
 from pallas_kernels._src.ops.matmul import config as config_lib
