@@ -120,8 +120,11 @@ def _audit_capture(cap: Capture, options: AuditOptions) -> AuditReport:
   # Every finding's peak after its change alone (what_if.py), then the
   # memory findings, which carry their own.
   fusions = [(f.boundary, f.producer, f.consumers)
-             if f.boundary and f.verdict is not Verdict.KEEP else None for f in findings]
-  findings = with_peaks(findings, peak_after_fusions(program, fusions), liveness.peak_bytes)
+             if f.boundary and f.verdict is not Verdict.KEEP and not f.boundary_kept
+             else None for f in findings]
+  peaks = peak_after_fusions(program, fusions)
+  peaks = [liveness.peak_bytes if f.boundary_kept else p for f, p in zip(findings, peaks)]
+  findings = with_peaks(findings, peaks, liveness.peak_bytes)
   collectives = find_collectives(module, program, kernels)
   findings = _merged(findings, [
       *find_memory_findings(program, kernels, buffers, cap.argument_names,

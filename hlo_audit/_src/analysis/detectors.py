@@ -579,36 +579,58 @@ def _expanded_broadcasts(ctx: _Context) -> list[FusionDecisionRecord]:
 # ------------------------------------------------ class 4: epilogues ----
 
 
+#: Ops a kernel may run and still be same-index work (an epilogue chain).
+_SAME_INDEX_OPS = opcodes.ELEMENTWISE | {"bitcast", "broadcast", "reshape", "constant",
+                                         "parameter", "iota", "tuple", "get-tuple-element"}
+
+
+def _same_index(ctx: _Context, k: Kernel) -> bool:
+  inst = ctx.inst(k)
+  if inst.opcode == "fusion":
+    return k.kind is KernelKind.LOOP_FUSION and set(k.fused_ops) <= _SAME_INDEX_OPS
+  return inst.opcode in opcodes.ELEMENTWISE
+
+
 def _depends_on(ctx: _Context, consumer: Kernel, anchor: str, operand: int,
-                depth: int = 6) -> bool:
+                depth: int = 8) -> bool:
   """Whether an operand of `consumer` other than `operand` is computed from
-  `anchor`'s output through other kernels (a BatchNorm apply reads the conv
-  output and its batch statistics, which are reductions of that output):
-  such work needs the whole result first and cannot be an epilogue."""
+  `anchor`'s output through a kernel that mixes elements (a BatchNorm apply
+  reads the conv output and its batch statistics, reductions of that
+  output; an activation's backward reads the incoming gradient): such work
+  needs the whole result first and cannot be an epilogue. A path through
+  elementwise kernels only (GELU split over two fusions) is same-index work
+  one epilogue can do."""
+  if "transpose(" in consumer.op_name and anchor in ctx.kernels and \
+      "transpose(" not in ctx.kernels[anchor].op_name:
+    return True  # a backward reader of a forward result needs the gradients
   inst = ctx.inst(consumer)
-  frontier = set()
+  # (kernel, whether the path from it back to here mixed elements)
+  frontier: set[tuple[str, bool]] = set()
   for i, o in enumerate(inst.operands):
     if i == operand:
       continue
     for _, vid in ctx.dataflow.holds.get(o, ()):
       if vid[0] in ctx.kernels:
-        frontier.add(vid[0])
-  seen = set()
+        frontier.add((vid[0], False))
+  seen: set[tuple[str, bool]] = set()
   for _ in range(depth):
-    if anchor in frontier:
+    if (anchor, True) in frontier:
       return True
     nxt = set()
-    for name in frontier - seen:
-      seen.add(name)
+    for name, mixed in frontier - seen:
+      seen.add((name, mixed))
+      if name == anchor:
+        continue
       k = ctx.kernels[name]
+      mixed = mixed or not _same_index(ctx, k)
       for o in ctx.inst(k).operands:
         for _, vid in ctx.dataflow.holds.get(o, ()):
-          if vid[0] in ctx.kernels and vid[0] not in seen:
-            nxt.add(vid[0])
+          if vid[0] in ctx.kernels and (vid[0], mixed) not in seen:
+            nxt.add((vid[0], mixed))
     if not nxt:
       return False
     frontier = nxt
-  return anchor in frontier
+  return (anchor, True) in frontier
 
 
 def _epilogue_work(ctx: _Context, consumer: Kernel, operand: int,
@@ -1003,7 +1025,7 @@ def _multi_epilogue(ctx: _Context, k: Kernel, anchor: str, buf: Buffer,
              "store coalescing: each output's store must stay vectorized",
              "cache reuse: the readers no longer share one stored result") + _COMMON_RISKS,
       ops=ops, kernel=None, trip_count=_trip(k), source=buf.source,
-      computation=k.computation)
+      computation=k.computation, boundary_kept=stored)
 
 
 def _resources(work: tuple[str, ...]) -> str:

@@ -127,6 +127,9 @@ class FusionDecisionRecord:
   #: The stack `source` was chosen from, innermost frame first: the library
   #: frames above the user's line are context (`source.context`).
   source_stack: tuple[SourceLocation, ...] = ()
+  #: The fusion keeps the boundary buffer in memory (another reader needs
+  #: it): traffic goes down, the peak does not.
+  boundary_kept: bool = False
   #: The peak after this change alone, from a what-if replay of the liveness
   #: (None: not replayed, e.g. a boundary that is no buffer of the program).
   peak_after: int | None = None

@@ -84,6 +84,7 @@ def finding_dict(f) -> dict:
       "guard_verdict": f.guard_verdict,
       "source_stack": [_location(loc) for loc in f.source_stack],
       "peak_after": f.peak_after, "peak_saved": f.peak_saved,
+      "notes": list(f.notes), "boundary_kept": f.boundary_kept,
   }
 
 
@@ -213,7 +214,8 @@ def report_from_dict(d: dict):
       computation=f["computation"], suggestion=f.get("suggestion", ""),
       guard_verdict=f.get("guard_verdict", ""),
       source_stack=_stack(f), peak_after=f.get("peak_after"),
-      peak_saved=f.get("peak_saved"))
+      peak_saved=f.get("peak_saved"), notes=tuple(f.get("notes", ())),
+      boundary_kept=bool(f.get("boundary_kept", False)))
       for f in d["findings"])
   info = ModuleInfo(**{k: m[k] for k in (
       "name", "platform", "device_kind", "jax_version", "jaxlib_version",

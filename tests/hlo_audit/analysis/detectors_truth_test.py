@@ -216,3 +216,23 @@ def test_one_record_per_boundary():
     ("f8e4m3fn", "bf16", True), ("f32", "f32", True)])
 def test_value_preserving_conversions(src, dst, widening):
   assert dtypes.is_widening(src, dst) is widening
+
+
+def test_readers_needing_the_whole_result_keep_it_stored():
+  # The conv output is read by the centering (which needs the batch mean, a
+  # reduction of that output) and, in the backward pass, by kernels that
+  # need the gradient: no epilogue can take them, so any epilogue on that
+  # buffer keeps it stored and claims no peak saving.
+  r = _audit("conv_bn")
+  for f in r.findings_of(FindingKind.UNFUSED_EPILOGUE):
+    if f.boundary_kept:
+      assert f.peak_saved == 0 and "stays stored" in f.evidence
+  # Same-index work split over kernels (GELU's erf in one fusion, its
+  # product in another) is still one epilogue with several outputs.
+  from hlo_audit._src.examples.transformer import TransformerConfig, example
+  fn, args = example(TransformerConfig(batch=2, seq=32, d_model=64, heads=2, d_ff=128))
+  ex = hlo_audit.audit(fn, *args)
+  multi = [f for f in ex.findings_of(FindingKind.UNFUSED_EPILOGUE)
+           if f.ops and f.ops[0].startswith("outputs:") and "activation:gelu" in f.ops]
+  assert multi, [(f.ops, f.evidence[:80]) for f in ex.findings_of(FindingKind.UNFUSED_EPILOGUE)]
+  assert all(f.boundary_kept and f.peak_saved == 0 for f in multi)
