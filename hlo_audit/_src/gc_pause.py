@@ -30,8 +30,8 @@ def paused_gc() -> Iterator[None]:
   collected by the next full collection instead of the next young one. Not
   done when the program has frozen objects of its own (e.g. before a fork):
   `unfreeze` would thaw them. The few hundred objects CPython 3.12 freezes at
-  start-up (`compat.INTERPRETER_FROZEN_AT_START`) are not the program's: the
-  first pause thaws them, as any `unfreeze` would, and the step works there too.
+  start-up (`compat.INTERPRETER_FROZEN_AT_START`) are not the program's, nor
+  is whatever `unfreeze` leaves frozen: the step works there too.
   """
   global _interpreter_frozen
   if not gc.isenabled():  # the caller manages the collector: leave it be
@@ -41,8 +41,15 @@ def paused_gc() -> Iterator[None]:
   try:
     yield
   finally:
-    if gc.get_freeze_count() in (0, _interpreter_frozen):
+    # On 3.12 the start-up count comes back by itself (importing jax after a
+    # pause shows 375 again, with no freeze called): that count is the
+    # interpreter's too.
+    if gc.get_freeze_count() in (0, _interpreter_frozen,
+                                 compat.INTERPRETER_FROZEN_AT_START):
       gc.freeze()
       gc.unfreeze()
-      _interpreter_frozen = 0  # thawed: from now on any frozen object is theirs
+      # What `unfreeze` cannot thaw stays the interpreter's: CPython 3.12's
+      # start-up objects survive it (the count is 375 again right after), so
+      # resetting to 0 here would skip the step on every later pause.
+      _interpreter_frozen = gc.get_freeze_count()
     gc.enable()
