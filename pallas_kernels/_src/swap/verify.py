@@ -321,7 +321,7 @@ def verify(f: Callable, g: Callable, *args: Any, grad_argnums: int | Sequence[in
   Raises:
     ValueError: if an argument is abstract (a ShapeDtypeStruct).
   """
-  from hlo_audit._src.audit import audit
+  from hlo_audit import audit
   from pallas_kernels._src.swap.rewrite import Swapped
 
   if any(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree.leaves((args, kwargs))):
