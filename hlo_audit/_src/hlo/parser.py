@@ -55,15 +55,6 @@ _FAST_LINE = re.compile(
     # (and the slow path glues `{`, `[`, `(`, `<=`, `T(` to the last value);
     # a comment next sends the line to the slow path too, which skips it.
     r"(?![ \t\r\n]*+(?:[,{(\[/]|<=|T\())")
-#: `_FAST_LINE` for a whole computation body at once (`findall`): each match
-#: starts at the '\n' before its line and ends before the next, so matches
-#: are whole lines (the last ends at `endpos`), and as many matches as lines means every line matched.
-#: Groups: indent and ROOT, '%', name, space before '=', shape, opcode,
-#: operands, attributes.
-_BODY_LINE = re.compile(
-    r"\n([ \t]*(ROOT[ \t]+)?)(%?)(" + _NAME + r")([ \t]*)=[ \t]*(" + _SHAPE_RE +
-    r")[ \t]+([a-z][a-z0-9\-]*)\(([^()\n]*)\)(" + attributes.ATTRIBUTE_RUN +
-    r")[ \t]*\r?(?=\n|\Z)")
 # Attribute names the parser must see at once: called computations and
 # control predecessors.
 _STRUCTURAL_KEY = re.compile(
@@ -130,7 +121,6 @@ _SIMPLE_CALL = re.compile(r",[ \t]*(?:calls|to_apply|condition|body)=%(" + _NAME
 #: hide one) follows.
 _COMP_END = re.compile(r"\}[ \t]*\r?(?:\n|\Z)(?![ \t\r\n]*+[,/])")
 _EMPTY_ATTRS = types.MappingProxyType({})
-_ONCE = (None,)
 
 
 class _NameUniquer:
@@ -594,8 +584,6 @@ class _Parser:
     match = _FAST_LINE.match if self.fast else None
     self.scopes += 1
     common = self.common_instructions if match is not None else None
-    if common is not None:
-      pos = self.body_instructions(comp, pos)
     while True:
       if common is not None:
         pos, m = common(comp, pos)
@@ -663,131 +651,6 @@ class _Parser:
       comp.root_name = comp.insts[-1].name
 
   # ------------------------------------------------------------ fast path --
-
-  def body_instructions(self, comp: _Comp, pos: int) -> int:
-    """A whole body from `pos` (just after its header line) with one
-    `findall`, when every line up to the closing '}' is one `_FAST_LINE`
-    instruction; stops at the first line needing more than
-    `fast_instruction` takes. Returns where the line-by-line path goes on.
-
-    The same checks as `common_instructions`, without a regex call and
-    match object per line: the largest cost left after the regex itself on
-    dumps of thousands of small computations (a third of a 42k-instruction
-    module's parse).
-    """
-    text = self.text
-    start = pos - 1
-    close = text.find("\n}", start)
-    if start < 0 or close < 0 or text[start] != "\n":
-      return pos
-    found = _BODY_LINE.findall(text, start, close)
-    if len(found) != text.count("\n", start, close) or not found:
-      return pos  # a line of another form: line by line
-    names = comp.names
-    insts = comp.insts
-    shapes = self.shapes.get
-    resolve = _RESOLVE.get
-    attr_keys = _ATTR_KEY.findall
-    contains = names.__contains__
-    refs = self.refs
-    arity_of = _ARITY.get
-    ctx = self.ctx
-    new = _new
-    reserved = _RESERVED
-    line_at = pos
-    first = len(insts)
-    for (lead, root_kw, pct, name, sep, shape_text, word, ops, run), line in zip(
-        found, text[pos:close].split("\n")):
-      at = line_at + len(lead)
-      line_at += len(line) + 1
-      for _ in _ONCE:  # `break` hands the line to `fast_instruction`
-        resolved = resolve(word)
-        shape = shapes(shape_text)
-        if (name in names or resolved is None or shape is None or
-            name[:2] == "__" or (root_kw and comp.root_name is not None) or
-            (not pct and (name in reserved or not sep)) or resolved[1] is not None):
-          break
-        opcode = resolved[0]
-        param = None
-        if opcode == "parameter":
-          if not (ops.isdigit() and ops.isascii() and len(ops) <= 18):
-            break
-          param = int(ops)
-          operands = ()
-        elif opcode == "constant":
-          break  # (its literal is checked there)
-        elif ops:
-          if ops[0] == "%":
-            operands = ops[1:].split(", %")
-          else:
-            # Typed, as flax dumps print them, or bare (Keras dumps); as in
-            # `common_instructions`.
-            operands = []
-            for part in ops.split(", "):
-              if " " in part:
-                typed, _, part = part.rpartition(" ")
-                if shapes(typed) is None and self.shape(typed) is None:
-                  operands = None
-                  break
-              if part[:1] == "%":
-                part = part[1:]
-              elif part in reserved:
-                operands = None
-                break
-              operands.append(part)
-          if operands is None or not all(map(contains, operands)):
-            break
-          operands = tuple(operands)
-        else:
-          operands = ()
-        arity = arity_of(opcode)
-        if arity is not None and arity != len(operands):
-          break
-        if run:
-          if run.startswith(", metadata={") and run.find("}") == len(run) - 1:
-            keys = ()
-          else:
-            keys = attr_keys(run)
-            if len(keys) > 1 and len(set(keys)) != len(keys):
-              break
-          if keys and not _STRUCTURAL_SET.isdisjoint(keys):
-            base = line_at - 1 - len(line) + line.rfind(run)
-            calls = [(c.group(1), base + c.start(1) - 1)
-                     for c in _SIMPLE_CALL.finditer(run)]
-            if len(calls) != sum(map(_STRUCTURAL_SET.__contains__, keys)):
-              break
-            refs += calls
-        else:
-          run = _EMPTY_ATTRS
-        if root_kw:
-          comp.root_name = name
-        inst = new(_MutableInstruction)
-        inst.name = name
-        inst.opcode = opcode
-        inst.shape = shape
-        inst.operands = operands
-        inst.attribute_source = run
-        inst.control_predecessors = ()
-        inst.literal = None
-        inst.parameter_number = param
-        inst.async_wrapped_opcode = None
-        inst.offset = at
-        inst._ctx = ctx
-        inst._cache = None
-        inst.__class__ = Instruction
-        insts.append(inst)
-        names[name] = inst
-      else:
-        continue
-      # Not taken here: `fast_instruction` takes more forms; a line it does
-      # not take goes to the line-by-line path with the rest of the body.
-      self.pending_names += [i.name for i in insts[first:]]
-      m = _FAST_LINE.match(text, at - len(lead))
-      if m is None or not self.fast_instruction(comp, m):
-        return at - len(lead)
-      first = len(insts)
-    self.pending_names += [i.name for i in insts[first:]]
-    return close + 1
 
   def common_instructions(self, comp: _Comp,
                           pos: int) -> tuple[int, re.Match | None]:
