@@ -121,6 +121,8 @@ _SIMPLE_CALL = re.compile(r",[ \t]*(?:calls|to_apply|condition|body)=%(" + _NAME
 #: hide one) follows.
 _COMP_END = re.compile(r"\}[ \t]*\r?(?:\n|\Z)(?![ \t\r\n]*+[,/])")
 _EMPTY_ATTRS = types.MappingProxyType({})
+#: Opcodes as written, without the async wrappers `_RESOLVE` adds.
+_PLAIN_OPCODE = {op: op for op in opcodes.OPCODES}
 
 
 class _NameUniquer:
@@ -670,7 +672,7 @@ class _Parser:
     names = comp.names
     insts = comp.insts
     shapes = self.shapes.get
-    resolve = _RESOLVE.get
+    plain = _PLAIN_OPCODE.get
     attr_keys = _ATTR_KEY.findall
     contains = names.__contains__
     pending = self.pending_names.append
@@ -684,16 +686,13 @@ class _Parser:
       if m is None:
         return pos, None
       root_kw, pct, name, shape_text, word, ops, run = m.groups()
-      resolved = resolve(word)
+      opcode = plain(word)
       shape = shapes(shape_text)
-      if (name in names or resolved is None or shape is None or
-          name[:2] == "__" or (root_kw and comp.root_name is not None) or
-          (not pct and (name in reserved or text[m.end(3)] == "="))):
-        return pos, m
-      opcode, wrapped = resolved
+      if (opcode is None or shape is None or name in names or
+          (name[0] == "_" and name[1:2] == "_") or (root_kw and comp.root_name is not None) or
+          (not pct and (name in reserved or text[m.end(3)] == "=")) or opcode == "constant"):
+        return pos, m  # (async wrappers and constants: `fast_instruction`)
       param = None
-      if wrapped is not None or opcode == "constant":
-        return pos, m
       if opcode == "parameter":
         if not (ops.isdigit() and ops.isascii() and len(ops) <= 18):
           return pos, m
