@@ -24,6 +24,7 @@ import os
 import re
 import types
 from collections.abc import Callable, Mapping
+from itertools import chain
 from types import MappingProxyType
 
 from hlo_audit._src import compat
@@ -62,7 +63,7 @@ _STRUCTURAL_KEY = re.compile(
     r"true_computation|false_computation|select|scatter|called_computations|"
     r"control-predecessors)=")
 _FAST_COMP = re.compile(
-    r"[ \t]*(ENTRY[ \t]+)?(%?)(" + _NAME + r")[ \t]*(?:\((.*)\)[ \t]*->[ \t]*(.*?))?[ \t]*\{[ \t]*\r?")
+    r"[ \t]*(ENTRY[ \t]+)?(%?)(" + _NAME + r")[ \t]*(?:\((.*)\)[ \t]*->[ \t]*(.*?))?[ \t]*\{[ \t]*\r?\Z")
 #: After a result shape, `{` then an integer or ':' opens a layout, not the
 #: body (as in XLA); the lexer then reports the error in the layout.
 _LAYOUT_START = re.compile(r"(?:[ \t\r\n]+|//[^\n\r]*|/\*[\s\S]*?\*/)*+(?:-?[0-9]|:)")
@@ -1246,7 +1247,7 @@ class _Parser:
       elif new != old:
         self.renames[old] = new
       comp.name = new
-    all_names = [n for c in self.done for n in c.names]
+    all_names = list(chain.from_iterable(c.names for c in self.done))
     identity = _uniquifier_is_identity(all_names)
     computations = []
     for comp in self.done:
@@ -1330,19 +1331,30 @@ def _clean_name(name: str) -> bool:
   return _CLEAN.fullmatch(name) is not None and _plain_name(name)
 
 
-_COMPUTATION_FIELDS = tuple(f.name for f in dataclasses.fields(Computation))
-assert _COMPUTATION_FIELDS == ("name", "instructions", "root_name", "is_entry",
-                               "execution_thread", "offset", "_index")
+class _MutableComputation:
+  """`Computation`'s slots without the frozen `__setattr__` (see
+  `_MutableInstruction`): thousands of small computations in a dump."""
+
+  __slots__ = Computation.__slots__
+
+
+assert _MutableComputation.__slots__ == ("name", "instructions", "root_name", "is_entry",
+                                         "execution_thread", "offset", "_index")
 
 
 def _computation(name, instructions, root_name, is_entry, thread, offset,
                  index) -> Computation:
   """`Computation(...)` with its name index given (the parser has built it
   already): a dict per computation saved on modules of thousands."""
-  comp = object.__new__(Computation)
-  for field, value in zip(_COMPUTATION_FIELDS, (
-      name, instructions, root_name, is_entry, thread, offset, index)):
-    object.__setattr__(comp, field, value)
+  comp = _new(_MutableComputation)
+  comp.name = name
+  comp.instructions = instructions
+  comp.root_name = root_name
+  comp.is_entry = is_entry
+  comp.execution_thread = thread
+  comp.offset = offset
+  comp._index = index
+  comp.__class__ = Computation
   return comp
 
 
