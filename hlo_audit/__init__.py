@@ -1,5 +1,6 @@
 """hlo-audit: see what XLA materializes, and close the gaps with Pallas kernels."""
 
+from hlo_audit._src.compat import parse_version as parse_version
 from hlo_audit._src.errors import CaptureError as CaptureError
 from hlo_audit._src.errors import DumpError as DumpError
 from hlo_audit._src.errors import HloAuditError as HloAuditError
@@ -33,6 +34,8 @@ from hlo_audit._src.audit import audit as audit
 from hlo_audit._src.audit import audit_capture as audit_capture
 from hlo_audit._src.audit import audit_hlo as audit_hlo
 from hlo_audit._src.report.diff import AuditDiff as AuditDiff
+from hlo_audit._src.report.diff import finding_key as finding_key
+from hlo_audit._src.report.units import fmt_delta_bytes as format_bytes_delta
 from hlo_audit._src.report.report import AuditReport as AuditReport
 from hlo_audit._src.analysis.collectives import Collective as Collective
 from hlo_audit._src.analysis.what_if import WhatIf as WhatIf

@@ -8,8 +8,14 @@ from pallas_kernels._src.validate import validate as validate
 from pallas_kernels._src.validate import ValidationReport as ValidationReport
 from pallas_kernels._src.bench import bench as bench
 from pallas_kernels._src.bench import BenchReport as BenchReport
+from pallas_kernels._src.spec import Case as Case
+from pallas_kernels._src.spec import OpSpec as OpSpec
+from pallas_kernels._src.registry import get_spec as get_spec
+from pallas_kernels._src.cases import make_case as make_case
 from pallas_kernels._src.guard import fallbacks as fallbacks
 from pallas_kernels._src.guard import clear_fallbacks as clear_fallbacks
+from pallas_kernels._src.swap.guard_check import check_guard as check_guard
+from pallas_kernels._src.swap.guard_check import GuardCheck as GuardCheck
 from pallas_kernels._src.swap.rewrite import swap as swap
 from pallas_kernels._src.swap.report import SwapReport as SwapReport
 from pallas_kernels._src.swap.verify import verify as verify

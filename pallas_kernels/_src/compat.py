@@ -28,21 +28,10 @@ from typing import Any
 import jax
 import jaxlib
 
+# One version parser for both packages: hlo_audit's (it imports without jax).
+from hlo_audit import parse_version
+
 # ------------------------------------------------------------- versions ----
-
-
-def parse_version(text: str) -> tuple[int, ...]:
-  """"0.12.0.1" -> (0, 12, 0, 1); a suffix ("0.11.0rc1", ".dev2026") ends it."""
-  out = []
-  for part in text.split("."):
-    m = re.match(r"\d+", part)
-    if not m:
-      break
-    out.append(int(m.group()))
-    if m.end() != len(part):
-      break
-  return tuple(out)
-
 
 JAX_VERSION: tuple[int, ...] = parse_version(jax.__version__)
 JAXLIB_VERSION: tuple[int, ...] = parse_version(jaxlib.__version__)

@@ -5,18 +5,16 @@ from __future__ import annotations
 
 import warnings
 
-import pytest
-
-from hlo_audit._src import compat as hlo_compat
+from hlo_audit import parse_version as parse
 from pallas_kernels._src import compat
 
 
-@pytest.mark.parametrize("parse", [compat.parse_version, hlo_compat.parse_version])
-def test_parse_version(parse):
+def test_parse_version():
   assert parse("0.12.0.1") == (0, 12, 0, 1)
   assert parse("0.11.0rc1") == (0, 11, 0)
   assert parse("0.13.0.dev20261130") == (0, 13, 0)
   assert parse("0.10.2") < (0, 11) <= parse("0.11.2") < parse("0.12.0.1")
+  assert compat.JAX_VERSION == parse(compat.jax.__version__) >= (0, 10)
 
 
 def test_triton_deprecation_is_said_once_and_jax_warning_silenced(monkeypatch):

@@ -242,8 +242,7 @@ def _verdict(call: _Call) -> str:
     import jax
     import jax.numpy as jnp
 
-    from pallas_kernels._src import backend
-    from pallas_kernels._src.swap import guard_check
+    import pallas_kernels
   except ImportError:
     return UNAVAILABLE
   try:
@@ -252,18 +251,12 @@ def _verdict(call: _Call) -> str:
 
     positional = [spec(dt, dims) for _, dt, dims, pos in call.arrays if pos]
     keywords = {name: spec(dt, dims) for name, dt, dims, pos in call.arrays if not pos}
-    static = {}
-    for k, _, value in call.options:
-      if k in ("scale", "x_scale", "w_scale"):
-        keywords[k] = value  # A stand-in: the guard looks at shapes and dtypes.
-      else:
-        static[k] = value
-    reason, _ = guard_check.dry_run(call.op, positional, keywords, static)
-    where = backend.current_backend().value
-    interp = backend.resolve_interpret(None)
-  except (TypeError, ValueError, KeyError) as e:
+    # Scales are stand-in values: the guard looks at shapes and dtypes.
+    keywords.update((k, value) for k, _, value in call.options)
+    check = pallas_kernels.check_guard(call.op, *positional, **keywords)
+  except (TypeError, ValueError) as e:
     return f"guard not evaluated: {e}"
-  mode = ", interpret mode" if interp else ""
-  if reason is None:
-    return f"kernel runs (guard passes on {where}{mode})"
-  return f"falls back to XLA on {where}{mode}: {reason}"
+  mode = ", interpret mode" if check.interpret else ""
+  if check.runs:
+    return f"kernel runs (guard passes on {check.backend}{mode})"
+  return f"falls back to XLA on {check.backend}{mode}: {check.reason}"

@@ -27,6 +27,8 @@ def buffer_key(b: Buffer) -> tuple:
 
 
 def finding_key(f: FusionDecisionRecord) -> tuple:
+  """What `AuditDiff` matches a finding by across two compiles (instruction
+  names change): class, boundary shape, source line and the ops it holds."""
   return (f.kind.value, f.boundary_shape, fmt_source(f.source), f.ops)
 
 

@@ -25,6 +25,7 @@ def fmt_bytes(n: int | float | None) -> str:
 
 
 def fmt_delta_bytes(n: int) -> str:
+  """A change in bytes, signed: 1536 -> "+1.50 KiB", -1536 -> "-1.50 KiB", 0 -> "0 B"."""
   return ("+" if n > 0 else "") + fmt_bytes(n)
 
 

@@ -492,43 +492,12 @@ KERNEL_PARAMS = {**KERNEL_PARAMS, "rms_norm": KERNEL_PARAMS["layer_norm"]}
 
 def build_case(op: str, params: Mapping[str, Value], seed: int):
   """The `pallas_kernels` case (random normal arrays, keyword options) of one
-  kernel point, built as the op's own `arg_specs` build theirs."""
-  from pallas_kernels._src import inputs
-  from pallas_kernels._src.spec import Case
+  kernel point, built by `pallas_kernels.make_case` as the op's own cases are."""
+  import pallas_kernels
 
   p = dict(params)
   grad = bool(p.pop("grad"))
-  tags = frozenset({"sweep"})
-  if op == "matmul":
-    from pallas_kernels._src.ops.matmul import arg_specs
-
-    batch = p.pop("batch")
-    d = arg_specs.CaseDef(**p, batch=() if batch is None else (batch,),
-                          tags=tags, grad=grad)
-    return arg_specs.build_case(d, seed)
-  rows, cols, dtype = p["rows"], p["cols"], p["dtype"]
-  name = f"{op} {inputs.describe('x', (rows, cols), dtype)}"
-  keys = inputs.Keys(seed, name)
-  args = [inputs.normal(keys.next(), (rows, cols), dtype)]
-  kwargs: dict[str, Any] = {}
-  if op in ("layer_norm", "rms_norm"):
-    args.append(inputs.normal(keys.next(), (cols,), dtype))
-    if op == "layer_norm":
-      args.append(inputs.normal(keys.next(), (cols,), dtype))
-    if p["residual"]:
-      args.append(inputs.normal(keys.next(), (rows, cols), dtype))
-    if p["quantize"]:
-      kwargs["quantize"] = p["quantize"]
-      grad = False  # Quantized outputs are not differentiable.
-  else:  # softmax
-    if p["scale"] is not None:
-      kwargs["scale"] = p["scale"]
-    if p["causal"]:
-      kwargs["causal"] = True
-  if p["out_dtype"]:
-    kwargs["out_dtype"] = p["out_dtype"]
-  return Case(name=name, args=tuple(args), kwargs=kwargs, tags=tags,
-              grad_argnums=tuple(range(len(args))) if grad else ())
+  return pallas_kernels.make_case(op, seed=seed, tags=("sweep",), grad=grad, **p)
 
 
 def kernel_case(spec, params: Mapping[str, Value], seed: int, concrete: bool):
@@ -567,11 +536,9 @@ class KernelTarget(Target):
   def run(self, params, measure, html_path=None):
     import jax
 
-    from pallas_kernels._src import registry
-    from pallas_kernels._src.bench import bench
-    from pallas_kernels._src.validate import validate
+    from pallas_kernels import bench, get_spec, validate
 
-    spec = registry.get_spec(self.ref.text)
+    spec = get_spec(self.ref.text)
     # An audit alone needs shapes only: no random inputs are made for it.
     case, nbytes, flops = kernel_case(spec, params, measure.seed,
                                       concrete=measure.validate or measure.time)

@@ -1,6 +1,8 @@
 """Ask an op's own guard about a call without running it (a dry run).
 
-The op runs under `jax.eval_shape` on abstract arguments with its guard's
+`check_guard` is the public question ("would the kernel run for these
+shapes and dtypes, here?"); `dry_run` is the swap's, which also wants the
+abstract result. The op runs under `jax.eval_shape` on abstract arguments with its guard's
 fallback records collected locally (`guard.collect_fallbacks`), so the answer
 is exactly the public API's: the guard's reason, a ValueError for an invalid
 call, or None when the kernel would run. `swap` asks before replacing a
@@ -9,6 +11,7 @@ pattern; the audit's suggestions ask for the user's shapes.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -82,3 +85,61 @@ def dry_run(op: str, positional: Sequence[Any], keywords: Mapping[str, Any] | No
   with _lock:
     _cache[key] = (reason, out)
   return reason, out
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class GuardCheck:
+  """What an op's guard says about one call, asked without running it."""
+
+  #: The op asked: "matmul", "layer_norm", "rms_norm" or "softmax".
+  op: str
+  #: Why the call would fall back to XLA ("invalid call: ..." when the op
+  #: rejects the call); None when the kernel runs.
+  reason: str | None
+  #: The backend the call was traced for: "cpu", "gpu" or "tpu".
+  backend: str
+  #: `device_kind` of that device, e.g. "NVIDIA H200" or "cpu".
+  device_kind: str
+  #: Whether Pallas interprets the kernel there (no GPU or TPU).
+  interpret: bool
+
+  @property
+  def runs(self) -> bool:
+    """True when the kernel, not XLA, would run the call."""
+    return self.reason is None
+
+
+def check_guard(op: str, *args: Any, interpret: bool | None = None,
+                **kwargs: Any) -> GuardCheck:
+  """Asks `op`'s guard whether its kernel would run `op(*args, **kwargs)` on
+  the current target device (see `pallas_kernels` backends), without running
+  anything.
+
+  Args:
+    op: "matmul", "layer_norm", "rms_norm" or "softmax".
+    *args: the op's positional arguments: arrays or `jax.ShapeDtypeStruct`s
+      (only shapes and dtypes are read), or Python scalars.
+    interpret: the op's `interpret=` (None: interpret where no GPU or TPU is).
+    **kwargs: the op's other keyword arguments, arrays or values, as the
+      public op takes them (activation=, eps=, out_dtype=, ...).
+
+  Raises:
+    ValueError: for an unknown op, or `implementation=` (always "pallas" here).
+  """
+  ops = _ops()
+  if op not in ops:
+    raise ValueError(f"check_guard: unknown op {op!r}; known: {', '.join(ops)}")
+  if "implementation" in kwargs:
+    raise ValueError("check_guard asks the Pallas kernel's guard: drop implementation=")
+
+  def abstract(x):
+    if isinstance(x, jax.ShapeDtypeStruct) or not hasattr(x, "shape"):
+      return x
+    return jax.ShapeDtypeStruct(x.shape, x.dtype)
+
+  reason, _ = dry_run(op, [abstract(x) for x in args],
+                      {k: abstract(v) for k, v in kwargs.items()}, interpret=interpret)
+  t = backend.target()
+  return GuardCheck(op=op, reason=reason, backend=t.backend.value,
+                    device_kind=t.device_kind,
+                    interpret=backend.resolve_interpret(interpret))

@@ -94,8 +94,8 @@ class VerificationReport:
 
 
 def _fmt_bytes(n: int) -> str:
-  from hlo_audit._src.report.units import fmt_delta_bytes
-  return fmt_delta_bytes(n)
+  from hlo_audit import format_bytes_delta
+  return format_bytes_delta(n)
 
 
 def _same_file(a: str, b: str) -> bool:
@@ -104,7 +104,7 @@ def _same_file(a: str, b: str) -> bool:
 
 
 def _removal_gate(before, after, diff, swap_report) -> Gate:
-  from hlo_audit._src.report.diff import finding_key
+  from hlo_audit import finding_key
 
   targeted = [f for f in before.findings if f.kind.slug in TARGET_CLASSES]
   if swap_report is not None:
