@@ -36,6 +36,7 @@ from hlo_audit._src.audit import audit_hlo as audit_hlo
 from hlo_audit._src.report.diff import AuditDiff as AuditDiff
 from hlo_audit._src.report.diff import finding_key as finding_key
 from hlo_audit._src.report.units import fmt_delta_bytes as format_bytes_delta
+from hlo_audit._src.report.units import fmt_source as format_source
 from hlo_audit._src.report.report import AuditReport as AuditReport
 from hlo_audit._src.analysis.collectives import Collective as Collective
 from hlo_audit._src.analysis.what_if import WhatIf as WhatIf

@@ -149,7 +149,9 @@ def _removal_gate(before, after, diff, swap_report) -> Gate:
 
 
 def _src(f) -> str:
-  return f"{f.source.file}:{f.source.line}" if f.source else "unknown"
+  """Where a finding came from, as the audit report prints it (openable)."""
+  import hlo_audit
+  return hlo_audit.format_source(f.source) if f.source else "unknown"
 
 
 def _float_dtypes(tree) -> list:

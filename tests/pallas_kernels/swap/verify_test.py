@@ -33,6 +33,9 @@ def test_mlp_passes_every_gate(mlp_verification):
   text = str(r)
   assert "intermediates removed" in text and text.endswith("verdict: PASS")
   assert r.to_dict()["passed"] is True
+  # Sources print as the report prints them: openable from here, not absolute.
+  gone = [d for d in removed.details if d.startswith("gone: ")]
+  assert gone and all(" at tests/pallas_kernels/swap/conftest.py:" in d for d in gone), gone
 
 
 def test_numerics_gate_fails_on_wrong_values(mlp_args):
