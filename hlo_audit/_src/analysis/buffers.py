@@ -174,7 +174,8 @@ def _lifetime(module: HloModule, comps, dataflow: Dataflow, liveness: Liveness,
   # into is the destination's initial contents: it must exist, and its
   # readers read the updated result.
   if len(dataflow.buffers[buf]) == 1 and \
-      expanded_broadcast_ratio(module, inst, index) >= 2:
+      expanded_broadcast_ratio(module, inst, index,
+                               comps.get(dataflow.values[buf].computation)) >= 2:
     return Lifetime.EXPANDED_BROADCAST
   if is_layout_conversion(module, inst):
     return Lifetime.LAYOUT_CONVERSION
@@ -200,9 +201,11 @@ def fused_root(module: HloModule, inst: Instruction, index: tuple[int, ...] = ()
 
 
 def expanded_broadcast_ratio(module: HloModule, inst: Instruction,
-                             index: tuple[int, ...] = ()) -> float:
+                             index: tuple[int, ...] = (),
+                             where: Computation | None = None) -> float:
   """Output elements per element of the compact value a broadcast expands
-  (1 when the output is not an expanded broadcast)."""
+  (1 when the output is not an expanded broadcast). `where`: the computation
+  holding `inst`, when the caller knows it (else it is searched for)."""
   if inst.shape is None:
     return 1.0
   if inst.opcode == "broadcast":
@@ -223,12 +226,13 @@ def expanded_broadcast_ratio(module: HloModule, inst: Instruction,
     src = comp.instruction(node.operands[0]).shape
     src_elements = src.num_elements if src is not None else 1
   elif inst.opcode == "broadcast":
-    return float(out) / max(1, _operand_elements(module, inst))
+    return float(out) / max(1, _operand_elements(module, inst, where))
   return float(out) / max(1, src_elements)
 
 
-def _operand_elements(module: HloModule, inst: Instruction) -> int:
-  for comp in module.computations:
+def _operand_elements(module: HloModule, inst: Instruction,
+                      where: Computation | None) -> int:
+  for comp in (where,) if where is not None else module.computations:
     if inst.name in comp and inst.operands:
       shape = comp.instruction(inst.operands[0]).shape
       return shape.num_elements if shape is not None else 1
