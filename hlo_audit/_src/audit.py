@@ -107,7 +107,8 @@ def _audit_capture(cap: Capture, options: AuditOptions) -> AuditReport:
   module = cap.module
   schedule = flatten_schedule(module)
   dataflow = analyze_dataflow(module, schedule)
-  liveness = analyze_liveness(module, schedule, dataflow)
+  cache: dict = {}  # tables the what-if replays share with this run
+  liveness = analyze_liveness(module, schedule, dataflow, cache=cache)
   paths = {"library_paths": options.library_paths, "user_paths": options.user_paths}
   kernels = find_kernels(module, schedule, dataflow, **paths)
   buffers = find_buffers(module, schedule, dataflow, liveness, kernels, **paths)
@@ -117,7 +118,7 @@ def _audit_capture(cap: Capture, options: AuditOptions) -> AuditReport:
   findings = add_suggestions(findings, module)
   program = Program(module=module, schedule=schedule, dataflow=dataflow,
                     liveness=liveness,
-                    arguments=arguments_of(module, cap.argument_names))
+                    arguments=arguments_of(module, cap.argument_names), cache=cache)
   # Every finding's peak after its change alone (what_if.py), then the
   # memory findings, which carry their own.
   fusions = [(f.boundary, f.producer, f.consumers)

@@ -90,57 +90,43 @@ class LivenessEdits:
 
 
 def analyze_liveness(module: HloModule, schedule: Schedule,
-                     dataflow: Dataflow, edits: LivenessEdits | None = None) -> Liveness:
+                     dataflow: Dataflow, edits: LivenessEdits | None = None,
+                     cache: dict | None = None) -> Liveness:
   """Live ranges of `dataflow`'s values and buffers, and the peak memory;
-  with `edits`, of the program those edits describe."""
+  with `edits`, of the program those edits describe. `cache`: a dict kept
+  between runs on the same module, schedule and dataflow (what-if replays),
+  where the tables no edit changes are made once."""
+  tables = cache.get("liveness_tables") if cache is not None else None
+  if tables is None or not tables.serves(module, schedule, dataflow):
+    tables = _Tables(module, schedule, dataflow)
+    if cache is not None:
+      cache["liveness_tables"] = tables
   end = schedule.end
-  time = schedule.time
-  span = schedule.span
-  entry = module.entry
-  comps = {name: module.computation(name) for name in span}
-
-  value_ranges: dict[ValueId, list[int]] = {}
-  for vid, value in dataflow.values.items():
-    inst = comps[value.computation].instruction(vid[0])
-    t = time[vid[0]]
-    start = span[value.computation][0] if inst.opcode == "parameter" else t
-    last = t
-    for user, _ in dataflow.uses.get(vid, ()):
-      ut = time.get(user)
-      if ut is not None and ut > last:
-        last = ut
-    value_ranges[vid] = [start, last]
-  for comp_name, comp in comps.items():
-    for _, vid in dataflow.holds.get(comp.root_name, ()):
-      if vid in value_ranges:
-        value_ranges[vid][1] = max(value_ranges[vid][1], span[comp_name][1])
-  donated = {(a.parameter, a.parameter_index) for a in module.input_output_alias}
-  parameter_buffers = set()
-  for p in entry.parameters:
-    for index, vid in dataflow.holds.get(p.name, ()):
-      if vid[0] == p.name and (p.parameter_number, index) not in donated:
-        value_ranges[vid][1] = end
-        parameter_buffers.add(dataflow.buffer_of[vid])
-  output_buffers = {dataflow.buffer_of[vid]
-                    for _, vid in dataflow.holds.get(entry.root_name, ())}
+  comps = tables.comps
+  value_ranges = tables.value_ranges
+  parameter_buffers = tables.parameter_buffers
+  output_buffers = tables.output_buffers
+  sizes = tables.sizes
+  order = tables.order
   if edits is not None:
+    value_ranges = dict(value_ranges)
     for vid, r in edits.value_ranges.items():
-      value_ranges[vid] = list(r)
+      value_ranges[vid] = tuple(r)
     if edits.dropped:
       dataflow = dataclasses.replace(dataflow, buffers=types.MappingProxyType(
           {b: m for b, m in dataflow.buffers.items() if b not in edits.dropped}))
-      parameter_buffers -= edits.dropped
-      output_buffers -= edits.dropped
+      parameter_buffers = parameter_buffers - edits.dropped
+      output_buffers = output_buffers - edits.dropped
+      sizes = {b: sizes[b] for b in dataflow.buffers}
+      order = [b for b in order if b not in edits.dropped]
 
-  sizes = {b: max(dataflow.values[v].byte_size for v in members)
-           for b, members in dataflow.buffers.items()}
   ranges = {b: (min(value_ranges[v][0] for v in members),
                 max(value_ranges[v][1] for v in members))
             for b, members in dataflow.buffers.items()}
 
-  sharer = _Sharer(module, comps, dataflow, value_ranges)
+  sharer = tables.sharer
   allocation_of, allocation_sizes, heap = _assign(
-      dataflow, schedule, comps, sizes, value_ranges, parameter_buffers,
+      dataflow, order, comps, sizes, value_ranges, parameter_buffers,
       output_buffers, sharer)
   heap_reuses = _heap_reuses(dataflow, schedule, comps, heap, ranges, sizes, sharer)
 
@@ -163,7 +149,7 @@ def analyze_liveness(module: HloModule, schedule: Schedule,
   fixed = sum(allocation_sizes)
   live_at_peak = tuple(b for b, (s, e) in ranges.items() if s <= peak_time <= e)
   return Liveness(
-      value_ranges=types.MappingProxyType({v: tuple(r) for v, r in value_ranges.items()}),
+      value_ranges=types.MappingProxyType(value_ranges),
       ranges=types.MappingProxyType(ranges),
       sizes=types.MappingProxyType(sizes),
       parameter_buffers=frozenset(parameter_buffers),
@@ -177,14 +163,71 @@ def analyze_liveness(module: HloModule, schedule: Schedule,
       peak_heap_bytes=peak_heap, live_at_peak=live_at_peak)
 
 
+class _Tables:
+  """What analyze_liveness derives from the program alone, before any edit:
+  XLA's live ranges, the read-only and output buffers, sizes, the
+  assigner's order and the sharer (what-if replays reuse them)."""
+
+  __slots__ = ("module", "schedule", "dataflow", "comps", "value_ranges",
+               "parameter_buffers", "output_buffers", "sizes", "order", "sharer")
+
+  def __init__(self, module: HloModule, schedule: Schedule, dataflow: Dataflow):
+    self.module, self.schedule, self.dataflow = module, schedule, dataflow
+    end = schedule.end
+    time = schedule.time
+    span = schedule.span
+    entry = module.entry
+    comps = {name: module.computation(name) for name in span}
+    value_ranges: dict[ValueId, list[int]] = {}
+    for vid, value in dataflow.values.items():
+      inst = comps[value.computation].instruction(vid[0])
+      t = time[vid[0]]
+      start = span[value.computation][0] if inst.opcode == "parameter" else t
+      last = t
+      for user, _ in dataflow.uses.get(vid, ()):
+        ut = time.get(user)
+        if ut is not None and ut > last:
+          last = ut
+      value_ranges[vid] = [start, last]
+    for comp_name, comp in comps.items():
+      for _, vid in dataflow.holds.get(comp.root_name, ()):
+        if vid in value_ranges:
+          value_ranges[vid][1] = max(value_ranges[vid][1], span[comp_name][1])
+    donated = {(a.parameter, a.parameter_index) for a in module.input_output_alias}
+    parameter_buffers = set()
+    for p in entry.parameters:
+      for index, vid in dataflow.holds.get(p.name, ()):
+        if vid[0] == p.name and (p.parameter_number, index) not in donated:
+          value_ranges[vid][1] = end
+          parameter_buffers.add(dataflow.buffer_of[vid])
+    self.comps = comps
+    self.value_ranges = {v: tuple(r) for v, r in value_ranges.items()}
+    self.parameter_buffers = frozenset(parameter_buffers)
+    self.output_buffers = frozenset(dataflow.buffer_of[vid]
+                                    for _, vid in dataflow.holds.get(entry.root_name, ()))
+    self.sizes = {b: max(dataflow.values[v].byte_size for v in members)
+                  for b, members in dataflow.buffers.items()}
+    # XLA's order: largest first, live-out first, then the earliest defining
+    # instruction in post order (entry first). Models with many equal-sized
+    # buffers depend on this tie-break.
+    position = _post_order_positions(comps)
+    self.order = sorted(dataflow.buffers, key=lambda b: (
+        -self.sizes[b], b not in self.output_buffers,
+        min(position.get(v[0], 0) for v in dataflow.buffers[b])))
+    self.sharer = _Sharer(module, comps, dataflow)
+
+  def serves(self, module: HloModule, schedule: Schedule, dataflow: Dataflow) -> bool:
+    return (self.module is module and self.schedule is schedule and
+            self.dataflow is dataflow)
+
+
 class _Sharer:
   """Answers XLA's "may this value start where that one ends?" question."""
 
-  def __init__(self, module, comps, dataflow, value_ranges):
+  def __init__(self, module, comps, dataflow):
     self.module = module
     self.comps = comps
     self.dataflow = dataflow
-    self.value_ranges = value_ranges
     self._holders: dict[ValueId, list[str]] = {}
     for inst, pairs in dataflow.holds.items():
       for _, vid in pairs:
@@ -350,17 +393,11 @@ class _Occupancy:
     return out
 
 
-def _assign(dataflow, schedule, comps, sizes, value_ranges, parameter_buffers,
+def _assign(dataflow, order, comps, sizes, value_ranges, parameter_buffers,
             output_buffers, sharer):
-  """XLA's BufferAssigner over our buffers; returns (allocation of each
-  placed buffer, allocation sizes, heap buffers)."""
-  # XLA's order: largest first, live-out first, then the earliest defining
-  # instruction in post order (entry first). Models with many equal-sized
-  # buffers depend on this tie-break.
-  position = _post_order_positions(comps)
-  order = sorted(dataflow.buffers, key=lambda b: (
-      -sizes[b], b not in output_buffers,
-      min(position.get(v[0], 0) for v in dataflow.buffers[b])))
+  """XLA's BufferAssigner over our buffers, in `order` (`_Tables.order`);
+  returns (allocation of each placed buffer, allocation sizes, heap
+  buffers)."""
   allocations: list[_Allocation] = []
   program_end = max((r[1] for r in value_ranges.values()), default=0)
   occupancy = _Occupancy(program_end)

@@ -119,7 +119,7 @@ def _undonated(program: Program, argument_names: Sequence[str]) -> list[FusionDe
     # No quick replay for donation (it changes the buffer assignment): the
     # first full replays of the audit's budget go to it.
     what = (replay(program, donate=[paths[n] for n in numbers])
-            if numbers and take_full_replay(program) else None)
+            if numbers and take_full_replay(program, donation=True) else None)
     label = (key[2] or f"argument {key[1]}") if key[0] == "argnum" else key[1]
     shapes = {by_number[n].shape.dtype_str for n in numbers}
     outputs = tuple(entry.root_name + "{" + ",".join(map(str, m[1])) + "}" for m in members)

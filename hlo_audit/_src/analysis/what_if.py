@@ -424,7 +424,9 @@ def replay(program: Program, *, fuse: Sequence[tuple[str, str, Sequence[str]]] =
     if donate:
       raise WhatIfError("a quick replay keeps the buffer assignment: donation changes it")
     return quick_peak(program, edits)
-  after = analyze_liveness(module, schedule, dataflow, edits)
+  # Tables shared between replays of the audited program (not a donated one).
+  after = analyze_liveness(module, schedule, dataflow, edits,
+                           cache=program.cache if not donate else None)
   return WhatIf(
       changes=tuple(changes), baseline_peak_bytes=base.peak_bytes,
       peak_bytes=after.peak_bytes, peak_time=after.peak_time,
@@ -560,10 +562,12 @@ def replay_budget(program: Program) -> ReplayBudget:
   return budget
 
 
-def take_full_replay(program: Program) -> bool:
-  """Whether the audit's budget allows one more full replay (and takes it)."""
+def take_full_replay(program: Program, *, donation: bool = False) -> bool:
+  """Whether the audit's budget allows one more full replay (and takes it).
+  A replay costs the program's buffers; a donation replay twice that (it
+  runs the dataflow analysis again too, about as costly as the assignment)."""
   budget = replay_budget(program)
-  cost = len(program.dataflow.buffers)
+  cost = len(program.dataflow.buffers) * (2 if donation else 1)
   if budget.left < cost:
     return False
   budget.left -= cost
