@@ -153,7 +153,7 @@ def test_an_estimated_peak_says_so_in_json_and_text(monkeypatch):
 def test_a_replay_on_the_shared_tables_is_a_fresh_replay():
   r = hlo_audit.audit(mlp_capture(2))
   assert "liveness_tables" in r.program.cache  # the baseline run made them
-  for f in [f for _, f in movers(r)] + r.findings_of(FindingKind.UNDONATED_ARGUMENT):
+  for f in [*(f for _, f in movers(r)), *r.findings_of(FindingKind.UNDONATED_ARGUMENT)]:
     kwargs = ({"donate": list(f.ops)} if f.kind is FindingKind.UNDONATED_ARGUMENT
               else memory_findings._full_replay_of(f))
     shared = what_if.replay(r.program, **kwargs)
