@@ -137,5 +137,5 @@ class FusionDecisionRecord:
   peak_saved: int | None = None
   #: Whether `peak_after` is a full replay's (or provably the audited peak):
   #: False where the audit's replay budget left it the quick estimate, which
-  #: keeps the audited buffer assignment (what_if.FULL_REPLAY_WORK_PER_INSTRUCTION).
+  #: keeps the audited buffer assignment (what_if.replay_budget).
   peak_exact: bool = True

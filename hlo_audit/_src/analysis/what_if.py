@@ -536,11 +536,15 @@ def _instruction(module: HloModule, schedule: Schedule, name: str) -> Instructio
 
 #: Work one audit may spend on full replays of per-finding peaks, in buffers
 #: assigned, per instruction of the module. A full replay assigns every
-#: buffer again (its cost), so the what-if part stays a fixed share of the
-#: audit: an unfused module (mixtral 8x7b: 42k instructions, 29k buffers) gets
-#: 2 full replays, a fused one (the 12-layer example: 34k instructions, 3k
-#: buffers) about 20. Work, not time: a module always gets the same replays.
-FULL_REPLAY_WORK_PER_INSTRUCTION = 2
+#: buffer again (its cost, ~15 us a buffer on one core), the rest of the
+#: audit costs ~20-70 us an instruction, so the what-if part stays under a
+#: third of the audit: a fused module (the 12-layer example: 34k
+#: instructions, 1.4k buffers) gets 11 full replays. Work, not time: a module
+#: always gets the same replays.
+FULL_REPLAY_WORK_PER_INSTRUCTION = 0.5
+#: ...and never less than this many full replays' worth, for unfused modules
+#: (mixtral 8x7b: 42k instructions, 29k buffers, gets 2).
+MIN_FULL_REPLAYS = 2
 
 
 @dataclasses.dataclass(slots=True)
@@ -557,8 +561,9 @@ def replay_budget(program: Program) -> ReplayBudget:
   """The audit's budget of full replays (made on first use)."""
   budget = program.cache.get("replay_budget")
   if budget is None:
-    budget = program.cache["replay_budget"] = ReplayBudget(
-        FULL_REPLAY_WORK_PER_INSTRUCTION * program.module.instruction_count)
+    budget = program.cache["replay_budget"] = ReplayBudget(max(
+        int(FULL_REPLAY_WORK_PER_INSTRUCTION * program.module.instruction_count),
+        MIN_FULL_REPLAYS * len(program.dataflow.buffers)))
   return budget
 
 
