@@ -16,6 +16,7 @@ import hlo_audit
 from hlo_audit import FindingKind
 from hlo_audit._src.analysis import memory_findings, what_if
 from hlo_audit._src.report.json_report import report_from_dict
+from hlo_audit._src.report.text import record_fields
 
 S = jax.ShapeDtypeStruct
 F32 = jnp.float32
@@ -148,6 +149,9 @@ def test_an_estimated_peak_says_so_in_json_and_text(monkeypatch):
   for f in d["findings"]:
     del f["peak_exact"]  # files written before the field: exact
   assert all(f.peak_exact for f in report_from_dict(d).findings)
+  peak_line = {f: dict(record_fields(f))["peak after"] for f in r.findings
+               if f.peak_after is not None}
+  assert all(("estimated" in line) != f.peak_exact for f, line in peak_line.items())
 
 
 def test_a_replay_on_the_shared_tables_is_a_fresh_replay():
