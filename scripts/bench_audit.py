@@ -14,6 +14,10 @@ Three tables, each measured in this one run:
    (goal < 10x); and the HTML page's render time and size (whether a browser
    opens it fast is the HTML report's own test). `--scales=1,2,4,8,16`
    reaches ~535k instructions.
+4. Third-party models (`--corpus_modules`, from ../shared/hlo_corpus or
+   $HLO_CORPUS; skipped when absent): `audit_hlo` of each file against its
+   parse, the what-if replays' share of the audit (goal <= 30%), and the
+   full replays the audit's budget allowed. `--corpus_only` runs just this.
 
 The scaled modules are synthesized from the compiled 12-layer module: k
 copies of its computations, renamed, and one entry that runs the k copies
@@ -25,6 +29,7 @@ compiles real 24/48/96-layer steps instead.
 Example:
   python scripts/bench_audit.py
   python scripts/bench_audit.py --scales=1,2 --nocapture
+  python scripts/bench_audit.py --corpus_only
 """
 
 from __future__ import annotations
@@ -54,6 +59,12 @@ _CACHE = flags.DEFINE_string(
     "cache_dir", os.path.join(tempfile.gettempdir(), "hlo_audit_bench"),
     "Where compiled modules are kept between runs ('' to always compile).")
 _CHILD = flags.DEFINE_string("child", None, "(internal) audit this file and report JSON.")
+_CORPUS_MODULES = flags.DEFINE_list(
+    "corpus_modules", ["xla_benchmarks/hlo_mixtral_8x7b_bf16_1x8__1.hlo",
+                       "xla_benchmarks/hlo_llama31_8b_bf16_1x8__1.hlo",
+                       "xla_benchmarks/hlo_gemma4_2b_bf16__1.hlo"],
+    "Table 4: third-party modules, relative to the corpus folder.")
+_CORPUS_ONLY = flags.DEFINE_bool("corpus_only", False, "Run table 4 only.")
 
 _LAYERS = 12
 _SMALL = """HloModule m, is_scheduled=true
@@ -318,6 +329,67 @@ def scaling_table(base: str, scales, repeats: int, cache_dir: str) -> None:
           f"RSS/text max {max(r['rss'] / r['bytes'] for r in rows):.2f} (goal < 10)")
 
 
+def corpus_table(repeats: int) -> None:
+  """Table 4: audit_hlo of large third-party modules against their parse."""
+  import hlo_audit
+  from hlo_audit._src import audit as audit_mod
+  from hlo_audit._src.analysis import collectives, memory_findings
+
+  root = os.environ.get("HLO_CORPUS") or os.path.join(
+      os.path.dirname(os.path.abspath(__file__)), "..", "..", "shared", "hlo_corpus")
+  paths = [os.path.join(root, m) for m in _CORPUS_MODULES.value]
+  missing = [p for p in paths if not os.path.isfile(p)]
+  if missing:
+    print(f"\n4. skipped: HLO corpus module not found: {missing[0]}")
+    return
+  # The what-if part: every replay the audit runs (outermost calls timed).
+  spent = [0.0]
+  depth = [0]
+
+  def timed(fn):
+    def wrapper(*args, **kwargs):
+      depth[0] += 1
+      start = time.perf_counter()
+      try:
+        return fn(*args, **kwargs)
+      finally:
+        depth[0] -= 1
+        if not depth[0]:
+          spent[0] += time.perf_counter() - start
+    return wrapper
+
+  for mod, name in ((audit_mod, "peak_after_fusions"), (audit_mod, "exact_peaks"),
+                    (collectives, "peak_after_fusions"), (memory_findings, "replay")):
+    if hasattr(mod, name):  # (older trees, for before/after runs)
+      setattr(mod, name, timed(getattr(mod, name)))
+  hlo_audit.audit_hlo(_SMALL)  # warm-up: imports
+  print(f"\n4. audit_hlo of third-party modules against their parse (median of "
+        f"{repeats})")
+  print(f"{'module':34s} {'instrs':>7s} {'MB':>5s} {'parse s':>8s} {'audit s':>8s} "
+        f"{'ratio':>6s} {'what-if':>8s} {'full replays':>12s} {'exact peaks':>12s}")
+  for path in paths:
+    with open(path, encoding="utf-8") as f:
+      text = f.read()
+    parse_s = median_time(lambda: hlo_audit.parse_hlo(text), repeats)
+    shares, reports = [], []
+
+    def run():
+      spent[0] = 0.0
+      start = time.perf_counter()
+      reports.append(hlo_audit.audit_hlo(text))
+      shares.append(spent[0] / (time.perf_counter() - start))
+
+    audit_s = median_time(run, repeats)
+    r = reports[-1]
+    budget = r.program.cache.get("replay_budget")
+    peaks = [f for f in r.findings if f.peak_after is not None]
+    name = os.path.basename(path).removesuffix(".hlo")
+    print(f"{name[:34]:34s} {r.module.instruction_count:7d} {len(text) / 1e6:5.1f} "
+          f"{parse_s:8.2f} {audit_s:8.2f} {audit_s / parse_s:6.1f} "
+          f"{statistics.median(shares):8.0%} {budget.replays if budget else 0:12d} "
+          f"{sum(getattr(f, 'peak_exact', True) for f in peaks):5d}/{len(peaks):<6d}")
+
+
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError("Too many command-line arguments.")
@@ -327,6 +399,9 @@ def main(argv):
   import jax
   print(f"jax {jax.__version__}, Python {sys.version.split()[0]}, "
         f"{os.cpu_count()} CPUs; medians of {_REPEATS.value}")
+  if _CORPUS_ONLY.value:
+    corpus_table(_REPEATS.value)
+    return
   scales = sorted(int(s) for s in _SCALES.value)
   base, compile_s = bench_models.compiled_text("example", _CACHE.value or None)
   if _CAPTURE.value:
@@ -335,6 +410,7 @@ def main(argv):
     print(f"(compile time {compile_s:.1f} s from when the module was cached)")
   report_table(base, compile_s, _REPEATS.value)
   scaling_table(base, scales, _REPEATS.value, _CACHE.value)
+  corpus_table(_REPEATS.value)
 
 
 if __name__ == "__main__":

@@ -20,7 +20,8 @@ from hlo_audit._src.analysis.detectors import AuditOptions, find_findings
 from hlo_audit._src.analysis.records import Verdict
 from hlo_audit._src.analysis.kernels import find_kernels
 from hlo_audit._src.analysis.liveness import analyze_liveness
-from hlo_audit._src.analysis.memory_findings import find_memory_findings, with_peaks
+from hlo_audit._src.analysis.memory_findings import (exact_peaks, find_memory_findings,
+                                                     with_peaks)
 from hlo_audit._src.analysis.schedule import flatten_schedule
 from hlo_audit._src.analysis.suggestions import add_suggestions
 from hlo_audit._src.analysis.what_if import Program, arguments_of, peak_after_fusions
@@ -106,7 +107,8 @@ def _audit_capture(cap: Capture, options: AuditOptions) -> AuditReport:
   module = cap.module
   schedule = flatten_schedule(module)
   dataflow = analyze_dataflow(module, schedule)
-  liveness = analyze_liveness(module, schedule, dataflow)
+  cache: dict = {}  # tables the what-if replays share with this run
+  liveness = analyze_liveness(module, schedule, dataflow, cache=cache)
   paths = {"library_paths": options.library_paths, "user_paths": options.user_paths}
   kernels = find_kernels(module, schedule, dataflow, **paths)
   buffers = find_buffers(module, schedule, dataflow, liveness, kernels, **paths)
@@ -116,21 +118,27 @@ def _audit_capture(cap: Capture, options: AuditOptions) -> AuditReport:
   findings = add_suggestions(findings, module)
   program = Program(module=module, schedule=schedule, dataflow=dataflow,
                     liveness=liveness,
-                    arguments=arguments_of(module, cap.argument_names))
+                    arguments=arguments_of(module, cap.argument_names), cache=cache)
   # Every finding's peak after its change alone (what_if.py), then the
   # memory findings, which carry their own.
   fusions = [(f.boundary, f.producer, f.consumers)
              if f.boundary and f.verdict is not Verdict.KEEP and not f.boundary_kept
              else None for f in findings]
   peaks = peak_after_fusions(program, fusions)
-  peaks = [liveness.peak_bytes if f.boundary_kept else p for f, p in zip(findings, peaks)]
+  peaks = [(liveness.peak_bytes, True) if f.boundary_kept else p
+           for f, p in zip(findings, peaks)]
   findings = with_peaks(findings, peaks, liveness.peak_bytes)
   collectives = find_collectives(module, program, kernels)
-  findings = _merged(findings, [
-      *find_memory_findings(program, kernels, buffers, cap.argument_names,
-                            min_peak_saved=options.min_bytes_saved),
-      *find_collective_findings(program, kernels, buffers, collectives,
-                                _parameter_shardings(cap))])
+  extra = [*find_memory_findings(program, kernels, buffers, cap.argument_names,
+                                 min_peak_saved=options.min_bytes_saved),
+           *find_collective_findings(program, kernels, buffers, collectives,
+                                     _parameter_shardings(cap))]
+  # Full replays for the estimated peaks that can move, the largest first,
+  # within one budget for the whole audit (donation took its share first).
+  everything = exact_peaks(program, [*findings, *extra],
+                           min_peak_saved=options.min_bytes_saved)
+  findings = _merged([f for f in everything[:len(findings)] if f is not None],
+                     [f for f in everything[len(findings):] if f is not None])
   xla_peak = _xla_peak(cap)
   notes = list(cap.notes)
   if not module.is_scheduled:
@@ -185,7 +193,8 @@ def _merged(findings, extra) -> tuple:
     out[i] = dataclasses.replace(
         first, notes=(*first.notes, note),
         peak_after=first.peak_after if first.peak_after is not None else f.peak_after,
-        peak_saved=first.peak_saved if first.peak_after is not None else f.peak_saved)
+        peak_saved=first.peak_saved if first.peak_after is not None else f.peak_saved,
+        peak_exact=first.peak_exact if first.peak_after is not None else f.peak_exact)
   return tuple(out)
 
 

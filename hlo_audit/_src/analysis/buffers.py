@@ -91,6 +91,8 @@ def find_buffers(module: HloModule, schedule: Schedule, dataflow: Dataflow,
   """One row per buffer of `dataflow`, largest first (`library_paths` and
   `user_paths` choose each buffer's source frame: `source.attribute`)."""
   comps = {name: module.computation(name) for name in schedule.span}
+  # Scheduled instructions by name (names are unique in a module).
+  insts = {i.name: i for c in comps.values() for i in c.instructions}
   kernel_of: dict[str, str] = {}
   for k in kernels:
     kernel_of[k.name] = k.name
@@ -105,7 +107,7 @@ def find_buffers(module: HloModule, schedule: Schedule, dataflow: Dataflow,
     consumers: list[str] = []
     for v in members:
       for user, _ in dataflow.uses.get(v, ()):
-        user_inst = _instruction(comps, dataflow, user)
+        user_inst = insts.get(user)
         if user_inst is None or user_inst.opcode in _FORWARDING or \
             user_inst.opcode in _CONTROL_FLOW:
           continue
@@ -116,7 +118,7 @@ def find_buffers(module: HloModule, schedule: Schedule, dataflow: Dataflow,
     producer = kernel_of.get(first.instruction, "")
     internal = first.instruction in internal_members and all(
         c == producer for c in consumers)
-    lifetime = _lifetime(module, comps, dataflow, liveness, buf, inst, first.index,
+    lifetime = _lifetime(module, comps, insts, dataflow, liveness, buf, inst, first.index,
                          consumers)
     alloc = liveness.allocation_of.get(buf)
     src, stack = source_mod.attribute(module, inst, library_paths, user_paths)
@@ -142,21 +144,14 @@ def _index_str(index: tuple[int, ...]) -> str:
   return "{" + ",".join(map(str, index)) + "}"
 
 
-def _instruction(comps, dataflow: Dataflow, name: str) -> Instruction | None:
-  for comp in comps.values():
-    if name in comp:
-      return comp.instruction(name)
-  return None
-
-
-def _lifetime(module: HloModule, comps, dataflow: Dataflow, liveness: Liveness,
+def _lifetime(module: HloModule, comps, insts, dataflow: Dataflow, liveness: Liveness,
               buf: ValueId, inst: Instruction, index: tuple[int, ...],
               consumers: list[str]) -> Lifetime:
   if buf in liveness.output_buffers:
     return Lifetime.EXTERNAL_OUTPUT
   if inst.opcode in ("parameter", "constant") or buf in liveness.parameter_buffers:
     return Lifetime.INPUT
-  if any(_instruction(comps, dataflow, v[0]).opcode == "while"
+  if any(insts[v[0]].opcode == "while"
          for v in dataflow.buffers[buf]):
     return Lifetime.INPUT  # carried loop state
   if inst.opcode == "custom-call" and bt.library_of(inst.custom_call_target or ""):
@@ -167,14 +162,15 @@ def _lifetime(module: HloModule, comps, dataflow: Dataflow, liveness: Liveness,
   if inst.opcode in opcodes.COLLECTIVES or inst.opcode == "async-start" and \
       inst.async_wrapped_opcode in opcodes.COLLECTIVES:
     return Lifetime.COMMUNICATION
-  users = [_instruction(comps, dataflow, c) for c in consumers]
+  users = [insts.get(c) for c in consumers]
   if users and all(u is not None and u.opcode in opcodes.COLLECTIVES for u in users):
     return Lifetime.COMMUNICATION
   # A broadcast that an in-place op (scatter, dynamic-update-slice) writes
   # into is the destination's initial contents: it must exist, and its
   # readers read the updated result.
   if len(dataflow.buffers[buf]) == 1 and \
-      expanded_broadcast_ratio(module, inst, index) >= 2:
+      expanded_broadcast_ratio(module, inst, index,
+                               comps.get(dataflow.values[buf].computation)) >= 2:
     return Lifetime.EXPANDED_BROADCAST
   if is_layout_conversion(module, inst):
     return Lifetime.LAYOUT_CONVERSION
@@ -200,9 +196,11 @@ def fused_root(module: HloModule, inst: Instruction, index: tuple[int, ...] = ()
 
 
 def expanded_broadcast_ratio(module: HloModule, inst: Instruction,
-                             index: tuple[int, ...] = ()) -> float:
+                             index: tuple[int, ...] = (),
+                             where: Computation | None = None) -> float:
   """Output elements per element of the compact value a broadcast expands
-  (1 when the output is not an expanded broadcast)."""
+  (1 when the output is not an expanded broadcast). `where`: the computation
+  holding `inst`, when the caller knows it (else it is searched for)."""
   if inst.shape is None:
     return 1.0
   if inst.opcode == "broadcast":
@@ -223,12 +221,13 @@ def expanded_broadcast_ratio(module: HloModule, inst: Instruction,
     src = comp.instruction(node.operands[0]).shape
     src_elements = src.num_elements if src is not None else 1
   elif inst.opcode == "broadcast":
-    return float(out) / max(1, _operand_elements(module, inst))
+    return float(out) / max(1, _operand_elements(module, inst, where))
   return float(out) / max(1, src_elements)
 
 
-def _operand_elements(module: HloModule, inst: Instruction) -> int:
-  for comp in module.computations:
+def _operand_elements(module: HloModule, inst: Instruction,
+                      where: Computation | None) -> int:
+  for comp in (where,) if where is not None else module.computations:
     if inst.name in comp and inst.operands:
       shape = comp.instruction(inst.operands[0]).shape
       return shape.num_elements if shape is not None else 1

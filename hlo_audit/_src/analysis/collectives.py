@@ -284,10 +284,13 @@ def find_collective_findings(program: Program, kernels: Sequence[Kernel],
 def _record(kind, c: Collective, *, boundary, shape, bytes_saved, evidence, reasons,
             risks, suggestion, loc, program, drop=()) -> FusionDecisionRecord:
   peak_after = peak_saved = None
+  exact = True
   if drop:
-    # Dropping the gathered buffer is fusing it away with no inputs kept.
-    (peak_after,) = peak_after_fusions(program, [(drop[0], "", ())])
-    if peak_after is not None:
+    # Dropping the gathered buffer is fusing it away with no inputs kept (the
+    # quick estimate where it can move the peak: memory_findings.exact_peaks).
+    (peak,) = peak_after_fusions(program, [(drop[0], "", ())])
+    if peak is not None:
+      peak_after, exact = peak
       peak_saved = program.liveness.peak_bytes - peak_after
   return FusionDecisionRecord(
       kind=kind, producer=c.name, consumers=(c.done,) if c.done else (),
@@ -300,7 +303,8 @@ def _record(kind, c: Collective, *, boundary, shape, bytes_saved, evidence, reas
       verdict=Verdict.RISKY if kind is FindingKind.COLLECTIVE_MATMUL else Verdict.SAFE,
       reasons=tuple(reasons), risks=tuple(risks), ops=(c.opcode,),
       trip_count=c.trip_count, source=loc, computation=c.computation,
-      suggestion=suggestion, peak_after=peak_after, peak_saved=peak_saved)
+      suggestion=suggestion, peak_after=peak_after, peak_saved=peak_saved,
+      peak_exact=exact)
 
 
 def _shape(comp: Computation, c: Collective) -> str:

@@ -552,7 +552,8 @@ def _expanded_broadcasts(ctx: _Context) -> list[FusionDecisionRecord]:
     if k is None:
       continue
     inst = ctx.inst(k)
-    ratio = expanded_broadcast_ratio(ctx.module, inst, buf.index)
+    ratio = expanded_broadcast_ratio(ctx.module, inst, buf.index,
+                                     ctx.comps[k.computation])
     compact = int(buf.bytes / ratio)
     consumers = _consumer_kernels(ctx, buf)
     out.append(FusionDecisionRecord(

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
-import math
 import types
 from collections.abc import Mapping
 
@@ -91,57 +90,43 @@ class LivenessEdits:
 
 
 def analyze_liveness(module: HloModule, schedule: Schedule,
-                     dataflow: Dataflow, edits: LivenessEdits | None = None) -> Liveness:
+                     dataflow: Dataflow, edits: LivenessEdits | None = None,
+                     cache: dict | None = None) -> Liveness:
   """Live ranges of `dataflow`'s values and buffers, and the peak memory;
-  with `edits`, of the program those edits describe."""
+  with `edits`, of the program those edits describe. `cache`: a dict kept
+  between runs on the same module, schedule and dataflow (what-if replays),
+  where the tables no edit changes are made once."""
+  tables = cache.get("liveness_tables") if cache is not None else None
+  if tables is None or not tables.serves(module, schedule, dataflow):
+    tables = _Tables(module, schedule, dataflow)
+    if cache is not None:
+      cache["liveness_tables"] = tables
   end = schedule.end
-  time = schedule.time
-  span = schedule.span
-  entry = module.entry
-  comps = {name: module.computation(name) for name in span}
-
-  value_ranges: dict[ValueId, list[int]] = {}
-  for vid, value in dataflow.values.items():
-    inst = comps[value.computation].instruction(vid[0])
-    t = time[vid[0]]
-    start = span[value.computation][0] if inst.opcode == "parameter" else t
-    last = t
-    for user, _ in dataflow.uses.get(vid, ()):
-      ut = time.get(user)
-      if ut is not None and ut > last:
-        last = ut
-    value_ranges[vid] = [start, last]
-  for comp_name, comp in comps.items():
-    for _, vid in dataflow.holds.get(comp.root_name, ()):
-      if vid in value_ranges:
-        value_ranges[vid][1] = max(value_ranges[vid][1], span[comp_name][1])
-  donated = {(a.parameter, a.parameter_index) for a in module.input_output_alias}
-  parameter_buffers = set()
-  for p in entry.parameters:
-    for index, vid in dataflow.holds.get(p.name, ()):
-      if vid[0] == p.name and (p.parameter_number, index) not in donated:
-        value_ranges[vid][1] = end
-        parameter_buffers.add(dataflow.buffer_of[vid])
-  output_buffers = {dataflow.buffer_of[vid]
-                    for _, vid in dataflow.holds.get(entry.root_name, ())}
+  comps = tables.comps
+  value_ranges = tables.value_ranges
+  parameter_buffers = tables.parameter_buffers
+  output_buffers = tables.output_buffers
+  sizes = tables.sizes
+  order = tables.order
   if edits is not None:
+    value_ranges = dict(value_ranges)
     for vid, r in edits.value_ranges.items():
-      value_ranges[vid] = list(r)
+      value_ranges[vid] = tuple(r)
     if edits.dropped:
       dataflow = dataclasses.replace(dataflow, buffers=types.MappingProxyType(
           {b: m for b, m in dataflow.buffers.items() if b not in edits.dropped}))
-      parameter_buffers -= edits.dropped
-      output_buffers -= edits.dropped
+      parameter_buffers = parameter_buffers - edits.dropped
+      output_buffers = output_buffers - edits.dropped
+      sizes = {b: sizes[b] for b in dataflow.buffers}
+      order = [b for b in order if b not in edits.dropped]
 
-  sizes = {b: max(dataflow.values[v].byte_size for v in members)
-           for b, members in dataflow.buffers.items()}
   ranges = {b: (min(value_ranges[v][0] for v in members),
                 max(value_ranges[v][1] for v in members))
             for b, members in dataflow.buffers.items()}
 
-  sharer = _Sharer(module, comps, dataflow, value_ranges)
+  sharer = tables.sharer
   allocation_of, allocation_sizes, heap = _assign(
-      dataflow, schedule, comps, sizes, value_ranges, parameter_buffers,
+      dataflow, order, comps, sizes, value_ranges, parameter_buffers,
       output_buffers, sharer)
   heap_reuses = _heap_reuses(dataflow, schedule, comps, heap, ranges, sizes, sharer)
 
@@ -164,7 +149,7 @@ def analyze_liveness(module: HloModule, schedule: Schedule,
   fixed = sum(allocation_sizes)
   live_at_peak = tuple(b for b, (s, e) in ranges.items() if s <= peak_time <= e)
   return Liveness(
-      value_ranges=types.MappingProxyType({v: tuple(r) for v, r in value_ranges.items()}),
+      value_ranges=types.MappingProxyType(value_ranges),
       ranges=types.MappingProxyType(ranges),
       sizes=types.MappingProxyType(sizes),
       parameter_buffers=frozenset(parameter_buffers),
@@ -178,14 +163,71 @@ def analyze_liveness(module: HloModule, schedule: Schedule,
       peak_heap_bytes=peak_heap, live_at_peak=live_at_peak)
 
 
+class _Tables:
+  """What analyze_liveness derives from the program alone, before any edit:
+  XLA's live ranges, the read-only and output buffers, sizes, the
+  assigner's order and the sharer (what-if replays reuse them)."""
+
+  __slots__ = ("module", "schedule", "dataflow", "comps", "value_ranges",
+               "parameter_buffers", "output_buffers", "sizes", "order", "sharer")
+
+  def __init__(self, module: HloModule, schedule: Schedule, dataflow: Dataflow):
+    self.module, self.schedule, self.dataflow = module, schedule, dataflow
+    end = schedule.end
+    time = schedule.time
+    span = schedule.span
+    entry = module.entry
+    comps = {name: module.computation(name) for name in span}
+    value_ranges: dict[ValueId, list[int]] = {}
+    for vid, value in dataflow.values.items():
+      inst = comps[value.computation].instruction(vid[0])
+      t = time[vid[0]]
+      start = span[value.computation][0] if inst.opcode == "parameter" else t
+      last = t
+      for user, _ in dataflow.uses.get(vid, ()):
+        ut = time.get(user)
+        if ut is not None and ut > last:
+          last = ut
+      value_ranges[vid] = [start, last]
+    for comp_name, comp in comps.items():
+      for _, vid in dataflow.holds.get(comp.root_name, ()):
+        if vid in value_ranges:
+          value_ranges[vid][1] = max(value_ranges[vid][1], span[comp_name][1])
+    donated = {(a.parameter, a.parameter_index) for a in module.input_output_alias}
+    parameter_buffers = set()
+    for p in entry.parameters:
+      for index, vid in dataflow.holds.get(p.name, ()):
+        if vid[0] == p.name and (p.parameter_number, index) not in donated:
+          value_ranges[vid][1] = end
+          parameter_buffers.add(dataflow.buffer_of[vid])
+    self.comps = comps
+    self.value_ranges = {v: tuple(r) for v, r in value_ranges.items()}
+    self.parameter_buffers = frozenset(parameter_buffers)
+    self.output_buffers = frozenset(dataflow.buffer_of[vid]
+                                    for _, vid in dataflow.holds.get(entry.root_name, ()))
+    self.sizes = {b: max(dataflow.values[v].byte_size for v in members)
+                  for b, members in dataflow.buffers.items()}
+    # XLA's order: largest first, live-out first, then the earliest defining
+    # instruction in post order (entry first). Models with many equal-sized
+    # buffers depend on this tie-break.
+    position = _post_order_positions(comps)
+    self.order = sorted(dataflow.buffers, key=lambda b: (
+        -self.sizes[b], b not in self.output_buffers,
+        min(position.get(v[0], 0) for v in dataflow.buffers[b])))
+    self.sharer = _Sharer(module, comps, dataflow)
+
+  def serves(self, module: HloModule, schedule: Schedule, dataflow: Dataflow) -> bool:
+    return (self.module is module and self.schedule is schedule and
+            self.dataflow is dataflow)
+
+
 class _Sharer:
   """Answers XLA's "may this value start where that one ends?" question."""
 
-  def __init__(self, module, comps, dataflow, value_ranges):
+  def __init__(self, module, comps, dataflow):
     self.module = module
     self.comps = comps
     self.dataflow = dataflow
-    self.value_ranges = value_ranges
     self._holders: dict[ValueId, list[str]] = {}
     for inst, pairs in dataflow.holds.items():
       for _, vid in pairs:
@@ -230,125 +272,136 @@ def _interferes(a: tuple[int, int], a_id: ValueId, b: tuple[int, int],
 class _Allocation:
   """One allocation: its size and the values in it, sorted by start."""
 
-  __slots__ = ("size", "readonly", "starts", "spans", "tail_start", "tail_end")
+  __slots__ = ("size", "readonly", "starts", "spans", "reach")
 
   def __init__(self, size: int, readonly: bool):
     self.size = size
     self.readonly = readonly
     self.starts: list[int] = []
     self.spans: list[tuple[int, int, ValueId]] = []
-    # The span reaching furthest (earliest start among ties): a value that
-    # overlaps it other than at an end cannot fit. Outputs live to the end
-    # of the program, so this rejects most tries in O(1) (the assignment
-    # tries every reusable allocation for each buffer, as XLA's does).
-    self.tail_start = 0
-    self.tail_end = -1
-
-  def blocks(self, values) -> bool:
-    """Whether a value overlaps the furthest-reaching span strictly (then
-    `fits` is False: `_interferes` without touching ends)."""
-    s, e = self.tail_start, self.tail_end
-    for start, last, _ in values:
-      if start < e and last > s:
-        return True
-    return False
+    # reach[j]: the furthest end among spans[:j + 1]. A buffer's own values
+    # may overlap (loop state), so a span can hide behind later ones.
+    self.reach: list[int] = []
 
   def fits(self, values, sharer: _Sharer) -> bool:
     for start, last, vid in values:
-      # Only spans starting at or before `last` can overlap; the one before
-      # `start` may reach into it.
-      i = bisect.bisect_right(self.starts, last)
-      j = i - 1
-      while j >= 0:
+      # Only spans starting at or before `last` can overlap, and of those
+      # only the ones reaching `start`.
+      j = bisect.bisect_right(self.starts, last) - 1
+      reach = self.reach
+      while j >= 0 and reach[j] >= start:
         s, e, other = self.spans[j]
-        if e < start:
-          # Spans are disjoint but for touching ends, so earlier ones end
-          # earlier still, except a touching neighbour: look one further.
-          if j > 0 and self.spans[j - 1][1] >= start:
-            j -= 1
-            continue
-          break
-        if _interferes((start, last), vid, (s, e), other, sharer):
+        if e >= start and _interferes((start, last), vid, (s, e), other, sharer):
           return False
         j -= 1
     return True
 
   def add(self, values) -> None:
+    reach = self.reach
     for start, last, vid in values:
       i = bisect.bisect_right(self.starts, start)
       self.starts.insert(i, start)
       self.spans.insert(i, (start, last, vid))
-      if last > self.tail_end or (last == self.tail_end and start < self.tail_start):
-        self.tail_start, self.tail_end = start, last
+      r = max(last, reach[i - 1]) if i else last
+      reach.insert(i, r)
+      k = i + 1
+      while k < len(reach) and reach[k] < r:
+        reach[k] = r
+        k += 1
 
 
-class _Candidates:
-  """The reusable allocations a buffer might fit, newest first.
+class _Occupancy:
+  """Which reusable allocations hold a value at each time, to skip the ones
+  a buffer cannot fit without trying them.
 
-  A max segment tree over allocation indices: the key of a reusable
-  allocation whose furthest-reaching span runs to the end of the program is
-  that span's start (a buffer whose values outlast it is blocked there), any
-  other reusable allocation has an infinite key, the rest none. Finding the
-  next candidate is O(log n), so a buffer that fits nowhere (it goes to the
-  heap) no longer tries every allocation: the assigner stays linear.
+  A segment tree over doubled time: a span [s, e] of allocation i sets bit i
+  on the points 2s..2e, and a value [s, e] can only fit allocations with no
+  bit set on 2s+1..2e-1. That is exactly "no span overlaps it other than at
+  an end" (what `_interferes` rejects without asking the sharer); touching
+  ends are left to `_Allocation.fits`. Each node keeps `cover`, the
+  allocations occupying all of it, and `any`, those occupying some point
+  under it; updates and queries OR O(log T) integers used as bit sets. With
+  it a buffer that fits nowhere (it goes to the heap) costs one query, not a
+  try of every allocation, which was quadratic on modules whose outputs are
+  written late (the gradients of a train step: ~9M tries on a 42k-instruction
+  module).
   """
 
-  __slots__ = ("size", "tree")
+  __slots__ = ("size", "cover", "any")
 
-  def __init__(self, n: int):
+  def __init__(self, end: int):
     size = 1
-    while size < n:
+    while size < 2 * end + 2:
       size *= 2
     self.size = size
-    self.tree = [-math.inf] * (2 * size)  # no key: never a candidate
+    self.cover = [0] * (2 * size)
+    self.any = [0] * (2 * size)
 
-  def set(self, i: int, key: float) -> None:
-    tree = self.tree
-    i += self.size
-    tree[i] = key
-    i //= 2
-    while i:
-      tree[i] = max(tree[2 * i], tree[2 * i + 1])
-      i //= 2
+  def add(self, values, i: int) -> None:
+    bit = 1 << i
+    cover, any_ = self.cover, self.any
+    for start, last, _ in values:
+      lo = 2 * max(start, 0) + self.size
+      hi = 2 * last + self.size + 1
+      if lo >= hi:
+        continue
+      # Every node on the paths from the ends to the root holds a point of
+      # the span (and a node holding the bit has ancestors holding it).
+      for leaf in (lo, hi - 1):
+        node = leaf >> 1
+        while node and not any_[node] & bit:
+          any_[node] |= bit
+          node >>= 1
+      l, r = lo, hi
+      while l < r:
+        if l & 1:
+          cover[l] |= bit
+          any_[l] |= bit
+          l += 1
+        if r & 1:
+          r -= 1
+          cover[r] |= bit
+          any_[r] |= bit
+        l >>= 1
+        r >>= 1
 
-  def below(self, hi: int, x: float) -> int:
-    """The largest index < `hi` whose key is >= `x`, or -1."""
-    if hi <= 0:
-      return -1
-    tree = self.tree
-    node = self.size + hi - 1
-    while tree[node] < x:
-      # On to the subtree just left of this one: climb while a left child.
-      while not node & 1:
-        node >>= 1
-      if node == 1:
-        return -1
-      node -= 1
-    while node < self.size:  # the rightmost leaf with a key >= x below it
-      node = 2 * node + 1 if tree[2 * node + 1] >= x else 2 * node
-    return node - self.size
+  def busy(self, values) -> int:
+    """The allocations (bits) some value overlaps other than at an end."""
+    out = 0
+    cover, any_ = self.cover, self.any
+    for start, last, _ in values:
+      lo = 2 * max(start, 0) + 1 + self.size
+      hi = 2 * last - 1 + self.size + 1
+      if lo >= hi:
+        continue
+      l, r = lo, hi
+      while l < r:
+        if l & 1:
+          out |= any_[l]
+          l += 1
+        if r & 1:
+          r -= 1
+          out |= any_[r]
+        l >>= 1
+        r >>= 1
+      # Nodes above the ones read that a span covers whole.
+      for leaf in (lo, hi - 1):
+        node = leaf >> 1
+        while node:
+          out |= cover[node]
+          node >>= 1
+    return out
 
 
-def _assign(dataflow, schedule, comps, sizes, value_ranges, parameter_buffers,
+def _assign(dataflow, order, comps, sizes, value_ranges, parameter_buffers,
             output_buffers, sharer):
-  """XLA's BufferAssigner over our buffers; returns (allocation of each
-  placed buffer, allocation sizes, heap buffers)."""
-  # XLA's order: largest first, live-out first, then the earliest defining
-  # instruction in post order (entry first). Models with many equal-sized
-  # buffers depend on this tie-break.
-  position = _post_order_positions(comps)
-  order = sorted(dataflow.buffers, key=lambda b: (
-      -sizes[b], b not in output_buffers,
-      min(position.get(v[0], 0) for v in dataflow.buffers[b])))
+  """XLA's BufferAssigner over our buffers, in `order` (`_Tables.order`);
+  returns (allocation of each placed buffer, allocation sizes, heap
+  buffers)."""
   allocations: list[_Allocation] = []
-  candidates = _Candidates(len(order))
   program_end = max((r[1] for r in value_ranges.values()), default=0)
-
-  def index_key(i: int) -> None:
-    a = allocations[i]
-    candidates.set(i, a.tail_start if a.tail_end == program_end else math.inf)
-
-  reusable: set[int] = set()
+  occupancy = _Occupancy(program_end)
+  reusable = 0  # bits of the allocations a temporary may join
   allocation_of: dict[ValueId, int] = {}
   heap: list[ValueId] = []
   for b in order:
@@ -363,17 +416,17 @@ def _assign(dataflow, schedule, comps, sizes, value_ranges, parameter_buffers,
       allocation_of[b] = len(allocations) - 1
       continue
     live_out = b in output_buffers
+    busy = occupancy.busy(values)
 
     def try_place(i: int) -> bool:
       alloc = allocations[i]
       if alloc.readonly or alloc.size < size or (live_out and alloc.size != size):
         return False
-      if alloc.blocks(values) or not alloc.fits(values, sharer):
+      if busy >> i & 1 or not alloc.fits(values, sharer):
         return False
       alloc.add(values)
       allocation_of[b] = i
-      if i in reusable:
-        index_key(i)
+      occupancy.add(values, i)
       return True
 
     placed = False
@@ -393,17 +446,13 @@ def _assign(dataflow, schedule, comps, sizes, value_ranges, parameter_buffers,
         if placed:
           break
     if not placed:
-      # Reusable allocations newest first (XLA's order), skipping those whose
-      # end-reaching span these values overlap (`_Allocation.blocks`).
-      outlast = max((last for start, last, _ in values if start < program_end),
-                    default=-1)
-      hi = len(allocations)
-      while not placed:
-        i = candidates.below(hi, outlast)
-        if i < 0:
-          break
+      # Reusable allocations newest first (XLA's order), skipping those a
+      # value overlaps other than at an end (they cannot fit).
+      free = reusable & ~busy
+      while free and not placed:
+        i = free.bit_length() - 1
+        free ^= 1 << i
         placed = try_place(i)
-        hi = i
     if placed:
       continue
     if not live_out:
@@ -412,8 +461,8 @@ def _assign(dataflow, schedule, comps, sizes, value_ranges, parameter_buffers,
     allocations.append(_Allocation(size, readonly=False))
     allocations[-1].add(values)
     allocation_of[b] = len(allocations) - 1
-    reusable.add(len(allocations) - 1)
-    index_key(len(allocations) - 1)
+    reusable |= 1 << (len(allocations) - 1)
+    occupancy.add(values, len(allocations) - 1)
   return allocation_of, [a.size for a in allocations], heap
 
 

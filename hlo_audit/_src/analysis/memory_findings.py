@@ -32,8 +32,8 @@ from hlo_audit._src.analysis.records import (FindingKind, FusionDecisionRecord,
                                              NumericalClass, Verdict)
 from hlo_audit._src.analysis.what_if import (Program, WhatIfError, arguments_of,
                                              buffer_name, donation_aliases,
-                                             parameter_paths, remat_split, replay,
-                                             take_full_replay)
+                                             parameter_paths, peak_mover_bytes,
+                                             remat_split, replay, take_full_replay)
 from hlo_audit._src.hlo import opcodes
 from hlo_audit._src.hlo.ir import HloModule, Instruction
 
@@ -116,7 +116,10 @@ def _undonated(program: Program, argument_names: Sequence[str]) -> list[FusionDe
   for key, members in sorted(groups.items(), key=lambda kv: str(kv[0])):
     numbers = [m[0] for m in members]
     leaf_bytes = sum(by_number[n].shape.byte_size for n in numbers)
-    what = replay(program, donate=[paths[n] for n in numbers]) if numbers else None
+    # No quick replay for donation (it changes the buffer assignment): the
+    # first full replays of the audit's budget go to it.
+    what = (replay(program, donate=[paths[n] for n in numbers])
+            if numbers and take_full_replay(program, donation=True) else None)
     label = (key[2] or f"argument {key[1]}") if key[0] == "argnum" else key[1]
     shapes = {by_number[n].shape.dtype_str for n in numbers}
     outputs = tuple(entry.root_name + "{" + ",".join(map(str, m[1])) + "}" for m in members)
@@ -142,7 +145,7 @@ def _undonated(program: Program, argument_names: Sequence[str]) -> list[FusionDe
         source=next((attribute(module, entry.instruction(out_value[m[1]][0]))[0]
                      for m in members if out_value[m[1]][0] in entry), None),
         peak_after=what.peak_bytes if what else None,
-        peak_saved=what.peak_saved if what else None))
+        peak_saved=what.peak_saved if what else None, peak_exact=what is not None))
   return found
 
 
@@ -208,9 +211,8 @@ def _remat_candidates(program: Program, kernels: Sequence[Kernel],
       break
     replays += 1
     try:
-      peak_after = (replay(program, remat=[b.name]).peak_bytes
-                    if take_full_replay(program) else
-                    replay(program, remat=[b.name], quick=True))
+      # The quick replay; `exact_peaks` replays it in full within the budget.
+      peak_after = replay(program, remat=[b.name], quick=True)
     except WhatIfError:
       continue
     if live.peak_bytes - peak_after < min_peak_saved:
@@ -234,7 +236,8 @@ def _remat_candidates(program: Program, kernels: Sequence[Kernel],
         source=b.source, computation=b.computation,
         suggestion=("jax.checkpoint(f, policy=jax.checkpoint_policies.dots_saveable)"
                     " around the layer that computes it"),
-        peak_after=peak_after, peak_saved=live.peak_bytes - peak_after))
+        peak_after=peak_after, peak_saved=live.peak_bytes - peak_after,
+        peak_exact=False))
   found.sort(key=lambda r: -(r.peak_saved or 0))
   return found
 
@@ -310,11 +313,62 @@ def _costly_remats(program: Program, kernels: Sequence[Kernel]) -> list[FusionDe
 
 
 def with_peaks(findings: Sequence[FusionDecisionRecord],
-               peaks: Sequence[int | None], baseline: int) -> list[FusionDecisionRecord]:
-  """Findings with `peak_after`/`peak_saved` filled from replayed peaks."""
+               peaks: Sequence[tuple[int, bool] | None],
+               baseline: int) -> list[FusionDecisionRecord]:
+  """Findings with `peak_after`/`peak_saved`/`peak_exact` filled from
+  replayed (peak, exact) pairs."""
   return [f if p is None or f.peak_after is not None else
-          dataclasses.replace(f, peak_after=p, peak_saved=baseline - p)
+          dataclasses.replace(f, peak_after=p[0], peak_saved=baseline - p[0],
+                              peak_exact=p[1])
           for f, p in zip(findings, peaks)]
 
 
-__all__ = ["find_memory_findings", "with_peaks", "buffer_name"]
+def _full_replay_of(f: FusionDecisionRecord) -> dict | None:
+  """The `replay` arguments of a finding's change (None: it has none)."""
+  if not f.boundary:
+    return None
+  if f.kind is FindingKind.REMAT_CANDIDATE:
+    return {"remat": [f.boundary]}
+  if f.kind is FindingKind.COLLECTIVE_MATMUL:
+    return {"fuse": [(f.boundary, "", ())]}  # the gathered buffer, dropped
+  if f.kind in (FindingKind.UNDONATED_ARGUMENT, FindingKind.REPLICATED_BUFFER):
+    return None  # replayed in full, or exact by construction
+  return {"fuse": [(f.boundary, f.producer, f.consumers)]}
+
+
+def exact_peaks(program: Program, findings: Sequence[FusionDecisionRecord],
+                min_peak_saved: int = 1) -> list[FusionDecisionRecord | None]:
+  """Findings whose peak is the quick estimate and whose change can move the
+  peak (`peak_mover_bytes`), replayed in full, the largest boundary first,
+  while the audit's budget lasts (`take_full_replay`, shared with every
+  other replay of the audit); the rest keep the estimate (`peak_exact`
+  False). A remat candidate the full replay shows saving less than
+  `min_peak_saved` becomes None (dropped, as the quick one would have been);
+  the rest keep their places."""
+  wanted = []
+  for k, f in enumerate(findings):
+    if f.peak_after is None or f.peak_exact:
+      continue
+    spec = _full_replay_of(f)
+    if spec is None:
+      continue
+    fuse = spec.get("fuse")
+    size = (peak_mover_bytes(program, *fuse[0]) if fuse else
+            peak_mover_bytes(program, spec["remat"][0]))
+    if size:
+      wanted.append((-size, k, spec))
+  out: list[FusionDecisionRecord | None] = list(findings)
+  for _, k, spec in sorted(wanted, key=lambda w: w[:2]):
+    if not take_full_replay(program):
+      break
+    what = replay(program, **spec)
+    f = out[k]
+    if f.kind is FindingKind.REMAT_CANDIDATE and what.peak_saved < min_peak_saved:
+      out[k] = None
+      continue
+    out[k] = dataclasses.replace(f, peak_after=what.peak_bytes,
+                                 peak_saved=what.peak_saved, peak_exact=True)
+  return out
+
+
+__all__ = ["find_memory_findings", "with_peaks", "exact_peaks", "buffer_name"]

@@ -135,3 +135,7 @@ class FusionDecisionRecord:
   peak_after: int | None = None
   #: Peak bytes the change saves: the audited peak minus `peak_after`.
   peak_saved: int | None = None
+  #: Whether `peak_after` is a full replay's (or provably the audited peak):
+  #: False where the audit's replay budget left it the quick estimate, which
+  #: keeps the audited buffer assignment (what_if.replay_budget).
+  peak_exact: bool = True

@@ -424,7 +424,9 @@ def replay(program: Program, *, fuse: Sequence[tuple[str, str, Sequence[str]]] =
     if donate:
       raise WhatIfError("a quick replay keeps the buffer assignment: donation changes it")
     return quick_peak(program, edits)
-  after = analyze_liveness(module, schedule, dataflow, edits)
+  # Tables shared between replays of the audited program (not a donated one).
+  after = analyze_liveness(module, schedule, dataflow, edits,
+                           cache=program.cache if not donate else None)
   return WhatIf(
       changes=tuple(changes), baseline_peak_bytes=base.peak_bytes,
       peak_bytes=after.peak_bytes, peak_time=after.peak_time,
@@ -532,50 +534,88 @@ def _instruction(module: HloModule, schedule: Schedule, name: str) -> Instructio
   return None
 
 
-#: Full replays (a liveness run each, ~1 s on a 30k-instruction module) one
-#: audit spends on per-finding peaks, the largest boundaries first; the rest
-#: get quick replays.
-FULL_REPLAYS_PER_AUDIT = 24
+#: Work one audit may spend on full replays of per-finding peaks, in buffers
+#: assigned, per instruction of the module. A full replay assigns every
+#: buffer again (its cost, ~15 us a buffer on one core), the rest of the
+#: audit costs ~20-70 us an instruction, so the what-if part stays under a
+#: third of the audit: a fused module (the 12-layer example: 34k
+#: instructions, 1.4k buffers) gets 11 full replays. Work, not time: a module
+#: always gets the same replays.
+FULL_REPLAY_WORK_PER_INSTRUCTION = 0.5
+#: ...and never less than this many full replays' worth, for unfused modules
+#: (mixtral 8x7b: 42k instructions, 29k buffers, gets 2).
+MIN_FULL_REPLAYS = 2
 
 
-def take_full_replay(program: Program) -> bool:
-  """Whether the audit's budget of full replays allows one more (and takes it)."""
-  left = program.cache.get("full_replays_left", FULL_REPLAYS_PER_AUDIT)
-  program.cache["full_replays_left"] = left - 1
-  return left > 0
+@dataclasses.dataclass(slots=True)
+class ReplayBudget:
+  """Full replays one audit may still run (shared by every finding)."""
+
+  #: Work left, in buffers assigned.
+  left: int
+  #: Full replays run so far.
+  replays: int = 0
+
+
+def replay_budget(program: Program) -> ReplayBudget:
+  """The audit's budget of full replays (made on first use)."""
+  budget = program.cache.get("replay_budget")
+  if budget is None:
+    budget = program.cache["replay_budget"] = ReplayBudget(max(
+        int(FULL_REPLAY_WORK_PER_INSTRUCTION * program.module.instruction_count),
+        MIN_FULL_REPLAYS * len(program.dataflow.buffers)))
+  return budget
+
+
+def take_full_replay(program: Program, *, donation: bool = False) -> bool:
+  """Whether the audit's budget allows one more full replay (and takes it).
+  A replay costs the program's buffers; a donation replay twice that (it
+  runs the dataflow analysis again too, about as costly as the assignment)."""
+  budget = replay_budget(program)
+  cost = len(program.dataflow.buffers) * (2 if donation else 1)
+  if budget.left < cost:
+    return False
+  budget.left -= cost
+  budget.replays += 1
+  return True
+
+
+def peak_mover_bytes(program: Program, boundary: str, producer: str = "",
+                     consumers: Sequence[str] = ()) -> int:
+  """The bytes of `boundary` when removing it (its producer's inputs kept
+  until its last consumer) can move the peak: the buffer is live at the
+  heap's peak, or the inputs would be kept over it; 0 otherwise."""
+  base = program.liveness
+  b = find_buffer(program.dataflow, boundary)
+  if b is None:
+    return 0
+  t, time = base.peak_time, program.schedule.time
+  s, e = base.ranges[b]
+  last = max((time.get(c, -1) for c in consumers), default=-1)
+  if s <= t <= e or (time.get(producer, t + 1) <= t < last):
+    return base.sizes[b]
+  return 0
 
 
 def peak_after_fusions(program: Program,
                        fusions: Sequence[tuple[str, str, Sequence[str]] | None]
-                       ) -> list[int | None]:
-  """The peak after each fusion alone (None where the boundary is not a
-  buffer of the program). A boundary live at the heap's peak, or inputs the
-  fusion would keep over it, can move the peak: those get the full replay
-  (the heap's packing changes around them), the largest first while the
-  audit's budget lasts (`FULL_REPLAYS_PER_AUDIT`). A heap boundary away from
-  the peak can neither lower nor raise it. The others get the quick replay."""
+                       ) -> list[tuple[int, bool] | None]:
+  """(peak, exact) after each fusion alone (None where the boundary is not a
+  buffer of the program). A heap boundary away from the peak whose inputs are
+  not kept over it can neither lower nor raise the peak (exact); the others
+  get the quick replay (not exact): those that can move the peak get a full
+  one later, the largest first, while the audit's budget lasts
+  (`memory_findings.exact_peaks`)."""
   base = program.liveness
-  t = base.peak_time
-  time = program.schedule.time
-  out: list[int | None] = [None] * len(fusions)
-  crossing = []
+  out: list[tuple[int, bool] | None] = [None] * len(fusions)
   for k, fusion in enumerate(fusions):
     if fusion is None:
       continue
-    boundary, producer, consumers = fusion
-    b = find_buffer(program.dataflow, boundary)
+    b = find_buffer(program.dataflow, fusion[0])
     if b is None:
       continue
-    s, e = base.ranges[b]
-    last = max((time.get(c, -1) for c in consumers), default=-1)
-    if s <= t <= e or (time.get(producer, t + 1) <= t < last):
-      crossing.append((-base.sizes[b], k))
-    elif b in base.heap_buffers:
-      out[k] = base.peak_bytes
+    if not peak_mover_bytes(program, *fusion) and b in base.heap_buffers:
+      out[k] = (base.peak_bytes, True)
     else:
-      out[k] = replay(program, fuse=[fusion], quick=True)
-  for _, k in sorted(crossing):
-    full = take_full_replay(program)
-    out[k] = (replay(program, fuse=[fusions[k]]).peak_bytes if full else
-              replay(program, fuse=[fusions[k]], quick=True))
+      out[k] = (replay(program, fuse=[fusion], quick=True), False)
   return out

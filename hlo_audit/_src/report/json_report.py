@@ -11,7 +11,8 @@ Schema (version 2), top level:
 Each finding has at least: class (slug), class_name, bytes_saved,
 launches_removed, source ("file:line" or null), kernel, verdict, peak_after
 and peak_saved (the peak after the finding's change alone, from a what-if
-replay; null when not replayed).
+replay; null when not replayed), peak_exact (false: the quick estimate,
+which keeps the audited buffer assignment; absent in older files: true).
 """
 
 from __future__ import annotations
@@ -84,6 +85,7 @@ def finding_dict(f) -> dict:
       "guard_verdict": f.guard_verdict,
       "source_stack": [_location(loc) for loc in f.source_stack],
       "peak_after": f.peak_after, "peak_saved": f.peak_saved,
+      "peak_exact": f.peak_exact,
       "notes": list(f.notes), "boundary_kept": f.boundary_kept,
   }
 
@@ -214,7 +216,8 @@ def report_from_dict(d: dict):
       computation=f["computation"], suggestion=f.get("suggestion", ""),
       guard_verdict=f.get("guard_verdict", ""),
       source_stack=_stack(f), peak_after=f.get("peak_after"),
-      peak_saved=f.get("peak_saved"), notes=tuple(f.get("notes", ())),
+      peak_saved=f.get("peak_saved"), peak_exact=bool(f.get("peak_exact", True)),
+      notes=tuple(f.get("notes", ())),
       boundary_kept=bool(f.get("boundary_kept", False)))
       for f in d["findings"])
   info = ModuleInfo(**{k: m[k] for k in (

@@ -132,7 +132,8 @@ def record_fields(f: FusionDecisionRecord) -> list[tuple[str, str]]:
       ("legality", f"{f.verdict.value}: " + "; ".join(f.reasons)),
       ("anti-benefit checks", "; ".join(f.risks) or "-"),
       ("source", fmt_source_context(f.source, f.source_stack) or "unknown"),
-  ] + ([("peak after", f"{fmt_bytes(f.peak_after)} ({fmt_bytes(f.peak_saved)} off the peak)")]
+  ] + ([("peak after", f"{fmt_bytes(f.peak_after)} ({fmt_bytes(f.peak_saved)} off the peak"
+                        + ("" if f.peak_exact else "; estimated, assignment kept") + ")")]
        if f.peak_after is not None else []) + ([("suggested call", f.suggestion), ("guard verdict", f.guard_verdict)]
        if f.suggestion else [])
 
