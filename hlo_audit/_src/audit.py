@@ -8,7 +8,6 @@ the analyses on a capture already made.
 from __future__ import annotations
 
 import dataclasses
-import dataclasses
 import os
 from typing import Any
 
@@ -23,6 +22,7 @@ from hlo_audit._src.analysis.liveness import analyze_liveness
 from hlo_audit._src.analysis.memory_findings import (exact_peaks, find_memory_findings,
                                                      with_peaks)
 from hlo_audit._src.analysis.schedule import flatten_schedule
+from hlo_audit._src.analysis.source import release_tables
 from hlo_audit._src.analysis.suggestions import add_suggestions
 from hlo_audit._src.analysis.what_if import Program, arguments_of, peak_after_fusions
 from hlo_audit._src.capture.capture import Capture, capture, capture_text
@@ -139,6 +139,7 @@ def _audit_capture(cap: Capture, options: AuditOptions) -> AuditReport:
                            min_peak_saved=options.min_bytes_saved)
   findings = _merged([f for f in everything[:len(findings)] if f is not None],
                      [f for f in everything[len(findings):] if f is not None])
+  release_tables(module)  # every finding has its source by now
   xla_peak = _xla_peak(cap)
   notes = list(cap.notes)
   if not module.is_scheduled:

@@ -203,17 +203,6 @@ def _sliced_access(module: HloModule, comp: Computation, inst: Instruction
     for o in dict.fromkeys(i.operands):
       users.setdefault(o, []).append(i)
 
-  def leaves(name: str) -> list[tuple[Instruction, str]]:
-    """Non-bitcast users of `name`, seen through bitcasts, with the operand
-    name they read."""
-    out = []
-    for u in users.get(name, ()):
-      if u.opcode == "bitcast":
-        out += leaves(u.name)
-      else:
-        out.append((u, name))
-    return out
-
   root = fused.root
   outputs = ([((k,), fused.instruction(n)) for k, n in enumerate(root.operands)]
              if root.opcode == "tuple" else [((), root)])
@@ -229,7 +218,7 @@ def _sliced_access(module: HloModule, comp: Computation, inst: Instruction
       updated[out.name] = size if out.opcode == "scatter" else 0
   charge: dict[int, int] = {}
   for p in fused.parameters:
-    uses = leaves(p.name)
+    uses = _bitcast_leaves(users, p.name)
     if not uses:
       continue
     total = 0
@@ -244,6 +233,20 @@ def _sliced_access(module: HloModule, comp: Computation, inst: Instruction
     else:
       charge[p.parameter_number or 0] = total
   return charge, out_charge
+
+
+def _bitcast_leaves(users: Mapping[str, list[Instruction]],
+                    name: str) -> list[tuple[Instruction, str]]:
+  """Non-bitcast users of `name`, seen through bitcasts, with the operand
+  name they read. (Not a closure: a recursive one is a reference cycle, and
+  its tables would wait for the cyclic collector after every audit.)"""
+  out = []
+  for u in users.get(name, ()):
+    if u.opcode == "bitcast":
+      out += _bitcast_leaves(users, u.name)
+    else:
+      out.append((u, name))
+  return out
 
 
 def _multiplicity(module: HloModule, comps: Mapping[str, Computation]) -> dict[str, int | None]:

@@ -125,25 +125,26 @@ def _own(module: HloModule, inst: Instruction, library_paths, user_paths):
 
 
 _PASS_THROUGH = frozenset({"tuple", "get-tuple-element", "bitcast", "copy"})
-#: The module in progress and its lookup tables (one audit at a time; the IR
-#: is immutable, so a table never goes stale).
-_TABLES: dict[int, tuple] = {}
-
-
 def _tables(module: HloModule):
   """(instruction name -> computation, instruction name -> users), built
-  once per module: metadata-less instructions are many in big modules."""
-  cached = _TABLES.get(id(module))
-  if cached is None or cached[0] is not module:
+  once per module (kept with it, so they go when the report goes):
+  metadata-less instructions are many in big modules."""
+  def build():
     comp_of, users_of = {}, {}
     for c in module.computations:
       for i in c.instructions:
         comp_of[i.name] = c
         for o in dict.fromkeys(i.operands):
           users_of.setdefault(o, []).append(i)
-    _TABLES.clear()
-    _TABLES[id(module)] = cached = (module, comp_of, users_of)
-  return cached[1], cached[2]
+    return comp_of, users_of
+  return module._cached("source_tables", build)
+
+
+def release_tables(module: HloModule) -> None:
+  """Drops `module`'s attribution tables once an audit's findings have their
+  sources: a report keeps the module, and the tables would add a fifth to
+  what it holds."""
+  module._forget("source_tables")
 
 
 def _context(module: HloModule, inst: Instruction):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 import types
+from sys import intern
 from typing import Protocol
 
 from hlo_audit._src.hlo import dtypes, grammar
@@ -95,7 +96,7 @@ def split_attributes(run: str, where: Where | None = None):
       lx, _ = _lexer(run, where)
       base = lx.tok.start
       lx.error(f"attribute {key} given twice", base + run.find(whole, covered))
-    out[key] = value
+    out[intern(key)] = value  # a few keys, each on thousands of instructions
     covered += len(whole)
   if covered != len(run):
     lx, _ = _lexer(run, where)

@@ -320,6 +320,8 @@ class StackFrameIndex:
   function_names: tuple[str, ...]
   file_locations: tuple[FileLocation, ...]
   stack_frames: tuple[StackFrame, ...]
+  _stacks: dict | None = dataclasses.field(
+      default=None, compare=False, repr=False, init=False)
 
   def location(self, frame_id: int) -> SourceLocation | None:
     """The source location of frame `frame_id` (1-based), or None."""
@@ -337,17 +339,27 @@ class StackFrameIndex:
                           function=func)
 
   def stack(self, frame_id: int) -> tuple[SourceLocation, ...]:
-    """Locations from frame `frame_id` outwards to the outermost caller."""
-    out = []
-    seen = set()
-    while frame_id and frame_id not in seen:
-      seen.add(frame_id)
-      loc = self.location(frame_id)
-      if loc is None:
-        break
-      out.append(loc)
-      frame_id = self.stack_frames[frame_id - 1].parent_frame_id
-    return tuple(out)
+    """Locations from frame `frame_id` outwards to the outermost caller
+    (memoized: thousands of instructions share a few hundred frames, and an
+    audit keeps a stack per instruction it attributes)."""
+    stacks = self._stacks
+    if stacks is None:
+      stacks = {}
+      object.__setattr__(self, "_stacks", stacks)
+    hit = stacks.get(frame_id)
+    if hit is None:
+      out = []
+      seen = set()
+      frame = frame_id
+      while frame and frame not in seen:
+        seen.add(frame)
+        loc = self.location(frame)
+        if loc is None:
+          break
+        out.append(loc)
+        frame = self.stack_frames[frame - 1].parent_frame_id
+      hit = stacks[frame_id] = tuple(out)
+    return hit
 
 
 # ------------------------------------------------------ attribute values ----
@@ -491,8 +503,11 @@ class Instruction:
     src = self.attribute_source
     if not isinstance(src, str):
       return src
-    return self._cached("attributes", lambda: _attributes.split_attributes(
-        src, _Where(self, "", src)))
+    # Split once, then kept in place of the run: the run's text would
+    # otherwise be held twice (it is most of a dump's text).
+    split = _attributes.split_attributes(src, _Where(self, "", src))
+    object.__setattr__(self, "attribute_source", split)
+    return split
 
   def _key(self) -> tuple:
     return (self.name, self.opcode, self.shape, self.operands,
@@ -538,9 +553,11 @@ class Instruction:
           names = _attributes.computation_list(raw, _Where(self, role, raw))
           renames = self._ctx.computation_renames if self._ctx else _EMPTY
           out[role] = tuple(renames.get(n, n) for n in names)
-      return types.MappingProxyType(out)
-    if not self.attributes:
-      return _EMPTY
+      return types.MappingProxyType(out) if out else _EMPTY
+    src = self.attribute_source
+    src = self.attribute_source
+    if not src or (isinstance(src, str) and _ROLE_KEY.search(src) is None):
+      return _EMPTY  # (without splitting the run: callers() asks every instruction)
     return self._cached("called_computations", decode)
 
   def called_computation_names(self) -> tuple[str, ...]:
@@ -690,6 +707,9 @@ class Instruction:
 
 _NO_METADATA = Metadata()
 _QUOTED = re.compile(r'"[^"]*"')
+#: `role=` for a computation role anywhere in a raw attribute run: a run
+#: without one calls nothing (one inside a string only costs a split).
+_ROLE_KEY = re.compile(r"(?:^|[\s,])(?:" + "|".join(COMPUTATION_ROLES) + r")=")
 _OP_NAME = re.compile(
     r'(?:^|,)[ \t]*metadata=\{(?:op_type="[^"\\]*+(?:\\.[^"\\]*+)*+"[ \t]+)?'
     r'op_name="([^"\\]*+(?:\\.[^"\\]*+)*+)"')
@@ -809,6 +829,11 @@ class HloModule:
     if key not in cache:
       cache[key] = decode()
     return cache[key]
+
+  def _forget(self, key) -> None:
+    """Drops what `_cached` keeps under `key` (tables only an audit needs)."""
+    if self._cache is not None:
+      self._cache.pop(key, None)
 
   @property
   def source(self) -> str | None:
