@@ -555,7 +555,6 @@ class Instruction:
           out[role] = tuple(renames.get(n, n) for n in names)
       return types.MappingProxyType(out) if out else _EMPTY
     src = self.attribute_source
-    src = self.attribute_source
     if not src or (isinstance(src, str) and _ROLE_KEY.search(src) is None):
       return _EMPTY  # (without splitting the run: callers() asks every instruction)
     return self._cached("called_computations", decode)
