@@ -272,7 +272,8 @@ def report_table(text: str, compile_s: float, repeats: int) -> None:
   report = hlo_audit.audit_hlo(text)  # warm-up
   rows = [
       ("audit_hlo (parse + analyses)", lambda: hlo_audit.audit_hlo(text)),
-      ("text render", lambda: str(report)),
+      ("text render (default)", lambda: str(report)),
+      ("text render (all=True)", lambda: report.to_text(all=True)),
       ("JSON", lambda: report.to_json()),
       ("HTML", lambda: report.to_html()),
   ]

@@ -148,8 +148,27 @@ def to_dict(report) -> dict:
   }
 
 
+#: One JSON value on one line, by the C encoder (`indent` would select the
+#: pure-Python one: ten times slower on a 30k-instruction report).
+_ONE_LINE = json.JSONEncoder(separators=(", ", ": ")).encode
+
+
 def render_json(report, indent: int | None = 2) -> str:
-  return json.dumps(to_dict(report), indent=indent, sort_keys=False)
+  """`to_dict` as JSON. With `indent`, the top level is indented and each
+  row of its lists (kernels, buffers, findings, ...) is one line: a row per
+  line reads, greps and diffs well."""
+  d = to_dict(report)
+  if indent is None:
+    return json.dumps(d)
+  pad = " " * indent
+  parts = []
+  for key, value in d.items():
+    if isinstance(value, list) and value:
+      rows = f",\n{pad}{pad}".join(map(_ONE_LINE, value))
+      parts.append(f"{pad}{_ONE_LINE(key)}: [\n{pad}{pad}{rows}\n{pad}]")
+    else:
+      parts.append(f"{pad}{_ONE_LINE(key)}: {_ONE_LINE(value)}")
+  return "{\n" + ",\n".join(parts) + "\n}"
 
 
 def _stack(row: dict) -> tuple:
