@@ -244,6 +244,10 @@ def is_layout_conversion(module: HloModule, inst: Instruction) -> bool:
   calls = inst.called_computations.get("calls", ())
   if not calls or calls[0] not in module:
     return False
-  ops = {i.opcode for i in module.computation(calls[0]).instructions
-         if i.opcode != "parameter"}
+  return module._cached(("layout conversion", calls[0]),
+                        lambda: _only_converts(module.computation(calls[0])))
+
+
+def _only_converts(comp: Computation) -> bool:
+  ops = {i.opcode for i in comp.instructions if i.opcode != "parameter"}
   return bool(ops) and ops <= _LAYOUT_OPS and bool(ops & {"copy", "transpose", "convert"})

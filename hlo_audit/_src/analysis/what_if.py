@@ -169,11 +169,12 @@ def resolve_buffer(dataflow: Dataflow, name: str) -> ValueId:
   return found
 
 
-def parameter_paths(module: HloModule) -> dict[int, str]:
+def parameter_paths(module: HloModule) -> Mapping[int, str]:
   """Entry parameter number -> the argument path JAX wrote in its metadata
   (`op_name`), or the parameter's name when there is none."""
-  return {p.parameter_number: (p.metadata.op_name or p.name)
-          for p in module.entry.parameters}
+  return module._cached("parameter_paths", lambda: types.MappingProxyType({
+      p.parameter_number: (p.metadata.op_name or p.name)
+      for p in module.entry.parameters}))
 
 
 def resolve_arguments(program: Program, specs: Iterable[int | str]) -> list[int]:
@@ -186,7 +187,8 @@ def resolve_arguments(program: Program, specs: Iterable[int | str]) -> list[int]
     WhatIfError: for a spec naming no parameter.
   """
   paths = parameter_paths(program.module)
-  names = {p.name: p.parameter_number for p in program.module.entry.parameters}
+  names = program.module._cached("parameter_numbers", lambda: {
+      p.name: p.parameter_number for p in program.module.entry.parameters})
   out: list[int] = []
   for spec in specs:
     found: list[int] = []
@@ -279,22 +281,20 @@ def aliasing_copies(module: HloModule, dataflow: Dataflow, schedule: Schedule,
   out_value = dict(dataflow.holds.get(root.name, ()))
   params = {p.parameter_number: p for p in entry.parameters}
   time = schedule.time
-  ancestors_of: dict[str, set[str]] = {}
-
-  def ancestors(name: str) -> set[str]:
-    found = ancestors_of.get(name)
-    if found is None:
-      found = set()
-      stack = [name]
-      while stack:
-        inst = entry.instruction(stack.pop())
-        for o in (*inst.operands, *inst.control_predecessors):
-          if o not in found:
-            found.add(o)
-            stack.append(o)
-      ancestors_of[name] = found
-    return found
-
+  readers_of = {n: [u for u, _ in dataflow.uses.get((params[n].name, ()), ())]
+                for _, n in pairs if n in params}
+  # Which of those readers each instruction depends on, as bits: one pass in
+  # text order (operands and control predecessors come first), not a search
+  # of the entry per output.
+  bit = {u: 1 << k for k, u in enumerate(dict.fromkeys(
+      u for readers in readers_of.values() for u in readers if u in entry))}
+  reach: dict[str, int] = {}
+  if bit:
+    for inst in entry.instructions:
+      found = 0
+      for o in (*inst.operands, *inst.control_predecessors):
+        found |= reach.get(o, 0) | bit.get(o, 0)
+      reach[inst.name] = found
   first = min((time[i.name] for i in entry.instructions
                 if i.opcode not in ("parameter", "constant") and i.name in time),
                default=0)
@@ -304,10 +304,9 @@ def aliasing_copies(module: HloModule, dataflow: Dataflow, schedule: Schedule,
     writer = out_value[index][0]
     if writer not in entry:
       continue
-    readers = [u for u, _ in dataflow.uses.get((p.name, ()), ())]
-    before = ancestors(writer)
-    if all(u == writer or (u in before) for u in readers if u in entry) and \
-        all(u in entry for u in readers):
+    readers = readers_of[n]
+    before = reach.get(writer, 0)
+    if all(u in entry and (u == writer or bit[u] & before) for u in readers):
       continue
     times = [time[u] for u in readers if u in time]
     if times:
@@ -537,11 +536,11 @@ def _instruction(module: HloModule, schedule: Schedule, name: str) -> Instructio
 #: Work one audit may spend on full replays of per-finding peaks, in buffers
 #: assigned, per instruction of the module. A full replay assigns every
 #: buffer again (its cost, ~15 us a buffer on one core), the rest of the
-#: audit costs ~20-70 us an instruction, so the what-if part stays under a
-#: third of the audit: a fused module (the 12-layer example: 34k
-#: instructions, 1.4k buffers) gets 11 full replays. Work, not time: a module
-#: always gets the same replays.
-FULL_REPLAY_WORK_PER_INSTRUCTION = 0.5
+#: audit costs ~20-30 us an instruction, so the what-if part stays near a
+#: tenth of the audit: a fused module (the 12-layer example: 34k
+#: instructions, 1.4k buffers) gets 3 full replays, the rest the quick
+#: estimate (marked). Work, not time: a module always gets the same replays.
+FULL_REPLAY_WORK_PER_INSTRUCTION = 0.125
 #: ...and never less than this many full replays' worth, for unfused modules
 #: (mixtral 8x7b: 42k instructions, 29k buffers, gets 2).
 MIN_FULL_REPLAYS = 2
