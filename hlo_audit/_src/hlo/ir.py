@@ -555,7 +555,7 @@ class Instruction:
           out[role] = tuple(renames.get(n, n) for n in names)
       return types.MappingProxyType(out) if out else _EMPTY
     src = self.attribute_source
-    if not src or (isinstance(src, str) and _ROLE_KEY.search(src) is None):
+    if not src or (isinstance(src, str) and not _may_call(src)):
       return _EMPTY  # (without splitting the run: callers() asks every instruction)
     return self._cached("called_computations", decode)
 
@@ -622,12 +622,11 @@ class Instruction:
     they are still raw text (analyses ask this of every fused instruction)."""
     src = self.attribute_source
     if isinstance(src, str):
-      m = _OP_NAME.search(src)
+      start, m = _op_name_match(src)
       # Only a match outside any string or braced value counts: an even
       # number of quotes before it, none of them escaped, and as many '{' as
       # '}' outside the quotes (`frontend_attributes={k={metadata={...}}}`).
       if m is not None:
-        start = m.start()
         top = start == 0  # the common case: metadata comes first
         if not top and not src.count('"', 0, start) % 2 and "\\" not in src[:start]:
           bare = _QUOTED.sub("", src[:start])
@@ -712,6 +711,31 @@ _ROLE_KEY = re.compile(r"(?:^|[\s,])(?:" + "|".join(COMPUTATION_ROLES) + r")=")
 _OP_NAME = re.compile(
     r'(?:^|,)[ \t]*metadata=\{(?:op_type="[^"\\]*+(?:\\.[^"\\]*+)*+"[ \t]+)?'
     r'op_name="([^"\\]*+(?:\\.[^"\\]*+)*+)"')
+_METADATA_AT = re.compile(
+    r'metadata=\{(?:op_type="[^"\\]*+(?:\\.[^"\\]*+)*+"[ \t]+)?'
+    r'op_name="([^"\\]*+(?:\\.[^"\\]*+)*+)"')
+#: Substrings every `role=` key contains (a fast test before `_ROLE_KEY`).
+_ROLE_HINTS = ("calls=", "to_apply=", "condition=", "body=", "computation",
+               "select=", "scatter=")
+
+
+def _op_name_match(src: str) -> tuple[int, re.Match | None]:
+  """(start, match) of `_OP_NAME.search(src)`, found with `str.find` first:
+  the regex alone tries every offset of runs that are mostly long strings."""
+  at = src.find("metadata={")
+  while at >= 0:
+    head = src[:at].rstrip(" \t")
+    if not head or head[-1] == ",":
+      m = _METADATA_AT.match(src, at)
+      if m is not None:
+        return max(len(head) - 1, 0), m
+    at = src.find("metadata={", at + 1)
+  return -1, None
+
+
+def _may_call(src: str) -> bool:
+  """Whether a raw attribute run has a computation-role key."""
+  return any(h in src for h in _ROLE_HINTS) and _ROLE_KEY.search(src) is not None
 _TYPED_PROPERTIES = (
     "called_computations", "custom_call_target", "tuple_index", "dimensions",
     "slices", "window", "convolution_dimension_numbers", "padding",

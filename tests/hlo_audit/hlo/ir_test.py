@@ -496,3 +496,22 @@ def test_partially_bound_async_start_follows_the_installed_xla(monkeypatch, bind
     expected.append(("async_param.1", "parameter", "s32[]", 1))
   assert [g[:2] for g in got] == [e[:2] for e in expected]
   assert [(g[0], g[3]) for g in got] == [(e[0], e[3]) for e in expected]
+
+
+def test_op_name_and_role_fast_paths_agree_with_their_patterns():
+  """`op_name` finds `metadata={` with `str.find` and `called_computations`
+  tests role keys by substring first: both must say what the regular
+  expressions they stand in for say."""
+  from hlo_audit._src.hlo import ir
+  runs = [', metadata={op_name="a/b"}', 'metadata={op_name="q"}', '  , metadata={op_name="v"}',
+          ', kind=kLoop, calls=%f, metadata={op_type="add" op_name="x\\"y"}',
+          ', frontend_attributes={k="metadata={op_name=\\"z\\"}"}, metadata={op_name="real"}',
+          ', x="metadata={op_name=\\"no\\"}"', ',metadata={op_name="w"}', ', a=b', '',
+          ', to_apply=%r', ', body=%b, condition=%c', ', branch_computations={%a, %b}',
+          ', x="calls=%f"', ', custom_call_target="foo", called_computations={%c}']
+  for run in runs:
+    reference = ir._OP_NAME.search(run)
+    start, m = ir._op_name_match(run)
+    assert (start, m and m.group(1)) == (
+        (reference.start(), reference.group(1)) if reference else (-1, None)), run
+    assert ir._may_call(run) == (ir._ROLE_KEY.search(run) is not None), run
