@@ -125,18 +125,30 @@ def _own(module: HloModule, inst: Instruction, library_paths, user_paths):
 
 
 _PASS_THROUGH = frozenset({"tuple", "get-tuple-element", "bitcast", "copy"})
+#: Opcodes that call computations as control flow (a loop, a branch, an
+#: async or custom call), not as the body of one kernel (calls=, to_apply=).
+_CONTROL_FLOW = frozenset({"while", "conditional", "select-and-scatter", "custom-call",
+                           "async-start", "async-update", "async-done"})
+_KERNEL_ROLES = ("calls", "to_apply")
+
+
 def _tables(module: HloModule):
-  """(instruction name -> computation, instruction name -> users), built
-  once per module (kept with it, so they go when the report goes):
-  metadata-less instructions are many in big modules."""
+  """(instruction name -> computation, instruction name -> users,
+  computation -> its control-flow callers), built once per module (dropped
+  by `release_tables`): metadata-less instructions are many in big modules."""
   def build():
-    comp_of, users_of = {}, {}
+    comp_of, users_of, callers_of = {}, {}, {}
     for c in module.computations:
       for i in c.instructions:
         comp_of[i.name] = c
         for o in dict.fromkeys(i.operands):
           users_of.setdefault(o, []).append(i)
-    return comp_of, users_of
+        if i.opcode in _CONTROL_FLOW:
+          for role, names in i.called_computations.items():
+            if role not in _KERNEL_ROLES:
+              for n in names:
+                callers_of.setdefault(n, []).append((c.name, i))
+    return comp_of, users_of, callers_of
   return module._cached("source_tables", build)
 
 
@@ -151,19 +163,18 @@ def _context(module: HloModule, inst: Instruction):
   """Instructions whose stack stands for `inst`'s: the control-flow callers
   of its computation (innermost first), its users (looking through tuples
   and bitcasts), then its operands."""
-  comp_of, users_of = _tables(module)
+  comp_of, users_of, callers_of = _tables(module)
   comp = comp_of.get(inst.name)
   if comp is None:
     return
   name = comp.name
   seen = {name}
   while True:
-    callers = [(c, i) for c, i, role in module.callers().get(name, ())
-               if role not in ("calls", "to_apply")]
+    callers = callers_of.get(name)
     if not callers:
       break
     c, i = callers[0]
-    yield module.computation(c).instruction(i)
+    yield i
     if c in seen:
       break
     seen.add(c)
