@@ -1193,7 +1193,7 @@ def _prologue_work(ctx: _Context, k: Kernel, inst: Instruction) -> tuple[str, ..
   else:
     fused = _fused(ctx, k)
     chain = list(fused.instructions) if fused is not None else [inst]
-    names = {_primitive(i) for i in chain}
+    names = ctx.primitives(k)  # every instruction of `chain`'s (memoized)
     if "broadcast" in ops and compute & {"multiply", "divide"} and \
         compute & {"add", "subtract"}:
       items.append("affine")  # x * a + b: a norm's apply
