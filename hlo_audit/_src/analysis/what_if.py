@@ -433,16 +433,14 @@ def replay(program: Program, *, fuse: Sequence[tuple[str, str, Sequence[str]]] =
       baseline_timeline=base.timeline, timeline=after.timeline, notes=tuple(notes))
 
 
-def quick_peak(program: Program, edits: LivenessEdits) -> int:
-  """The peak with `edits`, keeping `program`'s buffer assignment: only the
-  heap groups and allocations the edits touch are summed again."""
+def _heap_tables(program: Program) -> dict:
+  """Heap groups (a buffer and those taking its memory in place), the heap's
+  timeline, and each allocation's buffers, as analyze_liveness has them
+  (made on first use, shared by every quick replay)."""
   import numpy as np
 
-  base, dataflow = program.liveness, program.dataflow
-  cache = program.cache
+  base, cache = program.liveness, program.cache
   if "heap" not in cache:
-    # Heap groups (a buffer and those taking its memory in place), the heap's
-    # timeline, and each allocation's buffers, as analyze_liveness has them.
     root_of, groups = {}, {}
     for b in base.heap_buffers:
       root = b
@@ -459,6 +457,14 @@ def quick_peak(program: Program, edits: LivenessEdits) -> int:
       members_of.setdefault(i, []).append(b)
     cache.update(heap=line[:len(base.timeline)], root_of=root_of, groups=groups,
                  members_of=members_of)
+  return cache
+
+
+def quick_peak(program: Program, edits: LivenessEdits) -> int:
+  """The peak with `edits`, keeping `program`'s buffer assignment: only the
+  heap groups and allocations the edits touch are summed again."""
+  base, dataflow = program.liveness, program.dataflow
+  cache = _heap_tables(program)
   root_of, groups, members_of = cache["root_of"], cache["groups"], cache["members_of"]
   ranges: dict[ValueId, tuple[int, int]] = {}
   for v in edits.value_ranges:
@@ -596,12 +602,42 @@ def peak_mover_bytes(program: Program, boundary: str, producer: str = "",
   return 0
 
 
+def _inputs_may_raise_peak(program: Program, boundary: str, producer: str = "",
+                           consumers: Sequence[str] = ()) -> bool:
+  """Whether fusing could raise the peak by keeping the producer's inputs
+  live until the last consumer: an input outside the heap is kept longer
+  (its allocation's packing may change), or the heap with every extended
+  input's group added over the window it is extended by reaches the peak."""
+  time = program.schedule.time
+  last = max((time[c] for c in consumers if c in time), default=None)
+  inst = _instruction(program.module, program.schedule, producer) if producer else None
+  if last is None or inst is None:
+    return False
+  base, dataflow = program.liveness, program.dataflow
+  extended = {dataflow.buffer_of.get(v) for o in inst.operands
+              for _, v in dataflow.holds.get(o, ())
+              if v in base.value_ranges and base.value_ranges[v][1] < last}
+  if not extended:
+    return False
+  tables = _heap_tables(program)
+  roots = set()
+  for b in extended:
+    if b not in tables["root_of"]:
+      return True  # not a heap buffer
+    roots.add(tables["root_of"][b])
+  start = min(base.ranges[b][1] for b in extended) + 1
+  extra = sum(_group_span(tables["groups"][r], base.ranges, base.sizes)[2] for r in roots)
+  window = tables["heap"][start:last + 1]
+  heap_peak = base.peak_bytes - sum(base.allocation_sizes)
+  return len(window) > 0 and int(window.max()) + extra >= heap_peak
+
+
 def peak_after_fusions(program: Program,
                        fusions: Sequence[tuple[str, str, Sequence[str]] | None]
                        ) -> list[tuple[int, bool] | None]:
   """(peak, exact) after each fusion alone (None where the boundary is not a
   buffer of the program). A heap boundary away from the peak whose inputs are
-  not kept over it can neither lower nor raise the peak (exact); the others
+  kept no longer can neither lower nor raise the peak (exact); the others
   get the quick replay (not exact): those that can move the peak get a full
   one later, the largest first, while the audit's budget lasts
   (`memory_findings.exact_peaks`)."""
@@ -613,7 +649,8 @@ def peak_after_fusions(program: Program,
     b = find_buffer(program.dataflow, fusion[0])
     if b is None:
       continue
-    if not peak_mover_bytes(program, *fusion) and b in base.heap_buffers:
+    if (not peak_mover_bytes(program, *fusion) and b in base.heap_buffers and
+        not _inputs_may_raise_peak(program, *fusion)):
       out[k] = (base.peak_bytes, True)
     else:
       out[k] = (replay(program, fuse=[fusion], quick=True), False)

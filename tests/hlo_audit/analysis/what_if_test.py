@@ -191,3 +191,42 @@ def test_schema_1_json_still_reads():
   assert all(f.peak_after is None for f in old.findings)
   with pytest.raises(ValueError, match="schema_version 3"):
     report_from_dict({**d, "schema_version": 3})
+
+
+_KEPT_INPUT = """HloModule m, is_scheduled=true
+
+add {
+  l = f32[] parameter(0)
+  r = f32[] parameter(1)
+  ROOT s = f32[] add(l, r)
+}
+
+ENTRY e {
+  p = f32[] parameter(0)
+  zero = f32[] constant(0)
+  big = f32[10000000]{0} broadcast(p), dimensions={}
+  red1 = f32[] reduce(big, zero), dimensions={0}, to_apply=add
+  x = f32[2000,2500]{1,0} broadcast(p), dimensions={}
+  b = f32[2000]{0} reduce(x, zero), dimensions={1}, to_apply=add
+  y = f32[6000000]{0} broadcast(red1), dimensions={}
+  red2 = f32[] reduce(y, zero), dimensions={0}, to_apply=add
+  bb = f32[2000]{0} broadcast(red2), dimensions={}
+  c0 = f32[2000]{0} add(b, bb)
+  c = f32[] reduce(c0, zero), dimensions={0}, to_apply=add
+  ROOT t = (f32[], f32[]) tuple(c, red1)
+}
+"""
+
+
+def test_a_fusion_that_keeps_a_big_input_longer_is_not_called_exact():
+  """`b` is small and away from the peak (`big`, step 2), but fusing it into
+  `c0` keeps its 20 MB input `x` live over `y`: the peak rises to 44 MB. The
+  shortcut "a heap boundary away from the peak leaves it unchanged" must not
+  claim the old peak as exact."""
+  from hlo_audit._src.analysis import what_if as W
+  p = hlo_audit.audit_hlo(_KEPT_INPUT).program
+  fusion = ("b", "b", ("c0",))
+  full = W.replay(p, fuse=[fusion]).peak_bytes
+  assert full > p.liveness.peak_bytes + 3_000_000
+  ((peak, exact),) = W.peak_after_fusions(p, [fusion])
+  assert not exact and peak >= full
