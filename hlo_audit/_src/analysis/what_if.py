@@ -548,8 +548,11 @@ def _instruction(module: HloModule, schedule: Schedule, name: str) -> Instructio
 #: estimate (marked). Work, not time: a module always gets the same replays.
 FULL_REPLAY_WORK_PER_INSTRUCTION = 0.125
 #: ...and never less than this many full replays' worth, for unfused modules
-#: (mixtral 8x7b: 42k instructions, 29k buffers, gets 2).
+#: (mixtral 8x7b: 42k instructions, 29k buffers, gets 2)...
 MIN_FULL_REPLAYS = 2
+#: ...nor less than this much work (~75 ms): small modules get a full replay
+#: for every finding that can move the peak.
+MIN_FULL_REPLAY_WORK = 5000
 
 
 @dataclasses.dataclass(slots=True)
@@ -568,7 +571,7 @@ def replay_budget(program: Program) -> ReplayBudget:
   if budget is None:
     budget = program.cache["replay_budget"] = ReplayBudget(max(
         int(FULL_REPLAY_WORK_PER_INSTRUCTION * program.module.instruction_count),
-        MIN_FULL_REPLAYS * len(program.dataflow.buffers)))
+        MIN_FULL_REPLAYS * len(program.dataflow.buffers), MIN_FULL_REPLAY_WORK))
   return budget
 
 

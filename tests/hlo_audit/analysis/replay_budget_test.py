@@ -61,6 +61,7 @@ def audit_counting(monkeypatch, cap, replays: int | None = None):
     buffers = len(plain.program.dataflow.buffers)
     monkeypatch.setattr(what_if, "FULL_REPLAY_WORK_PER_INSTRUCTION", fractions.Fraction(
         replays * buffers, plain.module.instruction_count))
+    monkeypatch.setattr(what_if, "MIN_FULL_REPLAY_WORK", 0)
   calls = []
   real = what_if.analyze_liveness
 
@@ -105,6 +106,11 @@ def test_full_replays_do_not_grow_with_the_findings(monkeypatch):
   r, n = audit_counting(monkeypatch, mlp_capture(8), replays=1000)
   assert n >= 1 + candidates[8]  # (some replayed records merge into others)
   assert all(f.peak_exact for _, f in movers(r))
+
+
+def test_a_small_module_gets_a_full_replay_for_every_finding_that_can_move_the_peak():
+  r = hlo_audit.audit(mlp_capture(2))
+  assert movers(r) and all(f.peak_exact for _, f in movers(r))
 
 
 def test_the_largest_boundary_that_can_move_the_peak_gets_the_full_replay(monkeypatch):
