@@ -232,35 +232,32 @@ def find_collective_findings(program: Program, kernels: Sequence[Kernel],
     # Resharding copies: a layout conversion of the collective's result, or
     # one whose only reader is the collective.
     result = c.done or c.name
+
+    def reshard(copy: Instruction, what: str, reason: str, suggestion: str):
+      k = kernels_by_name.get(copy.name)
+      found.append(_record(
+          FindingKind.RESHARD_AROUND_COLLECTIVE, c, boundary=copy.name,
+          shape=copy.shape.dtype_str if copy.shape is not None else "",
+          bytes_saved=k.bytes_moved if k else 0,
+          evidence=f"{copy.name} copies or transposes the {what} of {c.name}",
+          reasons=(reason,),
+          risks=("the layout may be forced by a custom call or an output",),
+          suggestion=suggestion, loc=loc, program=program))
+
     for reader in _readers(users, comp, result):
       if is_layout_conversion(module, reader):
-        k = kernels_by_name.get(reader.name)
-        found.append(_record(
-            FindingKind.RESHARD_AROUND_COLLECTIVE, c, boundary=reader.name,
-            shape=reader.shape.dtype_str if reader.shape is not None else "",
-            bytes_saved=k.bytes_moved if k else 0,
-            evidence=f"{reader.name} copies or transposes the result of {c.name}",
-            reasons=("the layout after the collective differs from what its reader wants",),
-            risks=("the layout may be forced by a custom call or an output",),
-            suggestion=("shard the operand along the dimension its consumer reads "
-                        "(PartitionSpec), so the gathered layout is the one used"),
-            loc=loc, program=program))
+        reshard(reader, "result",
+                "the layout after the collective differs from what its reader wants",
+                "shard the operand along the dimension its consumer reads "
+                "(PartitionSpec), so the gathered layout is the one used")
     for operand in inst.operands:
       if operand in comp:
         src = comp.instruction(operand)
         if is_layout_conversion(module, src) and [
             r.name for r in _readers(users, comp, src.name)] == [c.name]:
-          k = kernels_by_name.get(src.name)
-          found.append(_record(
-              FindingKind.RESHARD_AROUND_COLLECTIVE, c, boundary=src.name,
-              shape=src.shape.dtype_str if src.shape is not None else "",
-              bytes_saved=k.bytes_moved if k else 0,
-              evidence=f"{src.name} copies or transposes the operand of {c.name}",
-              reasons=("a layout change made only to feed the collective",),
-              risks=("the layout may be forced by a custom call or an output",),
-              suggestion=("shard along the dimension the producer writes, or let "
-                          "the collective take the producer's layout"),
-              loc=loc, program=program))
+          reshard(src, "operand", "a layout change made only to feed the collective",
+                  "shard along the dimension the producer writes, or let "
+                  "the collective take the producer's layout")
     if c.opcode == "all-gather":
       readers = _readers(users, comp, result, through_layout=True, module=module)
       if readers and all(_is_dot(module, r) for r in readers):
