@@ -232,9 +232,8 @@ def _with_stacks(findings, kernels, buffers):
 def _xla_peak(cap: Capture) -> int | None:
   """XLA's total: its allocations plus its temp buffer (thread-local scratch
   excluded), from the buffer assignment when dumped, else memory_analysis."""
-  if cap.buffer_assignment is not None:
-    return sum(a.size for a in cap.buffer_assignment.allocations
-               if not a.is_thread_local)
+  if cap.xla_allocated_bytes is not None:
+    return cap.xla_allocated_bytes
   m = cap.memory_stats
   if m is not None:
     return m.argument_bytes + m.output_bytes + m.temp_bytes - m.alias_bytes
@@ -243,6 +242,6 @@ def _xla_peak(cap: Capture) -> int | None:
 
 def _xla_peak_source(cap: Capture) -> str:
   """Which of XLA's reports `_xla_peak` read."""
-  if cap.buffer_assignment is not None:
+  if cap.xla_allocated_bytes is not None:
     return cap.xla_memory_source or "buffer assignment"
   return "memory_analysis" if cap.memory_stats is not None else ""

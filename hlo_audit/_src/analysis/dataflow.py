@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import types
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 from hlo_audit._src.analysis.schedule import Schedule
 from hlo_audit._src.hlo.ir import Computation, HloModule, Instruction, Shape
@@ -221,6 +221,56 @@ def analyze_dataflow(module: HloModule, schedule: Schedule) -> Dataflow:
       uses=types.MappingProxyType({k: tuple(v) for k, v in uses.items()}),
       buffer_of=types.MappingProxyType(buffer_of),
       buffers=types.MappingProxyType({k: tuple(v) for k, v in buffers.items()}))
+
+
+def with_output_aliases(dataflow: Dataflow, module: HloModule,
+                        aliases: Iterable[tuple[Index, int, Index]]) -> Dataflow:
+  """What `analyze_dataflow` makes of `module` with these input/output aliases
+  added, as (output index, parameter number, parameter index), without
+  walking the module again: an alias only merges the parameter's buffer with
+  the output's (the last step above), so values, holds and uses are
+  `dataflow`'s own. Each merged buffer keeps its earliest-defined value as
+  id, and its values stay in definition order."""
+  entry = module.entry
+  params = {p.parameter_number: p.name for p in entry.parameters}
+  holds, buffer_of = dataflow.holds, dataflow.buffer_of
+  out = dict(holds.get(entry.root_name, ()))
+  uf = _UnionFind()
+  for b in dataflow.buffers:  # in definition order: ranks keep the earliest
+    uf.add(b)
+  merges = 0
+  for out_index, number, index in aliases:
+    if number not in params:
+      continue
+    src = dict(holds.get(params[number], ())).get(index)
+    dst = out.get(out_index)
+    if src is not None and dst is not None and \
+        uf.find(buffer_of[src]) != uf.find(buffer_of[dst]):
+      uf.union(buffer_of[src], buffer_of[dst])
+      merges += 1
+  if not merges:
+    return dataflow
+  groups: dict[ValueId, list[ValueId]] = {}
+  for b in dataflow.buffers:
+    root = uf.find(b)
+    if root != b:
+      groups.setdefault(root, [root]).append(b)
+  position = {v: i for i, v in enumerate(dataflow.values)}
+  new_buffer_of = dict(buffer_of)
+  buffers: dict[ValueId, tuple[ValueId, ...]] = {}
+  for b, members in dataflow.buffers.items():
+    root = uf.find(b)
+    if root != b:
+      continue  # inside its root's group, emitted at the root (first) below
+    if root in groups:
+      members = tuple(sorted((v for m in groups[root] for v in dataflow.buffers[m]),
+                             key=position.__getitem__))
+      for v in members:
+        new_buffer_of[v] = root
+    buffers[root] = members
+  return dataclasses.replace(
+      dataflow, buffer_of=types.MappingProxyType(new_buffer_of),
+      buffers=types.MappingProxyType(buffers))
 
 
 def _array_leaves(shape: Shape | None):

@@ -18,17 +18,18 @@ original's buffers rather than by recompiling:
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import difflib
 import re
 import types
 from collections.abc import Iterable, Mapping, Sequence
 
-from hlo_audit._src.analysis.dataflow import Dataflow, ValueId, analyze_dataflow
+from hlo_audit._src.analysis.dataflow import Dataflow, ValueId, with_output_aliases
 from hlo_audit._src.analysis.liveness import Liveness, LivenessEdits, analyze_liveness
 from hlo_audit._src.analysis.schedule import Schedule
 from hlo_audit._src.errors import HloAuditError
-from hlo_audit._src.hlo.ir import HloModule, Instruction
+from hlo_audit._src.hlo.ir import HloModule, Instruction, ModuleAlias
 
 
 class WhatIfError(HloAuditError, ValueError):
@@ -177,6 +178,22 @@ def parameter_paths(module: HloModule) -> Mapping[int, str]:
       for p in module.entry.parameters}))
 
 
+def _under_path(module: HloModule, spec: str) -> list[int]:
+  """Parameters whose path is `spec` or lies under it (`spec[...]`,
+  `spec.x`), in path order: a bisection of the sorted paths, since a
+  donation replay resolves every leaf's path by itself."""
+  ordered = module._cached("sorted_parameter_paths", lambda: sorted(
+      (path, n) for n, path in parameter_paths(module).items()))
+  found = []
+  for prefix, whole in ((spec, True), (spec + "[", False), (spec + ".", False)):
+    i = bisect.bisect_left(ordered, (prefix,))
+    while i < len(ordered) and (ordered[i][0] == prefix if whole
+                                else ordered[i][0].startswith(prefix)):
+      found.append(ordered[i][1])
+      i += 1
+  return found
+
+
 def resolve_arguments(program: Program, specs: Iterable[int | str]) -> list[int]:
   """Entry parameter numbers named by `specs`: argument numbers (when the
   capture knows them), argument names or pytree paths (a prefix path names
@@ -205,8 +222,7 @@ def resolve_arguments(program: Program, specs: Iterable[int | str]) -> list[int]
       if spec in names:
         found = [names[spec]]
       else:
-        found = [n for n, path in paths.items() if path == spec or
-                 path.startswith(spec + "[") or path.startswith(spec + ".")]
+        found = _under_path(program.module, spec)
         found += [a.parameter for a in program.arguments
                   if a.argname == spec and a.parameter not in found]
     if not found:
@@ -262,7 +278,13 @@ def with_donation(module: HloModule, pairs: Sequence[tuple[tuple[int, ...], int]
               for index, n in pairs]
   attributes = dict(module.attributes)
   attributes["input_output_alias"] = "{ " + ", ".join(entries) + " }"
-  return dataclasses.replace(module, attributes=types.MappingProxyType(attributes))
+  donated = dataclasses.replace(module, attributes=types.MappingProxyType(attributes))
+  # The entries as parsed, so that no reader lexes the text just written.
+  aliases = module.input_output_alias + tuple(
+      ModuleAlias(output_index=tuple(index), parameter=n, parameter_index=())
+      for index, n in pairs)
+  donated._cached("input_output_alias", lambda: aliases)
+  return donated
 
 
 def aliasing_copies(module: HloModule, dataflow: Dataflow, schedule: Schedule,
@@ -362,7 +384,7 @@ def replay(program: Program, *, fuse: Sequence[tuple[str, str, Sequence[str]]] =
                    "ordered before the write of its aliased output")
     if pairs:
       module = with_donation(module, pairs)
-      dataflow = analyze_dataflow(module, schedule)
+      dataflow = with_output_aliases(dataflow, module, [(i, n, ()) for i, n in pairs])
   base_ranges = base.value_ranges
   time = schedule.time
   dropped: set[ValueId] = set()

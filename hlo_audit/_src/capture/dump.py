@@ -103,7 +103,7 @@ class DumpedModule:
     return Capture(
         module=parse_hlo(text, source=self.text_path), hlo_text=text,
         pre_optimization=self.read_before_optimizations(),
-        platform=self.platform, buffer_assignment=buffer_assignment,
+        platform=self.platform, xla_buffer_assignment=buffer_assignment,
         xla_memory_source="dump reports" if buffer_assignment is not None else "",
         live_range=self.read_live_range(),
         memory_usage_report=self.read_memory_usage_report(), origin="dump",

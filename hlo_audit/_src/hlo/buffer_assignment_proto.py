@@ -196,6 +196,29 @@ def parse_buffer_assignment_proto(proto: bytes,
   return BufferAssignment(tuple(allocations))
 
 
+def allocated_bytes(proto: bytes) -> int:
+  """The bytes of every allocation but thread-local scratch (what XLA's peak
+  sums), read without decoding the logical buffers or naming any value.
+
+  Raises:
+    ProtoError: for bytes that are not such a proto.
+  """
+  total = 0
+  for num, wire, span in _fields(proto):
+    if num == _ALLOCATIONS and wire == 2:
+      size = 0
+      thread_local = False
+      for anum, awire, v in _fields(proto, *span):
+        if awire == 0:
+          if anum == _A_SIZE:
+            size = _signed(v)
+          elif anum == _A_THREAD_LOCAL:
+            thread_local = bool(v)
+      if not thread_local:
+        total += size
+  return total
+
+
 def _location(proto: bytes, span) -> tuple[str, int | None, tuple[int, ...]]:
   name = ""
   index: tuple[int, ...] = ()

@@ -32,7 +32,7 @@ from hlo_audit._src.errors import HloParseError
 from hlo_audit._src.gc_pause import paused_gc
 from hlo_audit._src.hlo import attributes, dtypes, grammar, opcodes, shape_inference
 from hlo_audit._src.hlo.ir import (COMPUTATION_ROLES, Computation, FileLocation,
-                                   HloModule, Instruction, Shape, StackFrame,
+                                   HloModule, Instruction, Layout, Shape, StackFrame,
                                    StackFrameIndex, TextContext)
 from hlo_audit._src.hlo.lexer import KEYWORDS, Lexer, Tok, error_at
 
@@ -124,6 +124,36 @@ _COMP_END = re.compile(r"\}[ \t]*\r?(?:\n|\Z)(?![ \t\r\n]*+[,/])")
 _EMPTY_ATTRS = types.MappingProxyType({})
 #: Opcodes as written, without the async wrappers `_RESOLVE` adds.
 _PLAIN_OPCODE = {op: op for op in opcodes.OPCODES}
+
+
+#: An array shape with static dimensions and a plain layout, `bf16[8,41]{1,0}`:
+#: most of a module's distinct shapes. Integers of at most 18 digits fit the
+#: int64 the lexer checks for; anything else goes to the lexer.
+_PLAIN_ARRAY = re.compile(r"([a-z][a-z0-9]*)\[((?:[0-9]{1,18}(?:,[0-9]{1,18})*)?)\]"
+                          r"(?:\{((?:[0-9]{1,18}(?:,[0-9]{1,18})*)?)\})?\Z")
+
+
+def _plain_array_shape(text: str) -> Shape | None:
+  """`text` as `_PLAIN_ARRAY` reads it, or None for the lexer to read (and to
+  report errors in: a layout of the wrong rank, an unknown element type)."""
+  m = _PLAIN_ARRAY.match(text)
+  if m is None:
+    return None
+  element_type, dims_text, layout_text = m.groups()
+  if not dtypes.is_element_type(element_type):
+    return None
+  dims = tuple(map(int, dims_text.split(","))) if dims_text else ()
+  layout = None
+  if layout_text is not None:
+    if not layout_text:
+      # `{}` opens a layout only before an integer or ':' (XLA): `f32[]{}`
+      # is the lexer's to judge.
+      return None
+    minor_to_major = tuple(map(int, layout_text.split(",")))
+    if len(minor_to_major) != len(dims):
+      return None
+    layout = Layout(minor_to_major)
+  return Shape(element_type, dims, (), (), layout)
 
 
 class _NameUniquer:
@@ -937,10 +967,12 @@ class _Parser:
         if shape is not None:
           self.shapes[text] = shape
           return shape
-      try:
-        shape = parse_shape(text)
-      except HloParseError:
-        return None
+      shape = _plain_array_shape(text)
+      if shape is None:
+        try:
+          shape = parse_shape(text)
+        except HloParseError:
+          return None
       self.shapes[text] = shape
     return shape
 

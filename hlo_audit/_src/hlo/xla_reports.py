@@ -75,6 +75,12 @@ class BufferAssignment:
   #: "Total bytes used" as XLA prints it, when present.
   total_bytes: int | None = None
 
+  def allocated_bytes(self) -> int:
+    """The bytes of every allocation but thread-local scratch: what "XLA's
+    peak" sums (`buffer_assignment_proto.allocated_bytes` reads the same from
+    the proto)."""
+    return sum(a.size for a in self.allocations if not a.is_thread_local)
+
   def bytes_by_kind(self) -> Mapping[str, int]:
     out: dict[str, int] = {}
     for a in self.allocations:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import heapq
 
 from hlo_audit._src.analysis.buffers import Buffer
 
@@ -40,19 +41,28 @@ def stack_buffers(buffers, max_bands: int = 2000) -> MemoryLayout:
   drawn, rest = live[:max_bands], live[max_bands:]
   drawn.sort(key=lambda b: (b.live_range[0], -b.bytes))
   # Active bands as (offset, end_offset, last_step), sorted by offset.
+  # Every active band is live at the current start, so they never overlap.
   active: list[tuple[int, int, int]] = []
+  ends: list[int] = []  # a min-heap of the active bands' last steps
   bands, height = [], 0
   for b in drawn:
     start, end = b.live_range
-    active = [a for a in active if a[2] >= start]
+    size = b.bytes
+    if ends and ends[0] < start:  # most bands retire none
+      active = [a for a in active if a[2] >= start]
+      while ends and ends[0] < start:
+        heapq.heappop(ends)
     offset = 0
     for lo, hi, _ in active:  # sorted by offset: the first gap that fits
-      if lo - offset >= b.bytes:
+      if lo - offset >= size:
         break
-      offset = max(offset, hi)
-    bisect.insort(active, (offset, offset + b.bytes, end))
+      if hi > offset:
+        offset = hi
+    bisect.insort(active, (offset, offset + size, end))
+    heapq.heappush(ends, end)
     bands.append(Band(b, offset))
-    height = max(height, offset + b.bytes)
+    if offset + size > height:
+      height = offset + size
   return MemoryLayout(tuple(bands), height, len(rest), sum(b.bytes for b in rest))
 
 

@@ -45,6 +45,22 @@ def test_capture_of_a_jit_function_holds_everything():
   assert c.notes == ()
 
 
+def test_the_executables_buffer_assignment_is_named_on_first_read(monkeypatch):
+  from hlo_audit._src import compat
+  asked = []
+  real = compat.hlo_module_proto
+  monkeypatch.setattr(compat, "hlo_module_proto", lambda c: asked.append(1) or real(c))
+  c = hlo_audit.capture(jax.jit(mlp).lower(X, W).compile())
+  # The sizes XLA's peak sums are read at once; the module proto that names
+  # the values is asked for only when someone reads the assignment.
+  assert c.xla_allocated_bytes and asked == []
+  report = hlo_audit.audit_capture(c)
+  assert report.module.xla_peak_source == "buffer-assignment proto" and asked == []
+  assert c.buffer_assignment.allocated_bytes() == c.xla_allocated_bytes
+  assert asked == [1]
+  assert c.buffer_assignment is c.buffer_assignment and asked == [1]
+
+
 @functools.cache
 def reports_capture():
   return hlo_audit.capture(jax.jit(mlp), X, W, xla_reports=True)
