@@ -124,8 +124,14 @@ def integer(raw: str, where: Where | None = None) -> int:
   return v
 
 
+#: `{1,2}` as XLA prints it: integers the lexer reads without question.
+_PLAIN_INT_LIST = re.compile(r"\{(?:-?(?:0|[1-9][0-9]{0,17})(?:,-?(?:0|[1-9][0-9]{0,17}))*)?\}\Z")
+
+
 def int_list(raw: str, where: Where | None = None) -> tuple[int, ...]:
   """`{1,2}` -> (1, 2)."""
+  if _PLAIN_INT_LIST.match(raw) is not None:
+    return tuple(map(int, raw[1:-1].split(","))) if len(raw) > 2 else ()
   lx, end = _lexer(raw, where)
   v = grammar.parse_int_list(lx)
   _finish(lx, end)

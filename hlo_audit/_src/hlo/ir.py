@@ -622,6 +622,10 @@ class Instruction:
     they are still raw text (analyses ask this of every fused instruction)."""
     src = self.attribute_source
     if isinstance(src, str):
+      if src.startswith(_OP_NAME_FIRST):  # as JAX's dumps write nearly all
+        end = src.find('"', len(_OP_NAME_FIRST))
+        if end > 0 and src.find("\\", len(_OP_NAME_FIRST), end) < 0:
+          return src[len(_OP_NAME_FIRST):end]
       start, m = _op_name_match(src)
       # Only a match outside any string or braced value counts: an even
       # number of quotes before it, none of them escaped, and as many '{' as
@@ -711,6 +715,8 @@ _ROLE_KEY = re.compile(r"(?:^|[\s,])(?:" + "|".join(COMPUTATION_ROLES) + r")=")
 _OP_NAME = re.compile(
     r'(?:^|,)[ \t]*metadata=\{(?:op_type="[^"\\]*+(?:\\.[^"\\]*+)*+"[ \t]+)?'
     r'op_name="([^"\\]*+(?:\\.[^"\\]*+)*+)"')
+#: How a run starts when metadata comes first and op_name first in it.
+_OP_NAME_FIRST = ', metadata={op_name="'
 _METADATA_AT = re.compile(
     r'metadata=\{(?:op_type="[^"\\]*+(?:\\.[^"\\]*+)*+"[ \t]+)?'
     r'op_name="([^"\\]*+(?:\\.[^"\\]*+)*+)"')

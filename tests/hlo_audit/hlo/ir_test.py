@@ -515,3 +515,23 @@ def test_op_name_and_role_fast_paths_agree_with_their_patterns():
     assert (start, m and m.group(1)) == (
         (reference.start(), reference.group(1)) if reference else (-1, None)), run
     assert ir._may_call(run) == (ir._ROLE_KEY.search(run) is not None), run
+
+
+def test_op_name_without_decoding_agrees_with_the_decoded_metadata():
+  """`op_name` reads raw runs (a prefix test, then `str.find`): it must say
+  what decoding the whole metadata says, escapes and odd orders included."""
+  metadata = ['op_name="jit(f)/add"', 'op_name="a\\"b/c"', 'op_type="add" op_name="t/u"',
+              'op_name="" source_line=3', 'op_name="x/" source_file="/a/b.py"',
+              'source_line=1 op_name="late"']
+  lines = [f'  %p{i} = f32[2]{{0}} parameter({i}), metadata={{{m}}}'
+           for i, m in enumerate(metadata)]
+  lines.append(f'  %k = f32[2]{{0}} add(%p0, %p1), sharding={{replicated}}, '
+               f'metadata={{op_name="after/sharding"}}')
+  lines.append('  ROOT %r = f32[2]{0} add(%k, %p2), metadata={op_name="root"}')
+  module = hlo_audit.parse_hlo("HloModule m\n\nENTRY %e (" + ", ".join(
+      f"p{i}: f32[2]" for i in range(len(metadata))) + ") -> f32[2] {\n" +
+      "\n".join(lines) + "\n}\n")
+  insts = list(module.entry.instructions)
+  fast = [i.op_name for i in insts]  # before anything splits the runs
+  assert fast == [i.metadata.op_name for i in insts]
+  assert fast[:3] == ["jit(f)/add", 'a"b/c', "t/u"] and fast[-2:] == ["after/sharding", "root"]
