@@ -180,6 +180,9 @@ def _io_bytes(module: HloModule, comp: Computation, inst: Instruction,
   return read, written
 
 
+_PARTIAL_ACCESS = frozenset({"slice", "dynamic-slice", "dynamic-update-slice", "scatter"})
+
+
 def _sliced_access(module: HloModule, comp: Computation, inst: Instruction
                    ) -> tuple[dict[int, int], dict[tuple[int, ...], int]]:
   """(operand number -> bytes really read, output index -> bytes really
@@ -198,6 +201,8 @@ def _sliced_access(module: HloModule, comp: Computation, inst: Instruction
   if not calls or calls[0] not in module:
     return {}, {}
   fused = module.computation(calls[0])
+  if not any(i.opcode in _PARTIAL_ACCESS for i in fused.instructions):
+    return {}, {}  # most fusions: whole operands in, whole results out
   users: dict[str, list[Instruction]] = {}
   for i in fused.instructions:
     for o in dict.fromkeys(i.operands):

@@ -14,7 +14,7 @@ from __future__ import annotations
 import functools
 import re
 
-from hlo_audit._src.hlo.ir import HloModule, Instruction, SourceLocation
+from hlo_audit._src.hlo.ir import Computation, HloModule, Instruction, SourceLocation
 
 #: Regexes (searched in the '/'-separated path) of files that are not the
 #: user's: installed packages, the standard library, jax and jaxlib from a
@@ -133,23 +133,33 @@ _KERNEL_ROLES = ("calls", "to_apply")
 
 
 def _tables(module: HloModule):
-  """(instruction name -> computation, instruction name -> users,
-  computation -> its control-flow callers), built once per module (dropped
-  by `release_tables`): metadata-less instructions are many in big modules."""
+  """(instruction name -> computation, computation -> (instruction name ->
+  users), computation -> its control-flow callers), built once per module
+  (dropped by `release_tables`): metadata-less instructions are many in big
+  modules. Users are listed per computation on first need (operands are
+  local to a computation), so fused bodies, most of the module, get none."""
   def build():
-    comp_of, users_of, callers_of = {}, {}, {}
+    comp_of, callers_of = {}, {}
     for c in module.computations:
       for i in c.instructions:
         comp_of[i.name] = c
-        for o in dict.fromkeys(i.operands):
-          users_of.setdefault(o, []).append(i)
         if i.opcode in _CONTROL_FLOW:
           for role, names in i.called_computations.items():
             if role not in _KERNEL_ROLES:
               for n in names:
                 callers_of.setdefault(n, []).append((c.name, i))
-    return comp_of, users_of, callers_of
+    return comp_of, {}, callers_of
   return module._cached("source_tables", build)
+
+
+def _users(users_by_comp: dict, comp: Computation) -> dict[str, list[Instruction]]:
+  users = users_by_comp.get(comp.name)
+  if users is None:
+    users = users_by_comp[comp.name] = {}
+    for i in comp.instructions:
+      for o in dict.fromkeys(i.operands):
+        users.setdefault(o, []).append(i)
+  return users
 
 
 def release_tables(module: HloModule) -> None:
@@ -163,10 +173,11 @@ def _context(module: HloModule, inst: Instruction):
   """Instructions whose stack stands for `inst`'s: the control-flow callers
   of its computation (innermost first), its users (looking through tuples
   and bitcasts), then its operands."""
-  comp_of, users_of, callers_of = _tables(module)
+  comp_of, users_by_comp, callers_of = _tables(module)
   comp = comp_of.get(inst.name)
   if comp is None:
     return
+  users_of = _users(users_by_comp, comp)
   name = comp.name
   seen = {name}
   while True:
