@@ -98,6 +98,7 @@ class AuditDiff:
 
   def to_dict(self) -> dict:
     from hlo_audit._src.report import json_report as j
+    frames = j.Frames()
     return {
         "before": self.before, "after": self.after,
         "kernel_count_delta": self.kernel_count_delta,
@@ -105,12 +106,13 @@ class AuditDiff:
         "materialized_bytes_delta": self.materialized_bytes_delta,
         "peak_bytes_delta": self.peak_bytes_delta,
         "bytes_saved_delta": self.bytes_saved_delta,
-        "kernels_removed": [j.kernel_dict(k) for k in self.kernels_removed],
-        "kernels_added": [j.kernel_dict(k) for k in self.kernels_added],
-        "buffers_removed": [j.buffer_dict(b) for b in self.buffers_removed],
-        "buffers_added": [j.buffer_dict(b) for b in self.buffers_added],
-        "findings_removed": [j.finding_dict(f) for f in self.findings_removed],
-        "findings_added": [j.finding_dict(f) for f in self.findings_added],
+        "kernels_removed": [j.kernel_dict(k, frames) for k in self.kernels_removed],
+        "kernels_added": [j.kernel_dict(k, frames) for k in self.kernels_added],
+        "buffers_removed": [j.buffer_dict(b, frames) for b in self.buffers_removed],
+        "buffers_added": [j.buffer_dict(b, frames) for b in self.buffers_added],
+        "findings_removed": [j.finding_dict(f, frames) for f in self.findings_removed],
+        "findings_added": [j.finding_dict(f, frames) for f in self.findings_added],
+        "frames": frames.table,
     }
 
 

@@ -34,25 +34,43 @@ def _location(loc) -> dict | None:
           "function": loc.function}
 
 
-class _Locations:
-  """`_location`, made once per distinct location of a document: the rows of
-  a 30k-instruction report hold 36k stack frames, of a few thousand kinds.
-  Rows then share these dicts (`to_dict`'s result is read, not edited)."""
+class Frames:
+  """The stack frames of one JSON document, each written once: rows list
+  their `source_stack` as indices into the document's "frames" (a 30k-
+  instruction report's rows hold 36k frames of a few thousand kinds; inline,
+  they were two thirds of its JSON). `location` is a row's inline
+  `source_location`, made once per frame too."""
 
-  __slots__ = ("_made",)
+  __slots__ = ("table", "_made", "_by_value")
 
   def __init__(self):
+    #: The frames, as `{"file", "line", "column", "function"}` dicts.
+    self.table: list[dict] = []
     self._made: dict = {}
+    self._by_value: dict = {}
 
-  def __call__(self, loc) -> dict | None:
-    # By identity (a dataclass's __eq__ costs more than the dict it saves);
-    # each location is kept with its dict, so that no id is reused.
+  def _entry(self, loc):
+    # By identity first (a dataclass's __eq__ costs more than the dict it
+    # saves), keeping each location so that no id is reused; then by value,
+    # for equal frames held by different objects.
     made = self._made.get(id(loc))
     if made is None:
-      if loc is None:
-        return None
-      made = self._made[id(loc)] = (loc, _location(loc))
-    return made[1]
+      key = (loc.file, loc.line, loc.column, loc.function)
+      index = self._by_value.get(key)
+      if index is None:
+        index = self._by_value[key] = len(self.table)
+        self.table.append(_location(loc))
+      made = self._made[id(loc)] = (loc, index, self.table[index])
+    return made
+
+  def index(self, loc) -> int:
+    return self._entry(loc)[1]
+
+  def location(self, loc) -> dict | None:
+    return None if loc is None else self._entry(loc)[2]
+
+  def stack(self, stack) -> list[int]:
+    return [self._entry(loc)[1] for loc in stack]
 
 
 def _value(x):
@@ -65,32 +83,32 @@ def _value(x):
   return x
 
 
-def kernel_dict(k, location=_location) -> dict:
+def kernel_dict(k, frames: Frames) -> dict:
   return {
       "name": k.name, "computation": k.computation, "kind": k.kind.value,
       "opcode": k.opcode, "detail": k.detail, "fused_ops": dict(k.fused_ops),
       "bytes_read": k.bytes_read, "bytes_written": k.bytes_written,
       "trip_count": k.trip_count, "time": k.time, "op_name": k.op_name,
-      "source": _source(k.source), "source_location": location(k.source), "members": list(k.members),
-      "source_stack": [location(loc) for loc in k.source_stack],
+      "source": _source(k.source), "source_location": frames.location(k.source), "members": list(k.members),
+      "source_stack": frames.stack(k.source_stack),
   }
 
 
-def buffer_dict(b, location=_location) -> dict:
+def buffer_dict(b, frames: Frames) -> dict:
   return {
       "name": b.name, "instruction": b.instruction, "index": list(b.index),
       "computation": b.computation, "shape": b.shape, "dtype": b.dtype,
       "dims": list(b.dims), "bytes": b.bytes, "producer": b.producer,
       "producer_opcode": b.producer_opcode, "consumers": list(b.consumers),
       "reuse_count": b.reuse_count, "live_range": list(b.live_range),
-      "lifetime": b.lifetime.value, "source": _source(b.source), "source_location": location(b.source),
+      "lifetime": b.lifetime.value, "source": _source(b.source), "source_location": frames.location(b.source),
       "op_name": b.op_name, "aliases": list(b.aliases), "placement": b.placement,
       "internal": b.internal,
-      "source_stack": [location(loc) for loc in b.source_stack],
+      "source_stack": frames.stack(b.source_stack),
   }
 
 
-def finding_dict(f, location=_location) -> dict:
+def finding_dict(f, frames: Frames) -> dict:
   return {
       "class": f.kind.slug, "class_name": f.kind.value,
       "producer": f.producer, "consumers": list(f.consumers),
@@ -101,10 +119,10 @@ def finding_dict(f, location=_location) -> dict:
       "layout_effect": f.layout_effect, "evidence": f.evidence,
       "verdict": f.verdict.value, "reasons": list(f.reasons),
       "risks": list(f.risks), "ops": list(f.ops), "kernel": f.kernel,
-      "trip_count": f.trip_count, "source": _source(f.source), "source_location": location(f.source),
+      "trip_count": f.trip_count, "source": _source(f.source), "source_location": frames.location(f.source),
       "computation": f.computation, "suggestion": f.suggestion,
       "guard_verdict": f.guard_verdict,
-      "source_stack": [location(loc) for loc in f.source_stack],
+      "source_stack": frames.stack(f.source_stack),
       "peak_after": f.peak_after, "peak_saved": f.peak_saved,
       "peak_exact": f.peak_exact,
       "notes": list(f.notes), "boundary_kept": f.boundary_kept,
@@ -135,7 +153,7 @@ def collective_dict(c) -> dict:
 
 def to_dict(report) -> dict:
   m = report.module
-  location = _Locations()
+  frames = Frames()
   return {
       "schema_version": SCHEMA_VERSION,
       "module": {
@@ -155,10 +173,10 @@ def to_dict(report) -> dict:
       "materialized_bytes": report.materialized_bytes,
       "bytes_saved": report.bytes_saved,
       "kernels_by_kind": dict(report.kernels_by_kind()),
-      "kernels": [kernel_dict(k, location) for k in report.kernels],
-      "buffers": [buffer_dict(b, location) for b in report.buffers],
+      "kernels": [kernel_dict(k, frames) for k in report.kernels],
+      "buffers": [buffer_dict(b, frames) for b in report.buffers],
       "intermediates": [b.name for b in report.intermediates],
-      "findings": [finding_dict(f, location) for f in report.findings],
+      "findings": [finding_dict(f, frames) for f in report.findings],
       "groups": groups_list(report),
       "live_at_peak": list(report.live_at_peak),
       "timeline": list(report.timeline),
@@ -167,6 +185,7 @@ def to_dict(report) -> dict:
       "collectives": [collective_dict(c) for c in report.collectives],
       "what_if": (report.what_if_replay.to_dict()
                   if report.what_if_replay is not None else None),
+      "frames": frames.table,
   }
 
 
@@ -193,9 +212,13 @@ def render_json(report, indent: int | None = 2) -> str:
   return "{\n" + ",\n".join(parts) + "\n}"
 
 
-def _stack(row: dict) -> tuple:
-  """A row's `source_stack` (absent in reports written before it existed)."""
-  return tuple(_loc(loc) for loc in row.get("source_stack", ()))
+def _stack(row: dict, frames: list | None) -> tuple:
+  """A row's `source_stack`: indices into the document's frames (schema 3),
+  the frames themselves (schema 2), or absent (schema 1)."""
+  stack = row.get("source_stack", ())
+  if frames is not None:
+    return tuple(frames[i] for i in stack)
+  return tuple(_loc(loc) for loc in stack)
 
 
 def _loc(d):
@@ -223,8 +246,9 @@ def report_from_dict(d: dict):
   from hlo_audit._src.report.report import AuditReport, ModuleInfo
 
   version = d.get("schema_version")
-  if version not in (1, SCHEMA_VERSION):  # 1 lacks only what 2 added
-    raise ValueError(f"schema_version {version!r}; this hlo-audit reads 1 and {SCHEMA_VERSION}")
+  if version not in (1, 2, SCHEMA_VERSION):  # 1 lacks what 2 added; 2 inlines frames
+    raise ValueError(f"schema_version {version!r}; this hlo-audit reads 1 to {SCHEMA_VERSION}")
+  frames = [_loc(f) for f in d["frames"]] if version >= 3 else None
   m = d["module"]
   kernels = tuple(Kernel(
       name=k["name"], computation=k["computation"], kind=KernelKind(k["kind"]),
@@ -232,7 +256,7 @@ def report_from_dict(d: dict):
       fused_ops=types.MappingProxyType(k["fused_ops"]), bytes_read=k["bytes_read"],
       bytes_written=k["bytes_written"], trip_count=k["trip_count"], time=k["time"],
       op_name=k["op_name"], source=_loc(k["source_location"]), members=tuple(k["members"]),
-      source_stack=_stack(k))
+      source_stack=_stack(k, frames))
       for k in d["kernels"])
   buffers = tuple(Buffer(
       name=b["name"], instruction=b["instruction"], index=tuple(b["index"]),
@@ -241,7 +265,7 @@ def report_from_dict(d: dict):
       producer_opcode=b["producer_opcode"], consumers=tuple(b["consumers"]),
       live_range=tuple(b["live_range"]), lifetime=Lifetime(b["lifetime"]),
       source=_loc(b["source_location"]), op_name=b["op_name"], aliases=tuple(b["aliases"]),
-      placement=b["placement"], internal=b["internal"], source_stack=_stack(b))
+      placement=b["placement"], internal=b["internal"], source_stack=_stack(b, frames))
       for b in d["buffers"])
   kinds = {k.slug: k for k in FindingKind}
   findings = tuple(FusionDecisionRecord(
@@ -256,7 +280,7 @@ def report_from_dict(d: dict):
       trip_count=f["trip_count"], source=_loc(f["source_location"]),
       computation=f["computation"], suggestion=f.get("suggestion", ""),
       guard_verdict=f.get("guard_verdict", ""),
-      source_stack=_stack(f), peak_after=f.get("peak_after"),
+      source_stack=_stack(f, frames), peak_after=f.get("peak_after"),
       peak_saved=f.get("peak_saved"), peak_exact=bool(f.get("peak_exact", True)),
       notes=tuple(f.get("notes", ())),
       boundary_kept=bool(f.get("boundary_kept", False)))

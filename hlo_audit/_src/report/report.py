@@ -20,8 +20,9 @@ from hlo_audit._src.analysis.kernels import Kernel
 from hlo_audit._src.analysis.records import FindingKind, FusionDecisionRecord, Verdict
 
 #: Version of the JSON schema written by `to_json` (2: findings' peak_after
-#: and peak_saved, the what_if section).
-SCHEMA_VERSION = 2
+#: and peak_saved, the what_if section; 3: rows' `source_stack` as indices
+#: into the document's "frames").
+SCHEMA_VERSION = 3
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

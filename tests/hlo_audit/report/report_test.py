@@ -28,7 +28,7 @@ def rep():
 
 def test_json_schema_has_the_documented_fields():
   d = json.loads(rep().to_json())
-  assert d["schema_version"] == 2
+  assert d["schema_version"] == 3
   for key in ("module", "kernels", "buffers", "findings", "peak_bytes",
               "xla_peak_bytes", "intermediates", "timeline"):
     assert key in d
@@ -44,6 +44,29 @@ def test_json_round_trip_and_diff_with_itself_is_empty():
   r = rep()
   again = report_from_dict(json.loads(r.to_json()))
   assert again.findings == r.findings and again.buffers == r.buffers
+  assert r.diff(again).unchanged
+
+
+def test_json_writes_each_frame_once_and_reads_schema_2_inline_stacks():
+  r = rep()
+  d = json.loads(r.to_json())
+  rows = d["kernels"] + d["buffers"] + d["findings"]
+  stacks = [row["source_stack"] for row in rows if row["source_stack"]]
+  assert stacks and all(isinstance(i, int) for s in stacks for i in s)
+  assert len({json.dumps(f, sort_keys=True) for f in d["frames"]}) == len(d["frames"])
+  for row, mine in zip(d["kernels"], r.kernels):
+    assert [d["frames"][i] for i in row["source_stack"]] == [
+        {"file": f.file, "line": f.line, "column": f.column, "function": f.function}
+        for f in mine.source_stack]
+  # What schema 2 wrote: each row's frames inline, no table.
+  old = {**d, "schema_version": 2}
+  for key in ("kernels", "buffers", "findings"):
+    old[key] = [{**row, "source_stack": [d["frames"][i] for i in row["source_stack"]]}
+                for row in d[key]]
+  del old["frames"]
+  again = report_from_dict(old)
+  assert [k.source_stack for k in again.kernels] == [k.source_stack for k in r.kernels]
+  assert [f.source_stack for f in again.findings] == [f.source_stack for f in r.findings]
   assert r.diff(again).unchanged
 
 
