@@ -4,6 +4,7 @@ on programs JAX compiled and on third-party modules of the corpus."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import jax
@@ -46,6 +47,10 @@ def check(module, numbers):
   pairs = donation_aliases(module, base, numbers)
   assert pairs, "nothing to alias: the test would check nothing"
   donated = with_donation(module, pairs)
+  # with_donation hands over its aliases parsed: they must be what its text says.
+  reread = dataclasses.replace(donated, attributes=donated.attributes)
+  assert donated.input_output_alias == reread.input_output_alias
+  assert len(donated.input_output_alias) == len(module.input_output_alias) + len(pairs)
   got = with_output_aliases(base, donated, [(i, n, ()) for i, n in pairs])
   want = analyze_dataflow(donated, schedule)
   assert len(want.buffers) < len(base.buffers)  # the aliases merged buffers
