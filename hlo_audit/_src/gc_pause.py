@@ -31,7 +31,8 @@ def paused_gc() -> Iterator[None]:
   done when the program has frozen objects of its own (e.g. before a fork):
   `unfreeze` would thaw them. The few hundred objects CPython 3.12 freezes at
   start-up (`compat.INTERPRETER_FROZEN_AT_START`) are not the program's, nor
-  is whatever `unfreeze` leaves frozen: the step works there too.
+  is whatever `unfreeze` leaves frozen, nor what is left of either once some
+  of those objects died: the step works there too.
   """
   global _interpreter_frozen
   if not gc.isenabled():  # the caller manages the collector: leave it be
@@ -43,9 +44,11 @@ def paused_gc() -> Iterator[None]:
   finally:
     # On 3.12 the start-up count comes back by itself (importing jax after a
     # pause shows 375 again, with no freeze called): that count is the
-    # interpreter's too.
-    if gc.get_freeze_count() in (0, _interpreter_frozen,
-                                 compat.INTERPRETER_FROZEN_AT_START):
+    # interpreter's too. A frozen object that dies leaves the count, so the
+    # interpreter's share is anything up to its last count; a program's own
+    # freeze takes its whole heap, far more.
+    if gc.get_freeze_count() <= max(_interpreter_frozen,
+                                    compat.INTERPRETER_FROZEN_AT_START):
       gc.freeze()
       gc.unfreeze()
       # What `unfreeze` cannot thaw stays the interpreter's: CPython 3.12's
