@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Sequence
 
 from hlo_audit._src.analysis.buffers import Buffer, Lifetime
 from hlo_audit._src.analysis.kernels import Kernel
@@ -35,7 +35,7 @@ from hlo_audit._src.analysis.what_if import (Program, WhatIfError, arguments_of,
                                              parameter_paths, peak_mover_bytes,
                                              remat_split, replay, take_full_replay)
 from hlo_audit._src.hlo import opcodes
-from hlo_audit._src.hlo.ir import HloModule, Instruction
+from hlo_audit._src.hlo.ir import Computation, HloModule, Instruction
 
 #: Ops a recompute may contain and still be "cheap" (no dots, no reductions).
 _CHEAP_OPS = opcodes.ELEMENTWISE | frozenset({
@@ -250,13 +250,23 @@ def _defining(module: HloModule, schedule, name: str) -> Instruction | None:
   return None
 
 
-def _dot_flops(module: HloModule, inst: Instruction, shapes: Mapping[str, object]) -> int:
-  """2 * output elements * contracted size, summed over `inst`'s dots."""
+def _dot_flops(module: HloModule, comp: Computation, inst: Instruction) -> int:
+  """2 * output elements * contracted size, summed over `inst`'s dots (`comp`
+  defines `inst`)."""
+  calls = inst.called_computations.get("calls", ())
+  if inst.opcode == "fusion" and calls and calls[0] in module:
+    comp = module.computation(calls[0])
+    ops: Iterable[Instruction] = comp.instructions
+  else:
+    ops = (inst,)
   total = 0
-  for op in _fused_ops(module, inst):
+  for op in ops:
     if op.opcode not in ("dot", "convolution") or op.shape is None:
       continue
-    lhs = shapes.get(op.operands[0]) if op.operands else None
+    # A dot's operands are defined in its own computation (names are unique
+    # across the module).
+    lhs = (comp.instruction(op.operands[0]).shape
+           if op.operands and op.operands[0] in comp else None)
     contracted = 1
     if lhs is not None and op.opcode == "dot":
       for d in op.dot_dimension_numbers.lhs_contracting:
@@ -268,15 +278,11 @@ def _dot_flops(module: HloModule, inst: Instruction, shapes: Mapping[str, object
 
 def _costly_remats(program: Program, kernels: Sequence[Kernel]) -> list[FusionDecisionRecord]:
   module = program.module
-  shapes: dict[str, object] = {}
-  for _, inst in module.instructions():
-    if inst.shape is not None:
-      shapes[inst.name] = inst.shape
   flops = {}
   for k in kernels:
-    inst = _defining(module, program.schedule, k.name)
-    if inst is not None:
-      flops[k.name] = _dot_flops(module, inst, shapes) * (k.trip_count or 1)
+    comp = module.computation(k.computation) if k.computation in module else None
+    if comp is not None and k.name in comp:
+      flops[k.name] = _dot_flops(module, comp, comp.instruction(k.name)) * (k.trip_count or 1)
   total = sum(flops.values())
   if not total:
     return []
