@@ -14,7 +14,7 @@ from __future__ import annotations
 import collections
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from hlo_audit._src.analysis import backend_traits as bt
 from hlo_audit._src.analysis import source as source_mod
@@ -30,7 +30,7 @@ from hlo_audit._src.analysis.records import (FindingKind, FusionDecisionRecord,
                                              NumericalClass, Verdict)
 from hlo_audit._src.analysis.schedule import Schedule
 from hlo_audit._src.hlo import dtypes, opcodes
-from hlo_audit._src.hlo.ir import Computation, HloModule, Instruction
+from hlo_audit._src.hlo.ir import Computation, HloModule, Instruction, op_names
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -93,7 +93,7 @@ class _Context:
     if found is None:
       fused = _fused(self, kernel)
       insts = fused.instructions if fused is not None else (self.inst(kernel),)
-      found = self._primitives[kernel.name] = frozenset(_primitive(i) for i in insts)
+      found = self._primitives[kernel.name] = _primitives(insts)
     return found
 
 
@@ -213,12 +213,13 @@ def _path_to_anchor(comp: Computation, root: Instruction) -> list[Instruction]:
 
 def _primitive(inst: Instruction) -> str:
   """The JAX primitive behind an instruction (from op_name), else opcode."""
-  name = inst.op_name
-  if name:
-    leaf = name.rsplit("/", 1)[-1]
-    if leaf:
-      return leaf
-  return inst.opcode
+  return inst.op_name.rpartition("/")[2] or inst.opcode
+
+
+def _primitives(insts: Sequence[Instruction]) -> frozenset[str]:
+  """`_primitive` of each of `insts` (op names read in one pass)."""
+  return frozenset(name.rpartition("/")[2] or inst.opcode
+                   for name, inst in zip(op_names(insts), insts))
 
 
 def _fused(ctx: _Context, k: Kernel) -> Computation | None:

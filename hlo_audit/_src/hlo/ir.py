@@ -19,7 +19,7 @@ import dataclasses
 import json
 import re
 import types
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from hlo_audit._src.hlo import dtypes
@@ -626,6 +626,18 @@ class Instruction:
         end = src.find('"', len(_OP_NAME_FIRST))
         if end > 0 and src.find("\\", len(_OP_NAME_FIRST), end) < 0:
           return src[len(_OP_NAME_FIRST):end]
+      else:
+        # After other attributes (`dimensions={0}, to_apply=%r, metadata=`):
+        # with no string before it, the first such run is at the top level
+        # when the braces before it balance.
+        at = src.find(_OP_NAME_FIRST)
+        if at > 0:
+          head = src[:at]
+          if '"' not in head and head.count("{") == head.count("}"):
+            start = at + len(_OP_NAME_FIRST)
+            end = src.find('"', start)
+            if end > 0 and src.find("\\", start, end) < 0:
+              return src[start:end]
       start, m = _op_name_match(src)
       # Only a match outside any string or braced value counts: an even
       # number of quotes before it, none of them escaped, and as many '{' as
@@ -723,6 +735,24 @@ _METADATA_AT = re.compile(
 #: Substrings every `role=` key contains (a fast test before `_ROLE_KEY`).
 _ROLE_HINTS = ("calls=", "to_apply=", "condition=", "body=", "computation",
                "select=", "scatter=")
+
+
+def op_names(instructions: Iterable[Instruction]) -> list[str]:
+  """`op_name` of each instruction: what analyses ask of every fused
+  instruction, with the common raw form read inline (a property call per
+  instruction is a measurable share of an audit)."""
+  first, n = _OP_NAME_FIRST, len(_OP_NAME_FIRST)
+  out = []
+  append = out.append
+  for inst in instructions:
+    src = inst.attribute_source
+    if src.__class__ is str and src.startswith(first):
+      end = src.find('"', n)
+      if end > 0 and src.find("\\", n, end) < 0:
+        append(src[n:end])
+        continue
+    append(inst.op_name)
+  return out
 
 
 def _op_name_match(src: str) -> tuple[int, re.Match | None]:

@@ -527,11 +527,15 @@ def test_op_name_without_decoding_agrees_with_the_decoded_metadata():
            for i, m in enumerate(metadata)]
   lines.append(f'  %k = f32[2]{{0}} add(%p0, %p1), sharding={{replicated}}, '
                f'metadata={{op_name="after/sharding"}}')
-  lines.append('  ROOT %r = f32[2]{0} add(%k, %p2), metadata={op_name="root"}')
+  lines.append('  %d = f32[2]{0} reverse(%k), dimensions={0}, metadata={op_name="after/dims"}')
+  lines.append('  %n = f32[2]{0} negate(%d), frontend_attributes={x={y=1, '
+               'metadata={op_name="nested"}}}')
+  lines.append('  ROOT %r = f32[2]{0} add(%n, %p2), metadata={op_name="root"}')
   module = hlo_audit.parse_hlo("HloModule m\n\nENTRY %e (" + ", ".join(
       f"p{i}: f32[2]" for i in range(len(metadata))) + ") -> f32[2] {\n" +
       "\n".join(lines) + "\n}\n")
   insts = list(module.entry.instructions)
   fast = [i.op_name for i in insts]  # before anything splits the runs
   assert fast == [i.metadata.op_name for i in insts]
-  assert fast[:3] == ["jit(f)/add", 'a"b/c', "t/u"] and fast[-2:] == ["after/sharding", "root"]
+  assert fast[:3] == ["jit(f)/add", 'a"b/c', "t/u"]
+  assert fast[-4:] == ["after/sharding", "after/dims", "", "root"]
