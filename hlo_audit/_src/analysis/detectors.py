@@ -22,7 +22,7 @@ from hlo_audit._src.analysis.backend_traits import KernelKind
 from hlo_audit._src.analysis.buffers import (Buffer, Lifetime,
                                              expanded_broadcast_ratio,
                                              fused_root, is_layout_conversion)
-from hlo_audit._src.analysis.dataflow import Dataflow
+from hlo_audit._src.analysis.dataflow import Dataflow, ValueId
 from hlo_audit._src.analysis.kernel_registry import kernel_for
 from hlo_audit._src.analysis.kernels import Kernel
 from hlo_audit._src.analysis.layouts import kernel_permutes, permutes
@@ -1220,7 +1220,9 @@ def _prologue_work(ctx: _Context, k: Kernel, inst: Instruction) -> tuple[str, ..
 def _separate_reductions(ctx: _Context) -> list[FusionDecisionRecord]:
   """Buffers a separate reduction kernel re-reads: one record per buffer,
   naming every reduction that reads it."""
-  readers: dict[str, list[Kernel]] = {}
+  # vid -> its reductions by name (names are unique: equal kernels are one
+  # kernel, and comparing names avoids the dataclass's field-by-field __eq__).
+  readers: dict[ValueId, dict[str, Kernel]] = {}
   for r in ctx.kernels.values():
     inst = ctx.inst(r)
     # XLA:CPU lowers some column sums (bias gradients) to reduce-window.
@@ -1232,11 +1234,10 @@ def _separate_reductions(ctx: _Context) -> list[FusionDecisionRecord]:
       continue
     for operand in inst.operands:
       for _, vid in ctx.dataflow.holds.get(operand, ()):
-        lst = readers.setdefault(vid, [])
-        if r not in lst:
-          lst.append(r)
+        readers.setdefault(vid, {}).setdefault(r.name, r)
   out = []
-  for vid, reductions in readers.items():
+  for vid, by_name in readers.items():
+    reductions = list(by_name.values())
     bid = ctx.dataflow.buffer_of.get(vid)
     if bid is None:
       continue
@@ -1246,15 +1247,14 @@ def _separate_reductions(ctx: _Context) -> list[FusionDecisionRecord]:
     # The kernel that wrote the value read: for a buffer updated in place
     # (a scatter-add into zeros) that is the last writer, not the first.
     producer = ctx.kernels.get(vid[0]) or ctx.kernels.get(buf.producer)
-    if producer is None or producer in reductions:
+    if producer is None or producer.name in by_name:
       continue
     if "transpose(" not in producer.op_name and all(
         "transpose(" in r.op_name for r in reductions):
       # Saved for backward: a backward reduction (dgamma = sum(dy * x_hat))
       # needs values the forward producer does not have yet.
       continue
-    names = {r.name for r in reductions}
-    others = [c for c in buf.consumers if c not in names and c != producer.name]
+    others = [c for c in buf.consumers if c not in by_name and c != producer.name]
     only = not others and len(reductions) == 1
     pattern = None
     for r in reductions:
