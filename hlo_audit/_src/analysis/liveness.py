@@ -98,8 +98,10 @@ def analyze_liveness(module: HloModule, schedule: Schedule,
   where the tables no edit changes are made once."""
   tables = cache.get("liveness_tables") if cache is not None else None
   if tables is None or not tables.serves(module, schedule, dataflow):
-    tables = _Tables(module, schedule, dataflow)
-    if cache is not None:
+    base = tables if tables is not None and tables.extends_to(
+        module, schedule, dataflow) else None
+    tables = _Tables(module, schedule, dataflow, base)
+    if cache is not None and base is None:
       cache["liveness_tables"] = tables
   end = schedule.end
   comps = tables.comps
@@ -169,39 +171,53 @@ class _Tables:
   assigner's order and the sharer (what-if replays reuse them)."""
 
   __slots__ = ("module", "schedule", "dataflow", "comps", "value_ranges",
-               "parameter_buffers", "output_buffers", "sizes", "order", "sharer")
+               "parameter_buffers", "output_buffers", "sizes", "order", "sharer",
+               "position", "unextended")
 
-  def __init__(self, module: HloModule, schedule: Schedule, dataflow: Dataflow):
+  def __init__(self, module: HloModule, schedule: Schedule, dataflow: Dataflow,
+               base: _Tables | None = None):
+    """`base`: tables this program only adds input/output aliases to (see
+    `extends_to`); what aliases leave alone is taken from it."""
     self.module, self.schedule, self.dataflow = module, schedule, dataflow
     end = schedule.end
-    time = schedule.time
     span = schedule.span
     entry = module.entry
     comps = {name: module.computation(name) for name in span}
-    value_ranges: dict[ValueId, list[int]] = {}
-    for vid, value in dataflow.values.items():
-      inst = comps[value.computation].instruction(vid[0])
-      t = time[vid[0]]
-      start = span[value.computation][0] if inst.opcode == "parameter" else t
-      last = t
-      for user, _ in dataflow.uses.get(vid, ()):
-        ut = time.get(user)
-        if ut is not None and ut > last:
-          last = ut
-      value_ranges[vid] = [start, last]
-    for comp_name, comp in comps.items():
-      for _, vid in dataflow.holds.get(comp.root_name, ()):
-        if vid in value_ranges:
-          value_ranges[vid][1] = max(value_ranges[vid][1], span[comp_name][1])
+    if base is None:
+      time = schedule.time
+      ranges: dict[ValueId, list[int]] = {}
+      for vid, value in dataflow.values.items():
+        inst = comps[value.computation].instruction(vid[0])
+        t = time[vid[0]]
+        start = span[value.computation][0] if inst.opcode == "parameter" else t
+        last = t
+        for user, _ in dataflow.uses.get(vid, ()):
+          ut = time.get(user)
+          if ut is not None and ut > last:
+            last = ut
+        ranges[vid] = [start, last]
+      for comp_name, comp in comps.items():
+        for _, vid in dataflow.holds.get(comp.root_name, ()):
+          if vid in ranges:
+            ranges[vid][1] = max(ranges[vid][1], span[comp_name][1])
+      value_ranges = {v: tuple(r) for v, r in ranges.items()}
+    else:
+      # The same values and uses: only the read-only parameters' extension
+      # to the end depends on the aliases.
+      value_ranges = dict(base.value_ranges)
+      value_ranges.update(base.unextended)
     donated = {(a.parameter, a.parameter_index) for a in module.input_output_alias}
     parameter_buffers = set()
+    unextended = {}
     for p in entry.parameters:
       for index, vid in dataflow.holds.get(p.name, ()):
         if vid[0] == p.name and (p.parameter_number, index) not in donated:
-          value_ranges[vid][1] = end
+          unextended[vid] = value_ranges[vid]
+          value_ranges[vid] = (value_ranges[vid][0], end)
           parameter_buffers.add(dataflow.buffer_of[vid])
     self.comps = comps
-    self.value_ranges = {v: tuple(r) for v, r in value_ranges.items()}
+    self.value_ranges = value_ranges
+    self.unextended = unextended
     self.parameter_buffers = frozenset(parameter_buffers)
     self.output_buffers = frozenset(dataflow.buffer_of[vid]
                                     for _, vid in dataflow.holds.get(entry.root_name, ()))
@@ -210,15 +226,27 @@ class _Tables:
     # XLA's order: largest first, live-out first, then the earliest defining
     # instruction in post order (entry first). Models with many equal-sized
     # buffers depend on this tie-break.
-    position = _post_order_positions(comps)
+    position = self.position = (_post_order_positions(comps) if base is None
+                                else base.position)
     self.order = sorted(dataflow.buffers, key=lambda b: (
         -self.sizes[b], b not in self.output_buffers,
         min(position.get(v[0], 0) for v in dataflow.buffers[b])))
-    self.sharer = _Sharer(module, comps, dataflow)
+    # The sharer reads values, holds and computations only.
+    self.sharer = _Sharer(module, comps, dataflow) if base is None else base.sharer
 
   def serves(self, module: HloModule, schedule: Schedule, dataflow: Dataflow) -> bool:
     return (self.module is module and self.schedule is schedule and
             self.dataflow is dataflow)
+
+  def extends_to(self, module: HloModule, schedule: Schedule, dataflow: Dataflow) -> bool:
+    """Whether the program differs from these tables' only by input/output
+    aliases (a donation what-if: `with_donation`, `with_output_aliases`):
+    the same computations, schedule, values, holds and uses."""
+    return (self.schedule is schedule and
+            self.module.computations is module.computations and
+            self.dataflow.values is dataflow.values and
+            self.dataflow.holds is dataflow.holds and
+            self.dataflow.uses is dataflow.uses)
 
 
 class _Sharer:

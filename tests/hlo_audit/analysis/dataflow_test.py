@@ -1,6 +1,7 @@
 """Donation's dataflow without a second walk: `with_output_aliases` must say
 exactly what `analyze_dataflow` says of the module with the aliases added,
-on programs JAX compiled and on third-party modules of the corpus."""
+on programs JAX compiled and on third-party modules of the corpus; and the
+liveness tables derived for it what building them afresh gives."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import jax.numpy as jnp
 import pytest
 
 import hlo_audit
+from hlo_audit._src.analysis import liveness
 from hlo_audit._src.analysis.dataflow import analyze_dataflow, with_output_aliases
 from hlo_audit._src.analysis.schedule import flatten_schedule
 from hlo_audit._src.analysis.what_if import donation_aliases, with_donation
@@ -57,6 +59,27 @@ def check(module, numbers):
   assert dict(got.buffer_of) == dict(want.buffer_of)
   assert list(got.buffers.items()) == list(want.buffers.items())  # order too
   assert got.values is base.values and got.holds is base.holds
+  check_liveness(module, schedule, base, donated, got, want)
+
+
+def check_liveness(module, schedule, base, donated, got, want):
+  """The donated program's liveness tables, derived from the audited
+  program's (what a donation replay does), are the ones built afresh; so is
+  its liveness."""
+  cache: dict = {}
+  liveness.analyze_liveness(module, schedule, base, cache=cache)
+  audited = cache["liveness_tables"]
+  assert audited.extends_to(donated, schedule, got)  # else nothing is derived
+  derived = liveness._Tables(donated, schedule, got, audited)
+  fresh = liveness._Tables(donated, schedule, want)
+  for field in ("value_ranges", "parameter_buffers", "output_buffers", "sizes",
+                "order", "position"):
+    assert getattr(derived, field) == getattr(fresh, field), field
+  assert derived.parameter_buffers < audited.parameter_buffers  # donation freed some
+  replayed = liveness.analyze_liveness(donated, schedule, got, cache=cache)
+  assert cache["liveness_tables"] is audited  # the audited tables stay cached
+  afresh = liveness.analyze_liveness(donated, schedule, want)
+  assert replayed == afresh
 
 
 @pytest.mark.parametrize("which", ["all", "odd"])
