@@ -41,13 +41,14 @@ class Frames:
   they were two thirds of its JSON). `location` is a row's inline
   `source_location`, made once per frame too."""
 
-  __slots__ = ("table", "_made", "_by_value")
+  __slots__ = ("table", "_made", "_by_value", "_stacks")
 
   def __init__(self):
     #: The frames, as `{"file", "line", "column", "function"}` dicts.
     self.table: list[dict] = []
     self._made: dict = {}
     self._by_value: dict = {}
+    self._stacks: dict = {}
 
   def _entry(self, loc):
     # By identity first (a dataclass's __eq__ costs more than the dict it
@@ -70,7 +71,12 @@ class Frames:
     return None if loc is None else self._entry(loc)[2]
 
   def stack(self, stack) -> list[int]:
-    return [self._entry(loc)[1] for loc in stack]
+    # Rows of one instruction (its kernel, buffers, findings) share their
+    # stack tuple: indexed once (the tuple is kept, so its id stays unique).
+    made = self._stacks.get(id(stack))
+    if made is None:
+      made = self._stacks[id(stack)] = (stack, [self._entry(loc)[1] for loc in stack])
+    return made[1]
 
 
 def _value(x):
