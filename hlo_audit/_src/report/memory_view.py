@@ -40,30 +40,58 @@ def stack_buffers(buffers, max_bands: int = 2000) -> MemoryLayout:
   live.sort(key=lambda b: -b.bytes)
   drawn, rest = live[:max_bands], live[max_bands:]
   drawn.sort(key=lambda b: (b.live_range[0], -b.bytes))
-  # Active bands as (offset, end_offset, last_step), sorted by offset.
-  # Every active band is live at the current start, so they never overlap.
-  active: list[tuple[int, int, int]] = []
-  ends: list[int] = []  # a min-heap of the active bands' last steps
+  # The free gaps below the top of the bands live at the current start, as
+  # sorted (low, high) offsets: a band takes the lowest gap it fits, else
+  # sits on top. Gaps are few where bands are many (a walk of the live
+  # bands per band was quadratic), and a retiring band's memory merges with
+  # the gaps beside it.
+  gaps: list[tuple[int, int]] = []
+  top = 0
+  live_tops: list[int] = []  # the live bands' high offsets, sorted
+  ends: list[tuple[int, int, int]] = []  # a min-heap of (last step, low, high)
   bands, height = [], 0
   for b in drawn:
     start, end = b.live_range
     size = b.bytes
-    if ends and ends[0] < start:  # most bands retire none
-      active = [a for a in active if a[2] >= start]
-      while ends and ends[0] < start:
-        heapq.heappop(ends)
-    offset = 0
-    for lo, hi, _ in active:  # sorted by offset: the first gap that fits
-      if lo - offset >= size:
+    while ends and ends[0][0] < start:
+      _, lo, hi = heapq.heappop(ends)
+      del live_tops[bisect.bisect_left(live_tops, hi)]
+      top = _free(gaps, top, lo, hi, live_tops)
+    for i, (lo, hi) in enumerate(gaps):
+      if hi - lo >= size:
+        offset = lo
+        if hi - lo == size:
+          del gaps[i]
+        else:
+          gaps[i] = (lo + size, hi)
         break
-      if hi > offset:
-        offset = hi
-    bisect.insort(active, (offset, offset + size, end))
-    heapq.heappush(ends, end)
+    else:
+      offset = top
+      top += size
+    bisect.insort(live_tops, offset + size)
+    heapq.heappush(ends, (end, offset, offset + size))
     bands.append(Band(b, offset))
     if offset + size > height:
       height = offset + size
   return MemoryLayout(tuple(bands), height, len(rest), sum(b.bytes for b in rest))
+
+
+def _free(gaps: list[tuple[int, int]], top: int, lo: int, hi: int,
+          live_tops: list[int]) -> int:
+  """Returns `[lo, hi)` of a retired band to `gaps`, merged with the gaps
+  beside it; or, when the band was on top, drops the gap below it and
+  returns the new top: the highest live band's (the gaps are maximal, so
+  that is where the merged gap began)."""
+  i = bisect.bisect_left(gaps, (lo, lo))
+  if i and gaps[i - 1][1] == lo:  # the gap below
+    i -= 1
+    lo = gaps.pop(i)[0]
+  if i < len(gaps) and gaps[i][0] == hi:  # the gap above
+    hi = gaps.pop(i)[1]
+  if hi == top:
+    return live_tops[-1] if live_tops else 0
+  gaps.insert(i, (lo, hi))
+  return top
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
