@@ -21,6 +21,7 @@ import html
 import json
 import linecache
 import math
+import re
 
 from hlo_audit._src.analysis.buffers import Lifetime
 from hlo_audit._src.analysis.records import Verdict
@@ -169,8 +170,13 @@ _LIFETIME_COLORS = {
 }
 
 
+#: What `html.escape(quote=True)` replaces: most cells hold none of it.
+_ESCAPED = re.compile("[&<>\"']")
+
+
 def _e(s) -> str:
-  return html.escape(str(s), quote=True)
+  s = str(s)
+  return html.escape(s, quote=True) if _ESCAPED.search(s) else s
 
 
 class Raw(str):
