@@ -114,7 +114,7 @@ def _audit_capture(cap: Capture, options: AuditOptions) -> AuditReport:
   buffers = find_buffers(module, schedule, dataflow, liveness, kernels, **paths)
   findings = find_findings(module, schedule, dataflow, kernels, buffers,
                            liveness.peak_bytes, options)
-  findings = _with_stacks(findings, kernels, buffers)
+  stacks = _source_stacks(findings, kernels, buffers)  # set with the peaks
   findings = add_suggestions(findings, module)
   program = Program(module=module, schedule=schedule, dataflow=dataflow,
                     liveness=liveness,
@@ -127,7 +127,7 @@ def _audit_capture(cap: Capture, options: AuditOptions) -> AuditReport:
   peaks = peak_after_fusions(program, fusions)
   peaks = [(liveness.peak_bytes, True) if f.boundary_kept else p
            for f, p in zip(findings, peaks)]
-  findings = with_peaks(findings, peaks, liveness.peak_bytes)
+  findings = with_peaks(findings, peaks, liveness.peak_bytes, stacks)
   collectives = find_collectives(module, program, kernels)
   extra = [*find_memory_findings(program, kernels, buffers, cap.argument_names,
                                  min_peak_saved=options.min_bytes_saved),
@@ -214,19 +214,16 @@ def _parameter_shardings(cap: Capture) -> dict[int, str]:
   return {p.parameter_number: p.sharding for p in pre.entry.parameters if p.sharding}
 
 
-def _with_stacks(findings, kernels, buffers):
-  """Each finding with the stack its `source` came from: that of the buffer
-  or kernel it names whose source it took (detectors copy `source` only)."""
+def _source_stacks(findings, kernels, buffers) -> list[tuple]:
+  """Each finding's stack: that of the buffer or kernel it names whose
+  `source` it took (detectors copy `source` only)."""
   stacks = {}
   for row in tuple(kernels) + tuple(buffers):
     if row.source is not None:
       stacks.setdefault((row.name, row.source), row.source_stack)
-  out = []
-  for f in findings:
-    stack = next((stacks[(n, f.source)] for n in (f.boundary, f.producer, *f.consumers)
-                  if (n, f.source) in stacks), (f.source,) if f.source else ())
-    out.append(dataclasses.replace(f, source_stack=stack) if stack != f.source_stack else f)
-  return tuple(out)
+  return [next((stacks[(n, f.source)] for n in (f.boundary, f.producer, *f.consumers)
+                if (n, f.source) in stacks), (f.source,) if f.source else ())
+          for f in findings]
 
 
 def _xla_peak(cap: Capture) -> int | None:

@@ -319,14 +319,22 @@ def _costly_remats(program: Program, kernels: Sequence[Kernel]) -> list[FusionDe
 
 
 def with_peaks(findings: Sequence[FusionDecisionRecord],
-               peaks: Sequence[tuple[int, bool] | None],
-               baseline: int) -> list[FusionDecisionRecord]:
+               peaks: Sequence[tuple[int, bool] | None], baseline: int,
+               source_stacks: Sequence[tuple] | None = None
+               ) -> list[FusionDecisionRecord]:
   """Findings with `peak_after`/`peak_saved`/`peak_exact` filled from
-  replayed (peak, exact) pairs."""
-  return [f if p is None or f.peak_after is not None else
-          dataclasses.replace(f, peak_after=p[0], peak_saved=baseline - p[0],
-                              peak_exact=p[1])
-          for f, p in zip(findings, peaks)]
+  replayed (peak, exact) pairs, and `source_stack` set from `source_stacks`
+  if given (in the same copy: copying a record is a measurable share of an
+  audit)."""
+  out = []
+  for i, (f, p) in enumerate(zip(findings, peaks)):
+    changes = {}
+    if source_stacks is not None and source_stacks[i] != f.source_stack:
+      changes["source_stack"] = source_stacks[i]
+    if p is not None and f.peak_after is None:
+      changes.update(peak_after=p[0], peak_saved=baseline - p[0], peak_exact=p[1])
+    out.append(dataclasses.replace(f, **changes) if changes else f)
+  return out
 
 
 def _full_replay_of(f: FusionDecisionRecord) -> dict | None:
