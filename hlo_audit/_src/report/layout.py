@@ -142,12 +142,21 @@ def table(columns, rows, width: int, *, indent: int = 2,
   header = " " * indent + (" " * gap).join(
       _pad(columns[i], elide(columns[i].header, ws[i]), ws[i]) for i in keep)
   out.append(header.rstrip())
+  lead, sep = " " * indent, " " * gap
+  # Per kept column: (pad, width, wraps): most cells are one line.
+  fmt = [(str.rjust if columns[i].kind == "num" else str.ljust, ws[i],
+          columns[i].kind in ("name", "text")) for i in keep]
   for r in rows:
-    cells = [_cell_lines(columns[i], r[i], ws[i]) for i in keep]
-    for j in range(max(len(c) for c in cells)):
-      line = " " * indent + (" " * gap).join(
-          _pad(columns[i], c[j] if j < len(c) else "", ws[i]) for i, c in zip(keep, cells))
-      out.append(line.rstrip())
+    cells = [_cell_lines(columns[i], r[i], w) if wraps and len(r[i]) > w else r[i]
+             for i, (_, w, wraps) in zip(keep, fmt)]
+    if all(c.__class__ is str for c in cells):
+      out.append((lead + sep.join(pad(c, w) for (pad, w, _), c in zip(fmt, cells))).rstrip())
+    else:
+      cells = [[c] if c.__class__ is str else c for c in cells]
+      for j in range(max(len(c) for c in cells)):
+        line = lead + sep.join(pad(c[j] if j < len(c) else "", w)
+                               for (pad, w, _), c in zip(fmt, cells))
+        out.append(line.rstrip())
     if src_below is not None and r[src_below]:
       out.append(" " * (indent + 4) + r[src_below])
   return out
