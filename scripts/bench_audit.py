@@ -272,13 +272,13 @@ def capture_table(repeats: int) -> float:
         f"({report.module.instruction_count} instructions) vs "
         "jax.jit(f).lower(*args).compile()")
   print(f"{'':42s} {'seconds':>8s} {'/ compile':>10s}  goal")
-  print(f"{'lower + compile (fresh function, best)':42s} {compile_s:8.2f} {1:10.2f}")
+  print(f"{'lower + compile (fresh function, best)':42s} {compile_s:8.2f} {1:10.3f}")
   print(f"{'audit, not compiled yet (compiles; best)':42s} {cold_s:8.2f} "
-        f"{cold_s / compile_s:10.2f}  <= 1.10")
+        f"{cold_s / compile_s:10.3f}  <= 1.10")
   print(f"{'audit, already compiled (best)':42s} {warm_s:8.2f} "
-        f"{warm_s / compile_s:10.2f}  <= 0.10")
+        f"{warm_s / compile_s:10.3f}  <= 0.10")
   print(f"{'audit, xla_reports=True (compiles again)':42s} {reports_s:8.2f} "
-        f"{reports_s / compile_s:10.2f}")
+        f"{reports_s / compile_s:10.3f}")
   print(f"XLA's peak from: {report.module.xla_peak_source} (xla_reports=True); "
         f"{hlo_audit.audit(jitted, *args).module.xla_peak_source} (default)")
   return compile_s
