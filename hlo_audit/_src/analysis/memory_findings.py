@@ -14,7 +14,7 @@ take off the peak.
   recomputing it there costs reads and flops but no extra memory: the
   `jax.checkpoint` policy that saves only the dots (`dots_saveable`) does it.
 - Costly remat: a kernel the backward pass recomputes (JAX names rematerialized
-  work `rematted_computation`, or `checkpoint` in `op_name`) containing dots,
+  work `rematted_computation`, or a `checkpoint` scope in `op_name`) containing dots,
   whose recompute flops are a large share of the step's while the bytes it
   keeps off the peak are small.
 """
@@ -48,6 +48,17 @@ COSTLY_REMAT_FLOP_SHARE = 0.25
 MAX_REMAT_CANDIDATES = 8
 #: op_name markers JAX leaves on rematerialized work.
 _REMAT_MARKERS = ("rematted_computation", "checkpoint", "remat")
+
+
+def _under_remat(op_name: str) -> bool:
+  """Whether an op_name's scopes (after the `jit(f)` one) include a remat:
+  a scope named by a marker, alone or with its parameters (`remat[...]`).
+  Not a substring test: a function named `checkpointed` marks nothing."""
+  for scope in op_name.split("/")[1:]:
+    head = scope.split("[", 1)[0].split("(", 1)[0]
+    if head in _REMAT_MARKERS:
+      return True
+  return False
 
 
 def find_memory_findings(program: Program, kernels: Sequence[Kernel],
@@ -288,7 +299,7 @@ def _costly_remats(program: Program, kernels: Sequence[Kernel]) -> list[FusionDe
     return []
   # The rematerialized dots: forward work the backward pass runs again.
   again = [k for k in kernels if flops.get(k.name) and
-           any(m in (k.op_name or "") for m in _REMAT_MARKERS) and
+           _under_remat(k.op_name or "") and
            ("rematted_computation" in k.op_name or "transpose(" not in k.op_name)]
   recomputed = sum(flops[k.name] for k in again)
   share = recomputed / total
