@@ -25,7 +25,8 @@ from hlo_audit._src.analysis.backend_traits import KernelKind
 from hlo_audit._src.analysis.dataflow import Dataflow
 from hlo_audit._src.analysis.schedule import Schedule
 from hlo_audit._src.hlo import opcodes
-from hlo_audit._src.hlo.ir import Computation, HloModule, Instruction, SourceLocation
+from hlo_audit._src.hlo.ir import (Computation, HloModule, Instruction, SourceLocation,
+                                   op_names)
 
 #: The named scope `pallas_kernels` puts around each kernel launch.
 PALLAS_SCOPE = "pallas_kernels."
@@ -307,7 +308,7 @@ def _pallas_groups(module: HloModule,
   inner: set[str] = set()
   for comp in comps.values():
     for inst in comp.instructions:
-      if _scope_of(inst.metadata.op_name) and inst.opcode in _LOOPS:
+      if inst.opcode in _LOOPS and _scope_of(inst.op_name):
         for callee in inst.called_computation_names():
           inner.update(_reachable(comps, callee))
   groups: dict[str, list[str]] = {}
@@ -338,7 +339,7 @@ def _comp_groups(comp: Computation) -> dict[str, list[str]]:
   """Groups (launch name -> members, in text order) of one computation."""
   insts = comp.instructions
   order = {i.name: n for n, i in enumerate(insts)}
-  scope = {i.name: _scope_of(i.metadata.op_name) for i in insts}
+  scope = {i.name: _scope_of(n) for i, n in zip(insts, op_names(insts))}
   scoped = [i for i in insts if scope[i.name]]
   if not scoped:
     return {}
@@ -377,7 +378,7 @@ def _comp_groups(comp: Computation) -> dict[str, list[str]]:
       name = parent[name]
     return name
 
-  call = {i.name: _call_name(i.metadata.op_name) for i in leftover}
+  call = {i.name: _call_name(i.op_name) for i in leftover}
   for inst in leftover:
     for o in inst.operands:
       if o in parent and call[o] == call[inst.name]:
@@ -426,7 +427,7 @@ def _launch_fed(name: str, scope: Mapping[str, str], users: Mapping[str, list[st
 
 def _is_glue(inst: Instruction) -> bool:
   """Loop-state glue: no traced op of the user's named in its metadata."""
-  op_name = inst.metadata.op_name
+  op_name = inst.op_name
   if op_name and "/" in op_name:
     return False  # A traced op ("jit(f)/..."); a bare name is a parameter's.
   if inst.opcode in _GLUE:

@@ -122,9 +122,13 @@ def analyze_liveness(module: HloModule, schedule: Schedule,
       sizes = {b: sizes[b] for b in dataflow.buffers}
       order = [b for b in order if b not in edits.dropped]
 
-  ranges = {b: (min(value_ranges[v][0] for v in members),
-                max(value_ranges[v][1] for v in members))
-            for b, members in dataflow.buffers.items()}
+  ranges = {}
+  for b, members in dataflow.buffers.items():
+    if len(members) == 1:  # most buffers hold one value
+      ranges[b] = value_ranges[members[0]]
+    else:
+      ranges[b] = (min(value_ranges[v][0] for v in members),
+                   max(value_ranges[v][1] for v in members))
 
   sharer = tables.sharer
   allocation_of, allocation_sizes, heap = _assign(
@@ -221,16 +225,24 @@ class _Tables:
     self.parameter_buffers = frozenset(parameter_buffers)
     self.output_buffers = frozenset(dataflow.buffer_of[vid]
                                     for _, vid in dataflow.holds.get(entry.root_name, ()))
-    self.sizes = {b: max(dataflow.values[v].byte_size for v in members)
+    values = dataflow.values
+    self.sizes = {b: (values[members[0]].byte_size if len(members) == 1 else
+                      max(values[v].byte_size for v in members))
                   for b, members in dataflow.buffers.items()}
     # XLA's order: largest first, live-out first, then the earliest defining
     # instruction in post order (entry first). Models with many equal-sized
     # buffers depend on this tie-break.
     position = self.position = (_post_order_positions(comps) if base is None
                                 else base.position)
-    self.order = sorted(dataflow.buffers, key=lambda b: (
-        -self.sizes[b], b not in self.output_buffers,
-        min(position.get(v[0], 0) for v in dataflow.buffers[b])))
+    sizes, outputs, buffers = self.sizes, self.output_buffers, dataflow.buffers
+
+    def first(b):
+      members = buffers[b]
+      if len(members) == 1:
+        return position.get(members[0][0], 0)
+      return min(position.get(v[0], 0) for v in members)
+
+    self.order = sorted(buffers, key=lambda b: (-sizes[b], b not in outputs, first(b)))
     # The sharer reads values, holds and computations only.
     self.sharer = _Sharer(module, comps, dataflow) if base is None else base.sharer
 
