@@ -424,12 +424,16 @@ class _Occupancy:
           out |= any_[r]
         l >>= 1
         r >>= 1
-      # Nodes above the ones read that a span covers whole.
-      for leaf in (lo, hi - 1):
-        node = leaf >> 1
-        while node:
-          out |= cover[node]
-          node >>= 1
+      # Nodes above the ones read that a span covers whole: the two ends'
+      # paths to the root, shared above where they meet.
+      a, b = lo >> 1, (hi - 1) >> 1
+      while a != b:
+        out |= cover[a] | cover[b]
+        a >>= 1
+        b >>= 1
+      while a:
+        out |= cover[a]
+        a >>= 1
     return out
 
 
