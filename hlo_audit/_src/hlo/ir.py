@@ -652,6 +652,17 @@ class Instruction:
           return _attributes.unescape_text(body) if "\\" in body else body
       if "metadata=" not in src:
         return ""
+    else:  # split: read the raw `{op_name="..." ...}` unless already decoded
+      cache = self._cache
+      if cache is not None and "metadata" in cache:
+        return cache["metadata"].op_name
+      raw = src.get("metadata")
+      if raw is None:
+        return ""
+      if raw.startswith(_OP_NAME_RAW):
+        end = raw.find('"', len(_OP_NAME_RAW))
+        if end > 0 and raw.find("\\", len(_OP_NAME_RAW), end) < 0:
+          return raw[len(_OP_NAME_RAW):end]
     return self.metadata.op_name
 
   @property
@@ -729,6 +740,8 @@ _OP_NAME = re.compile(
     r'op_name="([^"\\]*+(?:\\.[^"\\]*+)*+)"')
 #: How a run starts when metadata comes first and op_name first in it.
 _OP_NAME_FIRST = ', metadata={op_name="'
+#: How a split run's raw metadata starts when op_name comes first.
+_OP_NAME_RAW = '{op_name="'
 _METADATA_AT = re.compile(
     r'metadata=\{(?:op_type="[^"\\]*+(?:\\.[^"\\]*+)*+"[ \t]+)?'
     r'op_name="([^"\\]*+(?:\\.[^"\\]*+)*+)"')

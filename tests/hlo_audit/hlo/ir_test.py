@@ -531,11 +531,19 @@ def test_op_name_without_decoding_agrees_with_the_decoded_metadata():
   lines.append('  %n = f32[2]{0} negate(%d), frontend_attributes={x={y=1, '
                'metadata={op_name="nested"}}}')
   lines.append('  ROOT %r = f32[2]{0} add(%n, %p2), metadata={op_name="root"}')
-  module = hlo_audit.parse_hlo("HloModule m\n\nENTRY %e (" + ", ".join(
+  text = ("HloModule m\n\nENTRY %e (" + ", ".join(
       f"p{i}: f32[2]" for i in range(len(metadata))) + ") -> f32[2] {\n" +
       "\n".join(lines) + "\n}\n")
-  insts = list(module.entry.instructions)
+  insts = list(hlo_audit.parse_hlo(text).entry.instructions)
   fast = [i.op_name for i in insts]  # before anything splits the runs
   assert fast == [i.metadata.op_name for i in insts]
   assert fast[:3] == ["jit(f)/add", 'a"b/c', "t/u"]
   assert fast[-4:] == ["after/sharding", "after/dims", "", "root"]
+  # Runs another attribute's read has split: the raw metadata value is read
+  # the same way, and only the odd forms decode it.
+  split = list(hlo_audit.parse_hlo(text).entry.instructions)
+  for i in split:
+    i.attributes
+  assert [i.op_name for i in split] == fast
+  assert [i for i, inst in enumerate(split)
+          if "metadata" in (inst._cache or {})] == [1, 2, 5]
