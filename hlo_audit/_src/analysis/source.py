@@ -95,24 +95,42 @@ def attribute(module: HloModule, inst: Instruction,
   copies): they take the stack of the loop that runs them, else of what
   they feed (through tuples and bitcasts), else of what they read.
   """
+  # Kernels and buffers ask of the same instructions: answered once per
+  # audit (dropped with the tables, `release_tables`).
+  memo = module._cached("source_memo", dict)
+  key = (inst.name, library_paths, user_paths)
+  found = memo.get(key)
+  if found is not None and found[0] is inst:
+    return found[1]
   found = _own(module, inst, library_paths, user_paths)
-  if found[1]:
-    return found
-  for other in _context(module, inst):
-    found = _own(module, other, library_paths, user_paths)
-    if found[1]:
-      return found
-  return None, ()
+  if not found[1]:
+    for other in _context(module, inst):
+      found = _own(module, other, library_paths, user_paths)
+      if found[1]:
+        break
+    else:
+      found = None, ()
+  memo[key] = (inst, found)
+  return found
 
 
-def _own(module: HloModule, inst: Instruction, library_paths, user_paths):
-  candidates = [inst]
+def _candidates(module: HloModule, inst: Instruction):
+  """`inst`, then each fused computation's root and other instructions
+  (lazily: the fusion's own metadata nearly always answers)."""
+  yield inst
   for callee in inst.called_computations.get("calls", ()):
     if callee in module:
       comp = module.computation(callee)
-      candidates += [comp.root] + [i for i in comp.instructions if i is not comp.root]
+      root = comp.root
+      yield root
+      for i in comp.instructions:
+        if i is not root:
+          yield i
+
+
+def _own(module: HloModule, inst: Instruction, library_paths, user_paths):
   fallback: tuple[SourceLocation, ...] = ()
-  for cand in candidates:
+  for cand in _candidates(module, inst):
     stack = instruction_stack(module, cand)
     if not stack:
       continue
@@ -167,6 +185,7 @@ def release_tables(module: HloModule) -> None:
   sources: a report keeps the module, and the tables would add a fifth to
   what it holds."""
   module._forget("source_tables")
+  module._forget("source_memo")
 
 
 def _context(module: HloModule, inst: Instruction):
