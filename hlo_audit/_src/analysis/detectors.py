@@ -73,6 +73,12 @@ class _Context:
   _primitives: dict = dataclasses.field(default_factory=dict)
   #: computation -> instruction name -> its users (filled on first use).
   _users: dict = dataclasses.field(default_factory=dict)
+  #: kernel name -> `_anchor` (filled on first use: asked of every reader).
+  _anchors: dict = dataclasses.field(default_factory=dict)
+  #: kernel name -> `_operand_producers`, `_same_index` (filled on first
+  #: use: `_depends_on` walks the same kernels from every epilogue).
+  _inputs: dict = dataclasses.field(default_factory=dict)
+  _same: dict = dataclasses.field(default_factory=dict)
 
   def users(self, comp: Computation, name: str) -> list[Instruction]:
     """Instructions of `comp` that read `name`, in text order."""
@@ -164,6 +170,14 @@ def _consumer_kernels(ctx: _Context, buf: Buffer) -> list[Kernel]:
 
 def _anchor(ctx: _Context, k: Kernel) -> str | None:
   """"dot" or "convolution" when the kernel is a matrix-multiply anchor."""
+  try:
+    return ctx._anchors[k.name]
+  except KeyError:
+    found = ctx._anchors[k.name] = _find_anchor(ctx, k)
+    return found
+
+
+def _find_anchor(ctx: _Context, k: Kernel) -> str | None:
   inst = ctx.inst(k)
   if k.kind is KernelKind.PALLAS:
     return None
@@ -587,10 +601,26 @@ _SAME_INDEX_OPS = opcodes.ELEMENTWISE | {"bitcast", "broadcast", "reshape", "con
 
 
 def _same_index(ctx: _Context, k: Kernel) -> bool:
-  inst = ctx.inst(k)
-  if inst.opcode == "fusion":
-    return k.kind is KernelKind.LOOP_FUSION and set(k.fused_ops) <= _SAME_INDEX_OPS
-  return inst.opcode in opcodes.ELEMENTWISE
+  found = ctx._same.get(k.name)
+  if found is None:
+    inst = ctx.inst(k)
+    if inst.opcode == "fusion":
+      found = k.kind is KernelKind.LOOP_FUSION and set(k.fused_ops) <= _SAME_INDEX_OPS
+    else:
+      found = inst.opcode in opcodes.ELEMENTWISE
+    ctx._same[k.name] = found
+  return found
+
+
+def _operand_producers(ctx: _Context, k: Kernel) -> tuple[tuple[str, ...], ...]:
+  """For each operand of `k`, the kernels whose outputs it holds."""
+  found = ctx._inputs.get(k.name)
+  if found is None:
+    holds, kernels = ctx.dataflow.holds, ctx.kernels
+    found = ctx._inputs[k.name] = tuple(
+        tuple(vid[0] for _, vid in holds.get(o, ()) if vid[0] in kernels)
+        for o in ctx.inst(k).operands)
+  return found
 
 
 def _depends_on(ctx: _Context, consumer: Kernel, anchor: str, operand: int,
@@ -605,15 +635,10 @@ def _depends_on(ctx: _Context, consumer: Kernel, anchor: str, operand: int,
   if "transpose(" in consumer.op_name and anchor in ctx.kernels and \
       "transpose(" not in ctx.kernels[anchor].op_name:
     return True  # a backward reader of a forward result needs the gradients
-  inst = ctx.inst(consumer)
   # (kernel, whether the path from it back to here mixed elements)
-  frontier: set[tuple[str, bool]] = set()
-  for i, o in enumerate(inst.operands):
-    if i == operand:
-      continue
-    for _, vid in ctx.dataflow.holds.get(o, ()):
-      if vid[0] in ctx.kernels:
-        frontier.add((vid[0], False))
+  frontier: set[tuple[str, bool]] = {
+      (p, False) for i, producers in enumerate(_operand_producers(ctx, consumer))
+      if i != operand for p in producers}
   seen: set[tuple[str, bool]] = set()
   for _ in range(depth):
     if (anchor, True) in frontier:
@@ -625,10 +650,10 @@ def _depends_on(ctx: _Context, consumer: Kernel, anchor: str, operand: int,
         continue
       k = ctx.kernels[name]
       mixed = mixed or not _same_index(ctx, k)
-      for o in ctx.inst(k).operands:
-        for _, vid in ctx.dataflow.holds.get(o, ()):
-          if vid[0] in ctx.kernels and (vid[0], mixed) not in seen:
-            nxt.add((vid[0], mixed))
+      for producers in _operand_producers(ctx, k):
+        for p in producers:
+          if (p, mixed) not in seen:
+            nxt.add((p, mixed))
     if not nxt:
       return False
     frontier = nxt
@@ -1080,8 +1105,13 @@ def _prologues(ctx: _Context) -> list[FusionDecisionRecord]:
           or buf.internal:
         continue
       readers = _consumer_kernels(ctx, buf)
-      anchors = [_anchor(ctx, c) or _cast_for_matmuls(ctx, c) for c in readers]
-      if not readers or None in anchors:
+      anchors = []
+      for c in readers:  # (the first reader that is no matmul settles it)
+        a = _anchor(ctx, c) or _cast_for_matmuls(ctx, c)
+        if a is None:
+          break
+        anchors.append(a)
+      if not readers or len(anchors) < len(readers):
         continue
       anchor = anchors[0]
       work = _prologue_work(ctx, k, inst) or _slice_work(ctx, k, inst)
