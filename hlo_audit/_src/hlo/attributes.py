@@ -319,8 +319,16 @@ _MD_INT = {"source_line", "source_end_line", "source_column",
            "source_end_column", "stack_frame_id"}
 
 
+#: The form JAX's dumps give nearly every instruction (read in one match).
+_MD_COMMON = re.compile(r'\{op_name="([^"\\]*)"(?: stack_frame_id=([0-9]{1,18}))?\}')
+
+
 def metadata(raw: str, where: Where | None = None) -> Metadata:
   """`{op_name="jit(f)/mul" source_file="f.py" source_line=3}` -> Metadata."""
+  m = _MD_COMMON.fullmatch(raw)
+  if m is not None:
+    frame = m.group(2)
+    return Metadata(op_name=m.group(1), stack_frame_id=int(frame) if frame else 0)
   fields: dict = {}
   extra: dict[str, str] = {}
   if raw.startswith("{") and raw.endswith("}"):

@@ -45,6 +45,22 @@ def test_metadata():
                         profile_type=(1, 2))
 
 
+@pytest.mark.parametrize("raw, common", [
+    ('{op_name="jit(f)/mul" stack_frame_id=12}', True),   # JAX's dumps, nearly all
+    ('{op_name="jit(f)/mul"}', True),
+    ('{op_name="" stack_frame_id=0012}', True),
+    ('{op_name="a\\"b" stack_frame_id=1}', False),   # an escape: the full decode
+    ('{stack_frame_id=3 op_name="late"}', False),
+    ('{op_name="x" stack_frame_id=3 source_line=2}', False),
+    ('{op_name="x"  stack_frame_id=3}', False),
+    ('{op_name="x" stack_frame_id=-3}', False),
+])
+def test_metadata_common_form_agrees_with_the_lexer(raw, common):
+  """The one-match read of the common form says what the lexer's path says."""
+  assert (attributes._MD_COMMON.fullmatch(raw) is not None) is common
+  assert attributes.metadata(raw) == attributes._metadata_slow(raw, None)
+
+
 def test_metadata_keeps_unknown_fields_raw():
   md = attributes.metadata('{op_name="x" preserve_layout=true future_field={1, 2}}')
   assert md.op_name == "x"
