@@ -52,6 +52,7 @@ def add_suggestions(findings: tuple[FusionDecisionRecord, ...],
   `pallas_kernels` op closes the finding."""
   out = []
   eps = functools.cache(lambda: _eps(module))  # one scan of the module, if any
+  verdicts: dict[_Call, str] = {}  # (a model's layers repeat the same calls)
   for f in findings:
     call = None
     if f.kind in _CLASSES and f.kernel:
@@ -62,8 +63,10 @@ def add_suggestions(findings: tuple[FusionDecisionRecord, ...],
     if call is None:
       out.append(f)
       continue
-    out.append(dataclasses.replace(f, suggestion=call.text(),
-                                   guard_verdict=_verdict(call)))
+    verdict = verdicts.get(call)
+    if verdict is None:
+      verdict = verdicts[call] = _verdict(call)
+    out.append(dataclasses.replace(f, suggestion=call.text(), guard_verdict=verdict))
   return tuple(out)
 
 
