@@ -476,8 +476,12 @@ def _heap_tables(program: Program) -> dict:
     members_of: dict[int, list[ValueId]] = {}
     for b, i in base.allocation_of.items():
       members_of.setdefault(i, []).append(b)
+    # Largest first, as the assignment placed them (sorted so that a drop's
+    # read of the top does not rest on that order).
+    for members in members_of.values():
+      members.sort(key=base.sizes.__getitem__, reverse=True)
     cache.update(heap=line[:len(base.timeline)], root_of=root_of, groups=groups,
-                 members_of=members_of)
+                 members_of=members_of, allocation_total=sum(base.allocation_sizes))
   return cache
 
 
@@ -494,10 +498,12 @@ def quick_peak(program: Program, edits: LivenessEdits) -> int:
       members = dataflow.buffers[b]
       ranges[b] = (min(edits.value_ranges.get(m, base.value_ranges[m])[0] for m in members),
                    max(edits.value_ranges.get(m, base.value_ranges[m])[1] for m in members))
-  sizes = list(base.allocation_sizes)
+  # An allocation a drop empties shrinks to its largest member left (the
+  # module's allocations are many: only those changed are summed again).
+  total = cache["allocation_total"]
   for i in {base.allocation_of[b] for b in edits.dropped if b in base.allocation_of}:
-    sizes[i] = max((base.sizes[b] for b in members_of[i] if b not in edits.dropped),
-                   default=0)
+    left = next((b for b in members_of[i] if b not in edits.dropped), None)
+    total += (base.sizes[left] if left is not None else 0) - base.allocation_sizes[i]
   touched = {root_of[b] for b in (*edits.dropped, *ranges) if b in root_of}
   line = cache["heap"]
   if touched or edits.extra:
@@ -513,7 +519,7 @@ def quick_peak(program: Program, edits: LivenessEdits) -> int:
         line[max(s_, 0):min(e_, end - 1) + 1] += size
     for s_, e_, size in edits.extra:
       line[max(s_, 0):min(e_, end - 1) + 1] += size
-  return sum(sizes) + int(line.max(initial=0))
+  return total + int(line.max(initial=0))
 
 
 class _Overlay:

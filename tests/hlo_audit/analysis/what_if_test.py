@@ -108,6 +108,26 @@ def test_drop_and_fuse_replays():
     assert abs(full - f.peak_after) <= QUICK_TOLERANCE * r.peak_bytes, (full, f.peak_after)
 
 
+def test_a_quick_drop_shrinks_an_allocation_to_its_largest_member_left():
+  from hlo_audit._src.analysis.liveness import LivenessEdits
+  from hlo_audit._src.analysis.what_if import quick_peak
+  program = report().program
+  base = program.liveness
+  members: dict[int, list] = {}
+  for b, i in base.allocation_of.items():
+    members.setdefault(i, []).append(b)
+  shared = [sorted(m, key=base.sizes.__getitem__, reverse=True)
+            for m in members.values() if len(m) > 1]
+  assert shared
+  heap = quick_peak(program, LivenessEdits()) - sum(base.allocation_sizes)
+  for m in shared:
+    i = base.allocation_of[m[0]]
+    for n in range(1, len(m) + 1):  # the n largest dropped
+      left = max((base.sizes[b] for b in m[n:]), default=0)
+      want = sum(base.allocation_sizes) - base.allocation_sizes[i] + left + heap
+      assert quick_peak(program, LivenessEdits(dropped=frozenset(m[:n]))) == want
+
+
 def test_what_if_in_json_round_trips():
   r = report()
   w = r.what_if(donate=[0])
