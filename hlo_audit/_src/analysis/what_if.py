@@ -566,27 +566,37 @@ def _instruction(module: HloModule, schedule: Schedule, name: str) -> Instructio
   return None
 
 
-#: Work one audit may spend on full replays of per-finding peaks, in buffers
-#: assigned, per instruction of the module. A full replay assigns every
-#: buffer again (its cost, ~15 us a buffer on one core), the rest of the
-#: audit costs ~20-30 us an instruction, so the what-if part stays near a
-#: tenth of the audit: a fused module (the 12-layer example: 34k
-#: instructions, 1.4k buffers) gets 3 full replays, the rest the quick
-#: estimate (marked). Work, not time: a module always gets the same replays.
-FULL_REPLAY_WORK_PER_INSTRUCTION = 0.125
+#: Work one audit may spend on full replays of per-finding peaks, in
+#: `full_replay_cost` units, per instruction of the module. A unit costs
+#: ~5-15 us on one core, the rest of the audit ~12-20 us an instruction, so
+#: the what-if part stays near a tenth of the audit: the 12-layer example
+#: (34k instructions, 1.4k buffers) gets a donation replay and one more, the
+#: rest the quick estimate (marked). Work, not time: a module always gets the
+#: same replays.
+FULL_REPLAY_WORK_PER_INSTRUCTION = 0.2
 #: ...and never less than this many full replays' worth, for unfused modules
 #: (mixtral 8x7b: 42k instructions, 29k buffers, gets 2)...
 MIN_FULL_REPLAYS = 2
 #: ...nor less than this much work (~75 ms): small modules get a full replay
 #: for every finding that can move the peak.
-MIN_FULL_REPLAY_WORK = 5000
+MIN_FULL_REPLAY_WORK = 6200
+
+
+def full_replay_cost(program: Program) -> int:
+  """What one full replay takes from the budget: every buffer is assigned
+  again, and each the audited assignment placed in an allocation is placed
+  again (a fit test and an occupancy update, the dearer part). Buffers
+  alone undercount modules whose temporaries pack into output allocations:
+  on 8 copies of the example 9k of 10k buffers are placed (0.7k of 1.4k on
+  one), and a replay cost 15x one of the example's, not 7x."""
+  return len(program.dataflow.buffers) + len(program.liveness.allocation_of)
 
 
 @dataclasses.dataclass(slots=True)
 class ReplayBudget:
   """Full replays one audit may still run (shared by every finding)."""
 
-  #: Work left, in buffers assigned.
+  #: Work left, in `full_replay_cost` units.
   left: int
   #: Full replays run so far.
   replays: int = 0
@@ -598,17 +608,17 @@ def replay_budget(program: Program) -> ReplayBudget:
   if budget is None:
     budget = program.cache["replay_budget"] = ReplayBudget(max(
         int(FULL_REPLAY_WORK_PER_INSTRUCTION * program.module.instruction_count),
-        MIN_FULL_REPLAYS * len(program.dataflow.buffers), MIN_FULL_REPLAY_WORK))
+        MIN_FULL_REPLAYS * full_replay_cost(program), MIN_FULL_REPLAY_WORK))
   return budget
 
 
 def take_full_replay(program: Program, *, donation: bool = False) -> bool:
   """Whether the audit's budget allows one more full replay (and takes it).
-  A replay costs the program's buffers; a donation replay twice that: it
+  A replay costs `full_replay_cost`; a donation replay twice that: it
   pairs parameters with outputs, merges their buffers and derives liveness
-  tables for the merged program (28 ms against 16 ms on the example)."""
+  tables for the merged program (23 ms against 11 ms on the example)."""
   budget = replay_budget(program)
-  cost = len(program.dataflow.buffers) * (2 if donation else 1)
+  cost = full_replay_cost(program) * (2 if donation else 1)
   if budget.left < cost:
     return False
   budget.left -= cost

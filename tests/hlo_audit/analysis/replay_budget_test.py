@@ -58,9 +58,9 @@ def audit_counting(monkeypatch, cap, replays: int | None = None):
   plain replays."""
   if replays is not None:
     plain = hlo_audit.audit(cap)
-    buffers = len(plain.program.dataflow.buffers)
+    cost = what_if.full_replay_cost(plain.program)
     monkeypatch.setattr(what_if, "FULL_REPLAY_WORK_PER_INSTRUCTION", fractions.Fraction(
-        replays * buffers, plain.module.instruction_count))
+        replays * cost, plain.module.instruction_count))
     monkeypatch.setattr(what_if, "MIN_FULL_REPLAY_WORK", 0)
   calls = []
   real = what_if.analyze_liveness
