@@ -54,7 +54,7 @@ import bench_models  # noqa: E402  (a sibling script module)
 
 _SCALES = flags.DEFINE_list("scales", ["1", "2", "4", "8"], "Multiples of the base module.")
 _REPEATS = flags.DEFINE_integer(
-    "repeats", 3, "Rounds of compile and audit (table 1); timed runs per measurement.")
+    "repeats", 5, "Rounds of compile and audit (table 1); timed runs per measurement.")
 _CAPTURE = flags.DEFINE_bool("capture", True, "Time audit(jax.jit(f)) against the compile.")
 _COMPILE_SCALES = flags.DEFINE_bool(
     "compile_scales", False, "Compile real k x 12-layer steps instead of replicating text.")
