@@ -568,7 +568,7 @@ def _instruction(module: HloModule, schedule: Schedule, name: str) -> Instructio
 
 #: Work one audit may spend on full replays of per-finding peaks, in
 #: `full_replay_cost` units, per instruction of the module. A unit costs
-#: ~5-15 us on one core, the rest of the audit ~12-20 us an instruction, so
+#: ~7-10 us on one core, the rest of the audit ~12-20 us an instruction, so
 #: the what-if part stays near a tenth of the audit: the 12-layer example
 #: (34k instructions, 1.4k buffers) gets a donation replay and one more, the
 #: rest the quick estimate (marked). Work, not time: a module always gets the
@@ -616,7 +616,7 @@ def take_full_replay(program: Program, *, donation: bool = False) -> bool:
   """Whether the audit's budget allows one more full replay (and takes it).
   A replay costs `full_replay_cost`; a donation replay twice that: it
   pairs parameters with outputs, merges their buffers and derives liveness
-  tables for the merged program (23 ms against 11 ms on the example)."""
+  tables for the merged program (22 ms against 14 ms on the example)."""
   budget = replay_budget(program)
   cost = full_replay_cost(program) * (2 if donation else 1)
   if budget.left < cost:
