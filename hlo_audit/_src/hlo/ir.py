@@ -622,22 +622,17 @@ class Instruction:
     they are still raw text (analyses ask this of every fused instruction)."""
     src = self.attribute_source
     if isinstance(src, str):
-      if src.startswith(_OP_NAME_FIRST):  # as JAX's dumps write nearly all
-        end = src.find('"', len(_OP_NAME_FIRST))
-        if end > 0 and src.find("\\", len(_OP_NAME_FIRST), end) < 0:
-          return src[len(_OP_NAME_FIRST):end]
-      else:
-        # After other attributes (`dimensions={0}, to_apply=%r, metadata=`):
-        # with no string before it, the first such run is at the top level
-        # when the braces before it balance.
-        at = src.find(_OP_NAME_FIRST)
-        if at > 0:
-          head = src[:at]
-          if '"' not in head and head.count("{") == head.count("}"):
-            start = at + len(_OP_NAME_FIRST)
-            end = src.find('"', start)
-            if end > 0 and src.find("\\", start, end) < 0:
-              return src[start:end]
+      # First (as JAX's dumps write nearly all) or after other attributes
+      # (`dimensions={0}, to_apply=%r, metadata=`): with no string before
+      # it, the first such run is at the top level when the braces before
+      # it balance.
+      at = src.find(_OP_NAME_FIRST)
+      if at >= 0:
+        head = src[:at]
+        if '"' not in head and head.count("{") == head.count("}"):
+          name = _plain_string(src, at + len(_OP_NAME_FIRST))
+          if name is not None:
+            return name
       start, m = _op_name_match(src)
       # Only a match outside any string or braced value counts: an even
       # number of quotes before it, none of them escaped, and as many '{' as
@@ -660,9 +655,9 @@ class Instruction:
       if raw is None:
         return ""
       if raw.startswith(_OP_NAME_RAW):
-        end = raw.find('"', len(_OP_NAME_RAW))
-        if end > 0 and raw.find("\\", len(_OP_NAME_RAW), end) < 0:
-          return raw[len(_OP_NAME_RAW):end]
+        name = _plain_string(raw, len(_OP_NAME_RAW))
+        if name is not None:
+          return name
     return self.metadata.op_name
 
   @property
@@ -748,6 +743,15 @@ _METADATA_AT = re.compile(
 #: Substrings every `role=` key contains (a fast test before `_ROLE_KEY`).
 _ROLE_HINTS = ("calls=", "to_apply=", "condition=", "body=", "computation",
                "select=", "scatter=")
+
+
+def _plain_string(text: str, start: int) -> str | None:
+  """The string body from `start` to the next quote, or None when it holds
+  an escape (the full decode reads those)."""
+  end = text.find('"', start)
+  if end < 0 or text.find("\\", start, end) >= 0:
+    return None
+  return text[start:end]
 
 
 def op_names(instructions: Iterable[Instruction]) -> list[str]:
