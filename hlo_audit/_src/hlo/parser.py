@@ -46,10 +46,16 @@ _log = logging.getLogger("hlo_audit")
 _NAME = r"[A-Za-z_][A-Za-z0-9_.\-]*"
 _SHAPE_RE = (r"[a-z][a-z0-9]*\[[^\]\n]*\](?:\{[0-9,]*(?::[^{}()\n]*(?:\([^()\n]*\)[^{}()\n]*)*)?\})?"
              r"|\((?:[^()\n]|\((?:[^()\n]|\([^()\n]*\))*\))*\)")
+# The result shape on an instruction line: delimited, not checked (its text
+# is looked up among the shapes parsed in full, or parsed then; a text that
+# is no shape sends the line to the slow path). Possessive, and a layout any
+# text in braces: a tenth of the line's match on dumps.
+_LINE_SHAPE_RE = (r"[a-z][a-z0-9]*+\[[^\]\n]*+\](?:\{[^{}\n]*+\})?"
+                  r"|\((?:[^()\n]++|\((?:[^()\n]++|\([^()\n]*+\))*+\))*+\)")
 # A whole instruction line in the dialect XLA prints; the attribute run is
 # validated here and split on first use (ir.Instruction.attributes).
 _FAST_LINE = re.compile(
-    r"[ \t]*(ROOT[ \t]+)?(%?)(" + _NAME + r")[ \t]*=[ \t]*(" + _SHAPE_RE +
+    r"[ \t]*(ROOT[ \t]+)?(%?)(" + _NAME + r")[ \t]*=[ \t]*(" + _LINE_SHAPE_RE +
     r")[ \t]+([a-z][a-z0-9\-]*)\(([^()\n]*)\)(" + attributes.ATTRIBUTE_RUN +
     r")[ \t]*\r?(?:\n|\Z)"
     # Not when the statement may go on: `\n  , metadata={...}` adds attributes
@@ -78,8 +84,10 @@ _TUPLE_ELEMENT = re.compile(r"(?:,[ \t]*)?(?:/\*index=[0-9]+\*/)?(" + _ARRAY_SHA
 _TYPED_OPERAND = re.compile(
     r"[ \t]*(?:/\*index=[0-9]+\*/)?[ \t]*(?:(" + _SHAPE_RE + r")[ \t]+)?%(" + _NAME +
     r")[ \t]*(?:,|$)")
-_SIG_PARAM = re.compile(_NAME + r":[ \t]*(" + _SHAPE_RE + r")[ \t]*(,[ \t]*)?")
-_WS_INLINE = re.compile(r"[ \t]*")
+_SIG_PARAM_RE = _NAME + r":[ \t]*(?:" + _SHAPE_RE + r")[ \t]*"
+#: A computation's parameter list as XLA prints it, and each shape in one.
+_SIG_LIST = re.compile(r"[ \t]*(?:" + _SIG_PARAM_RE + r"(?:,[ \t]*" + _SIG_PARAM_RE + r")*)?")
+_SIG_SHAPE = re.compile(r"(?:^|,)[ \t]*" + _NAME + r":[ \t]*(" + _SHAPE_RE + r")")
 _SIMPLE_REF = re.compile(r"%?(" + _NAME + r")")
 _SIMPLE_NAMES = re.compile(r"\{(%?" + _NAME + r"(?:,[ \t]*%?" + _NAME + r")*)?\}")
 _WS = re.compile(r"[ \t\r\n]*")
@@ -122,8 +130,10 @@ _SIMPLE_CALL = re.compile(r",[ \t]*(?:calls|to_apply|condition|body)=%(" + _NAME
 #: hide one) follows.
 _COMP_END = re.compile(r"\}[ \t]*\r?(?:\n|\Z)(?![ \t\r\n]*+[,/])")
 _EMPTY_ATTRS = types.MappingProxyType({})
-#: Opcodes as written, without the async wrappers `_RESOLVE` adds.
-_PLAIN_OPCODE = {op: op for op in opcodes.OPCODES}
+#: (opcode, arity or None) of the opcodes `common_instructions` takes, as
+#: written: not the async wrappers `_RESOLVE` adds, nor constants.
+_COMMON_OPCODE = {op: (op, opcodes.ARITY.get(op)) for op in opcodes.OPCODES
+                  if op != "constant"}
 
 
 #: An array shape with static dimensions and a plain layout, `bf16[8,41]{1,0}`:
@@ -259,6 +269,7 @@ class _Parser:
     self.refs: list[tuple[str, int]] = []  # (computation name, offset)
     self.anon = _NameUniquer()  # XLA's parser-level uniquifier for anon names
     self.pending_names: list[str] = []
+    self.entry: _Comp | None = None  # the ENTRY computation, once closed
     self.generated: dict[str, str] = {}  # placeholder -> base name
     self.single = False  # single-instruction mode creates missing parameters
     self.scopes = 0
@@ -307,18 +318,22 @@ class _Parser:
     stack_frames = None
     if lx.tok.kind is Tok.KEYWORD and lx.tok.value == "FileNames":
       stack_frames, pos = self.parse_stack_frame_index(lx.tok.end)
-    entry: _Comp | None = None
     while True:
+      if self.fast:
+        # Whole computations in the common forms, header to closing brace,
+        # in one loop; it stops inside a computation at a line it does not
+        # take (the general loop goes on from there) or before a header.
+        comp, pos, m = self.common_instructions(None, pos, across=True)
+        if comp is not None:
+          pos = self.parse_instructions(comp, pos, m, resumed=True)
+          continue
       pos = self.skip_trivia(pos)
       if pos >= self.n:
         break
-      comp, pos = self.parse_computation(pos)
-      if comp.is_entry:
-        if entry is not None:
-          self.error(comp.offset, "expected only one ENTRY computation")
-        entry = comp
+      _, pos = self.parse_computation(pos)
     if not self.done:
       self.error(pos, "expected a computation")
+    entry = self.entry
     if entry is None:
       entry = self.done[-1]
       entry.is_entry = True
@@ -543,19 +558,30 @@ class _Parser:
 
   # ----------------------------------------------------------- computation --
 
-  def parse_computation(self, pos: int) -> tuple[_Comp, int]:
+  def fast_header(self, pos: int) -> tuple[_Comp | None, int]:
+    """The computation a header line in XLA's form opens at `pos` (after
+    blank lines), and the offset after the line; None and the header's
+    offset if the lexer must read it (or there is none)."""
     text = self.text
+    pos = _TRIVIA.match(text, pos).end()
+    if pos >= self.n or text.startswith("/*", pos):
+      return None, pos
+    end = text.find("\n", pos)
+    end = self.n if end < 0 else end
+    m = _FAST_COMP.match(text, pos, end)
+    if (m is not None and m.end() == end and
+        (m.group(2) or not _reserved(m.group(3))) and
+        (m.group(4) is None or (self.fast_signature(m.group(4), m.group(5)) and
+                                not _LAYOUT_START.match(text, end)))):
+      return _Comp(m.group(3), m.start(2), bool(m.group(1))), (
+          end + 1 if end < self.n else end)
+    return None, pos
+
+  def parse_computation(self, pos: int) -> tuple[_Comp, int]:
     if self.fast:
-      end = text.find("\n", pos)
-      end = self.n if end < 0 else end
-      m = _FAST_COMP.match(text, pos, end)
-      if (m is not None and m.end() == end and
-          (m.group(2) or not _reserved(m.group(3))) and
-          (m.group(4) is None or (self.fast_signature(m.group(4), m.group(5)) and
-                                  not _LAYOUT_START.match(text, end)))):
-        comp = _Comp(m.group(3), m.start(2), bool(m.group(1)))
-        pos = self.parse_instructions(comp, end + 1 if end < self.n else end)
-        return comp, pos
+      comp, body = self.fast_header(pos)
+      if comp is not None:
+        return comp, self.parse_instructions(comp, body)
     lx = self.lexer_at(pos)
     is_entry = False
     if lx.tok.kind is Tok.KEYWORD and lx.tok.value == "ENTRY":
@@ -582,20 +608,13 @@ class _Parser:
     the header takes any text there)."""
     if "//" in result or "//" in params or self.shape(result) is None:
       return False  # a `//` comment would hide the '{' the regex found
-    shapes = self.shapes
-    pos = _WS_INLINE.match(params).end()
-    n = len(params)
-    while pos < n:
-      p = _SIG_PARAM.match(params, pos)
-      if p is None:
-        return False
-      shape = p.group(1)
-      if shape not in shapes and self.shape(shape) is None:
-        return False
-      pos = p.end()
-      if (pos < n) != bool(p.group(2)):  # ',' between parameters only
-        return False
-    return True
+    if _SIG_LIST.fullmatch(params) is None:
+      return False
+    # The list is well formed, so these are its shapes, one per parameter
+    # (a shape's text holds no `, name:`).
+    found = _SIG_SHAPE.findall(params)
+    return all(map(self.shapes.__contains__, found)) or all(
+        self.shape(t) is not None for t in found)
 
   def parse_param_list(self, lx: Lexer) -> None:
     grammar.expect(lx, Tok.LPAREN, "expected '(' to start the parameter list")
@@ -610,16 +629,22 @@ class _Parser:
           break
     grammar.expect(lx, Tok.RPAREN, "expected ')' to end the parameter list")
 
-  def parse_instructions(self, comp: _Comp, pos: int) -> int:
+  def parse_instructions(self, comp: _Comp, pos: int, m: re.Match | None = None,
+                         resumed: bool = False) -> int:
     """Instructions up to the closing '}' (the '{' is consumed); then the
-    computation's own attributes. Returns the offset after them."""
+    computation's own attributes. Returns the offset after them. `resumed`:
+    the common loop stopped at `pos`, where `_FAST_LINE` matched `m` (if
+    not None)."""
     text = self.text
     match = _FAST_LINE.match if self.fast else None
     self.scopes += 1
     common = self.common_instructions if match is not None else None
     while True:
       if common is not None:
-        pos, m = common(comp, pos)
+        if resumed:
+          resumed = False
+        else:
+          _, pos, m = common(comp, pos)
         if m is not None and self.fast_instruction(comp, m):
           pos = m.end()
           continue
@@ -642,8 +667,7 @@ class _Parser:
     self.scopes -= 1
     end = _COMP_END.match(text, pos) if match is not None else None
     if end is not None:  # no attributes follow
-      self.finish_computation(comp)
-      self.done.append(comp)
+      self.close_computation(comp)
       return end.end()
     lx = self.lexer_at(pos)
     lx.lex()  # the '}'
@@ -655,8 +679,7 @@ class _Parser:
         comp.thread = attributes.string(raw)
       except HloParseError as e:  # located in `raw` alone: relocate
         self.error(self.text.find(raw, pos), e.message)
-    self.finish_computation(comp)
-    self.done.append(comp)
+    self.close_computation(comp)
     return lx.tok.start
 
   def parse_instruction_list(self, comp: _Comp, lx: Lexer) -> None:
@@ -675,6 +698,15 @@ class _Parser:
     self.scopes -= 1
     self.finish_computation(comp)
 
+  def close_computation(self, comp: _Comp) -> None:
+    """A module-level computation is complete."""
+    self.finish_computation(comp)
+    self.done.append(comp)
+    if comp.is_entry:
+      if self.entry is not None:
+        self.error(comp.offset, "expected only one ENTRY computation")
+      self.entry = comp
+
   def finish_computation(self, comp: _Comp) -> None:
     if comp.name in self.pool:
       self.error(comp.offset, f"computation {comp.name} is defined twice "
@@ -685,48 +717,69 @@ class _Parser:
 
   # ------------------------------------------------------------ fast path --
 
-  def common_instructions(self, comp: _Comp,
-                          pos: int) -> tuple[int, re.Match | None]:
-    """Instructions from `pos` in the forms nearly every line of a dump
-    takes, until the first that is not; returns its offset and
-    `_FAST_LINE`'s match there, if any.
+  def common_instructions(self, comp: _Comp | None, pos: int, across: bool = False
+                          ) -> tuple[_Comp | None, int, re.Match | None]:
+    """Instructions of `comp` from `pos` in the forms nearly every line of a
+    dump takes, until the first that is not; returns the computation, that
+    line's offset and `_FAST_LINE`'s match there, if any.
+
+    `across`: at module level, from a computation's header (`comp` None) or
+    inside one, and on across closing braces and headers in XLA's form;
+    returns None for the computation when it stops before a header.
 
     The forms: `%name = shape op(%a, %b), attrs` with a known shape, operands
     defined, no repeated attribute, and computations referenced only as
     `calls=%c` (or to_apply, condition, body); `parameter(N)`. The rest goes
     through `fast_instruction`, which accepts the same and more: this loop
     saves per-line overhead, the largest cost of parsing a dump after the
-    regular expression itself.
+    regular expression itself (and, on modules of thousands of small
+    reducer computations, per-computation overhead).
     """
     text = self.text
+    if comp is None:
+      comp, pos = self.fast_header(pos)
+      if comp is None:
+        return None, pos, None
     match = _FAST_LINE.match
     names = comp.names
     insts = comp.insts
     shapes = self.shapes.get
-    plain = _PLAIN_OPCODE.get
+    common_op = _COMMON_OPCODE.get
     attr_keys = _ATTR_KEY.findall
     contains = names.__contains__
     pending = self.pending_names.append
     refs = self.refs
-    arity_of = _ARITY.get
     ctx = self.ctx
     new = _new
     reserved = _RESERVED
     while True:
       m = match(text, pos)
       if m is None:
-        return pos, None
+        if not across or not insts:
+          return comp, pos, None
+        end = _COMP_END.match(text, pos)
+        if end is None:  # not a bare '}' at the start of the line
+          return comp, pos, None
+        self.close_computation(comp)
+        comp, pos = self.fast_header(end.end())
+        if comp is None:
+          return None, pos, None
+        names = comp.names
+        insts = comp.insts
+        contains = names.__contains__
+        continue
       root_kw, pct, name, shape_text, word, ops, run = m.groups()
-      opcode = plain(word)
+      spec = common_op(word)
       shape = shapes(shape_text)
-      if (opcode is None or shape is None or name in names or
+      if (spec is None or shape is None or name in names or
           (name[0] == "_" and name[1:2] == "_") or (root_kw and comp.root_name is not None) or
-          (not pct and (name in reserved or text[m.end(3)] == "=")) or opcode == "constant"):
-        return pos, m  # (async wrappers and constants: `fast_instruction`)
+          (not pct and (name in reserved or text[m.end(3)] == "="))):
+        return comp, pos, m  # (async wrappers and constants: `fast_instruction`)
+      opcode, arity = spec
       param = None
       if opcode == "parameter":
         if not (ops.isdigit() and ops.isascii() and len(ops) <= 18):
-          return pos, m
+          return comp, pos, m
         param = int(ops)
         operands = ()
       elif ops:
@@ -742,20 +795,19 @@ class _Parser:
             if " " in part:
               typed, _, part = part.rpartition(" ")
               if shapes(typed) is None and self.shape(typed) is None:
-                return pos, m
+                return comp, pos, m
             if part[:1] == "%":
               part = part[1:]
             elif part in reserved:  # the slow path would read a shape
-              return pos, m
+              return comp, pos, m
             out.append(part)
         if not all(map(contains, out)):
-          return pos, m
+          return comp, pos, m
         operands = tuple(out)
       else:
         operands = ()
-      arity = arity_of(opcode)
       if arity is not None and arity != len(operands):
-        return pos, m
+        return comp, pos, m
       if run:
         # Half the lines carry metadata alone: one brace group to the end.
         if run.startswith(", metadata={") and run.find("}") == len(run) - 1:
@@ -763,13 +815,13 @@ class _Parser:
         else:
           keys = attr_keys(run)
           if len(keys) > 1 and len(set(keys)) != len(keys):
-            return pos, m
+            return comp, pos, m
         if keys and not _STRUCTURAL_SET.isdisjoint(keys):
           base = m.start(7)
           calls = [(c.group(1), base + c.start(1) - 1)
                    for c in _SIMPLE_CALL.finditer(run)]
           if len(calls) != sum(map(_STRUCTURAL_SET.__contains__, keys)):
-            return pos, m  # (`fast_instruction` writes bare names with '%')
+            return comp, pos, m  # (`fast_instruction` writes bare names with '%')
           refs += calls
       else:
         run = _EMPTY_ATTRS
@@ -1269,7 +1321,7 @@ class _Parser:
     # Computations named as XLA prints them keep their names: one check for
     # all instead of the uniquifier per computation.
     names = [c.name for c in self.done]
-    keep = (not self.generated and all(map(_clean_name, names)) and
+    keep = (not self.generated and _all_clean(names) and
             _uniquifier_is_identity(names))
     for comp in () if keep else self.done:
       old = comp.name
@@ -1358,9 +1410,19 @@ def _fast_literal(literal: str) -> bool:
   return depth == 0
 
 
-def _clean_name(name: str) -> bool:
-  """Whether `sanitize_name` keeps `name` as it is."""
-  return _CLEAN.fullmatch(name) is not None and _plain_name(name)
+#: Names one per line, each as `_CLEAN` takes it; a line starting with `__`
+#: but not `__xla_` (which `_plain_name` rejects).
+_CLEAN_LINES = re.compile(r"(?:" + _NAME + r"\n)*+" + _NAME)
+_DUNDER_LINE = re.compile(r"^__(?!xla_)", re.MULTILINE)
+
+
+def _all_clean(names: list[str]) -> bool:
+  """Whether `sanitize_name` keeps each of `names` (non-empty) as it is:
+  `_CLEAN` and `_plain_name` for all at once (thousands of computations)."""
+  joined = "\n".join(names)
+  return (_CLEAN_LINES.fullmatch(joined) is not None and
+          _DUNDER_LINE.search(joined) is None and
+          dtypes.ELEMENT_TYPES.isdisjoint(names))
 
 
 class _MutableComputation:
