@@ -44,8 +44,12 @@ _UNDEFINED = ": no instruction of that name before this use"
 _log = logging.getLogger("hlo_audit")
 
 _NAME = r"[A-Za-z_][A-Za-z0-9_.\-]*"
-_SHAPE_RE = (r"[a-z][a-z0-9]*\[[^\]\n]*\](?:\{[0-9,]*(?::[^{}()\n]*(?:\([^()\n]*\)[^{}()\n]*)*)?\})?"
-             r"|\((?:[^()\n]|\((?:[^()\n]|\([^()\n]*\))*\))*\)")
+# Possessive: nothing a quantifier takes could be given back to a match
+# (each stops where only a bracket can follow), and a tuple of hundreds of
+# elements is read in runs, not a character at a time.
+_SHAPE_RE = (r"[a-z][a-z0-9]*+\[[^\]\n]*+\]"
+             r"(?:\{[0-9,]*+(?::[^{}()\n]*+(?:\([^()\n]*+\)[^{}()\n]*+)*+)?\})?"
+             r"|\((?:[^()\n]++|\((?:[^()\n]++|\([^()\n]*+\))*+\))*+\)")
 # The result shape on an instruction line: delimited, not checked (its text
 # is looked up among the shapes parsed in full, or parsed then; a text that
 # is no shape sends the line to the slow path). Possessive, and a layout any
@@ -68,8 +72,6 @@ _STRUCTURAL_KEY = re.compile(
     r",[ \t]*(?:calls|to_apply|condition|body|branch_computations|"
     r"true_computation|false_computation|select|scatter|called_computations|"
     r"control-predecessors)=")
-_FAST_COMP = re.compile(
-    r"[ \t]*(ENTRY[ \t]+)?(%?)(" + _NAME + r")[ \t]*(?:\((.*)\)[ \t]*->[ \t]*(.*?))?[ \t]*\{[ \t]*\r?\Z")
 #: After a result shape, `{` then an integer or ':' opens a layout, not the
 #: body (as in XLA); the lexer then reports the error in the layout.
 _LAYOUT_START = re.compile(r"(?:[ \t\r\n]+|//[^\n\r]*|/\*[\s\S]*?\*/)*+(?:-?[0-9]|:)")
@@ -85,9 +87,16 @@ _TYPED_OPERAND = re.compile(
     r"[ \t]*(?:/\*index=[0-9]+\*/)?[ \t]*(?:(" + _SHAPE_RE + r")[ \t]+)?%(" + _NAME +
     r")[ \t]*(?:,|$)")
 _SIG_PARAM_RE = _NAME + r":[ \t]*(?:" + _SHAPE_RE + r")[ \t]*"
-#: A computation's parameter list as XLA prints it, and each shape in one.
-_SIG_LIST = re.compile(r"[ \t]*(?:" + _SIG_PARAM_RE + r"(?:,[ \t]*" + _SIG_PARAM_RE + r")*)?")
-_SIG_SHAPE = re.compile(r"(?:^|,)[ \t]*" + _NAME + r":[ \t]*(" + _SHAPE_RE + r")")
+#: A computation's header line in XLA's form: `ENTRY`, the name, and the
+#: signature `(name: shape, ...) -> shape` if any (its shapes are checked
+#: against the shape memo), up to the '{' that ends the line.
+_FAST_HEADER = re.compile(
+    r"[ \t]*(ENTRY[ \t]+)?(%?)(" + _NAME + r")[ \t]*(?:\(([ \t]*(?:" + _SIG_PARAM_RE +
+    r"(?:,[ \t]*" + _SIG_PARAM_RE + r")*)?)\)[ \t]*->[ \t]*(" + _SHAPE_RE +
+    r"))?[ \t]*\{[ \t]*\r?\Z")
+#: Each shape of a well-formed parameter list: names hold no ':', and a
+#: ':' in a layout is inside the shape matched before it.
+_SIG_SHAPE = re.compile(r":[ \t]*(" + _SHAPE_RE + r")")
 _SIMPLE_REF = re.compile(r"%?(" + _NAME + r")")
 _SIMPLE_NAMES = re.compile(r"\{(%?" + _NAME + r"(?:,[ \t]*%?" + _NAME + r")*)?\}")
 _WS = re.compile(r"[ \t\r\n]*")
@@ -568,14 +577,26 @@ class _Parser:
       return None, pos
     end = text.find("\n", pos)
     end = self.n if end < 0 else end
-    m = _FAST_COMP.match(text, pos, end)
-    if (m is not None and m.end() == end and
-        (m.group(2) or not _reserved(m.group(3))) and
-        (m.group(4) is None or (self.fast_signature(m.group(4), m.group(5)) and
-                                not _LAYOUT_START.match(text, end)))):
-      return _Comp(m.group(3), m.start(2), bool(m.group(1))), (
-          end + 1 if end < self.n else end)
-    return None, pos
+    m = _FAST_HEADER.match(text, pos, end)
+    if m is None:
+      return None, pos
+    entry, pct, name, params, result = m.groups()
+    if not pct and _reserved(name):
+      return None, pos
+    if result is not None:
+      # A `//` comment would hide the rest of the line from the lexer, and a
+      # layout may follow the result shape on the next line.
+      if "//" in params or "//" in result or _LAYOUT_START.match(text, end):
+        return None, pos
+      shapes = self.shapes
+      if result not in shapes and self.shape(result) is None:
+        return None, pos
+      if params:
+        found = _SIG_SHAPE.findall(params)
+        if not (all(map(shapes.__contains__, found)) or
+                all(self.shape(t) is not None for t in found)):
+          return None, pos
+    return _Comp(name, m.start(2), bool(entry)), end + 1 if end < self.n else end
 
   def parse_computation(self, pos: int) -> tuple[_Comp, int]:
     if self.fast:
@@ -600,21 +621,6 @@ class _Parser:
       lx.error(f"expected '{{' to start the computation body, found {grammar.describe(lx.tok)}")
     pos = self.parse_instructions(comp, lx.tok.end)
     return comp, pos
-
-  def fast_signature(self, params: str, result: str) -> bool:
-    """Whether `(params) -> result` is a signature the lexer would accept:
-    `name: shape` pairs with memoized, fully parsed shapes. False sends the
-    header to the lexer, which reports what is wrong (the regex that split
-    the header takes any text there)."""
-    if "//" in result or "//" in params or self.shape(result) is None:
-      return False  # a `//` comment would hide the '{' the regex found
-    if _SIG_LIST.fullmatch(params) is None:
-      return False
-    # The list is well formed, so these are its shapes, one per parameter
-    # (a shape's text holds no `, name:`).
-    found = _SIG_SHAPE.findall(params)
-    return all(map(self.shapes.__contains__, found)) or all(
-        self.shape(t) is not None for t in found)
 
   def parse_param_list(self, lx: Lexer) -> None:
     grammar.expect(lx, Tok.LPAREN, "expected '(' to start the parameter list")
