@@ -140,9 +140,10 @@ _SIMPLE_CALL = re.compile(r",[ \t]*(?:calls|to_apply|condition|body)=%(" + _NAME
 _COMP_END = re.compile(r"\}[ \t]*\r?(?:\n|\Z)(?![ \t\r\n]*+[,/])")
 _EMPTY_ATTRS = types.MappingProxyType({})
 #: (opcode, arity or None) of the opcodes `common_instructions` takes, as
-#: written: not the async wrappers `_RESOLVE` adds, nor constants.
-_COMMON_OPCODE = {op: (op, opcodes.ARITY.get(op)) for op in opcodes.OPCODES
-                  if op != "constant"}
+#: written (not the async wrappers `_RESOLVE` adds); -1 for the two whose
+#: parentheses hold no operands, `parameter(N)` and `constant(literal)`.
+_COMMON_OPCODE = {op: (op, -1 if op in ("parameter", "constant") else opcodes.ARITY.get(op))
+                  for op in opcodes.OPCODES}
 
 
 #: An array shape with static dimensions and a plain layout, `bf16[8,41]{1,0}`:
@@ -780,18 +781,28 @@ class _Parser:
       if (spec is None or shape is None or name in names or
           (name[0] == "_" and name[1:2] == "_") or (root_kw and comp.root_name is not None) or
           (not pct and (name in reserved or text[m.end(3)] == "="))):
-        return comp, pos, m  # (async wrappers and constants: `fast_instruction`)
+        return comp, pos, m  # (async wrappers: `fast_instruction`)
       opcode, arity = spec
-      param = None
-      if opcode == "parameter":
-        if not (ops.isdigit() and ops.isascii() and len(ops) <= 18):
-          return comp, pos, m
-        param = int(ops)
+      param = literal = None
+      if not ops:
         operands = ()
-      elif ops:
+      elif ops[0] == "%":
         # "%a, %b": split, not a regex; names found in `names` are valid.
-        if ops[0] == "%":
-          out = ops[1:].split(", %")
+        operands = tuple(ops[1:].split(", %"))
+        if not all(map(contains, operands)):
+          return comp, pos, m
+      else:
+        if arity == -1:  # (arity -1 rejects any other operand list)
+          if opcode == "parameter":
+            if not (ops.isdigit() and ops.isascii() and len(ops) <= 18):
+              return comp, pos, m
+            param = int(ops)
+          else:
+            literal = ops.strip()
+            if not literal or not _fast_literal(literal):
+              return comp, pos, m
+          operands = ()
+          arity = None
         else:
           # Typed, as flax dumps print them: "f32[2,3]{1,0} %a, s32[] %b",
           # or names without '%' (Keras dumps). No ", " inside a shape here:
@@ -807,11 +818,9 @@ class _Parser:
             elif part in reserved:  # the slow path would read a shape
               return comp, pos, m
             out.append(part)
-        if not all(map(contains, out)):
-          return comp, pos, m
-        operands = tuple(out)
-      else:
-        operands = ()
+          if not all(map(contains, out)):
+            return comp, pos, m
+          operands = tuple(out)
       if arity is not None and arity != len(operands):
         return comp, pos, m
       if run:
@@ -819,7 +828,14 @@ class _Parser:
         if run.startswith(", metadata={") and run.find("}") == len(run) - 1:
           keys = ()
         else:
-          keys = attr_keys(run)
+          # Most others end in metadata: the keys before it (no string
+          # there that could hold the `, metadata={` found), and it.
+          at = run.find(", metadata={")
+          if at > 0 and run.find("}", at) == len(run) - 1 and run.find('"', 0, at) < 0:
+            keys = attr_keys(run, 0, at)
+            keys.append("metadata")
+          else:
+            keys = attr_keys(run)
           if len(keys) > 1 and len(set(keys)) != len(keys):
             return comp, pos, m
         if keys and not _STRUCTURAL_SET.isdisjoint(keys):
@@ -842,7 +858,7 @@ class _Parser:
       inst.operands = operands
       inst.attribute_source = run
       inst.control_predecessors = ()
-      inst.literal = None
+      inst.literal = literal
       inst.parameter_number = param
       inst.async_wrapped_opcode = None
       inst.offset = m.start(2)
