@@ -285,6 +285,21 @@ def skip_group(lx: Lexer) -> None:
 _BRACE_CHUNK = re.compile(r'[^{}"/]+|"(?:[^"\\]|\\.)*"|/\*.*?\*/|//[^\n\r]*|.', re.DOTALL)
 
 
+def _nested_braces(depth: int) -> re.Pattern:
+  """A `{...}` group nested at most `depth` deep, read as `scan_braces`
+  reads it (strings and comments skipped) in one match: a module header's
+  `input_output_alias` has thousands of groups, a Python step each."""
+  inner = (r'[^{}"/]++|"[^"\\]*+(?:\\.[^"\\]*+)*+"|/\*[^*]*+\*++(?:[^/*][^*]*+\*++)*+/'
+           r'|//[^\n\r]*+|/(?![/*])')
+  group = r"\{(?:" + inner + r")*+\}"
+  for _ in range(depth - 1):
+    group = r"\{(?:" + inner + "|" + group + r")*+\}"
+  return re.compile(group, re.DOTALL)
+
+
+_PLAIN_BRACES = _nested_braces(8)
+
+
 def scan_braces(lx: Lexer, pos: int) -> int:
   """End offset of the `{...}` group opening at `pos` of `lx.text`.
 
@@ -292,6 +307,14 @@ def scan_braces(lx: Lexer, pos: int) -> int:
   comments are skipped and anything else is allowed inside, such as the MLIR
   text of frontend attributes (`#sdy.mesh<[]>`) or template JSON.
   """
+  plain = _PLAIN_BRACES.match(lx.text, pos)
+  if plain is not None:  # what `scan_brace_chunks` would find
+    return plain.end()
+  return scan_brace_chunks(lx, pos)
+
+
+def scan_brace_chunks(lx: Lexer, pos: int) -> int:
+  """`scan_braces` a chunk at a time: any depth, and errors."""
   depth = 0
   for m in _BRACE_CHUNK.finditer(lx.text, pos):
     c = m.group()

@@ -160,3 +160,35 @@ def test_parse_error_pickles_with_its_fields():
   back = pickle.loads(pickle.dumps(e.value))
   assert (back.line, back.column, back.line_text, back.message) == (2, 2, " @", "unexpected character '@'")
   assert str(back) == str(e.value)
+
+
+def test_brace_scan_in_one_match_ends_where_the_chunk_scan_ends():
+  """`scan_braces` reads a group in one regular expression match when it
+  can; wherever that match succeeds, the chunk-by-chunk scan (strings and
+  comments skipped) must end at the same offset, and where the chunk scan
+  fails, the match must too."""
+  import random
+
+  from hlo_audit._src.hlo import grammar
+
+  def chunks(text):
+    try:
+      return grammar.scan_brace_chunks(Lexer(text), 0)
+    except HloParseError:
+      return None
+
+  rng = random.Random(14)
+  alphabet = ["{", "}", "{", "}", '"', "/", "*", "\\", "\n", "\r", "a", " ", "//", "/*", "*/"]
+  matched = 0
+  for _ in range(20000):
+    text = "{" + "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 14))) + "}x"
+    m = grammar._PLAIN_BRACES.match(text)
+    if m is not None:
+      matched += 1
+      assert m.end() == chunks(text), text
+  assert matched > 2000  # the comparison ran on many groups, nested and not
+  nested = "{" * 8 + "}" * 8
+  assert grammar.scan_braces(Lexer(nested + "x"), 0) == len(nested)
+  deeper = "{" * 9 + '"}" /* } */' + "}" * 9
+  assert grammar._PLAIN_BRACES.match(deeper) is None  # the chunk scan takes it
+  assert grammar.scan_braces(Lexer(deeper), 0) == len(deeper)
