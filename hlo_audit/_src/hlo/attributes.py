@@ -79,7 +79,9 @@ VALUE = (r"(?>\{[^{}\"\n/]*+(?:(?:" + _STR + r"|/(?![/*]))[^{}\"\n/]*+)*+\}|" + 
 #: One `, name=value` attribute, capturing the whole, the name and the value.
 ATTRIBUTE = re.compile(r"(,[ \t]*(" + _NAME + r")=(" + VALUE + r")[ \t]*)")
 #: A run of attributes, without captures (for embedding in line patterns).
-ATTRIBUTE_RUN = r"(?:,[ \t]*" + _NAME + "=" + VALUE + r"[ \t]*)*"
+#: Possessive: an attribute it took is never given back (what follows a run
+#: cannot start with ','), and no backtracking state is kept per attribute.
+ATTRIBUTE_RUN = r"(?:,[ \t]*+" + _NAME + "=" + VALUE + r"[ \t]*+)*+"
 
 
 def split_attributes(run: str, where: Where | None = None):
