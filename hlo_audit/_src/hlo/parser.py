@@ -248,13 +248,12 @@ def sanitize_name(name: str) -> str:
 class _Comp:
   """A computation being built."""
 
-  __slots__ = ("name", "offset", "insts", "names", "root_name", "root_offset",
+  __slots__ = ("name", "offset", "names", "root_name", "root_offset",
                "is_entry", "thread", "param_count")
 
   def __init__(self, name: str, offset: int, is_entry: bool = False):
     self.name = name
     self.offset = offset
-    self.insts: list[Instruction] = []
     self.names: dict[str, Instruction] = {}
     self.root_name: str | None = None
     self.root_offset = -1
@@ -364,7 +363,7 @@ class _Parser:
       lx.error("expected end of input after a single instruction "
                "(is the 'HloModule' header missing?)")
     if comp.root_name is None:
-      comp.root_name = comp.insts[-1].name
+      comp.root_name = next(reversed(comp.names))
     # XLA adds the entry first, then computations made along the way.
     self.done.insert(0, comp)
     self.check_refs()
@@ -659,7 +658,7 @@ class _Parser:
       if pos >= self.n:
         self.error(pos, f"expected '}}' to end computation {comp.name}")
       if text[pos] == "}":
-        if not comp.insts:
+        if not comp.names:
           self.error(pos, "expected an instruction: a computation cannot be empty")
         break
       if match is not None:
@@ -720,7 +719,7 @@ class _Parser:
                  f"(first at line {self.text.count(chr(10), 0, self.pool[comp.name]) + 1})")
     self.pool[comp.name] = comp.offset
     if comp.root_name is None:
-      comp.root_name = comp.insts[-1].name
+      comp.root_name = next(reversed(comp.names))
 
   # ------------------------------------------------------------ fast path --
 
@@ -749,7 +748,6 @@ class _Parser:
         return None, pos, None
     match = _FAST_LINE.match
     names = comp.names
-    insts = comp.insts
     shapes = self.shapes.get
     common_op = _COMMON_OPCODE.get
     attr_keys = _ATTR_KEY.findall
@@ -762,7 +760,7 @@ class _Parser:
     while True:
       m = match(text, pos)
       if m is None:
-        if not across or not insts:
+        if not across or not names:
           return comp, pos, None
         end = _COMP_END.match(text, pos)
         if end is None:  # not a bare '}' at the start of the line
@@ -772,7 +770,6 @@ class _Parser:
         if comp is None:
           return None, pos, None
         names = comp.names
-        insts = comp.insts
         contains = names.__contains__
         continue
       root_kw, pct, name, shape_text, word, ops, run = m.groups()
@@ -865,7 +862,6 @@ class _Parser:
       inst._ctx = ctx
       inst._cache = None
       inst.__class__ = Instruction
-      insts.append(inst)
       names[name] = inst
       pos = m.end()
 
@@ -982,7 +978,6 @@ class _Parser:
     self.pending_names.append(name)
     inst = _make_instruction(name, opcode, shape, operands, attrs, preds,
                              literal, param, wrapped, at, self.ctx)
-    comp.insts.append(inst)
     names[name] = inst
     return True
 
@@ -1163,7 +1158,6 @@ class _Parser:
     inst = Instruction(name, opcode, shape, tuple(operands),
                        types.MappingProxyType(attrs) if attrs else _EMPTY_ATTRS,
                        preds, literal, param, wrapped, name_at, self.ctx)
-    comp.insts.append(inst)
     comp.names[name] = inst
     return inst
 
@@ -1213,7 +1207,6 @@ class _Parser:
       p = Instruction("async_param" if i == 0 else f"async_param.{i}",
                       "parameter", comp.names[op].shape, (), _EMPTY_ATTRS, (),
                       None, i, None, at, self.ctx)
-      inner.insts.append(p)
       inner.names[p.name] = p
     keep = {k: v for k, v in attrs.items()
             if k in ("metadata", "backend_config", "frontend_attributes",
@@ -1223,10 +1216,9 @@ class _Parser:
     # jaxlib <= 0.10 gives the wrapped op its default name, its opcode (newer
     # XLA names it "async_op"); parity tests hold us to the installed jaxlib.
     root = Instruction(wrapped, wrapped, shape.tuple_shapes[1],
-                       tuple(p.name for p in inner.insts),
+                       tuple(inner.names),
                        types.MappingProxyType(op_attrs) if op_attrs else _EMPTY_ATTRS,
                        (), None, None, None, at, self.ctx)
-    inner.insts.append(root)
     inner.names[root.name] = root
     inner.root_name = root.name
     if compat.XLA_ASYNC_START_BINDS_MISSING_PARAMS and wrapped in ("call", "fusion"):
@@ -1237,7 +1229,6 @@ class _Parser:
                                   start=len(operands)):
         p = Instruction("async_param" if i == 0 else f"async_param.{i}", "parameter",
                         shape_i, (), _EMPTY_ATTRS, (), None, i, None, at, self.ctx)
-        inner.insts.append(p)
         inner.names[p.name] = p
     self.done.append(inner)
     key = inner.name
@@ -1256,7 +1247,7 @@ class _Parser:
     name = ref[1:] if ref.startswith("%") else ref
     for c in self.done:
       if c.name == name:
-        params = sorted((i for i in c.insts if i.opcode == "parameter"),
+        params = sorted((i for i in c.names.values() if i.opcode == "parameter"),
                         key=lambda i: i.parameter_number)
         return [i.shape for i in params[bound:]]
     return []
@@ -1323,7 +1314,6 @@ class _Parser:
     p = Instruction(name, "parameter", shape, (), _EMPTY_ATTRS, (), None,
                     comp.param_count, None, at, self.ctx)
     comp.param_count += 1
-    comp.insts.append(p)
     comp.names[name] = p
     return name
 
@@ -1359,22 +1349,22 @@ class _Parser:
     for comp in self.done:
       local: dict[str, str] = {}
       unique = inst_names.unique
-      for inst in () if identity else comp.insts:
+      # The name table holds the instructions in order (names are unique).
+      insts = tuple(comp.names.values())
+      for inst in () if identity else insts:
         new = unique(inst.name, True)
         if new != inst.name:
           local[inst.name] = new
-      insts = comp.insts
-      if local or generated:
-        insts = [_rename(i, local, generated) for i in insts]
       root = local.get(comp.root_name, comp.root_name)
-      if insts is comp.insts and not local:
+      if local or generated:
+        computations.append(Computation(
+            comp.name, tuple(_rename(i, local, generated) for i in insts), root,
+            comp is entry, comp.thread, comp.offset))
+      else:
         # The parser's own name table is the computation's index.
         computations.append(_computation(
-            comp.name, tuple(insts), root, comp is entry, comp.thread,
+            comp.name, insts, root, comp is entry, comp.thread,
             comp.offset, types.MappingProxyType(comp.names)))
-      else:
-        computations.append(Computation(
-            comp.name, tuple(insts), root, comp is entry, comp.thread, comp.offset))
     if name is None:
       name = "module_" + entry.name
     return HloModule(name, tuple(computations), entry.name,
