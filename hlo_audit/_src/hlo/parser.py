@@ -801,20 +801,25 @@ class _Parser:
           operands = ()
           arity = None
         else:
-          # Typed, as flax dumps print them: "f32[2,3]{1,0} %a, s32[] %b",
-          # or names without '%' (Keras dumps). No ", " inside a shape here:
+          # Names without '%' (Keras dumps), or typed, as flax dumps print
+          # them: "f32[2,3]{1,0} %a, s32[] %b". No ", " inside a shape here:
           # `ops` holds no parentheses.
-          out = []
-          for part in ops.split(", "):
-            if " " in part:
-              typed, _, part = part.rpartition(" ")
-              if shapes(typed) is None and self.shape(typed) is None:
-                return comp, pos, m
-            if part[:1] == "%":
-              part = part[1:]
-            elif part in reserved:  # the slow path would read a shape
+          out = ops.split(", ")
+          if ops.count(" ") == len(out) - 1 and "%" not in ops:
+            if not reserved.isdisjoint(out):  # the slow path would read a shape
               return comp, pos, m
-            out.append(part)
+          else:
+            out = []
+            for part in ops.split(", "):
+              if " " in part:
+                typed, _, part = part.rpartition(" ")
+                if shapes(typed) is None and self.shape(typed) is None:
+                  return comp, pos, m
+              if part[:1] == "%":
+                part = part[1:]
+              elif part in reserved:  # the slow path would read a shape
+                return comp, pos, m
+              out.append(part)
           if not all(map(contains, out)):
             return comp, pos, m
           operands = tuple(out)
