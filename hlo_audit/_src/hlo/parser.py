@@ -142,7 +142,7 @@ _EMPTY_ATTRS = types.MappingProxyType({})
 #: (opcode, arity or None) of the opcodes `common_instructions` takes, as
 #: written (not the async wrappers `_RESOLVE` adds); -1 for the two whose
 #: parentheses hold no operands, `parameter(N)` and `constant(literal)`.
-_COMMON_OPCODE = {op: (op, -1 if op in ("parameter", "constant") else opcodes.ARITY.get(op))
+_COMMON_OPCODE = {op: (op, -1 if op in ("parameter", "constant") else _ARITY.get(op))
                   for op in opcodes.OPCODES}
 
 
@@ -730,7 +730,7 @@ class _Parser:
     line's offset and `_FAST_LINE`'s match there, if any.
 
     `across`: at module level, from a computation's header (`comp` None) or
-    inside one, and on across closing braces and headers in XLA's form;
+    inside one, going on over closing braces and headers in XLA's form;
     returns None for the computation when it stops before a header.
 
     The forms: `%name = shape op(%a, %b), attrs` with a known shape, operands
@@ -778,7 +778,7 @@ class _Parser:
       if (spec is None or shape is None or name in names or
           (name[0] == "_" and name[1:2] == "_") or (root_kw and comp.root_name is not None) or
           (not pct and (name in reserved or text[m.end(3)] == "="))):
-        return comp, pos, m  # (async wrappers: `fast_instruction`)
+        return comp, pos, m  # (a shape not seen yet, async wrappers: `fast_instruction`)
       opcode, arity = spec
       param = literal = None
       if not ops:
