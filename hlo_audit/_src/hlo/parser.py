@@ -339,7 +339,7 @@ class _Parser:
       pos = self.skip_trivia(pos)
       if pos >= self.n:
         break
-      _, pos = self.parse_computation(pos)
+      pos = self.parse_computation(pos)
     if not self.done:
       self.error(pos, "expected a computation")
     entry = self.entry
@@ -598,11 +598,14 @@ class _Parser:
           return None, pos
     return _Comp(name, m.start(2), bool(entry)), end + 1 if end < self.n else end
 
-  def parse_computation(self, pos: int) -> tuple[_Comp, int]:
+  def parse_computation(self, pos: int) -> int:
+    """One computation at `pos`; returns the offset after it. (The fast
+    header is tried again here: the common loop stops before a block
+    comment, which `skip_trivia` has skipped since.)"""
     if self.fast:
       comp, body = self.fast_header(pos)
       if comp is not None:
-        return comp, self.parse_instructions(comp, body)
+        return self.parse_instructions(comp, body)
     lx = self.lexer_at(pos)
     is_entry = False
     if lx.tok.kind is Tok.KEYWORD and lx.tok.value == "ENTRY":
@@ -619,8 +622,7 @@ class _Parser:
       grammar.parse_shape(lx)
     if lx.tok.kind is not Tok.LBRACE:
       lx.error(f"expected '{{' to start the computation body, found {grammar.describe(lx.tok)}")
-    pos = self.parse_instructions(comp, lx.tok.end)
-    return comp, pos
+    return self.parse_instructions(comp, lx.tok.end)
 
   def parse_param_list(self, lx: Lexer) -> None:
     grammar.expect(lx, Tok.LPAREN, "expected '(' to start the parameter list")
