@@ -24,7 +24,7 @@ from hlo_audit._src.capture.dump import load_dump as load_dump
 from hlo_audit._src.analysis.backend_traits import KernelKind as KernelKind
 from hlo_audit._src.analysis.buffers import Buffer as Buffer
 from hlo_audit._src.analysis.buffers import Lifetime as Lifetime
-from hlo_audit._src.analysis.detectors import AuditOptions as AuditOptions
+from hlo_audit._src.analysis.options import AuditOptions as AuditOptions
 from hlo_audit._src.analysis.kernels import Kernel as Kernel
 from hlo_audit._src.analysis.records import FindingKind as FindingKind
 from hlo_audit._src.analysis.records import FusionDecisionRecord as FusionDecisionRecord

@@ -18,5 +18,5 @@ from pallas_kernels._src.swap.guard_check import check_guard as check_guard
 from pallas_kernels._src.swap.guard_check import GuardCheck as GuardCheck
 from pallas_kernels._src.swap.rewrite import swap as swap
 from pallas_kernels._src.swap.report import SwapReport as SwapReport
-from pallas_kernels._src.swap.verify import verify as verify
-from pallas_kernels._src.swap.verify import VerificationReport as VerificationReport
+from pallas_kernels._src.audit.verify import verify as verify
+from pallas_kernels._src.audit.verify import VerificationReport as VerificationReport

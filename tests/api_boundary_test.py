@@ -1,14 +1,18 @@
-"""`hlo_audit` and `pallas_kernels` meet only through each other's public API.
+"""One direction: `hlo_audit` stands alone; `pallas_kernels` plugs into it.
 
-Every module (and test) of one package is parsed with `ast`, so imports inside
-functions, `from pkg import _src` and `importlib.import_module("pkg._src...")`
-are caught as well as top-level ones.
+`hlo_audit` never imports `pallas_kernels` (it finds kernel libraries through
+an entry point); `pallas_kernels` reads `hlo_audit` only from its `_src/audit/`
+folder, and only its public names. Every module (and test) is parsed with
+`ast`, so imports inside functions, `from pkg import _src` and
+`importlib.import_module("pkg...")` are caught as well as top-level ones.
 """
 
 from __future__ import annotations
 
 import ast
 import pathlib
+import subprocess
+import sys
 from collections.abc import Iterator
 
 import pytest
@@ -62,15 +66,38 @@ def _crossings(folder: pathlib.Path, package: str) -> Iterator[tuple[str, int, s
         yield rel, line, name, other
 
 
-@pytest.mark.parametrize("package", PACKAGES)
-def test_package_uses_only_the_other_packages_public_api(package):
-  crossings = list(_crossings(ROOT / package, package))
+#: The one folder of pallas_kernels that reads hlo_audit.
+AUDIT_FOLDER = "pallas_kernels/_src/audit/"
+
+
+def test_hlo_audit_never_imports_pallas_kernels():
+  crossings = [f"{f}:{line}: imports {name}"
+               for f, line, name, _ in _crossings(ROOT / "hlo_audit", "hlo_audit")]
+  assert not crossings, "hlo_audit must find kernel libraries by entry point:\n" + \
+      "\n".join(crossings)
+
+
+def test_pallas_kernels_reads_hlo_audit_from_one_folder_by_public_names():
+  crossings = list(_crossings(ROOT / "pallas_kernels", "pallas_kernels"))
+  outside = [f"{f}:{line}: imports {name}" for f, line, name, _ in crossings
+             if not f.startswith(AUDIT_FOLDER)]
+  assert not outside, f"only {AUDIT_FOLDER} may import hlo_audit:\n" + "\n".join(outside)
   private = [f"{f}:{line}: imports {name}" for f, line, name, other in crossings
              if _private(name, other)]
-  assert not private, (f"{package} reaches into {_other(package)}._src; use its public "
+  assert not private, ("pallas_kernels reaches into hlo_audit._src; use its public "
                        "API (add the name there if it is missing):\n" + "\n".join(private))
-  # The scan saw the package's real cross-package imports (it is not vacuous).
-  assert any(not _private(name, other) for _, _, name, other in crossings), package
+  # The scan saw the folder's real imports (it is not vacuous).
+  assert {name for _, _, name, _ in crossings} >= {"hlo_audit", "hlo_audit.plugins"}
+
+
+@pytest.mark.parametrize("package, other", [("hlo_audit", "pallas_kernels"),
+                                            ("pallas_kernels", "hlo_audit")])
+def test_importing_one_package_loads_none_of_the_other(package, other):
+  code = (f"import sys, {package}; "
+          f"print(sorted(m for m in sys.modules if m.split('.')[0] == {other!r}))")
+  out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       check=True, cwd=ROOT)
+  assert out.stdout.strip() == "[]"
 
 
 def test_tests_use_only_the_other_packages_public_api():

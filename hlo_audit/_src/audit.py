@@ -15,7 +15,10 @@ from hlo_audit._src.analysis import custom_calls
 from hlo_audit._src.analysis.buffers import find_buffers
 from hlo_audit._src.analysis.collectives import find_collective_findings, find_collectives
 from hlo_audit._src.analysis.dataflow import analyze_dataflow
-from hlo_audit._src.analysis.detectors import AuditOptions, find_findings
+from hlo_audit._src.analysis import source as source_mod
+from hlo_audit._src.analysis.detectors import find_findings
+from hlo_audit._src.analysis.kernel_library import installed_libraries
+from hlo_audit._src.analysis.options import AuditOptions
 from hlo_audit._src.analysis.records import Verdict
 from hlo_audit._src.analysis.kernels import find_kernels
 from hlo_audit._src.analysis.liveness import analyze_liveness
@@ -109,13 +112,17 @@ def _audit_capture(cap: Capture, options: AuditOptions) -> AuditReport:
   dataflow = analyze_dataflow(module, schedule)
   cache: dict = {}  # tables the what-if replays share with this run
   liveness = analyze_liveness(module, schedule, dataflow, cache=cache)
-  paths = {"library_paths": options.library_paths, "user_paths": options.user_paths}
-  kernels = find_kernels(module, schedule, dataflow, **paths)
+  libraries = installed_libraries(options.kernel_libraries)
+  # A kernel library's internals are not the user's code either.
+  paths = {"library_paths": options.library_paths + tuple(
+               source_mod.library_source_path(lib.name) for lib in libraries.libraries),
+           "user_paths": options.user_paths}
+  kernels = find_kernels(module, schedule, dataflow, scopes=libraries.scopes, **paths)
   buffers = find_buffers(module, schedule, dataflow, liveness, kernels, **paths)
   findings = find_findings(module, schedule, dataflow, kernels, buffers,
-                           liveness.peak_bytes, options)
+                           liveness.peak_bytes, options, libraries)
   stacks = _source_stacks(findings, kernels, buffers)  # set with the peaks
-  findings = add_suggestions(findings, module)
+  findings = add_suggestions(findings, module, libraries)
   program = Program(module=module, schedule=schedule, dataflow=dataflow,
                     liveness=liveness,
                     arguments=arguments_of(module, cap.argument_names), cache=cache)
@@ -141,7 +148,7 @@ def _audit_capture(cap: Capture, options: AuditOptions) -> AuditReport:
                      [f for f in everything[len(findings):] if f is not None])
   release_tables(module)  # every finding has its source by now
   xla_peak = _xla_peak(cap)
-  notes = list(cap.notes)
+  notes = list(cap.notes) + list(libraries.notes)
   if not module.is_scheduled:
     notes.append("the module is not scheduled: text order stands in for XLA's schedule")
   unknown = custom_calls.unknown_targets(module)
@@ -173,7 +180,8 @@ def _audit_capture(cap: Capture, options: AuditOptions) -> AuditReport:
       timeline=liveness.timeline,
       live_at_peak=tuple(names[b] for b in liveness.live_at_peak),
       cost_analysis=cap.cost_analysis, notes=tuple(notes), options=options,
-      collectives=collectives, program=program)
+      collectives=collectives, program=program,
+      kernel_libraries=tuple(lib.name for lib in libraries.libraries))
 
 
 def _merged(findings, extra) -> tuple:

@@ -27,7 +27,7 @@ from typing import Any
 # ------------------------------------------------------------- versions ----
 
 
-# Public as `hlo_audit.parse_version`: pallas_kernels parses jax's versions with it.
+# Public as `hlo_audit.parse_version` (it imports without jax).
 def parse_version(text: str) -> tuple[int, ...]:
   """"0.12.0.1" -> (0, 12, 0, 1); a suffix ("0.11.0rc1", ".dev2026") ends it."""
   out = []

@@ -26,15 +26,13 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax
-import jaxlib
-
-# One version parser for both packages: hlo_audit's (it imports without jax).
-from hlo_audit import parse_version
+from jaxlib import version as jaxlib_version
 
 # ------------------------------------------------------------- versions ----
 
-JAX_VERSION: tuple[int, ...] = parse_version(jax.__version__)
-JAXLIB_VERSION: tuple[int, ...] = parse_version(jaxlib.__version__)
+# JAX's own parse of its versions (e.g. 0.12.0.1 -> (0, 12, 0, 1)).
+JAX_VERSION: tuple[int, ...] = tuple(jax.__version_info__)
+JAXLIB_VERSION: tuple[int, ...] = tuple(jaxlib_version.__version_info__)
 
 # ------------------------------------------------ Pallas Triton backend ----
 

@@ -1,28 +1,33 @@
-"""Every op's `OpSpec` by public name, for `validate`, `bench` and the scripts.
+"""Every op's `OpSpec` by public name: the one place consumers find ops.
 
-Each op folder's `arg_specs.py` exports `SPEC` (or `SPECS`, a tuple, when the
-folder holds several ops). Specs are imported on first use. An op module that
-is not there yet (a folder still being built) is skipped, so the rest keep
-working. Any other import error is kept in `load_errors()` (the validation
-script fails on it, and `get_spec` of a missing name reports it): a broken op
-must not vanish from validation silently, nor break every other op's.
+Each op folder under `ops/` has an `arg_specs.py` that exports `SPEC` (or
+`SPECS`, a tuple, when the folder holds several ops); the folders are found by
+listing the `ops` package's folder, so a new op is a new folder and nothing
+else. Specs are imported on first use; a folder without `arg_specs.py` (one
+still being built) is not an op yet. Any other import
+error is kept in `load_errors()` (validation fails on it, and `get_spec` of a
+missing name reports it): a broken op must not vanish from validation
+silently, nor break every other op's.
 """
 
 from __future__ import annotations
 
 import importlib
+import os
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from types import MappingProxyType
 
+from pallas_kernels._src import ops as ops_package
 from pallas_kernels._src.spec import Case, OpSpec
 
-#: arg_specs modules, in display order.
-_MODULES: tuple[str, ...] = (
-    "pallas_kernels._src.ops.matmul.arg_specs",
-    "pallas_kernels._src.ops.normalization.arg_specs",
-    "pallas_kernels._src.ops.softmax.arg_specs",
-)
+
+def _modules() -> tuple[str, ...]:
+  """The op folders' `arg_specs` modules, in folder-name order (display order)."""
+  folders = {entry for path in ops_package.__path__ for entry in os.listdir(path)
+             if os.path.isfile(os.path.join(path, entry, "arg_specs.py"))}
+  return tuple(f"{ops_package.__name__}.{name}.arg_specs" for name in sorted(folders))
+
 
 _lock = threading.Lock()
 _specs: dict[str, OpSpec] | None = None
@@ -31,14 +36,9 @@ _errors: dict[str, Exception] = {}
 
 def _load() -> dict[str, OpSpec]:
   specs: dict[str, OpSpec] = {}
-  for module_name in _MODULES:
+  for module_name in _modules():
     try:
       module = importlib.import_module(module_name)
-    except ModuleNotFoundError as e:
-      # Only the op's own module being absent is tolerated, not its imports.
-      if e.name is None or not module_name.startswith(e.name):
-        _errors[module_name] = e
-      continue
     except Exception as e:  # noqa: BLE001 - reported through load_errors().
       _errors[module_name] = e
       continue

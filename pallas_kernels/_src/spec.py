@@ -1,13 +1,19 @@
-"""What every op tells `validate` and `bench` about itself.
+"""What every op tells the rest of the library about itself: its `OpSpec`.
 
-Each op folder's `arg_specs.py` builds one `OpSpec`; `registry.py` lists them.
-Validation and benchmarks are written once against this interface, so a new op
-gets both for free.
+Each op folder's `arg_specs.py` builds one `OpSpec` (or several, for a folder
+of several ops), the one description every consumer reads: `validate` and
+`bench` (cases, reference, cost model), `swap` and `check_guard` (the public
+function), sweeps (parameters and a case at any point) and the audit's
+kernel library (which findings the op closes, and the call it suggests).
+`registry.py` finds them, so a new op is one folder: its kernels and its spec.
+
+Plain data and callables; no JAX at import.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import types
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
@@ -34,6 +40,90 @@ class Case:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class Closes:
+  """Which of the audit's findings an op closes: the work it fuses."""
+
+  #: Finding classes, by the audit's slugs ("unfused-epilogue", ...).
+  kinds: frozenset[str]
+  #: Anchor computations it performs ("dot", "layer_norm", ...).
+  anchors: frozenset[str]
+  #: Epilogue work it fuses after the anchor ("bias", "activation", ...).
+  epilogues: frozenset[str] = frozenset()
+  #: Prologue work it fuses before the anchor ("dequantize", "cast", ...).
+  prologues: frozenset[str] = frozenset()
+  #: Activation names its `activation=` takes.
+  activations: frozenset[str] = frozenset()
+  #: The keyword argument of the op for each epilogue/prologue item (the
+  #: tests hold these to the op's signature).
+  keywords: tuple[tuple[str, str], ...] = ()
+  #: Outputs one call writes.
+  outputs: int = 1
+  #: Whether it reads an operand's parts (a concatenate's pieces) in place.
+  reads_parts: bool = False
+  #: Anchors it comes close to without computing them, and why not (e.g.
+  #: {"log_softmax": "returns probabilities, not logs"}).
+  declines: Mapping[str, str] = dataclasses.field(
+      default_factory=lambda: types.MappingProxyType({}))
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SweepParam:
+  """One parameter a sweep's grid may set for the op."""
+
+  name: str
+  #: "int", "float", "bool", "str" or "dtype".
+  kind: str
+  default: Any
+  #: Whether `none` is a valid value.
+  optional: bool = False
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class CallFacts:
+  """What the audit read of one finding, for an op to write its call."""
+
+  #: The finding's class slug, e.g. "unfused-epilogue".
+  kind: str
+  #: The fused work, e.g. ("bias", "activation:gelu").
+  ops: tuple[str, ...]
+  #: The boundary buffer: `.dtype` (XLA's name, "f32") and `.dims`.
+  boundary: Any
+  #: The boundary's shape as the report prints it, e.g. "f32[128,512]".
+  shape: str
+  #: The matmul the boundary is written by (epilogue) or read by (prologue):
+  #: `.lhs`, `.rhs` (arrays), `.result`, `.lhs_contracting`,
+  #: `.rhs_contracting`, `.lhs_batch`, `.rhs_batch`; None when none.
+  matmul: Any = None
+  #: The arrays the boundary's producer reads (a prologue's sources).
+  sources: tuple[Any, ...] = ()
+  #: The module's norm epsilon, when it has exactly one (asked lazily).
+  epsilon: Callable[[], float | None] = lambda: None
+  #: An XLA element type's numpy name ("bf16" -> "bfloat16").
+  numpy_name: Callable[[str], str] = lambda name: name
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Call:
+  """A suggested call of an op: arrays (name, dtype, dims, positional) and
+  other keyword arguments (name, source text, value for the guard)."""
+
+  op: str
+  arrays: tuple[tuple[str, str, tuple[int, ...], bool], ...]
+  options: tuple[tuple[str, str, object], ...]
+  #: The result, e.g. "f32[8,32]".
+  result: str
+
+  def text(self, library: str = "pallas_kernels") -> str:
+    """"pallas_kernels.matmul(x, w, bias=bias)  # x: f32[8,16], ... -> f32[8,32]"."""
+    args = [name if positional else f"{name}={name}"
+            for name, _, _, positional in self.arrays]
+    args += [f"{k}={text}" for k, text, _ in self.options]
+    shapes = ", ".join(f"{name}: {dt}[{','.join(map(str, dims))}]"
+                       for name, dt, dims, _ in self.arrays)
+    return f"{library}.{self.op}({', '.join(args)})  # {shapes} -> {self.result}"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class OpSpec:
   """An op as validation and benchmarking see it."""
 
@@ -54,3 +144,13 @@ class OpSpec:
   #: XLA gets it from plain jnp (fn(*args, **kwargs)); None: `fn` with
   #: implementation="xla", when that already is what a user would write.
   baseline: Callable[..., Any] | None = None
+  #: The public function, `pallas_kernels.<name>` (swap and guard checks call it).
+  api: Callable[..., Any] | None = None
+  #: The findings it closes (None: it closes none).
+  closes: Closes | None = None
+  #: What a sweep's grid may set.
+  sweep_params: tuple[SweepParam, ...] = ()
+  #: The case at one sweep point: make_case(seed=, tags=, grad=, **params).
+  make_case: Callable[..., Case] | None = None
+  #: The call closing a finding, from what the audit read (None: no call).
+  suggest: Callable[[CallFacts], Call | None] | None = None

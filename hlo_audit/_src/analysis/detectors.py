@@ -23,35 +23,15 @@ from hlo_audit._src.analysis.buffers import (Buffer, Lifetime,
                                              expanded_broadcast_ratio,
                                              fused_root, is_layout_conversion)
 from hlo_audit._src.analysis.dataflow import Dataflow, ValueId
-from hlo_audit._src.analysis.kernel_registry import kernel_for
+from hlo_audit._src.analysis.kernel_library import Libraries, with_kernels
 from hlo_audit._src.analysis.kernels import Kernel
 from hlo_audit._src.analysis.layouts import kernel_permutes, permutes
+from hlo_audit._src.analysis.options import AuditOptions
 from hlo_audit._src.analysis.records import (FindingKind, FusionDecisionRecord,
-                                             NumericalClass, Verdict)
+                                             KernelNeed, NumericalClass, Verdict)
 from hlo_audit._src.analysis.schedule import Schedule
 from hlo_audit._src.hlo import dtypes, opcodes
 from hlo_audit._src.hlo.ir import Computation, HloModule, Instruction, op_names
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class AuditOptions:
-  """Thresholds of the audit; one frozen value instead of module constants."""
-
-  #: Buffers at least this fraction of peak memory make the intermediate-
-  #: tensor table (the method says 1%).
-  intermediate_fraction: float = 0.01
-  #: Findings saving fewer bytes than this are dropped (noise).
-  min_bytes_saved: int = 4096
-  #: A buffer read by at least this many kernels is "worth keeping".
-  keep_min_consumers: int = 2
-  #: Keep-reuse records only for buffers at least this fraction of peak.
-  keep_fraction: float = 0.01
-  #: Regexes of source paths that are not the user's code (searched in the
-  #: '/'-separated path): a finding cites the innermost frame outside them.
-  library_paths: tuple[str, ...] = source_mod.DEFAULT_LIBRARY_PATHS
-  #: Regexes of source paths that are the user's even where `library_paths`
-  #: match (e.g. your own package installed in site-packages).
-  user_paths: tuple[str, ...] = source_mod.DEFAULT_USER_PATHS
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -105,9 +85,10 @@ class _Context:
 
 def find_findings(module: HloModule, schedule: Schedule, dataflow: Dataflow,
                   kernels: tuple[Kernel, ...], buffers: tuple[Buffer, ...],
-                  peak_bytes: int, options: AuditOptions = AuditOptions()
-                  ) -> tuple[FusionDecisionRecord, ...]:
-  """All findings, largest saving first within each class."""
+                  peak_bytes: int, options: AuditOptions = AuditOptions(),
+                  libraries: Libraries = Libraries()) -> tuple[FusionDecisionRecord, ...]:
+  """All findings, largest saving first within each class; each finding a
+  kernel could close names the libraries' op for its `need`."""
   by_kernel: dict[str, list[Buffer]] = {}
   for b in buffers:
     if b.producer:
@@ -144,7 +125,7 @@ def find_findings(module: HloModule, schedule: Schedule, dataflow: Dataflow,
   found += _materialized_slices(ctx)
   found += _loop_invariant(ctx)
   found += _keep_reuse(ctx)
-  found = _merge(found)
+  found = _merge(with_kernels(found, libraries))
   found += fused
   order = list(FindingKind)
   found = [r for r in found if r.bytes_saved >= options.min_bytes_saved or
@@ -498,9 +479,10 @@ def _copies(ctx: _Context) -> list[FusionDecisionRecord]:
               ops=("transpose",)))
         else:
           out.append(FusionDecisionRecord(
-              kind=FindingKind.LAYOUT_CONFLICT, **{**rec, "kernel": "pallas_kernels.matmul"},
+              kind=FindingKind.LAYOUT_CONFLICT, **rec,
+              need=KernelNeed(FindingKind.LAYOUT_CONFLICT, anchor, ("transpose",)),
               extra_arithmetic="none: the reader indexes the original layout",
-              guard="pallas_kernels.matmul falls back to XLA's dot outside its guard",
+              guard="the matmul falls back to XLA's dot outside its guard",
               layout_effect=f"the matmul reads {src_layout} instead of {dst_layout}",
               evidence=(f"XLA materialized a layout conversion: {k.name} permutes "
                         f"{buf.shape} only for {', '.join(a.name for a in anchors)} "
@@ -883,9 +865,6 @@ def _epilogues(ctx: _Context) -> tuple[list[FusionDecisionRecord], list[FusionDe
         work = ("store into slice",)
       if work is None:
         continue
-      kernel_ops = tuple(w.split(":")[0] if w.startswith(("cast", "quantize")) else w
-                         for w in work)
-      kernel = kernel_for(FindingKind.UNFUSED_EPILOGUE, anchor, kernel_ops)
       low_precision = buf.dtype in ("bf16", "f16") or buf.dtype.startswith("f8")
       epilogue = bt.gemm_epilogue(inst)
       evidence = (f"{_kernel_desc(k)} writes its {anchor} result {buf.shape} to memory; "
@@ -923,12 +902,12 @@ def _epilogues(ctx: _Context) -> tuple[list[FusionDecisionRecord], list[FusionDe
           extra_resources=_resources(work),
           numerical_class=(NumericalClass.MORE_PRECISE if low_precision
                            else NumericalClass.SAME_OPS),
-          guard=(f"{kernel} runs XLA's reference outside its shape/dtype rules"
-                 if kernel else "no kernel covers all of this epilogue"),
+          guard="no kernel covers all of this epilogue",
           layout_effect=f"none: the result keeps layout {str(inst.shape.layout) if inst.shape is not None and inst.shape.layout else '{}'}",
           evidence=evidence, verdict=verdict, reasons=tuple(reasons),
-          risks=tuple(risks), ops=work, kernel=kernel, trip_count=_trip(k),
-          source=buf.source, computation=k.computation))
+          risks=tuple(risks), ops=work, trip_count=_trip(k),
+          source=buf.source, computation=k.computation,
+          need=KernelNeed(FindingKind.UNFUSED_EPILOGUE, anchor, work)))
   return out, already
 
 
@@ -1042,7 +1021,7 @@ def _multi_epilogue(ctx: _Context, k: Kernel, anchor: str, buf: Buffer,
       extra_arithmetic=f"the {n} readers' elementwise work moves into the matmul's store",
       extra_resources=f"{n} output tiles per accumulator tile",
       numerical_class=NumericalClass.SAME_OPS,
-      guard="no kernel yet: pallas_kernels.matmul writes one output",
+      guard="no kernel yet: no kernel writes several outputs",
       layout_effect=f"the {anchor} writes {n} outputs instead of one",
       evidence=f"{_kernel_desc(k)} writes its {anchor} result {buf.shape}; {what}",
       verdict=Verdict.SAFE,
@@ -1052,7 +1031,8 @@ def _multi_epilogue(ctx: _Context, k: Kernel, anchor: str, buf: Buffer,
              "store coalescing: each output's store must stay vectorized",
              "cache reuse: the readers no longer share one stored result") + _COMMON_RISKS,
       ops=ops, kernel=None, trip_count=_trip(k), source=buf.source,
-      computation=k.computation, boundary_kept=stored)
+      computation=k.computation, boundary_kept=stored,
+      need=KernelNeed(FindingKind.UNFUSED_EPILOGUE, anchor, ops, outputs=n))
 
 
 def _resources(work: tuple[str, ...]) -> str:
@@ -1120,9 +1100,6 @@ def _prologues(ctx: _Context) -> list[FusionDecisionRecord]:
         work = tuple(w for w in work if w != "transpose") or None
       if work is None:
         continue
-      kernel = (kernel_for(FindingKind.UNFUSED_PROLOGUE, anchor,
-                           tuple(w.split(":")[0] for w in work))
-                if len(set(anchors)) == 1 else None)
       n = len(readers)
       names = ", ".join(_kernel_desc(c) for c in readers)
       out.append(FusionDecisionRecord(
@@ -1135,8 +1112,7 @@ def _prologues(ctx: _Context) -> list[FusionDecisionRecord]:
                            "reuse of the tile in the matmul)",
           extra_resources="converted operand tile in registers/shared memory",
           numerical_class=NumericalClass.SAME_OPS,
-          guard=(f"{kernel} runs XLA's reference outside its shape/dtype rules"
-                 if kernel else "no kernel yet covers this prologue"),
+          guard="no kernel yet covers this prologue",
           layout_effect="none: the matmul reads the original operand",
           evidence=(f"{_kernel_desc(k)} writes {buf.shape} ({', '.join(work)}) "
                     f"that only {'matmuls read' if n > 1 else 'a matmul reads'}: "
@@ -1148,8 +1124,11 @@ def _prologues(ctx: _Context) -> list[FusionDecisionRecord]:
                  "reuse within tile: the conversion repeats per reuse")
           + (("each reading matmul repeats the prologue",) if n > 1 else ())
           + _COMMON_RISKS,
-          ops=work, kernel=kernel, trip_count=_trip(k), source=buf.source,
-          computation=k.computation))
+          ops=work, trip_count=_trip(k), source=buf.source,
+          computation=k.computation,
+          # Matmuls and convolutions reading one buffer share no kernel.
+          need=(KernelNeed(FindingKind.UNFUSED_PROLOGUE, anchor, work)
+                if len(set(anchors)) == 1 else None)))
   return out
 
 
@@ -1289,8 +1268,10 @@ def _separate_reductions(ctx: _Context) -> list[FusionDecisionRecord]:
     pattern = None
     for r in reductions:
       pattern = pattern or _reduction_pattern(ctx, r, producer)
-    kernel = (kernel_for(FindingKind.SEPARATE_REDUCTION, pattern, ())
-              if pattern and pattern not in _PATTERN_TEXT else None)
+    # A pattern some kernel could compute asks the libraries; a norm's
+    # backward pass is its forward kernel's business.
+    need = (KernelNeed(FindingKind.SEPARATE_REDUCTION, pattern)
+            if pattern and pattern != "norm_backward" else None)
     trip = producer.trip_count
     saved = 2 * buf.bytes if only else buf.bytes * len(reductions)
     out.append(FusionDecisionRecord(
@@ -1303,8 +1284,7 @@ def _separate_reductions(ctx: _Context) -> list[FusionDecisionRecord]:
                          "small final combine",
         extra_resources="one partial-accumulator row per tile",
         numerical_class=NumericalClass.REASSOCIATED,
-        guard=(f"{kernel} runs XLA's reference outside its guard"
-               if kernel else "keep XLA's reduction when tiles cannot span the axis"),
+        guard="keep XLA's reduction when tiles cannot span the axis",
         layout_effect="none",
         evidence=(f"{', '.join(_kernel_desc(r) for r in reductions)} re-read"
                   f"{'s' if len(reductions) == 1 else ''} {buf.shape} written by "
@@ -1318,8 +1298,8 @@ def _separate_reductions(ctx: _Context) -> list[FusionDecisionRecord]:
                   "other readers keep the buffer: only the re-reads go")),
         risks=("numerical: reassociated sums change the last bits",
                "shared/local memory for partials may lower occupancy") + _COMMON_RISKS,
-        ops=(pattern or "reduce",), kernel=kernel, trip_count=trip,
-        source=buf.source, computation=producer.computation))
+        ops=(pattern or "reduce",), trip_count=trip,
+        source=buf.source, computation=producer.computation, need=need))
   return out
 
 
@@ -1377,11 +1357,10 @@ def _reduction_pattern(ctx: _Context, r: Kernel, producer: Kernel) -> str | None
 #: What the reduction patterns without a kernel are, for the evidence.
 _PATTERN_TEXT = {
     "batch_norm_stats": ("batch-norm statistics: a reduction over the batch and "
-                         "spatial axes (per channel); no kernel yet"),
+                         "spatial axes (per channel)"),
     "column_reduction": ("a column reduction over the leading axes (e.g. a bias "
-                         "or gamma gradient); no kernel yet"),
-    "log_softmax": ("a log-softmax (e.g. inside a cross-entropy loss); no kernel "
-                    "yet: pallas_kernels.softmax returns probabilities, not logs"),
+                         "or gamma gradient)"),
+    "log_softmax": "a log-softmax (e.g. inside a cross-entropy loss)",
     "norm_backward": ("a normalization's backward pass; no kernel suggested: "
                       "the forward op's kernel brings its own backward"),
 }
@@ -1434,7 +1413,7 @@ def _materialized_slices(ctx: _Context) -> list[FusionDecisionRecord]:
           extra_arithmetic=("offset arithmetic in the reader's loads" if what != "concatenate"
                             else "a select between the parts in the reader's loads"),
           extra_resources="none expected", numerical_class=NumericalClass.EXACT,
-          guard=("no kernel yet: pallas_kernels.matmul takes whole operands"
+          guard=("no kernel yet: no kernel reads the parts in place"
                  if anchor else "none needed: the reader indexes the parts"),
           layout_effect="none: the reader reads the source buffer(s)",
           evidence=(f"{_kernel_desc(k)} writes a {what} {buf.shape} that only "
@@ -1450,7 +1429,9 @@ def _materialized_slices(ctx: _Context) -> list[FusionDecisionRecord]:
                     "in place",)),
           risks=("memory coalescing: strided reads of a column slice",) + _COMMON_RISKS,
           ops=(what,), kernel=None, trip_count=_trip(k), source=buf.source,
-          computation=k.computation))
+          computation=k.computation,
+          need=(KernelNeed(FindingKind.MATERIALIZED_SLICE, anchor, (what,),
+                           reads_parts=True) if anchor else None)))
   return out
 
 

@@ -7,8 +7,8 @@ control flow itself), and classifies each kernel by what launches it. A
 kernel inside a loop body carries the loop's trip count when XLA states it.
 
 Pallas kernels run in interpret mode (CPU) lower to a while loop and copies
-of their own; the ops `pallas_kernels` launch sit under a named scope
-`pallas_kernels.<op>`, so those instructions, and the metadata-less copies
+of their own; the ops a kernel library launches sit under its named scope
+(`pallas_kernels.<op>`), so those instructions, and the metadata-less copies
 feeding only them, are reported as one kernel of kind PALLAS.
 """
 
@@ -28,8 +28,6 @@ from hlo_audit._src.hlo import opcodes
 from hlo_audit._src.hlo.ir import (Computation, HloModule, Instruction, SourceLocation,
                                    op_names)
 
-#: The named scope `pallas_kernels` puts around each kernel launch.
-PALLAS_SCOPE = "pallas_kernels."
 
 #: Opcodes that launch no kernel of their own.
 _NO_LAUNCH = opcodes.NO_COMPUTE | {
@@ -73,12 +71,15 @@ class Kernel:
 
 def find_kernels(module: HloModule, schedule: Schedule, dataflow: Dataflow, *,
                  library_paths: tuple[str, ...] = source_mod.DEFAULT_LIBRARY_PATHS,
-                 user_paths: tuple[str, ...] = source_mod.DEFAULT_USER_PATHS) -> tuple[Kernel, ...]:
+                 user_paths: tuple[str, ...] = source_mod.DEFAULT_USER_PATHS,
+                 scopes: tuple[str, ...] = ()) -> tuple[Kernel, ...]:
   """Every kernel of `module`, in schedule order (`library_paths` and
-  `user_paths` choose each kernel's source frame: `source.attribute`)."""
+  `user_paths` choose each kernel's source frame: `source.attribute`; the
+  kernel libraries' `scopes`, e.g. "pallas_kernels.", group the instructions
+  of one interpreted launch into one kernel)."""
   comps = {name: module.computation(name) for name in schedule.span}
   multiplicity = _multiplicity(module, comps)
-  groups = _pallas_groups(module, comps)
+  groups = _pallas_groups(module, comps, scopes) if scopes else {}
   grouped = {m: key for key, members in groups.items() for m in members}
   out: list[Kernel] = []
   emitted_groups: set[str] = set()
@@ -90,7 +91,8 @@ def find_kernels(module: HloModule, schedule: Schedule, dataflow: Dataflow, *,
       if key not in emitted_groups:
         emitted_groups.add(key)
         out.append(_pallas_kernel(module, schedule, comps, dataflow, key,
-                                  groups[key], multiplicity, library_paths, user_paths))
+                                  groups[key], multiplicity, library_paths, user_paths,
+                                  scopes))
       continue
     if inst.opcode in _NO_LAUNCH:
       continue
@@ -282,9 +284,10 @@ def _source_fields(module: HloModule, inst: Instruction, library_paths: tuple[st
   return {"source": src, "source_stack": stack}
 
 
-def _pallas_groups(module: HloModule,
-                   comps: Mapping[str, Computation]) -> dict[str, list[str]]:
-  """Instructions of interpreted Pallas kernels, grouped by launch.
+def _pallas_groups(module: HloModule, comps: Mapping[str, Computation],
+                   scopes: tuple[str, ...]) -> dict[str, list[str]]:
+  """Instructions of interpreted Pallas kernels, grouped by launch (the
+  kernel libraries' `scopes`, e.g. "pallas_kernels.", mark them).
 
   In interpret mode a `pallas_call` lowers to a grid loop (a `while`) plus an
   output initialization and reshapes around it, all under the op's
@@ -308,14 +311,14 @@ def _pallas_groups(module: HloModule,
   inner: set[str] = set()
   for comp in comps.values():
     for inst in comp.instructions:
-      if inst.opcode in _LOOPS and _scope_of(inst.op_name):
+      if inst.opcode in _LOOPS and _scope_of(inst.op_name, scopes):
         for callee in inst.called_computation_names():
           inner.update(_reachable(comps, callee))
   groups: dict[str, list[str]] = {}
   for comp_name, comp in comps.items():
     if comp_name in inner:
       continue  # Inside a launch: already its member.
-    for key, members in _comp_groups(comp).items():
+    for key, members in _comp_groups(comp, scopes).items():
       expanded = []
       for name in members:
         expanded.append(name)
@@ -335,11 +338,11 @@ _GLUE = frozenset({"copy", "tuple", "constant", "broadcast", "bitcast",
                    "get-tuple-element", "reshape"})
 
 
-def _comp_groups(comp: Computation) -> dict[str, list[str]]:
+def _comp_groups(comp: Computation, scopes: tuple[str, ...]) -> dict[str, list[str]]:
   """Groups (launch name -> members, in text order) of one computation."""
   insts = comp.instructions
   order = {i.name: n for n, i in enumerate(insts)}
-  scope = {i.name: _scope_of(n) for i, n in zip(insts, op_names(insts))}
+  scope = {i.name: _scope_of(n, scopes) for i, n in zip(insts, op_names(insts))}
   scoped = [i for i in insts if scope[i.name]]
   if not scoped:
     return {}
@@ -378,7 +381,7 @@ def _comp_groups(comp: Computation) -> dict[str, list[str]]:
       name = parent[name]
     return name
 
-  call = {i.name: _call_name(i.op_name) for i in leftover}
+  call = {i.name: _call_name(i.op_name, scopes) for i in leftover}
   for inst in leftover:
     for o in inst.operands:
       if o in parent and call[o] == call[inst.name]:
@@ -455,18 +458,28 @@ def _reachable(comps: Mapping[str, Computation], comp_name: str,
   return out
 
 
-def _call_name(op_name: str) -> str:
+def _find_scope(op_name: str, scopes: tuple[str, ...]) -> int:
+  """Where the first kernel library scope starts in `op_name`, or -1."""
+  found = -1
+  for prefix in scopes:
+    i = op_name.find(prefix)
+    if i >= 0 and (found < 0 or i < found):
+      found = i
+  return found
+
+
+def _call_name(op_name: str, scopes: tuple[str, ...]) -> str:
   """The scope and the `pallas_call` name under it, e.g.
   "pallas_kernels.matmul/pallas_kernels_matmul_dact_bgrad"."""
-  i = op_name.find(PALLAS_SCOPE)
+  i = _find_scope(op_name, scopes)
   parts = op_name[i:].split("/")[:2] if i >= 0 else []
   return "/".join(p.rstrip(")") for p in parts)
 
 
-def _scope_of(op_name: str) -> str:
-  """The `pallas_kernels.<op>` scope named in an op_name, e.g.
+def _scope_of(op_name: str, scopes: tuple[str, ...]) -> str:
+  """The `<library>.<op>` scope named in an op_name, e.g.
   "jit(f)/transpose(jvp(pallas_kernels.matmul))/..." -> "pallas_kernels.matmul"."""
-  i = op_name.find(PALLAS_SCOPE)
+  i = _find_scope(op_name, scopes)
   if i < 0:
     return ""
   rest = op_name[i:]
@@ -485,7 +498,7 @@ def _all_instructions(comps: Mapping[str, Computation], comp_name: str) -> list[
 
 
 def _pallas_kernel(module, schedule, comps, dataflow, key, members, multiplicity,
-                   library_paths, user_paths) -> Kernel:
+                   library_paths, user_paths, scopes) -> Kernel:
   member_set = set(members)
   counts: collections.Counter = collections.Counter()
   first = None
@@ -505,11 +518,12 @@ def _pallas_kernel(module, schedule, comps, dataflow, key, members, multiplicity
   # Name the kernel after its launch: the loop (interpreted) or the custom
   # call (compiled), else its first scoped instruction.
   scoped = [comps[comp_name].instruction(n) for n in members
-            if n in comps[comp_name] and _scope_of(comps[comp_name].instruction(n).op_name)]
+            if n in comps[comp_name] and _scope_of(comps[comp_name].instruction(n).op_name,
+                                                    scopes)]
   launch = next((i for i in scoped if i.opcode in ("while", "custom-call")),
                 scoped[0] if scoped else inst)
   inst = launch
-  scope = _scope_of(inst.op_name)
+  scope = _scope_of(inst.op_name, scopes)
   # The group's result: what the last top-level member hands to the rest.
   comp = comps[comp_name]
   outside_users = set()

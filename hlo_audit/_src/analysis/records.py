@@ -74,6 +74,41 @@ class Verdict(enum.Enum):
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class KernelNeed:
+  """What a fused kernel must compute to close one finding, library-neutral."""
+
+  kind: FindingKind
+  #: The computation the kernel is built around: "dot", "convolution",
+  #: "layer_norm", "rms_norm", "softmax", "log_softmax", "batch_norm_stats",
+  #: "column_reduction", ...
+  anchor: str
+  #: The work it fuses around the anchor, e.g. ("bias", "activation:gelu",
+  #: "cast:bf16"); for a prologue, the work before the anchor.
+  ops: tuple[str, ...] = ()
+  #: Outputs the fused kernel writes (several readers transforming one
+  #: matmul result each need their own).
+  outputs: int = 1
+  #: Whether it must read parts (a concatenate's pieces) in place.
+  reads_parts: bool = False
+
+  def describe(self) -> str:
+    """The kernel in words, e.g. "a dot kernel with its epilogue (bias,
+    activation:gelu) fused"."""
+    work = f" ({', '.join(self.ops)})" if self.ops else ""
+    anchor = self.anchor.replace("_", " ")
+    if self.kind is FindingKind.UNFUSED_EPILOGUE:
+      many = f" writing {self.outputs} outputs" if self.outputs > 1 else ""
+      return f"a {anchor} kernel with its epilogue{work} fused{many}"
+    if self.kind is FindingKind.UNFUSED_PROLOGUE:
+      return f"a {anchor} kernel with its prologue{work} fused"
+    if self.kind is FindingKind.LAYOUT_CONFLICT:
+      return f"a {anchor} kernel that reads its operand in the original layout"
+    if self.reads_parts:
+      return f"a {anchor} kernel that reads the parts in place"
+    return f"a fused {anchor} kernel"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class FusionDecisionRecord:
   """One finding: a boundary XLA left, and what closing it would do."""
 
@@ -108,15 +143,16 @@ class FusionDecisionRecord:
   risks: tuple[str, ...]
   #: The epilogue or prologue work found, e.g. ("bias", "activation:gelu").
   ops: tuple[str, ...] = ()
-  #: The `pallas_kernels` op that would close it, e.g. "pallas_kernels.matmul".
+  #: The kernel library's op that would close it, e.g. "pallas_kernels.matmul"
+  #: (chosen by the installed kernel libraries for `need`).
   kernel: str | None = None
   #: Times the boundary is crossed per run (enclosing loops); None: unknown.
   trip_count: int | None = 1
   source: SourceLocation | None = None
   #: Computation the boundary lives in.
   computation: str = ""
-  #: A ready-to-paste call of the `pallas_kernels` op with the finding's
-  #: shapes and dtypes ("" when no kernel applies).
+  #: A ready-to-paste call of `kernel` with the finding's shapes and dtypes
+  #: ("" when no kernel applies).
   suggestion: str = ""
   #: The op's guard on those shapes: whether the kernel would run, or why it
   #: would fall back to XLA ("" when no kernel applies).
@@ -139,3 +175,7 @@ class FusionDecisionRecord:
   #: False where the audit's replay budget left it the quick estimate, which
   #: keeps the audited buffer assignment (what_if.replay_budget).
   peak_exact: bool = True
+  #: What a fused kernel must compute to close the finding (None: no kernel
+  #: applies, e.g. a change to the program); kernel libraries answer it with
+  #: `kernel`. Not compared: it is the question, `kernel` the answer kept.
+  need: KernelNeed | None = dataclasses.field(default=None, compare=False)

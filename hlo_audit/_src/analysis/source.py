@@ -18,16 +18,22 @@ from hlo_audit._src.hlo.ir import Computation, HloModule, Instruction, SourceLoc
 
 #: Regexes (searched in the '/'-separated path) of files that are not the
 #: user's: installed packages, the standard library, jax and jaxlib from a
-#: source checkout, this project's own internals, and Python's frozen modules.
+#: source checkout, this project's own internals, and Python's frozen modules
+#: (the audit adds each kernel library's internals: `library_source_path`).
 DEFAULT_LIBRARY_PATHS: tuple[str, ...] = (
     r"/(site|dist)-packages/",
     r"/lib/python\d+(\.\d+)?t?/(?!(site|dist)-packages/)",
     r"(^|/)jax/_src/",
     r"(^|/)jaxlib/",
     r"(^|/)hlo_audit/_src/",
-    r"(^|/)pallas_kernels/_src/",
     r"^<frozen ",
 )
+
+
+def library_source_path(package: str) -> str:
+  """The path regex of a kernel library's internals (its `_src` folder,
+  where its kernels' frames are, even from a source checkout)."""
+  return rf"(^|/){re.escape(package)}/_src/"
 
 #: Regexes of files that are the user's wherever they are installed: the
 #: built-in examples stand for user code.
@@ -35,6 +41,7 @@ DEFAULT_USER_PATHS: tuple[str, ...] = (r"(^|/)hlo_audit/_src/examples/",)
 
 _INSTALLED = re.compile(r"/(?:site|dist)-packages/([^/]+)/")
 _STDLIB = re.compile(r"/lib/python\d+(?:\.\d+)?t?/")
+_SRC_PACKAGE = re.compile(r"(?:^|/)([A-Za-z_][A-Za-z0-9_]*)/_src/")
 
 
 @functools.cache
@@ -234,9 +241,12 @@ def library_name(file: str) -> str:
     return m.group(1).split(".")[0]
   if _STDLIB.search(path):
     return "python"
-  for pkg in ("jax", "jaxlib", "hlo_audit", "pallas_kernels"):
+  for pkg in ("jax", "jaxlib", "hlo_audit"):
     if re.search(rf"(^|/){pkg}/", path):
       return pkg
+  m = _SRC_PACKAGE.search(path)  # a kernel library's internals
+  if m:
+    return m.group(1)
   return path.rsplit("/", 1)[-1]
 
 

@@ -84,15 +84,16 @@ def fail_on_classes(values: list[str]):
   return kinds
 
 
-def hints(prefix: list[str], swap: bool = False) -> tuple[tuple[str, str], ...]:
-  """The footer's next commands for a verb invoked as `prefix`."""
+def hints(prefix: list[str], swap: str | None = None) -> tuple[tuple[str, str], ...]:
+  """The footer's next commands for a verb invoked as `prefix` (`swap`: the
+  kernel library `--swap` swaps in, if the verb has the flag)."""
   cmd = shlex.join(prefix)
   out = [(f"{cmd} --all", "every kernel, buffer and decision record"),
          (f"{cmd} --html audit.html", "grouped findings and the memory view, in a browser"),
          (f"{cmd} --json", "the whole report, machine-readable"),
          (f"{cmd} --fail-on unfused-epilogue --min-bytes 1MiB", "exit 1 on such gaps, for CI")]
   if swap:
-    out.append((f"{cmd} --swap", "swap pallas_kernels in, and check the gaps close"))
+    out.append((f"{cmd} --swap", f"swap {swap} in, and check the gaps close"))
   return tuple(out)
 
 
@@ -180,8 +181,9 @@ def emit(report: AuditReport, args, out=None, *, prefix: list[str] | None = None
     if args.all:
       lines = terminal.full_lines(report, width)
     else:
+      swap = report.kernel_libraries[0] if swap_hint and report.kernel_libraries else None
       lines = terminal.compact_lines(report, width, top=top,
-                                     hints=hints(prefix or ["hlo-audit"], swap_hint))
+                                     hints=hints(prefix or ["hlo-audit"], swap))
     out.write("\n".join(lines) + "\n")
   if args.html:
     try:

@@ -19,8 +19,8 @@ def add_parser(sub) -> None:
   p.add_argument("--set", metavar="NAME=VALUE", action="append", default=[],
                  help="set a size of the example, e.g. --set batch=8 --set dtype=bfloat16")
   p.add_argument("--swap", action="store_true",
-                 help="also swap pallas_kernels into the example and show the "
-                      "before/after audit and numerics check")
+                 help="also swap the kernel library's kernels into the example "
+                      "and show the before/after audit and numerics check")
   add_devices_flag(p)
   add_output_flags(p)
   p.set_defaults(handler=run)

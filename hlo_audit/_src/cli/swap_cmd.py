@@ -1,5 +1,5 @@
-"""`hlo-audit example --swap`: swap pallas_kernels into the built-in example,
-audit before and after, and run the acceptance gate.
+"""`hlo-audit example --swap`: swap the installed kernel library's kernels
+into the built-in example, audit before and after, and run the acceptance gate.
 
 The training step differentiates inside (`jax.value_and_grad(loss_fn)`), and
 `swap` must see the forward program to recognise patterns, so the swapped
@@ -17,7 +17,21 @@ import json
 import sys
 from typing import Any
 
-from hlo_audit._src.cli.common import ExitCode
+from hlo_audit._src.cli.common import ExitCode, UsageError
+
+
+def swap_library():
+  """The first installed kernel library (it swaps and verifies).
+
+  Raises:
+    UsageError: when none is installed, saying why loading found none.
+  """
+  from hlo_audit._src.analysis.kernel_library import installed_libraries
+
+  libs = installed_libraries()
+  if not libs.libraries:
+    raise UsageError("--swap needs a kernel library: " + "; ".join(libs.notes))
+  return libs.libraries[0]
 
 
 def _concrete_args(cfg) -> tuple[Any, Any]:
@@ -35,12 +49,11 @@ def swapped_example(fn, cfg, interpret: bool | None = None):
   example's jitted function `fn` (train_step or loss_fn, cfg static)."""
   import jax
 
-  import pallas_kernels
   from hlo_audit._src.examples import transformer
 
   raw = getattr(fn, "__wrapped__", fn)
   baseline = functools.partial(raw, cfg=cfg)
-  loss = pallas_kernels.swap(functools.partial(transformer.loss_fn, cfg=cfg),
+  loss = swap_library().swap(functools.partial(transformer.loss_fn, cfg=cfg),
                              interpret=interpret)
   if raw is transformer.loss_fn:
     return baseline, loss, loss
@@ -78,16 +91,15 @@ def run_swap(fn, fn_args, args: argparse.Namespace, out=None) -> ExitCode:
   Returns:
     ExitCode.OK when the acceptance gate passes, ExitCode.FINDINGS otherwise.
   """
-  import pallas_kernels
   from hlo_audit._src.report.units import fmt_bytes, fmt_delta_bytes
 
+  library = swap_library()
   out = out or sys.stdout
   cfg = fn_args[2]
   params, tokens = _concrete_args(cfg)
   baseline, swapped, loss = swapped_example(fn, cfg)
   report = loss.report(params, tokens)
-  result = pallas_kernels.verify(baseline, swapped, params, tokens,
-                                 swap_report=report)
+  result = library.verify(baseline, swapped, params, tokens, swap_report=report)
   before, after, diff = result.before, result.after, result.diff
   if getattr(args, "json", False):
     out.write(json.dumps({

@@ -117,6 +117,12 @@ def is_integral(name: str) -> bool:
   return _TABLE[name][1] in (Kind.SIGNED, Kind.UNSIGNED)
 
 
+def to_numpy(name: str) -> str:
+  """The numpy/JAX dtype name of XLA element type `name` ("bf16" ->
+  "bfloat16"); `name` itself when numpy has no such type."""
+  return NUMPY_NAMES.get(name, name)
+
+
 def from_numpy(dtype) -> str:
   """The XLA name of a numpy/JAX dtype, e.g. float32 -> "f32"."""
   name = getattr(dtype, "name", str(dtype))

@@ -28,6 +28,7 @@ from hlo_audit._src.analysis.records import Verdict
 from hlo_audit._src.report import text
 from hlo_audit._src.report.grouping import ranked_groups
 from hlo_audit._src.report.memory_view import aggregate_columns, live_at, stack_buffers
+from hlo_audit._src.report import units
 from hlo_audit._src.report.units import fmt_bytes, fmt_source
 
 #: The page style, shared with the sweep report.
@@ -490,7 +491,7 @@ def findings_html(report) -> str:
 
 
 def _short_kernel(name: str | None) -> str:
-  return name.removeprefix("pallas_kernels.") if name else "-"
+  return units.short_kernel(name)
 
 
 def _group_html(i: int, g, full: bool) -> str:

@@ -15,7 +15,7 @@ from typing import Any
 
 from hlo_audit._src.analysis.backend_traits import KernelKind
 from hlo_audit._src.analysis.buffers import Buffer, Lifetime
-from hlo_audit._src.analysis.detectors import AuditOptions
+from hlo_audit._src.analysis.options import AuditOptions
 from hlo_audit._src.analysis.kernels import Kernel
 from hlo_audit._src.analysis.records import FindingKind, FusionDecisionRecord, Verdict
 
@@ -83,6 +83,8 @@ class AuditReport:
   what_if_replay: Any = None
   #: The analysed program, for what-if replays (None for reports read from JSON).
   program: Any = dataclasses.field(default=None, compare=False, repr=False)
+  #: The kernel libraries the audit consulted, by name (e.g. "pallas_kernels").
+  kernel_libraries: tuple[str, ...] = ()
 
   # --------------------------------------------------------- what-ifs ----
 

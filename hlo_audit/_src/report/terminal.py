@@ -16,18 +16,30 @@ import sys
 from hlo_audit._src.report import layout, text
 from hlo_audit._src.report.grouping import FindingGroup, ranked_groups
 from hlo_audit._src.report.layout import Column
+from hlo_audit._src.report import units
 from hlo_audit._src.report.units import fmt_bytes, fmt_source
 
 #: Finding groups the default view lists.
 TOP = 20
 
-#: What to do next, from Python (the CLI passes its own commands).
+#: What to do next, from Python (the CLI passes its own commands); the
+#: report's kernel libraries add their swap (`python_hints`).
 PYTHON_HINTS = (
     ("print(report.to_text(all=True))", "every kernel, buffer and decision record"),
     ("report.to_html('audit.html')", "grouped findings and the memory view, in a browser"),
     ("report.to_json()", "the whole report, machine-readable"),
-    ("pallas_kernels.swap(fn)", "swap the kernels in; pallas_kernels.verify checks the gap closed"),
 )
+
+
+def python_hints(report) -> tuple[tuple[str, str], ...]:
+  """`PYTHON_HINTS` plus a swap hint per kernel library the report's
+  findings name (or the audit consulted)."""
+  libs = dict.fromkeys(report.kernel_libraries)
+  libs.update(dict.fromkeys(f.kernel.split(".", 1)[0] for f in report.findings
+                            if f.kernel and "." in f.kernel))
+  return PYTHON_HINTS + tuple(
+      (f"{lib}.swap(fn)", f"swap the kernels in; {lib}.verify checks the gap closed")
+      for lib in libs)
 
 
 def group_cells(g: FindingGroup) -> dict[str, str]:
@@ -36,7 +48,7 @@ def group_cells(g: FindingGroup) -> dict[str, str]:
   return {"saves": fmt_bytes(g.bytes_saved), "peak": fmt_bytes(peak) if peak else "",
           "class": g.kind.value, "count": f"x{g.count}" if g.count > 1 else "",
           "shape": g.boundary_shape,
-          "kernel": g.kernel.removeprefix("pallas_kernels.") if g.kernel else "-",
+          "kernel": units.short_kernel(g.kernel),
           "verdict": g.verdict.value, "source": fmt_source(g.source) or "?"}
 
 
@@ -94,8 +106,10 @@ def compact_summary(report, groups, width: int) -> list[str]:
   return out
 
 
-def compact_lines(report, width: int, *, top: int = TOP, hints=PYTHON_HINTS) -> list[str]:
-  """The default view: summary, top finding groups, what is left, what next."""
+def compact_lines(report, width: int, *, top: int = TOP, hints=None) -> list[str]:
+  """The default view: summary, top finding groups, what is left, what next
+  (`hints`; None: `python_hints`)."""
+  hints = python_hints(report) if hints is None else hints
   groups = ranked_groups(report.findings)
   act = [g for g in groups if g.actionable]
   out = compact_summary(report, groups, width)
@@ -218,7 +232,7 @@ def full_lines(report, width: int, *, max_kernels: int | None = None) -> list[st
 
 
 def render_text(report, width: int | None = None, *, all: bool = False,  # noqa: A002
-                top: int = TOP, hints=PYTHON_HINTS) -> str:
+                top: int = TOP, hints=None) -> str:
   """The terminal report as text; `width` None follows `layout.text_width`."""
   width = layout.text_width(None, width)
   lines = full_lines(report, width) if all else compact_lines(report, width, top=top,
@@ -227,7 +241,7 @@ def render_text(report, width: int | None = None, *, all: bool = False,  # noqa:
 
 
 def render_terminal(report, console=None, *, all: bool = False,  # noqa: A002
-                    top: int = TOP, width: int | None = None, hints=PYTHON_HINTS) -> None:
+                    top: int = TOP, width: int | None = None, hints=None) -> None:
   """Writes the report to `console`: a rich Console (its width is used), a
   text stream, or stdout when None."""
   if console is not None and hasattr(console, "export_text"):

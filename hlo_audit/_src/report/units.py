@@ -24,6 +24,12 @@ def fmt_bytes(n: int | float | None) -> str:
   return f"{sign}{n:.2f} TiB"  # pragma: no cover
 
 
+def short_kernel(name: str | None) -> str:
+  """A library op without its library: "pallas_kernels.matmul" -> "matmul";
+  None -> "-"."""
+  return name.split(".", 1)[-1] if name else "-"
+
+
 def fmt_delta_bytes(n: int) -> str:
   """A change in bytes, signed: 1536 -> "+1.50 KiB", -1536 -> "-1.50 KiB", 0 -> "0 B"."""
   return ("+" if n > 0 else "") + fmt_bytes(n)

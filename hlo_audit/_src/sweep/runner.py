@@ -34,7 +34,7 @@ from hlo_audit._src.errors import HloAuditError
 from hlo_audit._src.sweep import grid as grid_lib
 from hlo_audit._src.sweep import store as store_lib
 from hlo_audit._src.sweep.grid import GridError
-from hlo_audit._src.sweep.targets import (KERNEL_NAMES, Measure, Target, TargetRef,
+from hlo_audit._src.sweep.targets import (KernelTarget, Measure, Target, TargetRef,
                                           make_target)
 
 
@@ -150,9 +150,9 @@ def plan(options: SweepOptions, target: Target | None = None) -> Plan:
   ref = TargetRef(options.target, options.args)
   target = target or make_target(ref)
   m = options.measure
-  if (m.validate or m.time) and ref.text not in KERNEL_NAMES:
-    raise GridError("--validate and --time apply to kernel targets "
-                    "(matmul, layer_norm, rms_norm, softmax)")
+  if (m.validate or m.time) and not isinstance(target, KernelTarget):
+    raise GridError("--validate and --time apply to kernel targets (a kernel "
+                    "library's ops, e.g. matmul)")
   if m.time and (m.repeats < 1 or m.warmup < 0):
     raise GridError(f"need --repeats >= 1 and --warmup >= 0, got {m.repeats}, {m.warmup}")
   g = build_grid(options)

@@ -1,4 +1,5 @@
-"""What a sweep audits: the built-in example, MODULE:FUNCTION, or a kernel.
+"""What a sweep audits: the built-in example, MODULE:FUNCTION, or a kernel
+library's op (`KernelLibrary.sweep_targets`).
 
 A `Target` names the parameters a grid may set, turns a grid point into its
 full parameter set (`resolve`: defaults filled in, values checked and made
@@ -39,10 +40,6 @@ from typing import Any
 from hlo_audit._src.hlo import dtypes as hlo_dtypes
 from hlo_audit._src.sweep.grid import GridError, Value
 
-#: Kernel targets and the `pallas_kernels` ops they name.
-KERNEL_NAMES = ("matmul", "layer_norm", "rms_norm", "softmax")
-
-
 @dataclasses.dataclass(frozen=True, slots=True)
 class Param:
   """One parameter a grid may set."""
@@ -59,9 +56,9 @@ class Param:
 class Measure:
   """What to measure at each point besides the audit (kernel targets only)."""
 
-  #: Check the kernel against the float32 reference (`pallas_kernels.validate`).
+  #: Check the kernel against its float32 reference (the library's validation).
   validate: bool = False
-  #: Time the kernel against XLA (`pallas_kernels.bench`).
+  #: Time the kernel against XLA (the library's benchmark).
   time: bool = False
   #: Timed calls per implementation (median reported).
   repeats: int = 10
@@ -143,14 +140,17 @@ def make_target(ref: TargetRef) -> Target:
     if ref.args:
       raise GridError("--args applies to MODULE:FUNCTION targets, not 'example'")
     return ExampleTarget(ref)
-  if ref.text in KERNEL_NAMES:
-    if ref.args:
-      raise GridError(f"--args applies to MODULE:FUNCTION targets, not {ref.text!r}")
-    return KernelTarget(ref)
   if ":" in ref.text:
     return FunctionTarget(ref)
+  kernels = kernel_targets()
+  if ref.text in kernels:
+    if ref.args:
+      raise GridError(f"--args applies to MODULE:FUNCTION targets, not {ref.text!r}")
+    return KernelTarget(ref, kernels[ref.text])
+  names = [n for n in kernels if "." not in n]
   raise GridError(f"--target {ref.text!r}: expected 'example', MODULE:FUNCTION, or "
-                  f"a kernel name ({', '.join(KERNEL_NAMES)})")
+                  "a kernel name (" + (", ".join(names) if names else
+                                       "none: no kernel library is installed") + ")")
 
 
 # ------------------------------------------------------------ values ----
@@ -457,129 +457,35 @@ class FunctionTarget(Target):
 
 # ------------------------------------------------------------ kernels ----
 
-_COMMON = (Param("dtype", "dtype", "float32"), Param("grad", "bool", False))
 
-#: The parameters of each kernel target. `grad` checks gradients when validating.
-KERNEL_PARAMS: Mapping[str, tuple[Param, ...]] = {
-    "matmul": (
-        Param("m", "int", 256), Param("k", "int", 256), Param("n", "int", 256),
-        Param("batch", "int", None, optional=True),
-        *_COMMON,
-        Param("w_dtype", "dtype", None, optional=True),
-        Param("bias", "bool", False), Param("residual", "bool", False),
-        Param("activation", "str", None, optional=True),
-        Param("scale", "str", None, optional=True),
-        Param("w_scale", "str", None, optional=True),
-        Param("group_size", "int", None, optional=True),
-        Param("x_scale", "str", None, optional=True),
-        Param("transpose_x", "bool", False), Param("transpose_w", "bool", False),
-        Param("transpose_out", "bool", False),
-        Param("quantize", "str", None, optional=True),
-        Param("out_dtype", "dtype", None, optional=True)),
-    "layer_norm": (
-        Param("rows", "int", 256), Param("cols", "int", 256), *_COMMON,
-        Param("residual", "bool", False),
-        Param("out_dtype", "dtype", None, optional=True),
-        Param("quantize", "str", None, optional=True)),
-    "softmax": (
-        Param("rows", "int", 256), Param("cols", "int", 256), *_COMMON,
-        Param("scale", "float", None, optional=True),
-        Param("causal", "bool", False),
-        Param("out_dtype", "dtype", None, optional=True)),
-}
-KERNEL_PARAMS = {**KERNEL_PARAMS, "rms_norm": KERNEL_PARAMS["layer_norm"]}
+def kernel_targets() -> dict[str, Any]:
+  """The ops the installed kernel libraries offer sweeps
+  (`KernelLibrary.sweep_targets`), by name; a name two libraries offer is
+  the first's, and each is also reachable as "<library>.<op>"."""
+  from hlo_audit._src.analysis.kernel_library import installed_libraries
 
-
-def build_case(op: str, params: Mapping[str, Value], seed: int):
-  """The `pallas_kernels` case (random normal arrays, keyword options) of one
-  kernel point, built by `pallas_kernels.make_case` as the op's own cases are."""
-  import pallas_kernels
-
-  p = dict(params)
-  grad = bool(p.pop("grad"))
-  return pallas_kernels.make_case(op, seed=seed, tags=("sweep",), grad=grad, **p)
-
-
-def kernel_case(spec, params: Mapping[str, Value], seed: int, concrete: bool):
-  """A kernel point's case and the op's cost model for it: (case, bytes the op
-  must move, flops). Unless `concrete`, the case holds `jax.ShapeDtypeStruct`s
-  for its arrays and no array is made."""
-  import jax
-
-  if concrete:
-    case = build_case(spec.name, params, seed)
-    return case, int(spec.bytes_moved(case)), int(spec.flops(case))
-  shell = {}
-
-  def arrays():
-    case = build_case(spec.name, params, seed)
-    # The cost models may compute with array options: run them on the tracers.
-    shell.update(case=case, cost=(int(spec.bytes_moved(case)), int(spec.flops(case))))
-    return case.args, {k: v for k, v in case.kwargs.items() if isinstance(v, jax.Array)}
-
-  args, array_kwargs = jax.eval_shape(arrays)
-  case = shell["case"]  # Only its Python fields are read: its arrays were tracers.
-  kwargs = {k: v for k, v in case.kwargs.items() if k not in array_kwargs}
-  case = dataclasses.replace(case, args=tuple(args), kwargs={**kwargs, **array_kwargs})
-  return (case, *shell["cost"])
+  out: dict[str, Any] = {}
+  for lib in installed_libraries().libraries:
+    for name, target in lib.sweep_targets().items():
+      out.setdefault(name, target)
+      out[f"{lib.name}.{name}"] = target
+  return out
 
 
 class KernelTarget(Target):
-  """A `pallas_kernels` op at one shape: the audit of its XLA implementation
+  """A kernel library's op at one shape: the audit of its XLA implementation
   (what XLA materializes without the kernel), the op's own cost model, and
-  optionally `validate` and `bench` rows for the point."""
+  optionally validation and timing rows for the point, all measured by the
+  library (`KernelSweep.run`)."""
+
+  def __init__(self, ref: TargetRef, sweep):
+    super().__init__(ref)
+    self._sweep = sweep
 
   @property
   def params(self) -> tuple[Param, ...]:
-    return KERNEL_PARAMS[self.ref.text]
+    return tuple(self._sweep.params)
 
   def run(self, params, measure, html_path=None):
-    import jax
-
-    from pallas_kernels import bench, get_spec, validate
-
-    spec = get_spec(self.ref.text)
-    # An audit alone needs shapes only: no random inputs are made for it.
-    case, nbytes, flops = kernel_case(spec, params, measure.seed,
-                                      concrete=measure.validate or measure.time)
-    # One case, whatever tag `validate` and `bench` ask for.
-    single = dataclasses.replace(spec, cases=lambda tag, seed: iter((case,)))
-    # Array options (quantization scales) are inputs of the audited program,
-    # as in a real one, not constants folded into it.
-    array_keys = [k for k, v in case.kwargs.items() if hasattr(v, "shape")]
-    static = {k: v for k, v in case.kwargs.items() if k not in array_keys}
-    n = len(case.args)
-
-    def xla(*inputs):
-      return spec.fn(*inputs[:n], implementation="xla", **static,
-                     **dict(zip(array_keys, inputs[n:])))
-
-    abstract = [jax.ShapeDtypeStruct(a.shape, a.dtype)
-                for a in (*case.args, *(case.kwargs[k] for k in array_keys))]
-    out = compile_and_audit(jax.jit(xla), abstract, html_path)
-    out["kernel"] = {"case": case.name, "bytes_moved": nbytes, "flops": flops}
-    if measure.validate:
-      t0 = time.perf_counter()
-      v = validate(single, tags=("sweep",), seed=measure.seed,
-                   check_grads=bool(params["grad"]))
-      row = v.rows[0]
-      out["validation"] = {
-          "passed": row.passed, "kernel_err": row.kernel_err, "xla_err": row.xla_err,
-          "bound": row.bound, "grad_err": row.grad_err, "grad_bound": row.grad_bound,
-          "written": row.written, "nonfinite_ok": row.nonfinite_ok,
-          "repeat_exact": row.repeat_exact, "fallback": row.fallback,
-          "interpret": v.interpret}
-      out["seconds"]["validate"] = time.perf_counter() - t0
-    if measure.time:
-      t0 = time.perf_counter()
-      b = bench(single, tags=("sweep",), repeats=measure.repeats,
-                warmup=measure.warmup, seed=measure.seed)
-      row = b.rows[0]
-      out["timing"] = {
-          "kernel_ms": row.kernel_ms, "xla_ms": row.xla_ms, "speedup": row.speedup,
-          "kernel_gbps": row.kernel_gbps, "xla_gbps": row.xla_gbps,
-          "kernel_tflops": row.kernel_tflops, "fallback": row.fallback,
-          "interpret": b.interpret, "device": b.device,
-          "timings_meaningful": b.timings_meaningful}
-      out["seconds"]["time"] = time.perf_counter() - t0
-    return out
+    return self._sweep.run(params, measure,
+                           lambda fn, args: compile_and_audit(fn, args, html_path))

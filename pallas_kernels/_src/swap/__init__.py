@@ -4,8 +4,9 @@
 the flattened jaxpr (`program.py`; layer norm, RMS norm, softmax and
 activations are recognised by probing, `probe.py`), asks each op's guard in a
 dry run (`guard_check.py`) and evaluates the program under the caller's trace
-with the kernels' public API at the replaced patterns. `verify.verify(f, g)`
-runs the method's acceptance gate; `report.SwapReport` says what happened.
+with the kernels' public API at the replaced patterns; `report.SwapReport`
+says what happened. The acceptance gate that audits a swap, `verify`, is in
+`_src/audit/` with everything else that reads hlo_audit.
 
 Why not `jax.experimental.pallas.fuser`: we evaluated `fusible`/`fuse`
 (jax 0.10). `fuse(f)` hands a `@fusible` kernel the computation around its one

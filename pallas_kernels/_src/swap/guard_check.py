@@ -20,17 +20,15 @@ import jax
 
 from pallas_kernels._src import backend
 from pallas_kernels._src import guard
+from pallas_kernels._src import registry
 
 _cache: dict[Any, tuple[str | None, Any]] = {}
 _lock = threading.Lock()
 
 
-def _ops():
-  from pallas_kernels._src.ops.matmul.api import matmul
-  from pallas_kernels._src.ops.normalization.api import layer_norm, rms_norm
-  from pallas_kernels._src.ops.softmax.api import softmax
-  return {"matmul": matmul, "layer_norm": layer_norm, "rms_norm": rms_norm,
-          "softmax": softmax}
+def op_functions() -> dict[str, Any]:
+  """name -> public function of every op (its spec's `api`)."""
+  return {name: spec.api for name, spec in registry.specs().items() if spec.api}
 
 
 def _key(x) -> Any:
@@ -64,7 +62,7 @@ def dry_run(op: str, positional: Sequence[Any], keywords: Mapping[str, Any] | No
   with _lock:
     if key in _cache:
       return _cache[key]
-  fn = _ops()[op]
+  fn = op_functions()[op]
   arrays = [x for x in list(positional) + list(keywords.values())
             if isinstance(x, jax.ShapeDtypeStruct)]
   names = list(keywords)
@@ -126,7 +124,7 @@ def check_guard(op: str, *args: Any, interpret: bool | None = None,
   Raises:
     ValueError: for an unknown op, or `implementation=` (always "pallas" here).
   """
-  ops = _ops()
+  ops = op_functions()
   if op not in ops:
     raise ValueError(f"check_guard: unknown op {op!r}; known: {', '.join(ops)}")
   if "implementation" in kwargs:

@@ -24,9 +24,6 @@ from jax.extend import source_info_util
 
 from pallas_kernels._src import backend
 from pallas_kernels._src import compat
-from pallas_kernels._src.ops.matmul.api import matmul
-from pallas_kernels._src.ops.normalization.api import layer_norm, rms_norm
-from pallas_kernels._src.ops.softmax.api import softmax
 from pallas_kernels._src.swap import guard_check
 from pallas_kernels._src.swap import patterns
 from pallas_kernels._src.swap import program as prog_lib
@@ -34,10 +31,11 @@ from pallas_kernels._src.swap.patterns import Match, Rejection
 from pallas_kernels._src.swap.program import Lit, Plan, Program
 from pallas_kernels._src.swap.report import SwapReport, SwapSite
 
-#: The ops swap can use, by name (`ops=` takes these).
-OPS: dict[str, Callable[..., Any]] = {
-    "matmul": matmul, "layer_norm": layer_norm, "rms_norm": rms_norm,
-    "softmax": softmax}
+
+def _ops() -> dict[str, Callable[..., Any]]:
+  """The ops swap can use, by name (`ops=` takes these); the matchers in
+  `patterns.REGISTRY` say which of them a program's equations become."""
+  return guard_check.op_functions()
 
 
 # --------------------------------------------------------------- sites ----
@@ -116,7 +114,7 @@ def _dry_run(program: Program, match: Match, interpret: bool | None) -> str | No
 
 
 def _emitter(program: Program, match: Match, interpret: bool | None):
-  fn = OPS[match.op]
+  fn = _ops()[match.op]
   # Resolved here: a swapped program runs one kernel per site, the one for
   # the device it is traced for (see `backend.per_platform`).
   static = dict(match.static, implementation="pallas",
@@ -421,8 +419,9 @@ def swap(f: Callable, *, ops: Iterable[str] | None = None, report: bool = False,
   Raises:
     ValueError: for an unknown op in `ops`.
   """
-  chosen = frozenset(OPS if ops is None else ops)
-  unknown = chosen - set(OPS)
+  known = _ops()
+  chosen = frozenset(known if ops is None else ops)
+  unknown = chosen - set(known)
   if unknown:
-    raise ValueError(f"unknown ops {sorted(unknown)}; expected some of {sorted(OPS)}")
+    raise ValueError(f"unknown ops {sorted(unknown)}; expected some of {sorted(known)}")
   return Swapped(f, chosen, report, interpret)

@@ -101,7 +101,7 @@ def test_judged_peak_counts_interpreted_outputs_from_their_launch():
   an interpreted kernel's output counts from the kernel's launch (compiled, it
   comes to life then), not from the fill XLA schedules before the loop."""
   import types
-  from pallas_kernels._src.swap.verify import peak_without_internal
+  from pallas_kernels._src.audit.verify import peak_without_internal
   buf = lambda name, nbytes, rng, producer, internal=False: types.SimpleNamespace(
       name=name, bytes=nbytes, live_range=rng, producer=producer, internal=internal,
       placement="heap")

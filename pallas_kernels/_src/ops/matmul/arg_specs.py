@@ -1,4 +1,6 @@
-"""Named matmul cases for `validate`, `bench` and the tests, and the `SPEC`.
+"""matmul's `SPEC`: named cases for `validate`, `bench` and the tests, its cost
+model, sweep parameters, and the audit findings it closes with the call it
+suggests (the one description every consumer reads, `spec.py`).
 
 Positional arguments of a case are a prefix of (x, w, bias, residual), the
 differentiable arrays; everything else (activation, scale, quantization
@@ -20,7 +22,7 @@ import jax.numpy as jnp
 from pallas_kernels._src import inputs
 from pallas_kernels._src.ops.matmul import reference
 from pallas_kernels._src.ops.matmul.api import matmul
-from pallas_kernels._src.spec import Case, OpSpec
+from pallas_kernels._src.spec import Call, CallFacts, Case, Closes, OpSpec, SweepParam
 
 _POSITIONAL = ("x", "w", "bias", "residual")
 #: Keywords of `matmul` that only steer the implementation (not the math).
@@ -291,6 +293,116 @@ def flops(case: Case) -> int:
   return int(2 * batch * m * n * k)
 
 
+# --------------------------------------------------------- sweeps ----
+
+
+def make_case(*, seed: int, tags=(), grad: bool = False, m: int, k: int, n: int,
+              batch: int | tuple[int, ...] | None = None, **options: Any) -> Case:
+  """The case at one point: `CaseDef`'s fields (`batch` an int or a tuple)."""
+  if isinstance(batch, int):
+    batch = (batch,)
+  d = CaseDef(m=m, k=k, n=n, batch=tuple(batch or ()), tags=frozenset(tags), grad=grad,
+              **options)
+  return build_case(d, seed)
+
+
+SWEEP_PARAMS: tuple[SweepParam, ...] = (
+    SweepParam("m", "int", 256), SweepParam("k", "int", 256), SweepParam("n", "int", 256),
+    SweepParam("batch", "int", None, optional=True),
+    SweepParam("dtype", "dtype", "float32"), SweepParam("grad", "bool", False),
+    SweepParam("w_dtype", "dtype", None, optional=True),
+    SweepParam("bias", "bool", False), SweepParam("residual", "bool", False),
+    SweepParam("activation", "str", None, optional=True),
+    SweepParam("scale", "str", None, optional=True),
+    SweepParam("w_scale", "str", None, optional=True),
+    SweepParam("group_size", "int", None, optional=True),
+    SweepParam("x_scale", "str", None, optional=True),
+    SweepParam("transpose_x", "bool", False), SweepParam("transpose_w", "bool", False),
+    SweepParam("transpose_out", "bool", False),
+    SweepParam("quantize", "str", None, optional=True),
+    SweepParam("out_dtype", "dtype", None, optional=True))
+
+
+# ---------------------------------------------------- the audit's call ----
+
+CLOSES = Closes(
+    kinds=frozenset({"unfused-epilogue", "unfused-prologue", "layout-conflict"}),
+    anchors=frozenset({"dot"}),
+    epilogues=frozenset({"bias", "scale", "activation", "residual", "clamp",
+                         "cast", "quantize", "transpose"}),
+    prologues=frozenset({"cast", "dequantize", "scale", "transpose"}),
+    activations=frozenset({"relu", "gelu", "gelu_tanh", "silu", "sigmoid",
+                           "tanh", "identity"}),
+    keywords=(("bias", "bias"), ("activation", "activation"),
+              ("residual", "residual"), ("cast", "out_dtype")))
+
+
+def _dot_call(anchor) -> tuple[dict, list, tuple[int, ...]] | None:
+  """x/w arrays, options and result dims of the matmul the audit read."""
+  if anchor is None:
+    return None
+  lhs, rhs = anchor.lhs, anchor.rhs
+  options = []
+  if anchor.lhs_contracting is not None:  # a dot (a library call has none)
+    nb = len(anchor.lhs_batch)
+    if tuple(anchor.lhs_batch) != tuple(range(nb)) or \
+        tuple(anchor.rhs_batch) != tuple(range(nb)):
+      return None  # batch dimensions that are not leading: no call to write
+    if anchor.lhs_contracting and anchor.lhs_contracting[0] == len(lhs.dims) - 2:
+      options.append(("transpose_x", "True", True))
+    if anchor.rhs_contracting and anchor.rhs_contracting[0] == len(rhs.dims) - 1:
+      options.append(("transpose_w", "True", True))
+  arrays = {"x": (lhs.dtype, tuple(lhs.dims)), "w": (rhs.dtype, tuple(rhs.dims))}
+  return arrays, options, tuple(anchor.result)
+
+
+def suggest(facts: CallFacts) -> Call | None:
+  """`matmul` closing an epilogue (the work as keywords) or a prologue (the
+  operand in its source dtype, with its scale)."""
+  found = _dot_call(facts.matmul)
+  if found is None:
+    return None
+  arrays, options, rdims = found
+  bdt, bdims = facts.boundary.dtype, tuple(facts.boundary.dims)
+  if facts.kind == "unfused-epilogue":
+    rdims = rdims or bdims
+    n = rdims[-1]
+    out = [("x", *arrays["x"], True), ("w", *arrays["w"], True)]
+    result_dt = bdt
+    for item in facts.ops:
+      base, _, arg = item.partition(":")
+      if base == "bias":
+        out.append(("bias", bdt, (n,), False))
+      elif base == "scale":
+        options.append(("scale", "scale", 1.0))
+      elif base == "residual":
+        out.append(("residual", bdt, rdims, False))
+      elif base == "activation" and arg:
+        options.append(("activation", repr(arg), arg))
+      elif base == "clamp":
+        options.append(("clamp", "(lo, hi)", (-1.0, 1.0)))
+      elif base == "cast" and arg:
+        name = facts.numpy_name(arg)
+        options.append(("out_dtype", f"jnp.{name}", name))
+        result_dt = arg
+      elif base == "quantize" and arg:
+        name = facts.numpy_name(arg)
+        options.append(("quantize", repr(name), name))
+    return Call("matmul", tuple(out), tuple(options),
+                f"{result_dt}[{','.join(map(str, rdims))}]")
+  if facts.kind == "unfused-prologue":
+    src = [a for a in facts.sources if tuple(a.dims) == bdims]
+    side = "w" if arrays["w"][1] == bdims and arrays["x"][1] != bdims else "x"
+    if src:
+      arrays[side] = (src[0].dtype, bdims)
+    out = [("x", *arrays["x"], True), ("w", *arrays["w"], True)]
+    if any(i.startswith("dequantize") for i in facts.ops):
+      options.append((f"{side}_scale", f"{side}_scale", 1.0))
+    return Call("matmul", tuple(out), tuple(options),
+                f"{bdt if side == 'x' else arrays['x'][0]}[{','.join(map(str, rdims))}]")
+  return None
+
+
 SPEC = OpSpec(
     name="matmul",
     fn=call,
@@ -299,4 +411,9 @@ SPEC = OpSpec(
     bytes_moved=bytes_moved,
     flops=flops,
     baseline=xla_baseline,
+    api=matmul,
+    closes=CLOSES,
+    sweep_params=SWEEP_PARAMS,
+    make_case=make_case,
+    suggest=suggest,
 )

@@ -1,4 +1,5 @@
-"""Cases and cost model of layer norm and RMS norm for validate and bench.
+"""The specs of layer norm and RMS norm: cases and cost model for validate and
+bench, sweep parameters, and the audit findings they close (`spec.py`).
 
 Exports `LAYER_NORM_SPEC` and `RMS_NORM_SPEC`, and `SPECS` holding both (the
 registry reads `SPECS`). In a case, positional args are (x, gamma, beta,
@@ -14,16 +15,18 @@ dtype), "grad" (gradients checked), "nonfinite" (NaN/+Inf/-Inf rows), "bench"
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Iterator
 
 import jax.numpy as jnp
 import numpy as np
 
 from pallas_kernels._src import inputs
+from pallas_kernels._src.ops import row_ops
 from pallas_kernels._src.ops.normalization import api
 from pallas_kernels._src.ops.normalization import reference
 from pallas_kernels._src.ops.normalization.config import Config
-from pallas_kernels._src.spec import Case, OpSpec
+from pallas_kernels._src.spec import Case, Closes, OpSpec
 
 #: Forces two column chunks on short rows, to exercise the long-row path in CI.
 CHUNKED = Config(block_rows=2, block_cols=128)
@@ -176,15 +179,36 @@ def _flops(kind: str):
   return flops
 
 
+def _closes(op: str) -> Closes:
+  return Closes(
+      kinds=frozenset({"separate-reduction", "unfused-prologue"}),
+      anchors=frozenset({op}), epilogues=frozenset({"cast", "quantize"}),
+      prologues=frozenset({"residual"}),
+      keywords=(("residual", "residual"), ("cast", "out_dtype")))
+
+
+def _make_case(op: str):
+  def make_case(*, seed, tags=(), grad=False, rows, cols, dtype="float32", residual=False,
+                quantize=None, out_dtype=None) -> Case:
+    return row_ops.make_case(op, seed=seed, tags=tags, grad=grad, rows=rows, cols=cols,
+                             dtype=dtype, out_dtype=out_dtype, residual=residual,
+                             quantize=quantize)
+  return make_case
+
+
 LAYER_NORM_SPEC = OpSpec(
     name="layer_norm", fn=_layer_norm, reference_f32=_layer_norm_f32,
     cases=_cases("layer_norm"), bytes_moved=_bytes_moved("layer_norm"),
-    flops=_flops("layer_norm"))
+    flops=_flops("layer_norm"), api=api.layer_norm, closes=_closes("layer_norm"),
+    sweep_params=row_ops.NORM_PARAMS, make_case=_make_case("layer_norm"),
+    suggest=functools.partial(row_ops.suggest, "layer_norm"))
 
 RMS_NORM_SPEC = OpSpec(
     name="rms_norm", fn=_rms_norm, reference_f32=_rms_norm_f32,
     cases=_cases("rms_norm"), bytes_moved=_bytes_moved("rms_norm"),
-    flops=_flops("rms_norm"))
+    flops=_flops("rms_norm"), api=api.rms_norm, closes=_closes("rms_norm"),
+    sweep_params=row_ops.NORM_PARAMS, make_case=_make_case("rms_norm"),
+    suggest=functools.partial(row_ops.suggest, "rms_norm"))
 
 SPECS: tuple[OpSpec, ...] = (LAYER_NORM_SPEC, RMS_NORM_SPEC)
 #: The registry's per-module convention is `SPEC`; this folder holds two ops.

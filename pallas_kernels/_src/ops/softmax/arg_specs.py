@@ -1,4 +1,5 @@
-"""Cases and cost model of softmax for validate and bench; exports `SPEC`.
+"""softmax's `SPEC`: cases and cost model for validate and bench, sweep
+parameters, and the audit findings it closes (`spec.py`).
 
 In a case, positional args are (x,) or (x, mask), so that the gradient of an
 additive mask can be checked too.
@@ -12,6 +13,8 @@ logits), "bench" (attention-score and vocabulary-sized rows).
 from __future__ import annotations
 
 import dataclasses
+import functools
+import types
 from collections.abc import Iterator
 
 import jax
@@ -22,7 +25,8 @@ from pallas_kernels._src import inputs
 from pallas_kernels._src.ops.softmax import api
 from pallas_kernels._src.ops.softmax import reference
 from pallas_kernels._src.ops.softmax.config import Config
-from pallas_kernels._src.spec import Case, OpSpec
+from pallas_kernels._src.ops import row_ops
+from pallas_kernels._src.spec import Case, Closes, OpSpec
 
 #: Forces three column chunks on short rows, to exercise the online path in CI.
 CHUNKED = Config(block_rows=2, block_cols=128)
@@ -161,5 +165,20 @@ def _flops(case: Case) -> int:
   return int(case.args[0].size * 7)
 
 
+def _make_case(*, seed, tags=(), grad=False, rows, cols, dtype="float32", scale=None,
+               causal=False, out_dtype=None) -> Case:
+  return row_ops.make_case("softmax", seed=seed, tags=tags, grad=grad, rows=rows,
+                           cols=cols, dtype=dtype, out_dtype=out_dtype, scale=scale,
+                           causal=causal)
+
+
+CLOSES = Closes(
+    kinds=frozenset({"separate-reduction"}), anchors=frozenset({"softmax"}),
+    epilogues=frozenset({"cast"}), prologues=frozenset({"scale", "mask"}),
+    keywords=(("scale", "scale"), ("mask", "mask"), ("cast", "out_dtype")),
+    declines=types.MappingProxyType({"log_softmax": "returns probabilities, not logs"}))
+
 SPEC = OpSpec(name="softmax", fn=_softmax, reference_f32=_softmax_f32,
-              cases=_cases, bytes_moved=_bytes_moved, flops=_flops)
+              cases=_cases, bytes_moved=_bytes_moved, flops=_flops, api=api.softmax,
+              closes=CLOSES, sweep_params=row_ops.SOFTMAX_PARAMS, make_case=_make_case,
+              suggest=functools.partial(row_ops.suggest, "softmax"))

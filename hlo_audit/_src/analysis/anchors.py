@@ -1,0 +1,167 @@
+"""What a finding's anchor looks like in the HLO: the facts a kernel library
+needs to write a call with the user's shapes.
+
+Pure functions over the parsed module. The matmul a boundary is written or
+read by (its operands, dimension numbers and result), the arrays an
+instruction reads, and the epsilon of a module's norms; kernel libraries read
+these through `hlo_audit.plugins` instead of walking the IR themselves.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from hlo_audit._src.hlo.ir import Computation, HloModule, Instruction
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ArraySpec:
+  """An array as HLO types it: element type and dimensions."""
+
+  #: XLA's element type, e.g. "f32", "bf16", "s8".
+  dtype: str
+  dims: tuple[int, ...]
+
+  def __str__(self) -> str:
+    return f"{self.dtype}[{','.join(map(str, self.dims))}]"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class MatmulAnchor:
+  """A dot (or a library GEMM call) as the HLO holds it."""
+
+  lhs: ArraySpec
+  rhs: ArraySpec
+  #: The result's dimensions (() when the HLO does not say).
+  result: tuple[int, ...]
+  #: Dimension numbers; None for a library call (operands 0 and 1 are then
+  #: [M,K] and [K,N]).
+  lhs_contracting: tuple[int, ...] | None = None
+  rhs_contracting: tuple[int, ...] | None = None
+  lhs_batch: tuple[int, ...] = ()
+  rhs_batch: tuple[int, ...] = ()
+
+
+def parse_array(text: str) -> ArraySpec:
+  """"f32[64,128]" -> ArraySpec("f32", (64, 128)); layouts are ignored."""
+  dt, _, rest = text.partition("[")
+  rest = rest.split("]", 1)[0]
+  return ArraySpec(dt, tuple(int(d) for d in rest.split(",") if d.strip()))
+
+
+def _find_dot(module: HloModule, comp: Computation, inst: Instruction
+              ) -> tuple[Computation, Instruction] | None:
+  if inst.opcode == "dot":
+    return comp, inst
+  if inst.opcode == "fusion":
+    stack = list(inst.called_computations.get("calls", ()))
+    while stack:
+      name = stack.pop()
+      if name not in module:
+        continue
+      fused = module.computation(name)
+      for i in fused.instructions:
+        if i.opcode == "dot":
+          return fused, i
+        if i.opcode == "fusion":
+          stack.extend(i.called_computations.get("calls", ()))
+  if inst.opcode == "custom-call" and len(inst.operands) >= 2:
+    return comp, inst  # A library GEMM: operands 0 and 1, [M,K] x [K,N].
+  return None
+
+
+def _spec(comp: Computation, name: str) -> ArraySpec:
+  shape = comp.instruction(name).shape
+  return ArraySpec(shape.element_type, tuple(shape.dims))
+
+
+def matmul_anchor(module: HloModule, computation: str,
+                  kernel: str) -> MatmulAnchor | None:
+  """The matmul inside kernel `kernel` of `computation` (a dot, a fusion
+  holding one, or a library GEMM call), or None when it holds none.
+
+  Raises:
+    KeyError: if the computation or the kernel is not in the module.
+  """
+  comp = module.computation(computation)
+  found = _find_dot(module, comp, comp.instruction(kernel))
+  if found is None:
+    return None
+  dcomp, dot = found
+  lhs, rhs = (_spec(dcomp, o) for o in dot.operands[:2])
+  out = dot.shape
+  result = tuple(out.dims) if out is not None and out.is_array else ()
+  dn = dot.dot_dimension_numbers if dot.opcode == "dot" else None
+  if dn is None:
+    return MatmulAnchor(lhs, rhs, result)
+  return MatmulAnchor(lhs, rhs, result, tuple(dn.lhs_contracting), tuple(dn.rhs_contracting),
+                      tuple(dn.lhs_batch), tuple(dn.rhs_batch))
+
+
+def operand_arrays(module: HloModule, computation: str, name: str) -> tuple[ArraySpec, ...]:
+  """The arrays instruction `name` of `computation` reads, in operand order
+  (tuples and tokens left out).
+
+  Raises:
+    KeyError: if the computation or the instruction is not in the module.
+  """
+  comp = module.computation(computation)
+  out = []
+  for o in comp.instruction(name).operands:
+    s = comp.instruction(o).shape
+    if s is not None and s.is_array:
+      out.append(ArraySpec(s.element_type, tuple(s.dims)))
+  return tuple(out)
+
+
+#: Ops that carry a value unchanged in meaning between a norm's epsilon
+#: and its rsqrt (XLA leaves copies and bitcasts between them, e.g.
+#: `rsqrt(copy(bitcast(add(var, broadcast(constant(1e-05))))))`).
+_CARRIERS = ("bitcast", "copy", "convert", "reshape", "broadcast")
+
+
+def _skip_carriers(comp: Computation, inst: Instruction) -> Instruction:
+  while inst.opcode in _CARRIERS and inst.operands and inst.operands[0] in comp:
+    inst = comp.instruction(inst.operands[0])
+  return inst
+
+
+#: The last module `norm_epsilon` scanned, and its answer (a library asks
+#: once per finding of one audit).
+_last_eps: tuple[HloModule | None, float | None] = (None, None)
+
+
+def norm_epsilon(module: HloModule) -> float | None:
+  """The epsilon of the module's norms: the constant added before an rsqrt,
+  when the module has exactly one such value (XLA puts the rsqrt in another
+  fusion than the reduction, so the module is searched); None when it has
+  none or several (never a guess printed as a fact)."""
+  global _last_eps
+  if _last_eps[0] is module:
+    return _last_eps[1]
+  found = set()
+  for comp in module.computations:
+    for i in comp.instructions:
+      if i.opcode != "rsqrt" or not i.operands:
+        continue
+      add = _skip_carriers(comp, comp.instruction(i.operands[0]))
+      for o in add.operands if add.opcode == "add" else ():
+        c = _skip_carriers(comp, comp.instruction(o))
+        if c.opcode == "constant" and c.literal:
+          try:
+            value = float(c.literal.strip().strip("{}"))
+          except ValueError:
+            continue
+          if 0 < value < 0.1:
+            found.add(value)
+  eps = found.pop() if len(found) == 1 else None
+  _last_eps = (module, eps)
+  return eps
+
+
+def forget(module: HloModule) -> None:
+  """Drops what `norm_epsilon` keeps of `module` (the audit calls this when
+  its suggestions are written, so no module outlives its audit here)."""
+  global _last_eps
+  if _last_eps[0] is module:
+    _last_eps = (None, None)

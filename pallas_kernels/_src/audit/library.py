@@ -1,0 +1,154 @@
+"""The kernel library hlo-audit consults: which op closes a finding, the call
+to paste, the ops sweeps target, swap and verify.
+
+Every answer is read from the ops' specs (`registry`), so an op added as a
+folder is offered to the audit with no edit here.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from hlo_audit import plugins
+
+from pallas_kernels._src import registry
+from pallas_kernels._src.spec import CallFacts, OpSpec
+
+#: The library's name: its ops are "pallas_kernels.<op>".
+NAME = "pallas_kernels"
+
+#: Finding classes whose call is written from the matmul that writes the
+#: boundary (epilogues) or reads it (prologues).
+_WRITER_ANCHORED = frozenset({"unfused-epilogue"})
+_READER_ANCHORED = frozenset({"unfused-prologue"})
+
+
+def _work(ops: tuple[str, ...]) -> tuple[str, ...]:
+  """The fused work as an op's `Closes` lists it: "cast:bf16" -> "cast"
+  (an activation keeps its name: only some are supported)."""
+  return tuple(w if w.startswith("activation:") else w.split(":")[0] for w in ops)
+
+
+def _covers(spec: OpSpec, need: plugins.KernelNeed) -> tuple[bool, str]:
+  """(whether `spec` closes `need`, why not when it comes close)."""
+  c = spec.closes
+  op = f"{NAME}.{spec.name}"
+  if need.anchor in c.declines:
+    return False, f"{op} {c.declines[need.anchor]}"
+  if need.anchor not in c.anchors:
+    return False, ""
+  if need.reads_parts and not c.reads_parts:
+    return False, f"{op} takes whole operands"
+  if need.kind.slug not in c.kinds:
+    return False, ""
+  if need.outputs > c.outputs:
+    return False, f"{op} writes {'one output' if c.outputs == 1 else f'{c.outputs} outputs'}"
+  allowed = c.epilogues | c.prologues
+  for item in _work(need.ops):
+    base, _, arg = item.partition(":")
+    if base not in allowed or (base == "activation" and arg and arg not in c.activations):
+      return False, ""
+  return True, ""
+
+
+class PallasKernels:
+  """`hlo_audit.plugins.KernelLibrary` for pallas_kernels."""
+
+  name = NAME
+  scope_prefix = NAME + "."
+
+  def kernel_for(self, finding) -> plugins.KernelChoice:
+    need = finding.need
+    why = ""
+    if need is None:
+      return plugins.KernelChoice(None)
+    for spec in registry.specs().values():
+      if spec.closes is None:
+        continue
+      ok, reason = _covers(spec, need)
+      if ok:
+        return plugins.KernelChoice(f"{NAME}.{spec.name}")
+      why = why or reason
+    return plugins.KernelChoice(None, why)
+
+  def suggest(self, finding, module) -> plugins.Suggestion | None:
+    op = (finding.kernel or "").removeprefix(self.scope_prefix)
+    spec = registry.specs().get(op)
+    if spec is None or spec.suggest is None:
+      return None
+    try:
+      facts = _facts(finding, module)
+      call = spec.suggest(facts)
+    except (KeyError, IndexError, ValueError):
+      return None  # An anchor this module does not let us read.
+    if call is None:
+      return None
+    return plugins.Suggestion(call.text(NAME), _verdict(call))
+
+  def sweep_targets(self) -> Mapping[str, Any]:
+    from pallas_kernels._src.audit import sweep
+    return {name: sweep.OpSweep(spec) for name, spec in registry.specs().items()
+            if spec.make_case is not None and spec.sweep_params}
+
+  def swap(self, fn: Callable[..., Any], **options: Any) -> Callable[..., Any]:
+    from pallas_kernels._src.swap.rewrite import swap
+    return swap(fn, **options)
+
+  def verify(self, baseline, candidate, *args: Any, **options: Any):
+    from pallas_kernels._src.audit.verify import verify
+    return verify(baseline, candidate, *args, **options)
+
+
+def _facts(finding, module) -> CallFacts:
+  """What the audit reads of `finding` for an op's `suggest`."""
+  kind = finding.kind.slug
+  anchor = None
+  if kind in _WRITER_ANCHORED:
+    anchor = plugins.matmul_anchor(module, finding.computation, finding.producer)
+  elif kind in _READER_ANCHORED and finding.consumers:
+    anchor = plugins.matmul_anchor(module, finding.computation, finding.consumers[0])
+  sources = (plugins.operand_arrays(module, finding.computation, finding.producer)
+             if kind in _READER_ANCHORED else ())
+  return CallFacts(kind=kind, ops=finding.ops,
+                   boundary=plugins.parse_array(finding.boundary_shape),
+                   shape=finding.boundary_shape, matmul=anchor, sources=sources,
+                   epsilon=lambda: plugins.norm_epsilon(module),
+                   numpy_name=plugins.numpy_dtype_name)
+
+
+def _verdict(call) -> str:
+  """The op's guard on the call's shapes, asked without running it (once per
+  distinct call and target: a model's layers repeat the same calls)."""
+  from pallas_kernels._src import backend
+  return _verdict_on(call, backend.target())
+
+
+@functools.lru_cache(maxsize=4096)
+def _verdict_on(call, target) -> str:
+  del target  # the cache key: check_guard reads the same target
+  import jax
+  import jax.numpy as jnp
+
+  from pallas_kernels._src.swap.guard_check import check_guard
+
+  try:
+    def spec(dt, dims):
+      return jax.ShapeDtypeStruct(dims, jnp.dtype(plugins.numpy_dtype_name(dt)))
+
+    positional = [spec(dt, dims) for _, dt, dims, pos in call.arrays if pos]
+    keywords = {name: spec(dt, dims) for name, dt, dims, pos in call.arrays if not pos}
+    # Scales are stand-in values: the guard looks at shapes and dtypes.
+    keywords.update((k, value) for k, _, value in call.options)
+    check = check_guard(call.op, *positional, **keywords)
+  except (TypeError, ValueError) as e:
+    return f"guard not evaluated: {e}"
+  mode = ", interpret mode" if check.interpret else ""
+  if check.runs:
+    return f"kernel runs (guard passes on {check.backend}{mode})"
+  return f"falls back to XLA on {check.backend}{mode}: {check.reason}"
+
+
+#: What the `hlo_audit.kernel_libraries` entry point names.
+LIBRARY = PallasKernels()

@@ -1,0 +1,129 @@
+"""pallas_kernels as hlo-audit's kernel library: its answers are its specs'."""
+
+from __future__ import annotations
+
+import inspect
+
+import jax
+import pytest
+
+import hlo_audit
+from hlo_audit import FindingKind
+from hlo_audit import plugins
+from pallas_kernels._src import registry
+from pallas_kernels._src.audit import sweep
+from pallas_kernels._src.audit.library import LIBRARY
+
+E, P, R = (FindingKind.UNFUSED_EPILOGUE, FindingKind.UNFUSED_PROLOGUE,
+           FindingKind.SEPARATE_REDUCTION)
+
+
+class _Finding:
+  """What `kernel_for` reads of a finding: its need."""
+
+  def __init__(self, need):
+    self.need = need
+
+
+def _choose(kind, anchor, ops=(), **kw):
+  return LIBRARY.kernel_for(_Finding(plugins.KernelNeed(kind, anchor, ops, **kw)))
+
+
+def test_it_is_a_kernel_library_and_the_entry_point_finds_it():
+  assert isinstance(LIBRARY, plugins.KernelLibrary)
+  found = plugins.installed_libraries(refresh=True)
+  assert [lib.name for lib in found.libraries] == ["pallas_kernels"]
+  assert found.libraries[0] is LIBRARY and not found.notes
+
+
+@pytest.mark.parametrize("kind, anchor, ops, op", [
+    (E, "dot", ("bias", "activation:gelu", "cast:bf16"), "pallas_kernels.matmul"),
+    (E, "dot", ("residual", "clamp", "quantize:s8"), "pallas_kernels.matmul"),
+    (P, "dot", ("dequantize:s8", "scale"), "pallas_kernels.matmul"),
+    (FindingKind.LAYOUT_CONFLICT, "dot", ("transpose",), "pallas_kernels.matmul"),
+    (R, "layer_norm", (), "pallas_kernels.layer_norm"),
+    (R, "rms_norm", (), "pallas_kernels.rms_norm"),
+    (R, "softmax", (), "pallas_kernels.softmax"),
+    (P, "rms_norm", ("residual",), "pallas_kernels.rms_norm"),
+])
+def test_the_op_whose_spec_closes_the_need(kind, anchor, ops, op):
+  assert _choose(kind, anchor, ops) == plugins.KernelChoice(op)
+
+
+@pytest.mark.parametrize("kind, anchor, ops, kw, why", [
+    # Work no op fuses: nothing came close.
+    (E, "dot", ("bias", "activation:softplus"), {}, ""),
+    (E, "dot", ("store into slice",), {}, ""),
+    (E, "convolution", ("bias",), {}, ""),
+    (R, "batch_norm_stats", (), {}, ""),
+    # Close, and why not.
+    (E, "dot", ("bias",), {"outputs": 3}, "pallas_kernels.matmul writes one output"),
+    (FindingKind.MATERIALIZED_SLICE, "dot", ("concatenate",), {"reads_parts": True},
+     "pallas_kernels.matmul takes whole operands"),
+    (R, "log_softmax", (), {}, "pallas_kernels.softmax returns probabilities, not logs"),
+])
+def test_no_op_and_why(kind, anchor, ops, kw, why):
+  assert _choose(kind, anchor, ops, **kw) == plugins.KernelChoice(None, why)
+
+
+def test_each_ops_keywords_are_parameters_of_its_function():
+  for spec in registry.specs().values():
+    params = inspect.signature(spec.api).parameters
+    for item, keyword in spec.closes.keywords:
+      assert keyword in params, (spec.name, item, keyword)
+
+
+def test_every_op_offers_itself_to_sweeps_with_its_specs_parameters():
+  targets = LIBRARY.sweep_targets()
+  assert set(targets) == set(registry.spec_names())
+  for name, target in targets.items():
+    assert isinstance(target, plugins.KernelSweep)
+    assert [p.name for p in target.params] == [
+        p.name for p in registry.get_spec(name).sweep_params]
+    assert all(isinstance(p, plugins.SweepParam) for p in target.params)
+
+
+def test_a_suggestion_is_written_from_the_anchor_the_audit_read():
+  x, w, b = (jax.ShapeDtypeStruct(s, "float32") for s in ((64, 256), (256, 512), (512,)))
+  report = hlo_audit.audit(jax.jit(lambda x, w, b: jax.nn.relu(x @ w + b)), x, w, b)
+  (f,) = report.findings_of(E)
+  assert f.kernel == "pallas_kernels.matmul"
+  assert f.suggestion == ("pallas_kernels.matmul(x, w, bias=bias, activation='relu')  "
+                          "# x: f32[64,256], w: f32[256,512], bias: f32[512] -> f32[64,512]")
+  assert f.guard_verdict.startswith("kernel runs (guard passes on ")
+
+
+@pytest.mark.parametrize("op", ["matmul", "layer_norm", "rms_norm", "softmax"])
+def test_sweep_cases_have_the_grid_shapes(op):
+  spec = registry.get_spec(op)
+  if op == "matmul":
+    case = sweep.build_case(spec, {"m": 8, "k": 16, "n": 24, "dtype": "bfloat16",
+                                   "bias": True, "activation": "gelu", "grad": False}, 0)
+    assert [a.shape for a in case.args] == [(8, 16), (16, 24), (24,)]
+    assert case.kwargs["activation"] == "gelu" and case.args[0].dtype.name == "bfloat16"
+  else:
+    extra = {"residual": True} if op != "softmax" else {"causal": True}
+    case = sweep.build_case(spec, {"rows": 6, "cols": 40, "grad": True, **extra}, 0)
+    assert case.args[0].shape == (6, 40)
+    assert case.grad_argnums == tuple(range(len(case.args)))
+    assert len(case.args) == {"layer_norm": 4, "rms_norm": 3, "softmax": 1}[op]
+
+
+def test_an_audit_alone_makes_no_kernel_inputs():
+  spec = registry.get_spec("matmul")
+  p = {"m": 4096, "k": 4096, "n": 4096, "dtype": "bfloat16", "w_dtype": "int8",
+       "w_scale": "channel", "bias": True, "grad": False}
+  case, nbytes, flops = sweep.kernel_case(spec, p, 0, concrete=False)
+  assert all(not isinstance(a, jax.Array) for a in case.args)
+  assert [a.shape for a in case.args] == [(4096, 4096), (4096, 4096), (4096,)]
+  assert case.kwargs["w_scale"].shape == (4096,)
+  # x, w, bias and the scales in; the bf16 product out.
+  assert nbytes == 4096 * 4096 * (2 + 1 + 2) + 4096 * (2 + 4)
+  assert flops == 2 * 4096 ** 3
+  seen = []
+  out = sweep.OpSweep(spec).run(p, plugins.Measure(),
+                                lambda fn, args: seen.append(args) or {"seconds": {}})
+  assert out["kernel"]["bytes_moved"] == nbytes
+  assert "validation" not in out and "timing" not in out
+  (args,) = seen
+  assert [a.shape for a in args][:3] == [(4096, 4096), (4096, 4096), (4096,)]
