@@ -16,6 +16,7 @@ import os
 import re
 from collections.abc import Iterator
 
+from hlo_audit._src.capture.result import Capture
 from hlo_audit._src.errors import DumpError
 from hlo_audit._src.hlo.xla_reports import (BufferAssignment, LiveRange,
                                             parse_buffer_assignment,
@@ -90,7 +91,6 @@ class DumpedModule:
 
   def capture(self):
     """Parses the module and its reports into a `Capture`."""
-    from hlo_audit._src.capture.capture import Capture  # noqa: PLC0415 - cycle
     from hlo_audit._src.hlo.parser import parse_hlo
 
     text = self.read_text()

@@ -13,7 +13,7 @@ from sys import intern
 from typing import Protocol
 
 from hlo_audit._src.hlo import dtypes, grammar
-from hlo_audit._src.hlo.ir import (ConvDimensionNumbers, Metadata, ModuleAlias,
+from hlo_audit._src.hlo.values import (ConvDimensionNumbers, Metadata, ModuleAlias,
                                    OutputOperandAlias, PaddingDim,
                                    ProgramShape, SliceDim, TextContext,
                                    WindowDim)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 
 from hlo_audit._src.hlo import dtypes
-from hlo_audit._src.hlo.ir import (COMBINE_DIMENSION, UNBOUNDED, Layout, Shape,
+from hlo_audit._src.hlo.values import (COMBINE_DIMENSION, UNBOUNDED, Layout, Shape,
                                    Tile)
 from hlo_audit._src.hlo.lexer import Lexer, Tok, Token
 
