@@ -2,10 +2,12 @@
 testing assertions: the width rule, shortening names, and tables that fit a
 width without breaking a name or a `file:line` in the middle.
 
-Names (instructions, kernels, shapes) are shortened with an ellipsis in the
-middle, so both the start and the numbered suffix stay readable; prose wraps
-at spaces; numbers and `file:line` are never broken: when a table cannot fit
-its source column, the source moves to a line of its own under the row.
+Names (instructions, kernels, shapes) give up width last: prose wraps at
+spaces first, a table's source column moves to a line of its own under the
+row, and only then does a name column narrow. At 80 columns and wider a name
+is never cut (one too long for its column gets a line of its own above its
+row); narrower, it is shortened with an ellipsis in the middle (its start and
+numbered suffix stay readable). Numbers and `file:line` are never broken.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ PIPED_WIDTH = 160
 #: Narrowest width the layout aims at.
 MIN_WIDTH = 40
 ELLIPSIS = "…"
+#: From this width up, names (instructions, kernels, shapes) are never cut.
+WHOLE_NAMES = 80
 
 
 def text_width(stream=None, width: int | None = None) -> int:
@@ -89,9 +93,11 @@ class Column:
   min_width: int = 8
 
 
-def _cell_lines(col: Column, cell: str, w: int) -> list[str]:
+def _cell_lines(col: Column, cell: str, w: int, whole: bool) -> list[str]:
   if col.kind == "name":
-    return [elide(cell, w)]
+    # A whole name too long for its column is printed on a line above the
+    # row (`table`); the row's cell is left blank.
+    return [""] if whole else [elide(cell, w)]
   if col.kind == "text":
     return wrap(cell, w) if len(cell) > w else [cell]
   return [cell]
@@ -101,12 +107,17 @@ def table(columns, rows, width: int, *, indent: int = 2,
           title: str | None = None) -> list[str]:
   """`rows` (sequences of cells) under `columns` in lines of at most `width`
   characters where the cells allow it (numbers and `file:line` are never
-  broken, so a very narrow width can still be exceeded)."""
+  broken, so a very narrow width can still be exceeded).
+
+  At `WHOLE_NAMES` columns and wider a name is never cut: a name longer than
+  its column gets a line of its own above its row, starting where its column
+  starts; narrower, it is shortened in the middle."""
   columns = list(columns)
   rows = [[str(c) for c in r] for r in rows]
   keep = list(range(len(columns)))
   src_below = None
   gap = 2
+  whole = width >= WHOLE_NAMES
 
   def natural(i):
     return max([len(columns[i].header)] + [len(r[i]) for r in rows])
@@ -114,8 +125,16 @@ def table(columns, rows, width: int, *, indent: int = 2,
   def total(ws):
     return indent + sum(ws.values()) + gap * (len(ws) - 1)
 
+  def longest_word(i):
+    # At whole-name widths text wraps at spaces but no word of it is cut.
+    if not whole or columns[i].kind != "text":
+      return 0
+    return max([len(w) for r in rows for w in r[i].split()] or [0])
+
+  floors = {i: longest_word(i) for i in keep}
   ws = {i: natural(i) for i in keep}
-  for step in ("optional", "shrink", "source", "gap", "hard"):
+  # Names give up width last: every other way to fit is tried first.
+  for step in ("optional", "wrap", "source", "gap", "wrap hard", "names"):
     if total(ws) <= width:
       break
     if step == "optional":
@@ -131,11 +150,14 @@ def table(columns, rows, width: int, *, indent: int = 2,
         keep.remove(src_below)
         del ws[src_below]
         ws = {i: natural(i) for i in keep}
-        _shrink(columns, ws, width - total(ws), soft=True)
+        _shrink(columns, ws, width - total(ws), ("text",), floors, soft=True)
     elif step == "gap":
       gap = 1
+    elif step == "names":
+      _shrink(columns, ws, width - total(ws), ("name",), floors, soft=False)
     else:
-      _shrink(columns, ws, width - total(ws), soft=step == "shrink")
+      _shrink(columns, ws, width - total(ws), ("text",), floors,
+              soft=step == "wrap")
   out = []
   if title:
     out += wrap(title, width, indent="  ")
@@ -146,8 +168,16 @@ def table(columns, rows, width: int, *, indent: int = 2,
   # Per kept column: (pad, width, wraps): most cells are one line.
   fmt = [(str.rjust if columns[i].kind == "num" else str.ljust, ws[i],
           columns[i].kind in ("name", "text")) for i in keep]
+  starts, at = [], indent
+  for _, w, _ in fmt:
+    starts.append(at)
+    at += w + gap
   for r in rows:
-    cells = [_cell_lines(columns[i], r[i], w) if wraps and len(r[i]) > w else r[i]
+    if whole:
+      for (_, w, _), i, start in zip(fmt, keep, starts):
+        if columns[i].kind == "name" and len(r[i]) > w:
+          out.append(" " * start + r[i])
+    cells = [_cell_lines(columns[i], r[i], w, whole) if wraps and len(r[i]) > w else r[i]
              for i, (_, w, wraps) in zip(keep, fmt)]
     if all(c.__class__ is str for c in cells):
       out.append((lead + sep.join(pad(c, w) for (pad, w, _), c in zip(fmt, cells))).rstrip())
@@ -166,20 +196,21 @@ def _pad(col: Column, s: str, w: int) -> str:
   return s.rjust(w) if col.kind == "num" else s.ljust(w)
 
 
-def _shrink(columns, ws, excess: int, soft: bool) -> None:
-  """Takes -excess characters from the widest text columns (wrapping loses
-  nothing), then from the widest name columns (eliding does), down to their
-  minimum (soft: twice their minimum)."""
+def _shrink(columns, ws, excess: int, kinds: tuple[str, ...], floors: dict[int, int], *,
+            soft: bool) -> None:
+  """Takes -excess characters from the widest columns of `kinds` (text wraps
+  and loses nothing; a name is elided or set above its row), down to their
+  minimum (soft: twice their minimum; never under `floors`)."""
   need = -excess
-  for kinds in (("text",), ("name",)):
-    while need > 0:
-      room = [(ws[i] - _floor(columns[i], soft), i) for i in ws if columns[i].kind in kinds]
-      room = [(r, i) for r, i in room if r > 0]
-      if not room:
-        break
-      _, i = max(room)
-      ws[i] -= 1
-      need -= 1
+  while need > 0:
+    room = [(ws[i] - max(_floor(columns[i], soft), floors[i]), i)
+            for i in ws if columns[i].kind in kinds]
+    room = [(r, i) for r, i in room if r > 0]
+    if not room:
+      break
+    _, i = max(room)
+    ws[i] -= 1
+    need -= 1
 
 
 def _floor(col: Column, soft: bool) -> int:

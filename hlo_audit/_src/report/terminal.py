@@ -185,7 +185,7 @@ def full_lines(report, width: int, *, max_kernels: int | None = None) -> list[st
       title=f"Kernels by bytes moved ({len(rows)}" + (f" of {len(report.kernels)})"
                                                      if more > 0 else ")"))
   out.append("")
-  inter = text.intermediate_rows(report)
+  inter = text.intermediate_rows(report, short=True)
   out += layout.table(
       (Column("Buffer", "name", min_width=10), Column("Shape", "name", min_width=9),
        Column("Dtype", "text", optional=True), Column("Bytes", "num"),

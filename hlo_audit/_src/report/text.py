@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from hlo_audit._src.analysis.buffers import Buffer, Lifetime
 from hlo_audit._src.analysis.records import FindingKind, FusionDecisionRecord, Verdict
+from hlo_audit._src.report import units
 from hlo_audit._src.report.units import (fmt_bytes, fmt_pct, fmt_source,
                                          fmt_source_context, fmt_trip)
 
@@ -22,9 +23,10 @@ FINDING_COLUMNS = ("#", "Class", "Boundary", "Shape", "Bytes saved", "Launches",
                    "Kernel", "Verdict", "Source")
 
 
-def removable(report, b: Buffer, related=None) -> tuple[str, str]:
+def removable(report, b: Buffer, related=None, short: bool = False) -> tuple[str, str]:
   """("yes"/"no"/"-", strategy) for a buffer, from the findings about it
-  (`related`: those findings, when the caller has them indexed)."""
+  (`related`: those findings, when the caller has them indexed; `short`:
+  the kernel without its library, for narrow tables)."""
   if b.lifetime is Lifetime.INPUT:
     return "no", "input or carried state"
   if b.lifetime is Lifetime.EXTERNAL_OUTPUT:
@@ -34,7 +36,8 @@ def removable(report, b: Buffer, related=None) -> tuple[str, str]:
   for f in related:
     if f.verdict is Verdict.KEEP:
       continue
-    strategy = f.kind.value + (f" -> {f.kernel}" if f.kernel else "")
+    kernel = units.short_kernel(f.kernel) if short else f.kernel
+    strategy = f.kind.value + (f" -> {kernel}" if f.kernel else "")
     return ("yes" if f.verdict is Verdict.SAFE else "maybe"), strategy
   if any(f.kind is FindingKind.KEEP_REUSE for f in related):
     return "no", f"keep: read by {b.reuse_count} kernels"
@@ -46,13 +49,14 @@ def is_transient(b: Buffer) -> bool:
   return b.lifetime not in (Lifetime.INPUT, Lifetime.EXTERNAL_OUTPUT)
 
 
-def intermediate_rows(report, limit: int | None = None) -> list[tuple[str, ...]]:
+def intermediate_rows(report, limit: int | None = None,
+                      short: bool = False) -> list[tuple[str, ...]]:
   by_boundary: dict[str, list[FusionDecisionRecord]] = {}
   for f in report.findings:
     by_boundary.setdefault(f.boundary, []).append(f)
   rows = []
   for b in report.intermediates[:limit]:
-    yes, strategy = removable(report, b, by_boundary.get(b.name, []))
+    yes, strategy = removable(report, b, by_boundary.get(b.name, []), short)
     rows.append((b.name, b.shape, b.dtype, fmt_bytes(b.bytes), b.producer or "-",
                  _short_list(b.consumers), str(b.reuse_count),
                  f"{b.live_range[0]}-{b.live_range[1]}", b.lifetime.value, yes,

@@ -95,15 +95,41 @@ def test_default_report_fits_a_screen_and_never_breaks_a_name():
   full = r.to_text(80, all=True)
   assert all(len(l) <= 80 for l in full.splitlines())
   assert "Intermediate tensors" in full and "Findings (fusion decision records)" in full
-  # Names are elided in the middle, never cut into pieces across lines (as
-  # rich's folding did: "multipl" / "y_add_f" / "usion").
+  # Names are never cut into pieces across lines (as rich's folding did:
+  # "multipl" / "y_add_f" / "usion"), and from 80 columns up never elided.
   names = ({k.name for k in r.kernels} | {b.name for b in r.buffers}
            | {k.detail for k in r.kernels})
-  for text in (full, r.to_text(80)):
+  narrow = r.to_text(60, all=True)
+  for text in (full, r.to_text(80), narrow):
     for tok in text.split():
       tok = tok.strip(",;()")
       assert not tok.endswith("_") and not (tok.startswith("_") and tok not in names), tok
-  assert "…" in full                                    # long names were elided
+  assert "…" in narrow                                  # under 80, names are elided
+
+
+def test_names_stay_whole_from_80_columns_up():
+  r = example_report()
+  kernels = {k.name for k in r.kernels}
+  for width in (80, 91, 120):
+    full = r.to_text(width, all=True)
+    for text in (full, r.to_text(width)):
+      assert "…" not in text, width
+      assert all(len(line) <= width for line in text.splitlines()), width
+    tokens = {t.strip(",;()") for t in full.split()}
+    assert kernels <= tokens, sorted(kernels - tokens)[:5]  # every kernel listed whole
+
+
+def test_a_name_too_long_for_its_column_gets_a_line_above_its_row():
+  cols = (Column("Name", "name", min_width=4), Column("Size", "num"),
+          Column("What", "text", min_width=4))
+  rows = [("a_rather_long_kernel_name.12", "1.00 MiB", "unfused epilogue"),
+          ("short", "2 B", "keep")]
+  lines = layout.table(cols, rows, 80)
+  assert lines[1].startswith("  a_rather_long_kernel_name.12") and len(lines) == 3
+  squeezed = layout.table(cols, [(rows[0][0] * 3, "1 B", "x")], 80)
+  assert squeezed[1].strip() == rows[0][0] * 3         # whole, on its own line
+  assert squeezed[2].split() == ["1", "B", "x"]        # the row, its name cell blank
+  assert "…" in layout.table(cols, [(rows[0][0] * 3, "1 B", "x")], 60)[1]
 
 
 def test_source_paths_are_the_ones_a_user_opens(tmp_path, monkeypatch):
