@@ -1,0 +1,44 @@
+"""Finding groups add their members up once: a loop's trip count is in each
+member's bytes already, never applied again by the group, its rank or JSON."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+import hlo_audit
+from hlo_audit import FindingKind
+
+STEPS, N = 10, 64
+
+
+def _layers(x, ws, bs):
+  def body(h, wb):
+    w, b = wb
+    return jnp.tanh(h @ w + b), None
+
+  for _ in range(2):  # two loops whose bodies share their source lines
+    x, _ = jax.lax.scan(body, x, (ws, bs))
+    x = x * 2.0
+  return x
+
+
+def test_a_group_of_loop_findings_sums_its_members_once():
+  S = jax.ShapeDtypeStruct
+  r = hlo_audit.audit(jax.jit(_layers), S((N, N), jnp.float32),
+                      S((STEPS, N, N), jnp.float32), S((STEPS, N), jnp.float32))
+  epilogues = r.findings_of(FindingKind.UNFUSED_EPILOGUE)
+  assert len(epilogues) == 2, [(f.kind, f.boundary_shape, f.trip_count) for f in r.findings]
+  per_trip = 2 * N * N * 4  # the f32[64,64] result written and read back
+  for f in epilogues:
+    assert f.trip_count == STEPS and f.bytes_saved == STEPS * per_trip
+  (g,) = [g for g in r.groups if g.kind is FindingKind.UNFUSED_EPILOGUE]
+  assert g.count == 2 and g.bytes_saved == 2 * STEPS * per_trip
+  assert g.launches_removed == 2 * STEPS
+  for group in r.groups:
+    assert group.bytes_saved == sum(m.bytes_saved for m in group.members)
+  # What JSON and the text report say of the group is the same sum.
+  (row,) = [row for row in r.to_dict()["groups"] if row["class"] == "unfused-epilogue"]
+  assert row["bytes_saved"] == g.bytes_saved and row["count"] == 2
+  assert sum(r.findings[i].bytes_saved for i in row["members"]) == row["bytes_saved"]
+  assert "640.00 KiB" in r.to_text(160) and "x2" in r.to_text(160)
