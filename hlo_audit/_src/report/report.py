@@ -39,6 +39,9 @@ class ModuleInfo:
   #: Length of the flattened schedule.
   schedule_length: int = 0
   is_scheduled: bool = False
+  #: Whether XLA optimized the module (scheduled or fused); an unoptimized
+  #: one gets no findings.
+  optimized: bool = True
   #: "jit", "lowered", "compiled", "dump" or "text".
   origin: str = ""
   path: str | None = None

@@ -88,6 +88,11 @@ TRUTH = ModelTruth(
         Expect(K.SEPARATE_REDUCTION, _A1, "bn1", count=2, why=(
             "a BN1-backward term written only for its reduce; BN1's dx re-read "
             "by conv1's bias-gradient reduce")),
+        Expect(K.SEPARATE_REDUCTION, _A1, "bn1", says="recompute x_hat", why=(
+            "x - mean written in the forward pass only for BN1's dgamma reduce "
+            "(dy * (x - mean) over N, H, W): recomputable from x and the mean")),
+        Expect(K.SEPARATE_REDUCTION, _A2, "bn2", says="recompute x_hat", why=(
+            "x - mean written in the forward pass only for BN2's dgamma reduce")),
         Expect(K.UNFUSED_PROLOGUE, _A1, "relu1", why=(
             "BatchNorm apply + relu written only for conv2: a prologue of the "
             "convolution")),
@@ -99,11 +104,6 @@ TRUTH = ModelTruth(
         NotFlagged("BatchNorm statistics reduce over batch and space to f32[C]: "
                    "no layer_norm kernel computes that", says="layer_norm"),
         NotFlagged("no RMS norm in a BatchNorm net", says="rms_norm"),
-        *(NotFlagged("x - mean is written in the forward pass and read by the "
-                     "dgamma reduce in the backward: saved for backward, no "
-                     "reduction to fuse into its producer",
-                     kind=K.SEPARATE_REDUCTION, boundary=b)
-          for b in ("broadcast_subtract_fusion", "broadcast_subtract_fusion.1")),
         NotFlagged("XLA:CPU transposes operands of its weight-gradient and "
                    "backward-data convolutions on purpose: not safe to drop",
                    kind=K.LAYOUT_CONFLICT, verdict="safe"),

@@ -82,6 +82,11 @@ TRUTH = ModelTruth(
                bytes=2 * BATCH * IN * 4, says="layer_norm", why=(
                    "layer norm forward: x - mean written and re-read by the "
                    "variance reduce; pallas_kernels.layer_norm computes the same")),
+        Expect(K.SEPARATE_REDUCTION, f"f32[{BATCH},{IN}]", "call",
+               says="recompute x_hat", why=(
+                   "x_hat written in the forward pass only for the dgamma reduce "
+                   "(dy * x_hat summed over the batch): the reduction can recompute "
+                   "it from x, an argument, and the per-row statistics")),
         Expect(K.SEPARATE_REDUCTION, f"f32[{BATCH},{IN}]", "call", why=(
             "dy of the layer norm re-read by the dgamma and dbeta reductions")),
         Expect(K.UNFUSED_PROLOGUE, f"f32[{BATCH},{IN}]", "call", why=(
@@ -91,10 +96,6 @@ TRUTH = ModelTruth(
     not_flagged=(
         NotFlagged("no RMS norm here: the layer norm's backward reductions "
                    "(dgamma, dbeta) are not an rms_norm forward", says="rms_norm"),
-        NotFlagged("x_hat is written in the forward pass and read by the dgamma "
-                   "reduce in the backward: saved for backward, no reduction to "
-                   "fuse into its producer", kind=K.SEPARATE_REDUCTION,
-                   boundary="broadcast_multiply_fusion.1"),
     ),
     exhaustive=frozenset({K.STANDALONE_COPY, K.LAYOUT_CONFLICT, K.EXPANDED_BROADCAST}),
 )
