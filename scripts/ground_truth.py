@@ -8,12 +8,12 @@ the findings with the model's hand-read `TRUTH`. Scoring, as in the tests
   recall     expected finding instances matched (class, boundary shape, the
              model's own source line, bytes where given) / all expected,
              per expected class;
-  precision  TP / (TP + FP) per reported class. A finding is FP when it
-             matches a declared non-finding (it contradicts the HLO: then it
-             fills no expectation either) or is unmatched in a class the
-             model lists exhaustively; TP when it matches an expectation; otherwise it is *unjudged* and stays out of
-             precision (its count is printed beside it, so a high precision
-             over few judged findings shows as such).
+  precision  TP / (TP + FP) per reported class. A finding is TP when it
+             matches an expectation and FP when it matches a declared
+             non-finding (it contradicts the HLO: then it fills no
+             expectation either). Every finding must be one or the other:
+             the unjudged column counts those neither judges, and the
+             suite's tests fail on any.
 
 KEEP_REUSE and ALREADY_FUSED propose no change and are not scored.
 
@@ -65,6 +65,10 @@ def main(argv) -> int:
   print(f"{'model':12} {'expected':>8} {'found':>6} {'TP':>4} {'FP':>4} {'unjudged':>8}"
         f" {'recall':>7} {'precision':>9}")
   for name in names:
+    missing = truth.missing_library(name)
+    if missing:
+      print(f"{name:12} skipped: {missing} is not installed")
+      continue
     r = truth.report(name)
     out = truth.compare(name, r.findings, truth.model(name).TRUTH)
     m_exp = sum(e.count for e, _ in out.matched)
@@ -91,6 +95,8 @@ def main(argv) -> int:
         print(f"    missed {n}x {e.label} {e.shape} at {where}: {e.why}")
       for f, why in out.false_positives:
         print(f"    false  {truth.describe(name, f)}\n           -> {why}")
+      for f in out.unjudged:
+        print(f"    unjudged {truth.describe(name, f)}")
 
   print()
   print(f"{'class':40} {'recall':>15} {'precision':>15} {'unjudged':>8}")
