@@ -173,7 +173,20 @@ def _find_anchor(ctx: _Context, k: Kernel) -> str | None:
       return "dot"
     if "convolution" in ops:
       return "convolution"
+    if _split_k_site(ctx, k) is not None:
+      return "dot"  # it sums a gemm's split-K partial sums: it finishes the dot
   return None
+
+
+def _split_k_site(ctx: _Context, k: Kernel) -> Instruction | None:
+  """The reduce summing a Triton gemm's split-K partial sums (f32[k,M,N]
+  over dimension 0), when kernel `k` runs one."""
+  if "reduce" not in k.fused_ops:
+    return None
+  fused = _fused(ctx, k)
+  if fused is None:
+    return None
+  return next((i for i in fused.instructions if bt.is_split_k_reduce(i)), None)
 
 
 def _anchor_fused_epilogue(ctx: _Context, k: Kernel) -> tuple[str, ...]:
@@ -182,6 +195,9 @@ def _anchor_fused_epilogue(ctx: _Context, k: Kernel) -> tuple[str, ...]:
   epilogue = bt.gemm_epilogue(inst) if inst.opcode == "custom-call" else None
   if epilogue:
     return bt.GEMM_EPILOGUES.get(epilogue, (epilogue.lower(),))
+  conv = bt.conv_epilogue(inst)
+  if conv:
+    return conv
   if inst.opcode != "fusion":
     return ()
   found = fused_root(ctx.module, inst)
@@ -190,16 +206,24 @@ def _anchor_fused_epilogue(ctx: _Context, k: Kernel) -> tuple[str, ...]:
   comp, root = found
   if root.opcode in ("dot", "convolution", "bitcast", "copy", "tuple"):
     return ()
-  return tuple(sorted({_primitive(i) for i in _path_to_anchor(comp, root)} - {""}))
+  split = _split_k_site(ctx, k)
+  stop = {split.name} if split is not None else set()
+  if root.name in stop:
+    return ()
+  return tuple(sorted({_primitive(i) for i in _path_to_anchor(comp, root, stop)} - {""}))
 
 
-def _path_to_anchor(comp: Computation, root: Instruction) -> list[Instruction]:
+def _path_to_anchor(comp: Computation, root: Instruction,
+                    stop: set[str] | frozenset[str] = frozenset()) -> list[Instruction]:
+  """The instructions from `root` back to the anchor (a dot, a convolution,
+  or the reduces in `stop`: a split-K sum)."""
   out = []
   stack = [root]
   seen = set()
   while stack:
     i = stack.pop()
-    if i.name in seen or i.opcode in ("dot", "convolution", "parameter", "constant"):
+    if i.name in seen or i.name in stop or i.opcode in (
+        "dot", "convolution", "parameter", "constant"):
       continue
     seen.add(i.name)
     out.append(i)
@@ -1126,6 +1150,12 @@ def _already_fused(ctx: _Context, k: Kernel, anchor: str,
   epilogue = bt.gemm_epilogue(inst)
   if epilogue:
     evidence = f"{inst.custom_call_target} with epilogue={epilogue} fuses {', '.join(work)}"
+  elif bt.conv_epilogue(inst):
+    evidence = (f"{inst.custom_call_target} (cuDNN's fused convolution) computes the "
+                f"convolution and {', '.join(work)} in one call")
+  elif _split_k_site(ctx, k) is not None:
+    evidence = (f"{_kernel_desc(k)} sums the gemm's split-K partial sums and applies "
+                f"{', '.join(work)} in one kernel")
   else:
     evidence = f"{_kernel_desc(k)} computes the {anchor} and {', '.join(work)} in one kernel"
   shape = inst.shape.dtype_str if inst.shape is not None else ""
@@ -1314,6 +1344,10 @@ def _prologue_work(ctx: _Context, k: Kernel, inst: Instruction) -> tuple[str, ..
 
 def _is_reduction_kernel(ctx: _Context, r: Kernel) -> bool:
   inst = ctx.inst(r)
+  if inst.opcode == "reduce" and bt.is_split_k_reduce(inst):
+    return False
+  if _split_k_site(ctx, r) is not None and r.fused_ops.get("reduce", 0) == 1:
+    return False  # the gemm's own split-K sum (and its epilogue)
   # XLA:CPU lowers some column sums (bias gradients) to reduce-window.
   return inst.opcode in ("reduce", "reduce-window") or bool(
       {"reduce", "reduce-window"} & set(r.fused_ops)
@@ -1330,7 +1364,9 @@ def _separate_reductions(ctx: _Context) -> list[FusionDecisionRecord]:
   for r in ctx.kernels.values():
     if not _is_reduction_kernel(ctx, r):
       continue
-    for operand in ctx.inst(r).operands:
+    for n, operand in enumerate(ctx.inst(r).operands):
+      if _split_k_operand(ctx, r, n):
+        continue  # partial sums of a gemm, summed as part of it
       for _, vid in ctx.dataflow.holds.get(operand, ()):
         readers.setdefault(vid, {}).setdefault(r.name, r)
   out = []
@@ -1357,6 +1393,14 @@ def _separate_reductions(ctx: _Context) -> list[FusionDecisionRecord]:
       if saved is not None:
         out.append(saved)
       continue
+    if all(_whole_normalization(ctx, r, buf) for r in reductions):
+      # XLA's own Triton softmax or norm: already one kernel. Only a fused
+      # attention kernel removes the boundary, where a gemm feeds it and a
+      # gemm reads it.
+      chain = _attention_chain(ctx, buf, producer, reductions)
+      if chain is not None:
+        out.append(chain)
+      continue
     only = not others and len(reductions) == 1
     stats = None
     pattern = None
@@ -1369,7 +1413,8 @@ def _separate_reductions(ctx: _Context) -> list[FusionDecisionRecord]:
             if pattern in _KERNEL_PATTERNS else None)
     trip = producer.trip_count
     saved = 2 * buf.bytes if only else buf.bytes * len(reductions)
-    what = _reduction_text(pattern, stats, buf)
+    what = _reduction_text(pattern, stats, buf, any(
+        "transpose(" in k.op_name for k in (producer, *reductions)))
     out.append(FusionDecisionRecord(
         kind=FindingKind.SEPARATE_REDUCTION, producer=producer.name,
         consumers=tuple(r.name for r in reductions) + tuple(others),
@@ -1396,6 +1441,87 @@ def _separate_reductions(ctx: _Context) -> list[FusionDecisionRecord]:
         ops=(pattern or "reduce",), trip_count=trip,
         source=buf.source, computation=producer.computation, need=need))
   return out
+
+
+def _split_k_operand(ctx: _Context, r: Kernel, operand: int) -> bool:
+  """Whether kernel `r` reads its operand `operand` only to sum split-K
+  partial sums (through bitcasts)."""
+  if _split_k_site(ctx, r) is None:
+    return False
+  fused = _fused(ctx, r)
+  param = next((p for p in fused.parameters if p.parameter_number == operand), None)
+  if param is None:
+    return False
+  users = _bitcast_users(ctx, fused, param.name)
+  return bool(users) and all(bt.is_split_k_reduce(u) for u in users)
+
+
+def _bitcast_users(ctx: _Context, comp: Computation, name: str) -> list[Instruction]:
+  out = []
+  for u in ctx.users(comp, name):
+    out += _bitcast_users(ctx, comp, u.name) if u.opcode == "bitcast" else [u]
+  return out
+
+
+def _whole_normalization(ctx: _Context, r: Kernel, buf: Buffer) -> bool:
+  """Whether `r` is an XLA Triton fusion holding a whole softmax or norm
+  over `buf`: its reductions and the elementwise apply in one kernel, writing
+  a result of `buf`'s size."""
+  if r.kind is not KernelKind.TRITON_FUSION or "reduce" not in r.fused_ops:
+    return False
+  shape = ctx.inst(r).shape
+  return shape is not None and shape.is_array and \
+      shape.num_elements == _prod(buf.dims)
+
+
+#: The fused attention kernels a gemm -> softmax -> gemm chain needs.
+ATTENTION_KERNELS = ('jax.nn.dot_product_attention(q, k, v, implementation="cudnn") '
+                     "or a Pallas attention kernel")
+
+
+def _attention_chain(ctx: _Context, buf: Buffer, producer: Kernel,
+                     softmaxes: list[Kernel]) -> FusionDecisionRecord | None:
+  """One finding for gemm -> (XLA's one-kernel softmax) -> gemm: the scores
+  and the probabilities are both written and read back; a fused attention
+  kernel keeps them on chip. None when no gemm sits on both sides."""
+  if _anchor(ctx, producer) != "dot":
+    return None
+  probs = [b for r in softmaxes for b in ctx.writes.get(r.name, ())]
+  readers = [c for b in probs for c in _consumer_kernels(ctx, b)]
+  if not probs or not readers or not all(_anchor(ctx, c) == "dot" for c in readers):
+    return None
+  trip = producer.trip_count
+  saved = 2 * buf.bytes + sum(2 * b.bytes for b in probs)
+  backward = "transpose(" in producer.op_name
+  return FusionDecisionRecord(
+      kind=FindingKind.SEPARATE_REDUCTION, producer=producer.name,
+      consumers=tuple(r.name for r in softmaxes) + tuple(dict.fromkeys(c.name for c in readers)),
+      boundary=buf.name, boundary_shape=buf.shape, bytes_saved=_times(saved, trip),
+      launches_removed=_times(len(softmaxes) + 1, trip),
+      extra_arithmetic="online softmax: running max and sum per row, rescaling "
+                       "the accumulator",
+      extra_resources="a query tile, key/value tiles and the running statistics "
+                      "in shared memory and registers",
+      numerical_class=NumericalClass.REASSOCIATED,
+      guard="XLA's gemm, softmax and gemm where the fused kernel does not apply",
+      layout_effect="none",
+      evidence=(f"{_kernel_desc(producer)} writes the attention scores {buf.shape}; "
+                f"{', '.join(_kernel_desc(r) for r in softmaxes)} "
+                f"{'computes' if len(softmaxes) == 1 else 'compute'} the whole "
+                f"softmax{' backward' if backward else ''} in one kernel (XLA's own "
+                f"Triton fusion, no separate reduction) and "
+                f"{', '.join(dict.fromkeys(c.name for c in readers))} "
+                f"{'reads' if len(readers) == 1 else 'read'} its result in a gemm: "
+                f"gemm -> softmax -> gemm, which only a fused attention kernel "
+                f"({ATTENTION_KERNELS}) keeps on chip"),
+      verdict=Verdict.RISKY,
+      reasons=("a separate algorithmic phase: the whole row of scores is needed, "
+               "which a fused attention kernel streams with running statistics",),
+      risks=("shared memory: key/value tiles and statistics lower occupancy",
+             "backward complexity: the fused kernel needs its own backward") + _COMMON_RISKS,
+      ops=("attention",), trip_count=trip, source=buf.source,
+      computation=producer.computation,
+      need=KernelNeed(FindingKind.SEPARATE_REDUCTION, "attention"))
 
 
 def _reduce_sites(ctx: _Context, r: Kernel) -> list[tuple[Computation, Instruction]]:
@@ -1532,6 +1658,7 @@ def _reduction_pattern(ctx: _Context, r: Kernel, producer: Kernel,
 #: Patterns a kernel library may compute (the others have no kernel, by
 #: design: a backward pass is its forward kernel's business).
 _KERNEL_PATTERNS = frozenset({"layer_norm", "rms_norm", "softmax", "log_softmax",
+                              "attention",
                               "batch_norm_stats", "group_norm_stats",
                               "column_reduction"})
 
@@ -1540,19 +1667,24 @@ _PATTERN_TEXT = {
     "batch_norm_stats": "batch-norm statistics (the batch axis reduced, per channel)",
     "group_norm_stats": ("per-sample statistics (the batch axis kept): a group or "
                          "instance norm"),
-    "column_reduction": "a reduction over the leading axes (e.g. a bias or gamma "
-                        "gradient, a pooled sum)",
+    "column_reduction": "a reduction over the leading axes (a bias or gamma gradient)",
+    "column_reduction:forward": ("a reduction over the leading axes in the forward "
+                                 "pass (a sum or mean over the batch: routing "
+                                 "counts, a pooled mean)"),
     "log_softmax": "a log-softmax (e.g. inside a cross-entropy loss)",
     "norm_backward": ("a normalization's backward pass; no kernel suggested: "
                       "the forward op's kernel brings its own backward"),
 }
 
 
-def _reduction_text(pattern: str | None, stats: Statistics | None, buf: Buffer) -> str:
+def _reduction_text(pattern: str | None, stats: Statistics | None, buf: Buffer,
+                    backward: bool) -> str:
   """What the HLO reduces, in words: the pattern (where one is known) and
   the axes, e.g. "per-sample statistics ...: reduces dims {1,2,4} of
   [8,32,32,8,4] (batch axis 0 kept; one result per index of axes 0,3)"."""
-  parts = [_PATTERN_TEXT[pattern]] if pattern in _PATTERN_TEXT else []
+  key = f"{pattern}:forward" if not backward and f"{pattern}:forward" in _PATTERN_TEXT \
+      else pattern
+  parts = [_PATTERN_TEXT[key]] if key in _PATTERN_TEXT else []
   if stats is not None and pattern not in ("layer_norm", "rms_norm", "softmax"):
     kept = stats.kept
     batch = ("batch axis 0 kept" if 0 in kept else "batch axis 0 reduced") \

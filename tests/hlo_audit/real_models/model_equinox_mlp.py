@@ -41,13 +41,19 @@ def make_step(model, opt_state, x, y):
   return model, opt_state, loss
 
 
-def build():
+def step():
+  """The step as equinox runs it, and its arguments."""
   model = Model(jax.random.key(0))
   opt_state = optim.init(eqx.filter(model, eqx.is_array))
   x = jnp.zeros((BATCH, IN), jnp.float32)
   y = jnp.zeros((BATCH, OUT), jnp.float32)
+  return make_step, (model, opt_state, x, y)
+
+
+def build():
+  fn, args = step()
   # eqx.filter_jit's own lowering; `.lowered` is the jax stage underneath.
-  return make_step.lower(model, opt_state, x, y).lowered, ()
+  return fn.lower(*args).lowered, ()
 
 
 # ------------------------------------------------------------ ground truth --
