@@ -20,6 +20,7 @@ KEEP_REUSE and ALREADY_FUSED propose no change and are not scored.
 Usage:
   python scripts/ground_truth.py                  # all models
   python scripts/ground_truth.py --models=lstm,bn_cnn --verbose
+  python scripts/ground_truth.py --target=h200     # XLA:GPU for an H200
 
 Exit codes: 0 printed (whatever the scores), 2 bad flags or missing extras.
 """
@@ -35,6 +36,9 @@ from absl import app, flags
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 _MODELS = flags.DEFINE_list("models", None, "models to run (default: all)")
+_TARGET = flags.DEFINE_enum("target", "cpu", ["cpu", "h200"],
+                            "cpu: compile here for XLA:CPU; h200: the committed "
+                            "XLA:GPU compiles for an H200")
 _VERBOSE = flags.DEFINE_bool("verbose", False, "list misses and false positives")
 
 
@@ -61,16 +65,18 @@ def main(argv) -> int:
   tp = collections.Counter()         # reported class -> true positives
   fp = collections.Counter()         # reported class -> false positives
   unjudged = collections.Counter()   # reported class -> unjudged
-  print(f"jax {'.'.join(map(str, truth.jax_version()))}")
-  print(f"{'model':12} {'expected':>8} {'found':>6} {'TP':>4} {'FP':>4} {'unjudged':>8}"
+  target = _TARGET.value
+  print(f"jax {'.'.join(map(str, truth.jax_version()))}, target {target}")
+  print(f"{'model':16} {'expected':>8} {'found':>6} {'TP':>4} {'FP':>4} {'unjudged':>8}"
         f" {'recall':>7} {'precision':>9}")
   for name in names:
     missing = truth.missing_library(name)
     if missing:
-      print(f"{name:12} skipped: {missing} is not installed")
+      print(f"{name:16} skipped: {missing} is not installed")
       continue
-    r = truth.report(name)
-    out = truth.compare(name, r.findings, truth.model(name).TRUTH)
+    r = truth.target_report(name, target)
+    judged = truth.truth_of(name, target) or truth.ModelTruth(expect=())
+    out = truth.compare(name, r.findings, judged)
     m_exp = sum(e.count for e, _ in out.matched)
     m_found = sum(len(fs) for _, fs in out.matched)
     for e, fs in out.matched:
@@ -84,7 +90,7 @@ def main(argv) -> int:
     for f in out.unjudged:
       unjudged[f.kind.slug] += 1
     m_tp, m_fp = len(true), len(out.false_positives)
-    print(f"{name:12} {m_exp:8d} {m_found:6d} {m_tp:4d} {m_fp:4d} "
+    print(f"{name:16} {m_exp:8d} {m_found:6d} {m_tp:4d} {m_fp:4d} "
           f"{len(out.unjudged):8d} {_pct(m_found, m_exp):>7} {_pct(m_tp, m_tp + m_fp):>9}")
     if _VERBOSE.value:
       for e, fs in out.matched:

@@ -166,6 +166,31 @@ def markers(name: str) -> dict[str, int]:
   return out
 
 
+#: Targets the suite is judged on: XLA:CPU (compiled here) and XLA:GPU for
+#: an H200 (the committed compiles, `h200_support.py`).
+TARGETS = ("cpu", "h200")
+
+
+def truth_of(name: str, target: str = "cpu") -> ModelTruth | None:
+  """The model's hand-read truth for `target` (`TRUTH`, `TRUTH_H200`);
+  None where none was read yet."""
+  return getattr(model(name), "TRUTH" if target == "cpu" else f"TRUTH_{target.upper()}",
+                 None)
+
+
+def target_report(name: str, target: str) -> hlo_audit.AuditReport:
+  """The model's audit on `target`."""
+  if target == "cpu":
+    return report(name)
+  from tests.hlo_audit.real_models import h200_support
+  return _fixture_report(h200_support.fixture(name))
+
+
+@functools.cache
+def _fixture_report(text: str) -> hlo_audit.AuditReport:
+  return hlo_audit.audit_hlo(text)
+
+
 @functools.cache
 def report(name: str) -> hlo_audit.AuditReport:
   """The model's audit, compiled once per process -- for CPU, whatever the
