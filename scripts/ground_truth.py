@@ -72,7 +72,7 @@ def main(argv) -> int:
   for name in names:
     missing = truth.missing_library(name)
     if missing:
-      print(f"{name:16} skipped: {missing} is not installed")
+      print(f"{name:16} skipped: not installed: pip install '{missing}'")
       continue
     r = truth.target_report(name, target)
     judged = truth.truth_of(name, target) or truth.ModelTruth(expect=())
