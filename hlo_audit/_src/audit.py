@@ -35,18 +35,22 @@ from hlo_audit._src.gc_pause import paused_gc
 from hlo_audit._src.hlo.ir import HloModule
 from hlo_audit._src.hlo.parser import parse_hlo
 from hlo_audit._src.report.report import AuditReport, ModuleInfo
+from hlo_audit._src.target.target import Target
 
 #: Our peak and XLA's are expected to agree this closely.
 PEAK_TOLERANCE = 0.01
 
 
 def audit(fn: Any, *args: Any, xla_reports: bool = False,
+          target: str | os.PathLike | Target | None = None,
           **kwargs: Any) -> AuditReport:
   """Compiles `fn` for `args` (as `capture` does) and audits the result.
 
   No second compile: when jit already compiled `fn` for these argument types
   the audit reuses that executable (and its buffer assignment, for XLA's
-  peak); otherwise it builds the one jit will run.
+  peak); otherwise it builds the one jit will run. With `target`, the
+  program is XLA's for that device, compiled on this machine (e.g.
+  `audit(step, params, batch, target="h200")` without a GPU).
 
   Args:
     fn: a `jax.jit` function, a plain callable, a `Lowered`, a `Compiled`, or
@@ -54,6 +58,10 @@ def audit(fn: Any, *args: Any, xla_reports: bool = False,
     *args: arrays, `jax.ShapeDtypeStruct`s or pytrees of them.
     xla_reports: also read XLA's dump reports (its live ranges), which costs
       one more compile (see `capture`).
+    target: the device to compile for: a name ("h200", "h100", "b200", ...:
+      `hlo_audit.list_targets()`), a `GpuTargetConfigProto` text file, or a
+      `hlo_audit.Target` (`get_target("h200", gpus=8)`). None: this
+      machine's default backend.
     **kwargs: keyword arguments of `fn`.
 
   Returns:
@@ -61,12 +69,14 @@ def audit(fn: Any, *args: Any, xla_reports: bool = False,
 
   Raises:
     CaptureError: if `fn` cannot be traced or compiled with these arguments.
+    TargetError: for an unknown target or missing plugin wheels.
   """
   if isinstance(fn, Capture):
-    if args or kwargs or xla_reports:
+    if args or kwargs or xla_reports or target is not None:
       raise HloAuditError("audit(capture) takes no further arguments")
     return audit_capture(fn)
-  return audit_capture(capture(fn, *args, xla_reports=xla_reports, **kwargs))
+  return audit_capture(capture(fn, *args, xla_reports=xla_reports, target=target,
+                               **kwargs))
 
 
 def audit_hlo(source: str | os.PathLike | HloModule | Capture, *,
@@ -173,7 +183,9 @@ def _audit_capture(cap: Capture, options: AuditOptions) -> AuditReport:
       computation_count=len(module.computations),
       schedule_length=schedule.end, is_scheduled=module.is_scheduled,
       optimized=optimized,
-      origin=cap.origin, path=cap.path, xla_peak_source=_xla_peak_source(cap))
+      origin=cap.origin, path=cap.path, xla_peak_source=_xla_peak_source(cap),
+      target=cap.target.label if cap.target is not None else "",
+      target_notes=cap.target.notes() if cap.target is not None else ())
   names = {b: b[0] + ("{" + ",".join(map(str, b[1])) + "}" if b[1] else "")
            for b in liveness.live_at_peak}
   return AuditReport(

@@ -48,6 +48,11 @@ class ModuleInfo:
   #: Where XLA's peak came from: "buffer-assignment proto" (the executable's,
   #: no recompile), "dump reports", "memory_analysis", or "" (none).
   xla_peak_source: str = ""
+  #: The target compiled for without its device ("h200", "8x h200"); "" when
+  #: compiled for the machine's own backend (or read from HLO).
+  target: str = ""
+  #: How that compile differs from one on the device (not autotuned, ...).
+  target_notes: tuple[str, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
