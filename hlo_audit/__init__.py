@@ -5,6 +5,7 @@ from hlo_audit._src.errors import CaptureError as CaptureError
 from hlo_audit._src.errors import DumpError as DumpError
 from hlo_audit._src.errors import HloAuditError as HloAuditError
 from hlo_audit._src.errors import HloParseError as HloParseError
+from hlo_audit._src.errors import TargetError as TargetError
 from hlo_audit._src.hlo.ir import Computation as Computation
 from hlo_audit._src.hlo.ir import HloModule as HloModule
 from hlo_audit._src.hlo.ir import Instruction as Instruction
@@ -15,6 +16,10 @@ from hlo_audit._src.hlo.ir import SourceLocation as SourceLocation
 from hlo_audit._src.hlo.parser import parse_hlo as parse_hlo
 from hlo_audit._src.hlo.parser import parse_hlo_file as parse_hlo_file
 from hlo_audit._src.hlo.parser import parse_shape as parse_shape
+from hlo_audit._src.target.specs import GpuSpec as GpuSpec
+from hlo_audit._src.target.target import Target as Target
+from hlo_audit._src.target.target import get_target as get_target
+from hlo_audit._src.target.target import list_targets as list_targets
 from hlo_audit._src.capture.capture import Capture as Capture
 from hlo_audit._src.capture.capture import MemoryStats as MemoryStats
 from hlo_audit._src.capture.capture import capture as capture

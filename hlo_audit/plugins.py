@@ -31,6 +31,7 @@ from hlo_audit._src.analysis.kernel_library import Libraries as Libraries
 from hlo_audit._src.analysis.kernel_library import Suggestion as Suggestion
 from hlo_audit._src.analysis.kernel_library import installed_libraries as installed_libraries
 from hlo_audit._src.analysis.records import KernelNeed as KernelNeed
+from hlo_audit._src.analysis.records import Statistics as Statistics
 from hlo_audit._src.hlo.dtypes import to_numpy as numpy_dtype_name
 from hlo_audit._src.sweep.targets import Measure as Measure
 from hlo_audit._src.sweep.targets import Param as SweepParam

@@ -8,18 +8,19 @@ the findings with the model's hand-read `TRUTH`. Scoring, as in the tests
   recall     expected finding instances matched (class, boundary shape, the
              model's own source line, bytes where given) / all expected,
              per expected class;
-  precision  TP / (TP + FP) per reported class. A finding is FP when it
-             matches a declared non-finding (it contradicts the HLO: then it
-             fills no expectation either) or is unmatched in a class the
-             model lists exhaustively; TP when it matches an expectation; otherwise it is *unjudged* and stays out of
-             precision (its count is printed beside it, so a high precision
-             over few judged findings shows as such).
+  precision  TP / (TP + FP) per reported class. A finding is TP when it
+             matches an expectation and FP when it matches a declared
+             non-finding (it contradicts the HLO: then it fills no
+             expectation either). Every finding must be one or the other:
+             the unjudged column counts those neither judges, and the
+             suite's tests fail on any.
 
 KEEP_REUSE and ALREADY_FUSED propose no change and are not scored.
 
 Usage:
   python scripts/ground_truth.py                  # all models
   python scripts/ground_truth.py --models=lstm,bn_cnn --verbose
+  python scripts/ground_truth.py --target=h200     # XLA:GPU for an H200
 
 Exit codes: 0 printed (whatever the scores), 2 bad flags or missing extras.
 """
@@ -35,6 +36,9 @@ from absl import app, flags
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 _MODELS = flags.DEFINE_list("models", None, "models to run (default: all)")
+_TARGET = flags.DEFINE_enum("target", "cpu", ["cpu", "h200"],
+                            "cpu: compile here for XLA:CPU; h200: the committed "
+                            "XLA:GPU compiles for an H200")
 _VERBOSE = flags.DEFINE_bool("verbose", False, "list misses and false positives")
 
 
@@ -61,12 +65,18 @@ def main(argv) -> int:
   tp = collections.Counter()         # reported class -> true positives
   fp = collections.Counter()         # reported class -> false positives
   unjudged = collections.Counter()   # reported class -> unjudged
-  print(f"jax {'.'.join(map(str, truth.jax_version()))}")
-  print(f"{'model':12} {'expected':>8} {'found':>6} {'TP':>4} {'FP':>4} {'unjudged':>8}"
+  target = _TARGET.value
+  print(f"jax {'.'.join(map(str, truth.jax_version()))}, target {target}")
+  print(f"{'model':16} {'expected':>8} {'found':>6} {'TP':>4} {'FP':>4} {'unjudged':>8}"
         f" {'recall':>7} {'precision':>9}")
   for name in names:
-    r = truth.report(name)
-    out = truth.compare(name, r.findings, truth.model(name).TRUTH)
+    missing = truth.missing_library(name)
+    if missing:
+      print(f"{name:16} skipped: not installed: pip install '{missing}'")
+      continue
+    r = truth.target_report(name, target)
+    judged = truth.truth_of(name, target) or truth.ModelTruth(expect=())
+    out = truth.compare(name, r.findings, judged)
     m_exp = sum(e.count for e, _ in out.matched)
     m_found = sum(len(fs) for _, fs in out.matched)
     for e, fs in out.matched:
@@ -80,7 +90,7 @@ def main(argv) -> int:
     for f in out.unjudged:
       unjudged[f.kind.slug] += 1
     m_tp, m_fp = len(true), len(out.false_positives)
-    print(f"{name:12} {m_exp:8d} {m_found:6d} {m_tp:4d} {m_fp:4d} "
+    print(f"{name:16} {m_exp:8d} {m_found:6d} {m_tp:4d} {m_fp:4d} "
           f"{len(out.unjudged):8d} {_pct(m_found, m_exp):>7} {_pct(m_tp, m_tp + m_fp):>9}")
     if _VERBOSE.value:
       for e, fs in out.matched:
@@ -91,6 +101,8 @@ def main(argv) -> int:
         print(f"    missed {n}x {e.label} {e.shape} at {where}: {e.why}")
       for f, why in out.false_positives:
         print(f"    false  {truth.describe(name, f)}\n           -> {why}")
+      for f in out.unjudged:
+        print(f"    unjudged {truth.describe(name, f)}")
 
   print()
   print(f"{'class':40} {'recall':>15} {'precision':>15} {'unjudged':>8}")

@@ -35,18 +35,22 @@ from hlo_audit._src.gc_pause import paused_gc
 from hlo_audit._src.hlo.ir import HloModule
 from hlo_audit._src.hlo.parser import parse_hlo
 from hlo_audit._src.report.report import AuditReport, ModuleInfo
+from hlo_audit._src.target.target import Target
 
 #: Our peak and XLA's are expected to agree this closely.
 PEAK_TOLERANCE = 0.01
 
 
 def audit(fn: Any, *args: Any, xla_reports: bool = False,
+          target: str | os.PathLike | Target | None = None,
           **kwargs: Any) -> AuditReport:
   """Compiles `fn` for `args` (as `capture` does) and audits the result.
 
   No second compile: when jit already compiled `fn` for these argument types
   the audit reuses that executable (and its buffer assignment, for XLA's
-  peak); otherwise it builds the one jit will run.
+  peak); otherwise it builds the one jit will run. With `target`, the
+  program is XLA's for that device, compiled on this machine (e.g.
+  `audit(step, params, batch, target="h200")` without a GPU).
 
   Args:
     fn: a `jax.jit` function, a plain callable, a `Lowered`, a `Compiled`, or
@@ -54,6 +58,10 @@ def audit(fn: Any, *args: Any, xla_reports: bool = False,
     *args: arrays, `jax.ShapeDtypeStruct`s or pytrees of them.
     xla_reports: also read XLA's dump reports (its live ranges), which costs
       one more compile (see `capture`).
+    target: the device to compile for: a name ("h200", "h100", "b200", ...:
+      `hlo_audit.list_targets()`), a `GpuTargetConfigProto` text file, or a
+      `hlo_audit.Target` (`get_target("h200", gpus=8)`). None: this
+      machine's default backend.
     **kwargs: keyword arguments of `fn`.
 
   Returns:
@@ -61,12 +69,14 @@ def audit(fn: Any, *args: Any, xla_reports: bool = False,
 
   Raises:
     CaptureError: if `fn` cannot be traced or compiled with these arguments.
+    TargetError: for an unknown target or missing plugin wheels.
   """
   if isinstance(fn, Capture):
-    if args or kwargs or xla_reports:
+    if args or kwargs or xla_reports or target is not None:
       raise HloAuditError("audit(capture) takes no further arguments")
     return audit_capture(fn)
-  return audit_capture(capture(fn, *args, xla_reports=xla_reports, **kwargs))
+  return audit_capture(capture(fn, *args, xla_reports=xla_reports, target=target,
+                               **kwargs))
 
 
 def audit_hlo(source: str | os.PathLike | HloModule | Capture, *,
@@ -119,8 +129,11 @@ def _audit_capture(cap: Capture, options: AuditOptions) -> AuditReport:
            "user_paths": options.user_paths}
   kernels = find_kernels(module, schedule, dataflow, scopes=libraries.scopes, **paths)
   buffers = find_buffers(module, schedule, dataflow, liveness, kernels, **paths)
+  optimized = is_optimized(module)
+  # Fusion findings judge XLA's decisions: a module XLA has not optimized
+  # holds none yet (every op would read as a boundary left unfused).
   findings = find_findings(module, schedule, dataflow, kernels, buffers,
-                           liveness.peak_bytes, options, libraries)
+                           liveness.peak_bytes, options, libraries) if optimized else ()
   stacks = _source_stacks(findings, kernels, buffers)  # set with the peaks
   findings = add_suggestions(findings, module, libraries)
   program = Program(module=module, schedule=schedule, dataflow=dataflow,
@@ -139,7 +152,7 @@ def _audit_capture(cap: Capture, options: AuditOptions) -> AuditReport:
   extra = [*find_memory_findings(program, kernels, buffers, cap.argument_names,
                                  min_peak_saved=options.min_bytes_saved),
            *find_collective_findings(program, kernels, buffers, collectives,
-                                     _parameter_shardings(cap))]
+                                     _parameter_shardings(cap))] if optimized else []
   # Full replays for the estimated peaks that can move, the largest first,
   # within one budget for the whole audit (donation took its share first).
   everything = exact_peaks(program, [*findings, *extra],
@@ -149,7 +162,9 @@ def _audit_capture(cap: Capture, options: AuditOptions) -> AuditReport:
   release_tables(module)  # every finding has its source by now
   xla_peak = _xla_peak(cap)
   notes = list(cap.notes) + list(libraries.notes)
-  if not module.is_scheduled:
+  if not optimized:
+    notes.insert(0, NOT_OPTIMIZED)
+  elif not module.is_scheduled:
     notes.append("the module is not scheduled: text order stands in for XLA's schedule")
   unknown = custom_calls.unknown_targets(module)
   if unknown:
@@ -167,7 +182,10 @@ def _audit_capture(cap: Capture, options: AuditOptions) -> AuditReport:
       instruction_count=module.instruction_count,
       computation_count=len(module.computations),
       schedule_length=schedule.end, is_scheduled=module.is_scheduled,
-      origin=cap.origin, path=cap.path, xla_peak_source=_xla_peak_source(cap))
+      optimized=optimized,
+      origin=cap.origin, path=cap.path, xla_peak_source=_xla_peak_source(cap),
+      target=cap.target.label if cap.target is not None else "",
+      target_notes=cap.target.notes() if cap.target is not None else ())
   names = {b: b[0] + ("{" + ",".join(map(str, b[1])) + "}" if b[1] else "")
            for b in liveness.live_at_peak}
   return AuditReport(
@@ -182,6 +200,23 @@ def _audit_capture(cap: Capture, options: AuditOptions) -> AuditReport:
       cost_analysis=cap.cost_analysis, notes=tuple(notes), options=options,
       collectives=collectives, program=program,
       kernel_libraries=tuple(lib.name for lib in libraries.libraries))
+
+
+#: What the report says of a module XLA has not optimized.
+NOT_OPTIMIZED = (
+    "this module is not optimized: XLA has not fused or scheduled it (e.g. a "
+    "dump's *.before_optimizations.txt), so it shows no fusion decisions and "
+    "no findings are reported. Audit the optimized module instead: "
+    "hlo_audit.audit(jax.jit(f), *args), the text of "
+    "jax.jit(f).lower(*args).compile().as_text(), or the dump's "
+    "*.after_optimizations.txt (XLA_FLAGS=--xla_dump_to=DIR)")
+
+
+def is_optimized(module: HloModule) -> bool:
+  """Whether XLA's optimization passes produced `module`: it is scheduled,
+  or it holds fusions (optimized HLO printed without its schedule)."""
+  return module.is_scheduled or any(
+      i.opcode == "fusion" for c in module.computations for i in c.instructions)
 
 
 def _merged(findings, extra) -> tuple:

@@ -9,6 +9,7 @@ Sections:
   * Versions: the installed jax and jaxlib (from package metadata: importing
     this module imports neither), as text and comparable tuples.
   * XLA's HLO parser: what the installed jaxlib's parser builds differently.
+  * XLA:GPU specs: what the installed XLA reads of a GPU's spec text.
   * CPython's collector: objects the interpreter itself freezes.
   * Compile reuse and XLA's memory reports: where an executable jit built
     keeps XLA's buffer assignment.
@@ -67,6 +68,20 @@ def _jaxlib_at_least(*version: int) -> bool:
 #: bound") gets the missing ones as `async_param` parameters of the wrapper XLA
 #: builds, after the wrapped op; up to 0.10.2 the wrapper holds the op alone.
 XLA_ASYNC_START_BINDS_MISSING_PARAMS: bool = _jaxlib_at_least(0, 11)
+
+# ----------------------------------------------------- XLA:GPU specs ----
+
+#: Fields of XLA's GPU spec protos that the installed jaxlib's XLA does not
+#: know, dropped from a spec before it is parsed (one unknown field fails the
+#: whole text). Found by parsing every spec of jax-cuda12-pjrt 0.12.0.1 with
+#: the plugins of jaxlib 0.10.2, 0.11.2 and 0.12.0.1 (the error names the
+#: field): 0.12 knows them all, 0.11 lacks the last, 0.10 all five. Older
+#: XLA then works without those facts, as it did before it had them.
+GPU_SPEC_FIELDS_UNKNOWN: tuple[str, ...] = (
+    () if _jaxlib_at_least(0, 12) else
+    ("oversized_shared_memory_per_block",) if _jaxlib_at_least(0, 11) else
+    ("mem_clock_ghz", "reserved_shared_memory_per_block", "max_blocks_per_multiprocessor",
+     "collective_memory_granularity", "oversized_shared_memory_per_block"))
 
 # ---------------------------------------------------- CPython collector ----
 

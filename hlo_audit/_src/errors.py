@@ -50,3 +50,8 @@ class CaptureError(HloAuditError, ValueError):
 
 class DumpError(HloAuditError, ValueError):
   """An XLA dump folder or file that cannot be read as one."""
+
+
+class TargetError(HloAuditError, ValueError):
+  """A device to compile for that cannot be used: an unknown name, a bad spec
+  file, missing or mismatched plugin wheels."""

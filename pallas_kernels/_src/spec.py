@@ -60,6 +60,11 @@ class Closes:
   outputs: int = 1
   #: Whether it reads an operand's parts (a concatenate's pieces) in place.
   reads_parts: bool = False
+  #: For reductions: which statistics it computes. "last axis": one
+  #: statistic per row of the operand's last axis, affine parameters of that
+  #: axis's size (a norm over several axes, or over groups, is another op);
+  #: "" when it closes no reduction.
+  statistics: str = ""
   #: Anchors it comes close to without computing them, and why not (e.g.
   #: {"log_softmax": "returns probabilities, not logs"}).
   declines: Mapping[str, str] = dataclasses.field(

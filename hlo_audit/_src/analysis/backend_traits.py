@@ -152,6 +152,39 @@ def is_conv_call(inst: Instruction) -> bool:
   return inst.opcode == "custom-call" and any(target.startswith(t) for t in CONV_TARGETS)
 
 
+#: XLA:GPU's split-K rewrite names the reducer of a gemm's partial sums
+#: after the dot: `<dot>.reduce_sub_computation`.
+SPLIT_K_REDUCER_SUFFIX = "reduce_sub_computation"
+
+#: cuDNN's fused convolution: the bias, a side input and the activation run
+#: in the convolution call itself.
+CONV_BIAS_ACTIVATION_TARGET = "__cudnn$convBiasActivationForward"
+
+
+def is_split_k_reduce(inst: Instruction) -> bool:
+  """Whether `inst` sums a Triton gemm's split-K partial sums (part of the
+  gemm, not a reduction of the program's)."""
+  return inst.opcode == "reduce" and any(
+      name.endswith(SPLIT_K_REDUCER_SUFFIX)
+      for name in inst.called_computations.get("to_apply", ()))
+
+
+def conv_epilogue(inst: Instruction) -> tuple[str, ...]:
+  """The work a cuDNN fused convolution runs after the convolution ("bias",
+  "residual", "activation:relu"), () for any other instruction."""
+  if inst.opcode != "custom-call" or inst.custom_call_target != CONV_BIAS_ACTIVATION_TARGET:
+    return ()
+  config = (inst.backend_config_json() or {}).get("cudnn_conv_backend_config", {})
+  items = ["bias"]
+  if isinstance(config, dict):
+    if config.get("side_input_scale", 0) not in (0, "0"):
+      items.append("residual")
+    mode = config.get("activation_mode", "kNone")
+    if isinstance(mode, str) and mode not in ("kNone", "NONE", ""):
+      items.append(f"activation:{mode.removeprefix('k').lower()}")
+  return tuple(items)
+
+
 def trip_count(inst: Instruction) -> int | None:
   """A while loop's trip count when XLA states it (`known_trip_count`)."""
   config = inst.backend_config_json()

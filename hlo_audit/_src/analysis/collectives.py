@@ -177,12 +177,20 @@ def find_collectives(module: HloModule, program: Program,
 
 
 def _wrapped(module: HloModule, inst: Instruction) -> Instruction:
-  """The collective an async-start wraps (the instruction itself otherwise)."""
-  if inst.opcode == "async-start":
-    callee = inst.called_computation_names()
-    if callee and callee[0] in module:
-      return module.computation(callee[0]).root
-  return inst
+  """The collective an async-start wraps (the instruction itself otherwise),
+  through the fusion XLA:GPU puts around a collective it runs as a kernel of
+  its own (`fusion-start`, kind `__triton_collective`: small all-reduces)."""
+  if inst.opcode != "async-start":
+    return inst
+  root = inst
+  for _ in range(3):  # async wrapper -> fusion -> the collective
+    callee = root.called_computation_names()
+    if not callee or callee[0] not in module:
+      break
+    root = module.computation(callee[0]).root
+    if root.opcode != "fusion":
+      break
+  return root
 
 
 def _collective_opcode(module: HloModule, inst: Instruction) -> str | None:

@@ -28,7 +28,8 @@ from hlo_audit._src.analysis.kernels import Kernel
 from hlo_audit._src.analysis.layouts import kernel_permutes, permutes
 from hlo_audit._src.analysis.options import AuditOptions
 from hlo_audit._src.analysis.records import (FindingKind, FusionDecisionRecord,
-                                             KernelNeed, NumericalClass, Verdict)
+                                             KernelNeed, NumericalClass, Statistics,
+                                             Verdict)
 from hlo_audit._src.analysis.schedule import Schedule
 from hlo_audit._src.hlo import dtypes, opcodes
 from hlo_audit._src.hlo.ir import Computation, HloModule, Instruction, op_names
@@ -172,7 +173,20 @@ def _find_anchor(ctx: _Context, k: Kernel) -> str | None:
       return "dot"
     if "convolution" in ops:
       return "convolution"
+    if _split_k_site(ctx, k) is not None:
+      return "dot"  # it sums a gemm's split-K partial sums: it finishes the dot
   return None
+
+
+def _split_k_site(ctx: _Context, k: Kernel) -> Instruction | None:
+  """The reduce summing a Triton gemm's split-K partial sums (f32[k,M,N]
+  over dimension 0), when kernel `k` runs one."""
+  if "reduce" not in k.fused_ops:
+    return None
+  fused = _fused(ctx, k)
+  if fused is None:
+    return None
+  return next((i for i in fused.instructions if bt.is_split_k_reduce(i)), None)
 
 
 def _anchor_fused_epilogue(ctx: _Context, k: Kernel) -> tuple[str, ...]:
@@ -181,6 +195,9 @@ def _anchor_fused_epilogue(ctx: _Context, k: Kernel) -> tuple[str, ...]:
   epilogue = bt.gemm_epilogue(inst) if inst.opcode == "custom-call" else None
   if epilogue:
     return bt.GEMM_EPILOGUES.get(epilogue, (epilogue.lower(),))
+  conv = bt.conv_epilogue(inst)
+  if conv:
+    return conv
   if inst.opcode != "fusion":
     return ()
   found = fused_root(ctx.module, inst)
@@ -189,16 +206,24 @@ def _anchor_fused_epilogue(ctx: _Context, k: Kernel) -> tuple[str, ...]:
   comp, root = found
   if root.opcode in ("dot", "convolution", "bitcast", "copy", "tuple"):
     return ()
-  return tuple(sorted({_primitive(i) for i in _path_to_anchor(comp, root)} - {""}))
+  split = _split_k_site(ctx, k)
+  stop = {split.name} if split is not None else set()
+  if root.name in stop:
+    return ()
+  return tuple(sorted({_primitive(i) for i in _path_to_anchor(comp, root, stop)} - {""}))
 
 
-def _path_to_anchor(comp: Computation, root: Instruction) -> list[Instruction]:
+def _path_to_anchor(comp: Computation, root: Instruction,
+                    stop: set[str] | frozenset[str] = frozenset()) -> list[Instruction]:
+  """The instructions from `root` back to the anchor (a dot, a convolution,
+  or the reduces in `stop`: a split-K sum)."""
   out = []
   stack = [root]
   seen = set()
   while stack:
     i = stack.pop()
-    if i.name in seen or i.opcode in ("dot", "convolution", "parameter", "constant"):
+    if i.name in seen or i.name in stop or i.opcode in (
+        "dot", "convolution", "parameter", "constant"):
       continue
     seen.add(i.name)
     out.append(i)
@@ -381,147 +406,218 @@ def _round_trip(ctx: _Context, k: Kernel, consumers: list[Kernel]) -> tuple[list
   return back, widening
 
 
+def _narrowing_round_trip(ctx: _Context, k: Kernel, consumers: Sequence[Kernel]) -> str:
+  """"f32 -> bf16 -> f32" when removing `k` drops a rounding the program
+  asked for: `k` narrows a value and widens it back itself, or narrows it
+  and a reader widens it on load; "" otherwise."""
+  fused = _fused(ctx, k)
+  comp = fused if fused is not None else ctx.comps[k.computation]
+  insts = fused.instructions if fused is not None else (ctx.inst(k),)
+  narrowed = None
+  for i in insts:
+    if i.opcode != "convert" or not i.operands or i.shape is None:
+      continue
+    src = _through_moves(comp, i.operands[0])
+    a = src.shape.element_type if src is not None and src.shape is not None else None
+    if src is not None and src.opcode == "convert" and src.operands:
+      first = _through_moves(comp, src.operands[0])
+      if first is not None and first.shape is not None:
+        t0, t1, t2 = first.shape.element_type, a, i.shape.element_type
+        if t0 == t2 != t1 and not dtypes.is_widening(t0, t1):
+          return f"{t0} -> {t1} -> {t2}"
+    if a is not None and a != i.shape.element_type and \
+        not dtypes.is_widening(a, i.shape.element_type):
+      narrowed = (a, i.shape.element_type)
+  if narrowed is None:
+    return ""
+  for c in consumers:
+    cf = _fused(ctx, c)
+    if cf is not None and any(
+        i.opcode == "convert" and i.shape is not None and
+        i.shape.element_type == narrowed[0] and i.operands and
+        (src := _through_moves(cf, i.operands[0])) is not None and
+        src.opcode == "parameter" and src.shape is not None and
+        src.shape.element_type == narrowed[1] for i in cf.instructions):
+      return f"{narrowed[0]} -> {narrowed[1]} -> {narrowed[0]}"
+  return ""
+
+
+def _through_moves(comp: Computation, name: str) -> Instruction | None:
+  """The instruction behind `name`, through reshapes, bitcasts, copies and
+  transposes (data movement that keeps values)."""
+  inst = comp.instruction(name) if name in comp else None
+  while inst is not None and inst.opcode in ("bitcast", "reshape", "copy", "transpose") \
+      and inst.operands:
+    inst = comp.instruction(inst.operands[0]) if inst.operands[0] in comp else None
+  return inst
+
+
+def _drops_rounding(r: FusionDecisionRecord, trip: str) -> FusionDecisionRecord:
+  """`r` for a fix that removes a narrowing round trip: never bit-exact,
+  never safe."""
+  return dataclasses.replace(
+      r, numerical_class=NumericalClass.PRECISION_CHANGE,
+      verdict=Verdict.RISKY if r.verdict is Verdict.SAFE else r.verdict,
+      reasons=r.reasons + (f"the kernel rounds {trip}: removing it removes "
+                           "the rounding, and the results change",),
+      evidence=r.evidence + f"; it holds a narrowing round trip ({trip})")
+
+
 def _copies(ctx: _Context) -> list[FusionDecisionRecord]:
   """Standalone copies, transposes and conversions, by what they are for:
   aliasing copies of donated arguments, loop-state copies, dtype round
   trips, permutations feeding a matmul (layout conflicts), permutations a
   library requires, and plain copies. Convert-only kernels feeding one
-  matmul are left to the prologue detector."""
+  matmul are left to the prologue detector. A kernel holding a narrowing
+  round trip (f32 -> bf16 -> f32) is never removed bit-exactly."""
   out = []
   for k in ctx.kernels.values():
-    if k.kind is KernelKind.PALLAS:
-      continue
-    inst = ctx.inst(k)
-    if not (k.kind is KernelKind.COPY or is_layout_conversion(ctx.module, inst)):
-      continue
-    comp = ctx.comps[k.computation]
-    moves = kernel_permutes(ctx.module, comp, inst)
-    converts = "convert" in k.fused_ops or inst.opcode == "convert"
-    for buf in ctx.writes.get(k.name, ()):
-      if buf.internal:
-        continue
-      consumers = _consumer_kernels(ctx, buf)
-      consumer_desc = ", ".join(c.name for c in consumers) or "the program's output"
-      src_layout, dst_layout = _layouts(ctx, k, inst)
-      rec = dict(
-          producer=k.name, consumers=tuple(c.name for c in consumers),
-          boundary=buf.name, boundary_shape=buf.shape,
-          bytes_saved=_times(2 * buf.bytes, _trip(k)),
-          launches_removed=_times(1, _trip(k)), extra_resources="none expected",
-          numerical_class=NumericalClass.EXACT, trip_count=_trip(k),
-          source=buf.source, computation=k.computation, kernel=None)
-      anchors = [c for c in consumers if _anchor(ctx, c)]
-      aliasing = _aliasing_copy(ctx, k, inst)
-      # A permuting copy into loop state is a layout change first: the
-      # producer could write the loop's layout directly.
-      role, why = ("", "") if aliasing or moves else _loop_role(ctx, k, inst)
-      back, preserving = _round_trip(ctx, k, consumers) if converts else ([], False)
-      if aliasing:
-        out.append(FusionDecisionRecord(
-            kind=FindingKind.STANDALONE_COPY, **rec,
-            extra_arithmetic="none", guard="n/a: a change to the program, not a kernel",
-            layout_effect="none", evidence=f"aliasing copy: {aliasing}",
-            verdict=Verdict.RISKY,
-            reasons=("the copy keeps the donated input's old value alive: the "
-                     "donation saves no memory for this argument",
-                     "fix: let every read of the old value happen before the "
-                     "update (e.g. compute the gradient from the same weights the "
-                     "update reads), or do not donate this argument"),
-            risks=("peak: both the copy and the aliased output are live",),
-            ops=("aliasing copy",)))
-      elif role:
-        keep = ("shared initial value" in role or "initial value is still" in why
-                or role == "output copy")
-        out.append(FusionDecisionRecord(
-            kind=FindingKind.STANDALONE_COPY, **rec,
-            extra_arithmetic="none", guard="n/a: loop structure, not a kernel",
-            layout_effect="none: same layout", evidence=f"{role}: {why}",
-            verdict=Verdict.KEEP if keep else Verdict.RISKY,
-            reasons=((f"{role}: required by the loop's buffer discipline",) if keep
-                     else (f"{role}: removable only by restructuring the loop",)),
-            risks=("loop state: each carry element needs a buffer of its own",),
-            ops=(role,)))
-      elif back:
-        if preserving:
-          detail = (f"{buf.shape} is widened by {k.name} and narrowed back by "
-                    f"{', '.join(c.name for c in back)}: the values are unchanged")
-          verdict, numerical = Verdict.SAFE, NumericalClass.EXACT
-          reasons = ("a value-preserving round trip: both conversions can go",)
-        else:
-          detail = (f"{k.name} rounds to {buf.dtype} and "
-                    f"{', '.join(c.name for c in back)} converts back: a rounding "
-                    "the program asked for (e.g. a bf16 cast of f32 weights)")
-          verdict, numerical = Verdict.RISKY, NumericalClass.PRECISION_CHANGE
-          reasons = ("removing the round trip removes the rounding: results change",)
-        out.append(FusionDecisionRecord(
-            kind=FindingKind.STANDALONE_COPY, **{**rec, "numerical_class": numerical},
-            extra_arithmetic="none", guard="none needed",
-            layout_effect="none", evidence=f"dtype round trip: {detail}",
-            verdict=verdict, reasons=reasons, risks=_COMMON_RISKS,
-            ops=("convert round trip",)))
-      elif moves and anchors:
-        anchor = _anchor(ctx, anchors[0])
-        if anchor in bt.LAYOUT_FIXED_ANCHORS:
-          out.append(FusionDecisionRecord(
-              kind=FindingKind.LAYOUT_CONFLICT, **rec,
-              extra_arithmetic="none", guard="n/a",
-              layout_effect=f"{src_layout} -> {dst_layout} as the library requires",
-              evidence=(f"{k.name} permutes {buf.shape} ({src_layout} -> "
-                        f"{dst_layout}) for {anchors[0].name} ({anchor}): the "
-                        "backend's convolution library takes canonical layouts "
-                        "and XLA's layout assignment inserts this transpose on "
-                        "purpose"),
-              verdict=Verdict.KEEP,
-              reasons=("a data layout the next major operation requires "
-                       "(library convolution)",),
-              risks=("layout reverse impact: choosing the library's layout "
-                     "upstream (e.g. NHWC activations) avoids it",),
-              ops=("transpose",)))
-        else:
-          out.append(FusionDecisionRecord(
-              kind=FindingKind.LAYOUT_CONFLICT, **rec,
-              need=KernelNeed(FindingKind.LAYOUT_CONFLICT, anchor, ("transpose",)),
-              extra_arithmetic="none: the reader indexes the original layout",
-              guard="the matmul falls back to XLA's dot outside its guard",
-              layout_effect=f"the matmul reads {src_layout} instead of {dst_layout}",
-              evidence=(f"XLA materialized a layout conversion: {k.name} permutes "
-                        f"{buf.shape} only for {', '.join(a.name for a in anchors)} "
-                        f"({anchor}), whose dimension numbers could read the "
-                        "original layout"),
-              verdict=Verdict.SAFE,
-              reasons=("layout interpretation: the matmul reads the operand "
-                       "transposed in place",),
-              risks=("layout reverse impact: check the backward pass for new "
-                     "transposes", "memory coalescing of the transposed read")
-              + _COMMON_RISKS, ops=("transpose",)))
-      elif not moves and converts and consumers and len(anchors) == len(consumers):
-        continue  # a cast read only by matmuls: an unfused prologue
-      else:
-        what = ("layout change" if moves else
-                "dtype conversion" if converts else "same-layout copy")
-        elementwise_users = consumers and all(
-            c.kind in (KernelKind.LOOP_FUSION, KernelKind.INPUT_FUSION) for c in consumers)
-        out.append(FusionDecisionRecord(
-            kind=FindingKind.STANDALONE_COPY, **rec,
-            extra_arithmetic="index arithmetic in the consumers' loads",
-            guard="none needed: consumers keep their XLA fusions",
-            layout_effect=(f"consumers read {src_layout} directly instead of the "
-                           f"{dst_layout} copy" if moves else
-                           "none: consumers read the source"),
-            evidence=(f"XLA runs {_kernel_desc(k)} as its own kernel: a {what}"
-                      + (f" {src_layout} -> {dst_layout}" if moves else "")
-                      + f" of {buf.shape} written to memory and read by {consumer_desc}"),
-            verdict=Verdict.SAFE if elementwise_users else Verdict.RISKY,
-            reasons=((("layout interpretation in the consumer's loads "
-                       "(same-index elements, permuted)",) if moves else
-                      ("current element only: the consumer converts on load",))
-                     if elementwise_users else
-                     ("a data layout the next major operation may not use efficiently",)),
-            risks=(("memory coalescing: permuted loads in the consumer may break "
-                    "vectorized access",) if moves else ()) +
-                  ("cache reuse: several consumers would each redo it",) + _COMMON_RISKS,
-            ops=(what,)))
+    start = len(out)
+    _copies_of(ctx, k, out)
+    if len(out) > start:
+      consumers = [ctx.kernels[c] for c in {c for r in out[start:] for c in r.consumers}
+                   if c in ctx.kernels]
+      trip = _narrowing_round_trip(ctx, k, consumers)
+      if trip:
+        out[start:] = [r if r.numerical_class is NumericalClass.PRECISION_CHANGE
+                       else _drops_rounding(r, trip) for r in out[start:]]
   return out
+
+
+def _copies_of(ctx: _Context, k: Kernel, out: list[FusionDecisionRecord]) -> None:
+  """`_copies`'s records for one kernel, appended to `out`."""
+  if k.kind is KernelKind.PALLAS:
+    return
+  inst = ctx.inst(k)
+  if not (k.kind is KernelKind.COPY or is_layout_conversion(ctx.module, inst)):
+    return
+  comp = ctx.comps[k.computation]
+  moves = kernel_permutes(ctx.module, comp, inst)
+  converts = "convert" in k.fused_ops or inst.opcode == "convert"
+  for buf in ctx.writes.get(k.name, ()):
+    if buf.internal:
+      continue
+    consumers = _consumer_kernels(ctx, buf)
+    consumer_desc = ", ".join(c.name for c in consumers) or "the program's output"
+    src_layout, dst_layout = _layouts(ctx, k, inst)
+    rec = dict(
+        producer=k.name, consumers=tuple(c.name for c in consumers),
+        boundary=buf.name, boundary_shape=buf.shape,
+        bytes_saved=_times(2 * buf.bytes, _trip(k)),
+        launches_removed=_times(1, _trip(k)), extra_resources="none expected",
+        numerical_class=NumericalClass.EXACT, trip_count=_trip(k),
+        source=buf.source, computation=k.computation, kernel=None)
+    anchors = [c for c in consumers if _anchor(ctx, c)]
+    aliasing = _aliasing_copy(ctx, k, inst)
+    # A permuting copy into loop state is a layout change first: the
+    # producer could write the loop's layout directly.
+    role, why = ("", "") if aliasing or moves else _loop_role(ctx, k, inst)
+    back, preserving = _round_trip(ctx, k, consumers) if converts else ([], False)
+    if aliasing:
+      out.append(FusionDecisionRecord(
+          kind=FindingKind.STANDALONE_COPY, **rec,
+          extra_arithmetic="none", guard="n/a: a change to the program, not a kernel",
+          layout_effect="none", evidence=f"aliasing copy: {aliasing}",
+          verdict=Verdict.RISKY,
+          reasons=("the copy keeps the donated input's old value alive: the "
+                   "donation saves no memory for this argument",
+                   "fix: let every read of the old value happen before the "
+                   "update (e.g. compute the gradient from the same weights the "
+                   "update reads), or do not donate this argument"),
+          risks=("peak: both the copy and the aliased output are live",),
+          ops=("aliasing copy",)))
+    elif role:
+      keep = ("shared initial value" in role or "initial value is still" in why
+              or role == "output copy")
+      out.append(FusionDecisionRecord(
+          kind=FindingKind.STANDALONE_COPY, **rec,
+          extra_arithmetic="none", guard="n/a: loop structure, not a kernel",
+          layout_effect="none: same layout", evidence=f"{role}: {why}",
+          verdict=Verdict.KEEP if keep else Verdict.RISKY,
+          reasons=((f"{role}: required by the loop's buffer discipline",) if keep
+                   else (f"{role}: removable only by restructuring the loop",)),
+          risks=("loop state: each carry element needs a buffer of its own",),
+          ops=(role,)))
+    elif back:
+      if preserving:
+        detail = (f"{buf.shape} is widened by {k.name} and narrowed back by "
+                  f"{', '.join(c.name for c in back)}: the values are unchanged")
+        verdict, numerical = Verdict.SAFE, NumericalClass.EXACT
+        reasons = ("a value-preserving round trip: both conversions can go",)
+      else:
+        detail = (f"{k.name} rounds to {buf.dtype} and "
+                  f"{', '.join(c.name for c in back)} converts back: a rounding "
+                  "the program asked for (e.g. a bf16 cast of f32 weights)")
+        verdict, numerical = Verdict.RISKY, NumericalClass.PRECISION_CHANGE
+        reasons = ("removing the round trip removes the rounding: results change",)
+      out.append(FusionDecisionRecord(
+          kind=FindingKind.STANDALONE_COPY, **{**rec, "numerical_class": numerical},
+          extra_arithmetic="none", guard="none needed",
+          layout_effect="none", evidence=f"dtype round trip: {detail}",
+          verdict=verdict, reasons=reasons, risks=_COMMON_RISKS,
+          ops=("convert round trip",)))
+    elif moves and anchors:
+      anchor = _anchor(ctx, anchors[0])
+      if anchor in bt.LAYOUT_FIXED_ANCHORS:
+        out.append(FusionDecisionRecord(
+            kind=FindingKind.LAYOUT_CONFLICT, **rec,
+            extra_arithmetic="none", guard="n/a",
+            layout_effect=f"{src_layout} -> {dst_layout} as the library requires",
+            evidence=(f"{k.name} permutes {buf.shape} ({src_layout} -> "
+                      f"{dst_layout}) for {anchors[0].name} ({anchor}): the "
+                      "backend's convolution library takes canonical layouts "
+                      "and XLA's layout assignment inserts this transpose on "
+                      "purpose"),
+            verdict=Verdict.KEEP,
+            reasons=("a data layout the next major operation requires "
+                     "(library convolution)",),
+            risks=("layout reverse impact: choosing the library's layout "
+                   "upstream (e.g. NHWC activations) avoids it",),
+            ops=("transpose",)))
+      else:
+        out.append(FusionDecisionRecord(
+            kind=FindingKind.LAYOUT_CONFLICT, **rec,
+            need=KernelNeed(FindingKind.LAYOUT_CONFLICT, anchor, ("transpose",)),
+            extra_arithmetic="none: the reader indexes the original layout",
+            guard="the matmul falls back to XLA's dot outside its guard",
+            layout_effect=f"the matmul reads {src_layout} instead of {dst_layout}",
+            evidence=(f"XLA materialized a layout conversion: {k.name} permutes "
+                      f"{buf.shape} only for {', '.join(a.name for a in anchors)} "
+                      f"({anchor}), whose dimension numbers could read the "
+                      "original layout"),
+            verdict=Verdict.SAFE,
+            reasons=("layout interpretation: the matmul reads the operand "
+                     "transposed in place",),
+            risks=("layout reverse impact: check the backward pass for new "
+                   "transposes", "memory coalescing of the transposed read")
+            + _COMMON_RISKS, ops=("transpose",)))
+    elif not moves and converts and consumers and len(anchors) == len(consumers):
+      continue  # a cast read only by matmuls: an unfused prologue
+    else:
+      what = ("layout change" if moves else
+              "dtype conversion" if converts else "same-layout copy")
+      elementwise_users = consumers and all(
+          c.kind in (KernelKind.LOOP_FUSION, KernelKind.INPUT_FUSION) for c in consumers)
+      out.append(FusionDecisionRecord(
+          kind=FindingKind.STANDALONE_COPY, **rec,
+          extra_arithmetic="index arithmetic in the consumers' loads",
+          guard="none needed: consumers keep their XLA fusions",
+          layout_effect=(f"consumers read {src_layout} directly instead of the "
+                         f"{dst_layout} copy" if moves else
+                         "none: consumers read the source"),
+          evidence=(f"XLA runs {_kernel_desc(k)} as its own kernel: a {what}"
+                    + (f" {src_layout} -> {dst_layout}" if moves else "")
+                    + f" of {buf.shape} written to memory and read by {consumer_desc}"),
+          verdict=Verdict.SAFE if elementwise_users else Verdict.RISKY,
+          reasons=((("layout interpretation in the consumer's loads "
+                     "(same-index elements, permuted)",) if moves else
+                    ("current element only: the consumer converts on load",))
+                   if elementwise_users else
+                   ("a data layout the next major operation may not use efficiently",)),
+          risks=(("memory coalescing: permuted loads in the consumer may break "
+                  "vectorized access",) if moves else ()) +
+                ("cache reuse: several consumers would each redo it",) + _COMMON_RISKS,
+          ops=(what,)))
 
 
 def _converts_back(ctx: _Context, first: Kernel, second: Kernel) -> bool:
@@ -1054,6 +1150,12 @@ def _already_fused(ctx: _Context, k: Kernel, anchor: str,
   epilogue = bt.gemm_epilogue(inst)
   if epilogue:
     evidence = f"{inst.custom_call_target} with epilogue={epilogue} fuses {', '.join(work)}"
+  elif bt.conv_epilogue(inst):
+    evidence = (f"{inst.custom_call_target} (cuDNN's fused convolution) computes the "
+                f"convolution and {', '.join(work)} in one call")
+  elif _split_k_site(ctx, k) is not None:
+    evidence = (f"{_kernel_desc(k)} sums the gemm's split-K partial sums and applies "
+                f"{', '.join(work)} in one kernel")
   else:
     evidence = f"{_kernel_desc(k)} computes the {anchor} and {', '.join(work)} in one kernel"
   shape = inst.shape.dtype_str if inst.shape is not None else ""
@@ -1102,11 +1204,14 @@ def _prologues(ctx: _Context) -> list[FusionDecisionRecord]:
         continue
       n = len(readers)
       names = ", ".join(_kernel_desc(c) for c in readers)
+      saved = _prologue_saving(k, buf, n)
+      if saved <= 0:
+        continue  # each reader re-reading the inputs costs more than the buffer
       out.append(FusionDecisionRecord(
           kind=FindingKind.UNFUSED_PROLOGUE, producer=k.name,
           consumers=tuple(c.name for c in readers), boundary=buf.name,
           boundary_shape=buf.shape,
-          bytes_saved=_times((1 + n) * buf.bytes, _trip(k)),
+          bytes_saved=_times(saved, _trip(k)),
           launches_removed=_times(1, _trip(k)),
           extra_arithmetic="the prologue runs on each loaded tile (once per "
                            "reuse of the tile in the matmul)",
@@ -1116,7 +1221,11 @@ def _prologues(ctx: _Context) -> list[FusionDecisionRecord]:
           layout_effect="none: the matmul reads the original operand",
           evidence=(f"{_kernel_desc(k)} writes {buf.shape} ({', '.join(work)}) "
                     f"that only {'matmuls read' if n > 1 else 'a matmul reads'}: "
-                    f"{names} ({', '.join(dict.fromkeys(anchors))})"),
+                    f"{names} ({', '.join(dict.fromkeys(anchors))})" +
+                    (f"; fused into each, the {n} readers read its inputs "
+                     f"({k.bytes_read} B) instead: {(1 + n) * buf.bytes} B of writes "
+                     f"and reads go, {(n - 1) * k.bytes_read} B of reads come"
+                     if n > 1 else "")),
           verdict=Verdict.SAFE,
           reasons=("current element only: elementwise work on the loaded operand",
                    "broadcast scalars or vectors (scales, per-channel affine)"),
@@ -1130,6 +1239,13 @@ def _prologues(ctx: _Context) -> list[FusionDecisionRecord]:
           need=(KernelNeed(FindingKind.UNFUSED_PROLOGUE, anchor, work)
                 if len(set(anchors)) == 1 else None)))
   return out
+
+
+def _prologue_saving(k: Kernel, buf: Buffer, readers: int) -> int:
+  """Bytes a prologue fused into each of its `readers` saves: the buffer's
+  write and its reads, and the producer's own reads, go; each reader then
+  reads the producer's inputs instead (for one reader: two buffers' worth)."""
+  return (1 + readers) * buf.bytes + k.bytes_read - readers * k.bytes_read
 
 
 def _cast_for_matmuls(ctx: _Context, c: Kernel) -> str | None:
@@ -1226,6 +1342,19 @@ def _prologue_work(ctx: _Context, k: Kernel, inst: Instruction) -> tuple[str, ..
 # ------------------------------------------ class 6: separate reductions ----
 
 
+def _is_reduction_kernel(ctx: _Context, r: Kernel) -> bool:
+  inst = ctx.inst(r)
+  if inst.opcode == "reduce" and bt.is_split_k_reduce(inst):
+    return False
+  if _split_k_site(ctx, r) is not None and r.fused_ops.get("reduce", 0) == 1:
+    return False  # the gemm's own split-K sum (and its epilogue)
+  # XLA:CPU lowers some column sums (bias gradients) to reduce-window.
+  return inst.opcode in ("reduce", "reduce-window") or bool(
+      {"reduce", "reduce-window"} & set(r.fused_ops)
+      and not {"dot", "convolution"} & set(r.fused_ops)
+      and r.kind is not KernelKind.PALLAS)
+
+
 def _separate_reductions(ctx: _Context) -> list[FusionDecisionRecord]:
   """Buffers a separate reduction kernel re-reads: one record per buffer,
   naming every reduction that reads it."""
@@ -1233,15 +1362,11 @@ def _separate_reductions(ctx: _Context) -> list[FusionDecisionRecord]:
   # kernel, and comparing names avoids the dataclass's field-by-field __eq__).
   readers: dict[ValueId, dict[str, Kernel]] = {}
   for r in ctx.kernels.values():
-    inst = ctx.inst(r)
-    # XLA:CPU lowers some column sums (bias gradients) to reduce-window.
-    is_reduction = inst.opcode in ("reduce", "reduce-window") or (
-        {"reduce", "reduce-window"} & set(r.fused_ops)
-        and not {"dot", "convolution"} & set(r.fused_ops)
-        and r.kind is not KernelKind.PALLAS)
-    if not is_reduction:
+    if not _is_reduction_kernel(ctx, r):
       continue
-    for operand in inst.operands:
+    for n, operand in enumerate(ctx.inst(r).operands):
+      if _split_k_operand(ctx, r, n):
+        continue  # partial sums of a gemm, summed as part of it
       for _, vid in ctx.dataflow.holds.get(operand, ()):
         readers.setdefault(vid, {}).setdefault(r.name, r)
   out = []
@@ -1258,22 +1383,38 @@ def _separate_reductions(ctx: _Context) -> list[FusionDecisionRecord]:
     producer = ctx.kernels.get(vid[0]) or ctx.kernels.get(buf.producer)
     if producer is None or producer.name in by_name:
       continue
+    others = [c for c in buf.consumers if c not in by_name and c != producer.name]
     if "transpose(" not in producer.op_name and all(
         "transpose(" in r.op_name for r in reductions):
       # Saved for backward: a backward reduction (dgamma = sum(dy * x_hat))
-      # needs values the forward producer does not have yet.
+      # needs values the forward producer does not have yet; what can go is
+      # the saved buffer itself, when the reduction can recompute it.
+      saved = _saved_normalized(ctx, buf, producer, reductions, others)
+      if saved is not None:
+        out.append(saved)
       continue
-    others = [c for c in buf.consumers if c not in by_name and c != producer.name]
+    if all(_whole_normalization(ctx, r, buf) for r in reductions):
+      # XLA's own Triton softmax or norm: already one kernel. Only a fused
+      # attention kernel removes the boundary, where a gemm feeds it and a
+      # gemm reads it.
+      chain = _attention_chain(ctx, buf, producer, reductions)
+      if chain is not None:
+        out.append(chain)
+      continue
     only = not others and len(reductions) == 1
+    stats = None
     pattern = None
     for r in reductions:
-      pattern = pattern or _reduction_pattern(ctx, r, producer)
+      stats = stats or _statistics(ctx, r, buf)
+      pattern = pattern or _reduction_pattern(ctx, r, producer, stats)
     # A pattern some kernel could compute asks the libraries; a norm's
     # backward pass is its forward kernel's business.
-    need = (KernelNeed(FindingKind.SEPARATE_REDUCTION, pattern)
-            if pattern and pattern != "norm_backward" else None)
+    need = (KernelNeed(FindingKind.SEPARATE_REDUCTION, pattern, statistics=stats)
+            if pattern in _KERNEL_PATTERNS else None)
     trip = producer.trip_count
     saved = 2 * buf.bytes if only else buf.bytes * len(reductions)
+    what = _reduction_text(pattern, stats, buf, any(
+        "transpose(" in k.op_name for k in (producer, *reductions)))
     out.append(FusionDecisionRecord(
         kind=FindingKind.SEPARATE_REDUCTION, producer=producer.name,
         consumers=tuple(r.name for r in reductions) + tuple(others),
@@ -1290,8 +1431,7 @@ def _separate_reductions(ctx: _Context) -> list[FusionDecisionRecord]:
                   f"{'s' if len(reductions) == 1 else ''} {buf.shape} written by "
                   f"{_kernel_desc(producer)}" +
                   (f"; {len(others)} other kernel(s) read it too" if others else
-                   "; no other kernel reads it") +
-                  (f"; {_PATTERN_TEXT[pattern]}" if pattern in _PATTERN_TEXT else "")),
+                   "; no other kernel reads it") + (f"; {what}" if what else "")),
         verdict=Verdict.SAFE if only else Verdict.RISKY,
         reasons=(("tile-local partial reductions",) if only else
                  ("tile-local partial reductions",
@@ -1303,47 +1443,208 @@ def _separate_reductions(ctx: _Context) -> list[FusionDecisionRecord]:
   return out
 
 
-def _reduced_axes(ctx: _Context, r: Kernel) -> tuple[int, tuple[int, ...]] | None:
-  """(operand rank, reduced dimensions) of the kernel's widest reduce."""
+def _split_k_operand(ctx: _Context, r: Kernel, operand: int) -> bool:
+  """Whether kernel `r` reads its operand `operand` only to sum split-K
+  partial sums (through bitcasts)."""
+  if _split_k_site(ctx, r) is None:
+    return False
+  fused = _fused(ctx, r)
+  param = next((p for p in fused.parameters if p.parameter_number == operand), None)
+  if param is None:
+    return False
+  users = _bitcast_users(ctx, fused, param.name)
+  return bool(users) and all(bt.is_split_k_reduce(u) for u in users)
+
+
+def _bitcast_users(ctx: _Context, comp: Computation, name: str) -> list[Instruction]:
+  out = []
+  for u in ctx.users(comp, name):
+    out += _bitcast_users(ctx, comp, u.name) if u.opcode == "bitcast" else [u]
+  return out
+
+
+def _whole_normalization(ctx: _Context, r: Kernel, buf: Buffer) -> bool:
+  """Whether `r` is an XLA Triton fusion holding a whole softmax or norm
+  over `buf`: its reductions and the elementwise apply in one kernel, writing
+  a result of `buf`'s size."""
+  if r.kind is not KernelKind.TRITON_FUSION or "reduce" not in r.fused_ops:
+    return False
+  shape = ctx.inst(r).shape
+  return shape is not None and shape.is_array and \
+      shape.num_elements == _prod(buf.dims)
+
+
+#: The fused attention kernels a gemm -> softmax -> gemm chain needs.
+ATTENTION_KERNELS = ('jax.nn.dot_product_attention(q, k, v, implementation="cudnn") '
+                     "or a Pallas attention kernel")
+
+
+def _attention_chain(ctx: _Context, buf: Buffer, producer: Kernel,
+                     softmaxes: list[Kernel]) -> FusionDecisionRecord | None:
+  """One finding for gemm -> (XLA's one-kernel softmax) -> gemm: the scores
+  and the probabilities are both written and read back; a fused attention
+  kernel keeps them on chip. None when no gemm sits on both sides."""
+  if _anchor(ctx, producer) != "dot":
+    return None
+  probs = [b for r in softmaxes for b in ctx.writes.get(r.name, ())]
+  readers = [c for b in probs for c in _consumer_kernels(ctx, b)]
+  if not probs or not readers or not all(_anchor(ctx, c) == "dot" for c in readers):
+    return None
+  trip = producer.trip_count
+  saved = 2 * buf.bytes + sum(2 * b.bytes for b in probs)
+  backward = "transpose(" in producer.op_name
+  return FusionDecisionRecord(
+      kind=FindingKind.SEPARATE_REDUCTION, producer=producer.name,
+      consumers=tuple(r.name for r in softmaxes) + tuple(dict.fromkeys(c.name for c in readers)),
+      boundary=buf.name, boundary_shape=buf.shape, bytes_saved=_times(saved, trip),
+      launches_removed=_times(len(softmaxes) + 1, trip),
+      extra_arithmetic="online softmax: running max and sum per row, rescaling "
+                       "the accumulator",
+      extra_resources="a query tile, key/value tiles and the running statistics "
+                      "in shared memory and registers",
+      numerical_class=NumericalClass.REASSOCIATED,
+      guard="XLA's gemm, softmax and gemm where the fused kernel does not apply",
+      layout_effect="none",
+      evidence=(f"{_kernel_desc(producer)} writes the attention scores {buf.shape}; "
+                f"{', '.join(_kernel_desc(r) for r in softmaxes)} "
+                f"{'computes' if len(softmaxes) == 1 else 'compute'} the whole "
+                f"softmax{' backward' if backward else ''} in one kernel (XLA's own "
+                f"Triton fusion, no separate reduction) and "
+                f"{', '.join(dict.fromkeys(c.name for c in readers))} "
+                f"{'reads' if len(readers) == 1 else 'read'} its result in a gemm: "
+                f"gemm -> softmax -> gemm, which only a fused attention kernel "
+                f"({ATTENTION_KERNELS}) keeps on chip"),
+      verdict=Verdict.RISKY,
+      reasons=("a separate algorithmic phase: the whole row of scores is needed, "
+               "which a fused attention kernel streams with running statistics",),
+      risks=("shared memory: key/value tiles and statistics lower occupancy",
+             "backward complexity: the fused kernel needs its own backward") + _COMMON_RISKS,
+      ops=("attention",), trip_count=trip, source=buf.source,
+      computation=producer.computation,
+      need=KernelNeed(FindingKind.SEPARATE_REDUCTION, "attention"))
+
+
+def _reduce_sites(ctx: _Context, r: Kernel) -> list[tuple[Computation, Instruction]]:
+  """The reduce and reduce-window instructions a reduction kernel runs."""
   inst = ctx.inst(r)
   comp = ctx.comps[r.computation]
-  candidates = [(comp, inst)] if inst.opcode == "reduce" else []
+  sites = [(comp, inst)] if inst.opcode in ("reduce", "reduce-window") else []
   fused = _fused(ctx, r)
   if fused is not None:
-    candidates += [(fused, i) for i in fused.instructions if i.opcode == "reduce"]
+    sites += [(fused, i) for i in fused.instructions
+              if i.opcode in ("reduce", "reduce-window")]
+  return sites
+
+
+def _reduced_dims(comp: Computation, inst: Instruction) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+  """(operand dims, reduced axes) of a reduce; for a reduce-window, the axes
+  its window spans."""
+  if not inst.operands or inst.operands[0] not in comp:
+    return None
+  shape = comp.instruction(inst.operands[0]).shape
+  if shape is None or not shape.is_array:
+    return None
+  dims = tuple(shape.dims)
+  if inst.opcode == "reduce":
+    if inst.dimensions is None:
+      return None
+    return dims, tuple(sorted(inst.dimensions))
+  window = inst.window
+  if window is None or len(window) != len(dims):
+    return None
+  return dims, tuple(a for a, w in enumerate(window) if w.size > 1)
+
+
+def _map_axes(src: tuple[int, ...], axes: tuple[int, ...],
+              dst: tuple[int, ...]) -> tuple[int, ...] | None:
+  """`axes` of `src` as axes of `dst`, a reshape of it, where the reduced
+  axes are a leading or trailing run whose element count `dst` splits the
+  same way (e.g. {1} of [128,64] is {2} of [8,16,64]); None otherwise."""
+  if src == dst:
+    return axes
+  if _prod(src) != _prod(dst) or not axes:
+    return None
+  n = _prod(src[a] for a in axes)
+  if axes == tuple(range(len(src) - len(axes), len(src))):
+    for k in range(len(dst), 0, -1):
+      if _prod(dst[k - 1:]) == n:
+        return tuple(range(k - 1, len(dst)))
+  elif axes == tuple(range(len(axes))):
+    for k in range(1, len(dst) + 1):
+      if _prod(dst[:k]) == n:
+        return tuple(range(k))
+  return None
+
+
+def _statistics(ctx: _Context, r: Kernel, buf: Buffer) -> Statistics | None:
+  """What the reduction kernel's widest reduce reduces, in `buf`'s dims
+  where the two are reshapes of each other, with the scale applied beside."""
   best = None
-  for c, i in candidates:
-    if not i.operands or i.operands[0] not in c:
-      continue
-    shape = c.instruction(i.operands[0]).shape
-    if shape is None or not shape.is_array or i.dimensions is None:
-      continue
-    if best is None or shape.rank > best[0]:
-      best = (shape.rank, tuple(sorted(i.dimensions)))
-  return best
+  for comp, inst in _reduce_sites(ctx, r):
+    found = _reduced_dims(comp, inst)
+    if found is not None and (best is None or len(found[0]) > len(best[0])):
+      best = found
+  if best is None:
+    return None
+  dims, axes = best
+  mapped = _map_axes(dims, axes, tuple(buf.dims))
+  if mapped is not None:
+    dims, axes = tuple(buf.dims), mapped
+  return Statistics(dims, axes, _affine(ctx, r, buf, dims, axes))
 
 
-def _reduction_pattern(ctx: _Context, r: Kernel, producer: Kernel) -> str | None:
+def _affine(ctx: _Context, r: Kernel, buf: Buffer, dims: tuple[int, ...],
+            axes: tuple[int, ...]) -> tuple[int, ...] | None:
+  """The dims of a scale broadcast over exactly the reduced axes (gamma) in
+  the kernels around the reduction: the boundary's readers and the readers
+  of what the reduction writes."""
+  near = {c for c in buf.consumers} | {c for b in ctx.writes.get(r.name, ())
+                                       for c in b.consumers}
+  near |= {c for name in tuple(near) for b in ctx.writes.get(name, ())
+           for c in b.consumers}
+  for name in sorted(near):
+    k = ctx.kernels.get(name)
+    fused = _fused(ctx, k) if k is not None else None
+    if fused is None:
+      continue
+    for i in fused.instructions:
+      if i.opcode != "broadcast" or i.shape is None or tuple(i.shape.dims) != dims:
+        continue
+      if tuple(i.dimensions or ()) != axes or not i.operands:
+        continue
+      src = _through_bitcasts(fused, i.operands[0])
+      if src is not None and src.opcode == "parameter":
+        return tuple(src.shape.dims)
+  return None
+
+
+def _reduction_pattern(ctx: _Context, r: Kernel, producer: Kernel,
+                       stats: Statistics | None) -> str | None:
   """What a reduction computes, judged by its axes first and its ops second:
-  "layer_norm", "rms_norm" or "softmax" for a forward reduction over the
-  trailing (row) axes; "norm_backward" for a row reduction of the backward
-  pass; "batch_norm_stats" or "column_reduction" for reductions over the
-  leading axes (BatchNorm statistics, a bias or gamma gradient); None for
-  anything else. Only the first three have a kernel."""
-  names = set(ctx.primitives(r)) | ctx.primitives(producer)
+  "layer_norm", "rms_norm", "softmax" or "log_softmax" for a forward
+  reduction over trailing axes; "norm_backward" for such a reduction in the
+  backward pass; over other axes, "batch_norm_stats" (the batch axis
+  reduced, into an rsqrt), "group_norm_stats" (per sample: the batch axis
+  kept, into an rsqrt), "column_reduction" (the leading axes: a bias or gamma
+  gradient, a pooled sum) or None (described by its axes alone)."""
+  # What reads the reduction's result: statistics feed an rsqrt there (the
+  # producer's own ops say nothing: x_hat holds an rsqrt too).
+  after = set(ctx.primitives(r))
   for b in ctx.writes.get(r.name, ()):
     for c in b.consumers:
       if c in ctx.kernels:
-        names |= ctx.primitives(ctx.kernels[c])
-  axes = _reduced_axes(ctx, r)
+        after |= ctx.primitives(ctx.kernels[c])
+  names = after | ctx.primitives(producer)
   backward = "transpose(" in r.op_name or "transpose(" in producer.op_name
-  if axes is not None:
-    rank, dims = axes
-    row = bool(dims) and dims == tuple(range(rank - len(dims), rank)) and len(dims) < rank
-    if not row:
-      if "rsqrt" in names and not backward:
-        return "batch_norm_stats"
-      return "column_reduction" if rank >= 2 else None
+  if stats is not None:
+    rank, axes = len(stats.dims), stats.axes
+    trailing = bool(axes) and axes == tuple(range(rank - len(axes), rank)) and len(axes) < rank
+    if not trailing:
+      if "rsqrt" in after and not backward:
+        return "batch_norm_stats" if 0 in axes else "group_norm_stats"
+      if rank >= 2 and axes == tuple(range(len(axes))):
+        return "column_reduction"
+      return None
   if backward:
     return "norm_backward" if "rsqrt" in names else None
   if "rsqrt" in names:
@@ -1354,16 +1655,133 @@ def _reduction_pattern(ctx: _Context, r: Kernel, producer: Kernel) -> str | None
   return None
 
 
-#: What the reduction patterns without a kernel are, for the evidence.
+#: Patterns a kernel library may compute (the others have no kernel, by
+#: design: a backward pass is its forward kernel's business).
+_KERNEL_PATTERNS = frozenset({"layer_norm", "rms_norm", "softmax", "log_softmax",
+                              "attention",
+                              "batch_norm_stats", "group_norm_stats",
+                              "column_reduction"})
+
+#: What the reduction patterns are, for the evidence (the axes follow).
 _PATTERN_TEXT = {
-    "batch_norm_stats": ("batch-norm statistics: a reduction over the batch and "
-                         "spatial axes (per channel)"),
-    "column_reduction": ("a column reduction over the leading axes (e.g. a bias "
-                         "or gamma gradient)"),
+    "batch_norm_stats": "batch-norm statistics (the batch axis reduced, per channel)",
+    "group_norm_stats": ("per-sample statistics (the batch axis kept): a group or "
+                         "instance norm"),
+    "column_reduction": "a reduction over the leading axes (a bias or gamma gradient)",
+    "column_reduction:forward": ("a reduction over the leading axes in the forward "
+                                 "pass (a sum or mean over the batch: routing "
+                                 "counts, a pooled mean)"),
     "log_softmax": "a log-softmax (e.g. inside a cross-entropy loss)",
     "norm_backward": ("a normalization's backward pass; no kernel suggested: "
                       "the forward op's kernel brings its own backward"),
 }
+
+
+def _reduction_text(pattern: str | None, stats: Statistics | None, buf: Buffer,
+                    backward: bool) -> str:
+  """What the HLO reduces, in words: the pattern (where one is known) and
+  the axes, e.g. "per-sample statistics ...: reduces dims {1,2,4} of
+  [8,32,32,8,4] (batch axis 0 kept; one result per index of axes 0,3)"."""
+  key = f"{pattern}:forward" if not backward and f"{pattern}:forward" in _PATTERN_TEXT \
+      else pattern
+  parts = [_PATTERN_TEXT[key]] if key in _PATTERN_TEXT else []
+  if stats is not None and pattern not in ("layer_norm", "rms_norm", "softmax"):
+    kept = stats.kept
+    batch = ("batch axis 0 kept" if 0 in kept else "batch axis 0 reduced") \
+        if len(stats.dims) > 1 else ""
+    per = (f"one result per index of axes {_axes_text(kept)}" if kept else
+           "one result")
+    parts.append(f"reduces {stats.describe().replace(' per statistic', ' each')} "
+                 f"({', '.join(p for p in (batch, per) if p)})")
+  return ": ".join(parts)
+
+
+def _axes_text(axes: Sequence[int]) -> str:
+  return "{" + ",".join(map(str, axes)) + "}"
+
+
+def _saved_normalized(ctx: _Context, buf: Buffer, producer: Kernel,
+                      reductions: list[Kernel],
+                      others: list[str]) -> FusionDecisionRecord | None:
+  """x_hat (or x - mean) written by the forward pass for one backward
+  reduction that multiplies it by the incoming gradient and reduces (a gamma
+  gradient, a norm's backward term): the reduction can recompute it from x
+  and the per-row statistics, so the buffer is never written or kept."""
+  if others or len(reductions) != 1:
+    return None
+  r = reductions[0]
+  if not _reads_statistics(ctx, producer, buf) or not _multiplies_then_reduces(ctx, r, buf):
+    return None
+  sole = len(ctx.writes.get(producer.name, ())) == 1
+  # The reader loads x instead of x_hat: where the producer runs on for its
+  # other outputs, that load is new traffic.
+  added = 0 if sole else max((_operand_bytes(ctx, producer, o)
+                              for o in range(len(ctx.inst(producer).operands))),
+                             default=0)
+  trip = producer.trip_count
+  stats = _statistics(ctx, r, buf)
+  axes = f" ({stats.describe()})" if stats is not None else ""
+  return FusionDecisionRecord(
+      kind=FindingKind.SEPARATE_REDUCTION, producer=producer.name,
+      consumers=(r.name,), boundary=buf.name, boundary_shape=buf.shape,
+      bytes_saved=_times(max(0, 2 * buf.bytes - added), trip),
+      launches_removed=_times(1 if sole else 0, trip),
+      extra_arithmetic="the reduction recomputes (x - mean) * rstd on load",
+      extra_resources="the per-row statistics tile",
+      numerical_class=NumericalClass.SAME_OPS,
+      guard="keep the saved buffer where x itself is not kept for the backward pass",
+      layout_effect="none",
+      evidence=(f"{_kernel_desc(producer)} writes {buf.shape} in the forward pass from "
+                f"x and its statistics, and only {_kernel_desc(r)} reads it, in the "
+                f"backward pass, multiplying it by the incoming gradient and reducing"
+                f"{axes}: a normalized input saved for one reduction"),
+      verdict=Verdict.SAFE,
+      reasons=("cheap recomputation: x_hat from x and compact statistics",
+               "tile-local partial reductions"),
+      risks=("peak: x must be kept for the backward pass instead",) + _COMMON_RISKS,
+      ops=("norm_backward", "recompute x_hat"), trip_count=trip, source=buf.source,
+      computation=producer.computation)
+
+
+def _reads_statistics(ctx: _Context, producer: Kernel, buf: Buffer) -> bool:
+  """Whether `producer` combines a full-size input with a smaller value a
+  reduction wrote (a mean, an rstd): how x_hat and x - mean are made."""
+  for producers in _operand_producers(ctx, producer):
+    for p in producers:
+      k = ctx.kernels.get(p)
+      if k is None:
+        continue
+      small = any(b.bytes < buf.bytes for b in ctx.writes.get(p, ()))
+      if small and (_is_reduction_kernel(ctx, k) or "rsqrt" in ctx.primitives(k)):
+        return True
+  return False
+
+
+def _multiplies_then_reduces(ctx: _Context, r: Kernel, buf: Buffer) -> bool:
+  """Whether the reduction multiplies `buf` by another full-size operand
+  (the incoming gradient) before reducing."""
+  fused = _fused(ctx, r)
+  operand = _operand_number(ctx, r, buf)
+  if fused is None or operand is None:
+    return False
+  params = {p.parameter_number: p for p in fused.parameters}
+  if operand not in params:
+    return False
+  mine = params[operand].name
+  for i in fused.instructions:
+    if i.opcode != "multiply" or mine not in i.operands:
+      continue
+    other = [o for o in i.operands if o != mine]
+    src = _through_bitcasts(fused, other[0]) if other else None
+    if src is not None and src.opcode == "parameter" and src.shape is not None and \
+        src.shape.num_elements == _prod(buf.dims):
+      return True
+  return False
+
+
+def _operand_bytes(ctx: _Context, k: Kernel, operand: int) -> int:
+  name = ctx.inst(k).operands[operand]
+  return sum(ctx.dataflow.values[v].byte_size for _, v in ctx.dataflow.holds.get(name, ()))
 
 
 # ----------------------------------- class 7: materialized slices, concats ----

@@ -73,6 +73,60 @@ class Verdict(enum.Enum):
   KEEP = "keep"
 
 
+def _axes(axes: tuple[int, ...]) -> str:
+  return "{" + ",".join(map(str, axes)) + "}"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Statistics:
+  """What a reduction's statistics cover, read from the HLO: which axes of
+  which operand each statistic reduces, and the affine parameters applied
+  with them. A norm kernel is the right one only when it computes the same
+  statistics (a last-axis layer norm is not a norm over a whole sample)."""
+
+  #: The reduced operand's dims, in the boundary buffer's shape where the
+  #: reduce reads it through a reshape (e.g. (16, 64, 128)).
+  dims: tuple[int, ...]
+  #: The axes of `dims` each statistic reduces, e.g. (1, 2).
+  axes: tuple[int, ...]
+  #: The scale's (gamma's) dims where one is applied with the statistics
+  #: (e.g. (64, 128)); None when none was found.
+  affine: tuple[int, ...] | None = None
+
+  @property
+  def elements(self) -> int:
+    """Elements each statistic reduces."""
+    n = 1
+    for a in self.axes:
+      n *= self.dims[a]
+    return n
+
+  @property
+  def kept(self) -> tuple[int, ...]:
+    """The axes that survive (one statistic per index of these)."""
+    return tuple(a for a in range(len(self.dims)) if a not in self.axes)
+
+  @property
+  def last_axis(self) -> bool:
+    """Whether it reduces the last axis alone (one statistic per row)."""
+    return bool(self.dims) and self.axes == (len(self.dims) - 1,)
+
+  @property
+  def row(self) -> bool:
+    """Row statistics: the last axis alone, with no scale or one of that
+    axis's size (what a row kernel computes)."""
+    return self.last_axis and self.affine in (None, self.dims[-1:])
+
+  def describe(self) -> str:
+    """e.g. "dims {1,2} of [16,64,128] (8192 elements per statistic, affine
+    [64,128])"."""
+    shape = "[" + ",".join(map(str, self.dims)) + "]"
+    affine = (f", affine [{','.join(map(str, self.affine))}]"
+              if self.affine is not None else "")
+    return (f"dims {_axes(self.axes)} of {shape} ({self.elements} elements per "
+            f"statistic{affine})")
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class KernelNeed:
   """What a fused kernel must compute to close one finding, library-neutral."""
@@ -90,6 +144,9 @@ class KernelNeed:
   outputs: int = 1
   #: Whether it must read parts (a concatenate's pieces) in place.
   reads_parts: bool = False
+  #: For a reduction: the statistics it computes (the kernel must compute
+  #: the same: same axes, elements per statistic and affine shape).
+  statistics: Statistics | None = None
 
   def describe(self) -> str:
     """The kernel in words, e.g. "a dot kernel with its epilogue (bias,
@@ -105,6 +162,8 @@ class KernelNeed:
       return f"a {anchor} kernel that reads its operand in the original layout"
     if self.reads_parts:
       return f"a {anchor} kernel that reads the parts in place"
+    if self.statistics is not None and not self.statistics.row:
+      return f"a fused {anchor} kernel over {self.statistics.describe()}"
     return f"a fused {anchor} kernel"
 
 

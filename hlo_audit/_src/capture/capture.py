@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import os
 import shutil
 import tempfile
 import types
@@ -30,21 +31,24 @@ from hlo_audit._src import compat
 from hlo_audit._src.capture.dump import read_dump_dir
 from hlo_audit._src.capture.result import Capture as Capture
 from hlo_audit._src.capture.result import MemoryStats as MemoryStats
-from hlo_audit._src.errors import CaptureError
+from hlo_audit._src.errors import CaptureError, TargetError
 from hlo_audit._src.hlo.buffer_assignment_proto import (
     ProtoError, allocated_bytes, parse_buffer_assignment_proto)
 from hlo_audit._src.hlo.parser import parse_hlo
 from hlo_audit._src.hlo.xla_reports import (BufferAssignment, parse_buffer_assignment,
                                             parse_live_range)
+from hlo_audit._src.target.target import Target, resolve_target
 
 
 def capture(fn: Any, *args: Any, xla_reports: bool = False,
+            target: str | os.PathLike | Target | None = None,
             **kwargs: Any) -> Capture:
   """Compiles `fn` for `args` and captures what XLA made of it.
 
   Compiles at most once: when jit already compiled `fn` for these argument
   types, its executable is reused; otherwise the executable built here is
-  the one jit will run.
+  the one jit will run. With `target`, it compiles for that device instead
+  of this machine's (no GPU needed: see `hlo_audit.get_target`).
 
   Args:
     fn: a `jax.jit`-wrapped function (its static and donated arguments are
@@ -55,6 +59,11 @@ def capture(fn: Any, *args: Any, xla_reports: bool = False,
     xla_reports: also compile once more with per-compile dump options and
       read XLA's buffer-assignment and live-range reports (live ranges exist
       nowhere else). Not for a `Compiled`.
+    target: the device to compile for: a name ("h200", "h100", "b200": see
+      `hlo_audit.list_targets`), a `GpuTargetConfigProto` text file, or a
+      `hlo_audit.Target` (several GPUs, autotune results). The arguments
+      get the target's shardings (`Target.place`). Not for a `Lowered` or
+      `Compiled`: they are lowered for their devices already.
     **kwargs: keyword arguments of `fn`.
 
   Returns:
@@ -65,11 +74,17 @@ def capture(fn: Any, *args: Any, xla_reports: bool = False,
   Raises:
     CaptureError: if `fn` is not a function or stage, cannot be traced with
       these arguments, or fails to compile; the message names the problem.
+    TargetError: for an unknown target, or missing plugin wheels (the
+      message names the pip command).
   """
   import jax  # Imported here: parsing HLO text must not need JAX.
   from jax import stages
 
+  target = resolve_target(target)
   fn = _jax_stage(fn, (stages.Lowered, stages.Compiled))
+  if target is not None and isinstance(fn, (stages.Lowered, stages.Compiled)):
+    raise CaptureError(f"a {type(fn).__name__} stage is lowered for its devices already: "
+                       f"pass the function and its arguments with target={target.name!r}")
   if isinstance(fn, stages.Compiled):
     if args or kwargs:
       raise CaptureError("a Compiled stage takes no arguments: capture(compiled)")
@@ -92,14 +107,21 @@ def capture(fn: Any, *args: Any, xla_reports: bool = False,
         f"a Compiled; got {type(fn).__name__}")
   name = getattr(fn, "__name__", type(fn).__name__)
   try:
-    lowered = _jax_stage(jitted.lower(*args, **kwargs), stages.Lowered)
-  except CaptureError:
+    if target is None:
+      lowered = _jax_stage(jitted.lower(*args, **kwargs), stages.Lowered)
+    else:
+      placed, placed_kwargs = target.place(args, kwargs)
+      with target.lowering():
+        lowered = _jax_stage(jitted.lower(*placed, **placed_kwargs), stages.Lowered)
+  except (CaptureError, TargetError):
     raise
   except Exception as e:  # JAX raises TypeError, ValueError, tracer errors...
-    raise CaptureError(f"could not trace {name}{_signature(args, kwargs)}: "
+    raise CaptureError(f"could not trace {name}{_signature(args, kwargs)}"
+                       f"{' for ' + target.label if target else ''}: "
                        f"{type(e).__name__}: {_first_line(e)}") from e
-  return dataclasses.replace(_compile_and_capture(lowered, origin=origin, xla_reports=xla_reports),
-                             argument_names=_argument_names(fn))
+  cap = _compile_and_capture(lowered, origin=origin, xla_reports=xla_reports,
+                             options=target.compiler_options() if target else None)
+  return dataclasses.replace(cap, argument_names=_argument_names(fn), target=target)
 
 
 def _argument_names(fn) -> tuple[str, ...]:
@@ -134,33 +156,35 @@ def _jax_stage(obj: Any, kind) -> Any:
   return obj
 
 
-def _compile_and_capture(lowered, *, origin: str, xla_reports: bool) -> Capture:
+def _compile_and_capture(lowered, *, origin: str, xla_reports: bool,
+                         options: dict[str, str] | None = None) -> Capture:
   pre = _lazy_pre_optimization(lowered)
   try:
     # No options: jax's cache returns the executable jit built (or will run).
-    compiled = lowered.compile()
+    compiled = lowered.compile(compiler_options=options) if options else lowered.compile()
   except Exception as e:
     raise CaptureError(f"XLA failed to compile: {type(e).__name__}: "
                        f"{_first_line(e)}") from e
   if not xla_reports:
     return _from_compiled(compiled, origin=origin, pre=pre)
-  return _with_dump_reports(lowered, compiled, origin=origin, pre=pre)
+  return _with_dump_reports(lowered, compiled, origin=origin, pre=pre, options=options)
 
 
 def _lazy_pre_optimization(lowered) -> Callable[[], str | None]:
   return lambda: lowered.as_text(dialect="hlo")
 
 
-def _with_dump_reports(lowered, compiled, *, origin: str, pre) -> Capture:
+def _with_dump_reports(lowered, compiled, *, origin: str, pre,
+                       options: dict[str, str] | None = None) -> Capture:
   """Compiles again with per-compile dump options (a second compile: the
   options are part of jax's cache key) and reads XLA's reports; the module
   and analyses stay those of `compiled`, the executable jit runs."""
   dump_dir = tempfile.mkdtemp(prefix="hlo_audit_")
   notes: list[str] = []
   try:
-    options = {"xla_dump_to": dump_dir, "xla_dump_hlo_as_text": True}
+    dump = {**(options or {}), "xla_dump_to": dump_dir, "xla_dump_hlo_as_text": True}
     try:
-      lowered.compile(compiler_options=options)
+      lowered.compile(compiler_options=dump)
     except TypeError:
       notes.append("this JAX cannot pass per-compile dump options; XLA's "
                    "live ranges are unavailable")
@@ -245,15 +269,17 @@ def _proto_buffer_assignment(compiled, raw_memory, notes):
 
 
 def _device(compiled):
+  """A device the executable was compiled for, from its shardings (pytrees
+  of them: a train step's first argument is a dict of parameters)."""
+  import jax
+
   try:
-    shardings = compiled.input_shardings[0] or compiled.output_shardings
-    for s in (shardings if isinstance(shardings, (list, tuple)) else [shardings]):
+    for s in jax.tree.leaves((compiled.input_shardings, compiled.output_shardings)):
       devices = getattr(s, "device_set", None)
       if devices:
         return next(iter(devices))
   except Exception:  # noqa: BLE001 - best effort; fall back to the default
     pass
-  import jax
   return jax.devices()[0]
 
 

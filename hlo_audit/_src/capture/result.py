@@ -9,6 +9,7 @@ from collections.abc import Callable, Mapping
 
 from hlo_audit._src.hlo.ir import HloModule
 from hlo_audit._src.hlo.xla_reports import BufferAssignment, LiveRange
+from hlo_audit._src.target.target import Target
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -75,6 +76,9 @@ class Capture:
   path: str | None = None
   #: Why some of the above is missing, for reports to say.
   notes: tuple[str, ...] = ()
+  #: The device compiled for when it is not this machine's (`capture(...,
+  #: target=)`); None: the default backend's.
+  target: Target | None = None
   #: The jitted function's positional parameter names, by argument number
   #: ("*args" for a var-positional one), to turn the argument paths JAX writes
   #: in parameters' metadata into `donate_argnums`; () when unknown.

@@ -125,6 +125,59 @@ def use_devices(n: int | None) -> None:
                      f"device(s) (on CPU, set XLA_FLAGS={flag} before JAX starts)")
 
 
+def add_target_flags(p: argparse.ArgumentParser) -> None:
+  g = p.add_argument_group("target (compile for a GPU this machine need not have)")
+  g.add_argument("--target", metavar="NAME", default=None,
+                 help="compile for this GPU instead of this machine: h200, h100, b200, "
+                      "a100, ... (hlo-audit targets lists them) or a GpuTargetConfigProto "
+                      "text file; needs pip install 'hlo-audit[gpu-target]'")
+  g.add_argument("--gpus", type=int, default=None, metavar="N",
+                 help="with --target: a topology of N GPUs and a mesh over them "
+                      "(sharded programs show XLA:GPU's NCCL collectives)")
+  g.add_argument("--autotune-results", metavar="FILE", default=None,
+                 help="with --target: XLA autotune results dumped on a real GPU "
+                      "(--xla_gpu_dump_autotune_results_to); default: not autotuned")
+
+
+def use_target(args: argparse.Namespace):
+  """The `--target` the flags ask for (None without one), checked before
+  anything starts JAX: the CUDA plugin starts without a GPU only when JAX
+  runs on the CPU (JAX_PLATFORMS=cpu, set here unless the user set it).
+
+  Raises:
+    UsageError: for --gpus or --autotune-results without --target, and
+      --target with --devices.
+    TargetError: for an unknown target or missing wheels (one line, with
+      the pip command).
+  """
+  name = getattr(args, "target", None)
+  gpus, results = getattr(args, "gpus", None), getattr(args, "autotune_results", None)
+  if name is None:
+    if gpus is not None or results is not None:
+      raise UsageError("--gpus and --autotune-results need --target (e.g. --target h200)")
+    return None
+  if getattr(args, "devices", None):
+    raise UsageError("--devices is for this machine's devices; with --target use --gpus")
+  os.environ.setdefault("JAX_PLATFORMS", "cpu")
+  from hlo_audit._src.target import wheels
+  from hlo_audit._src.target.target import get_target
+
+  target = get_target(name, gpus=gpus, autotune_results=results)
+  wheels.require_gpu_wheels()
+  return target
+
+
+def target_prefix(args: argparse.Namespace) -> list[str]:
+  """The target flags as given, for the footer's next commands."""
+  out = []
+  for flag, value in (("--target", getattr(args, "target", None)),
+                      ("--gpus", getattr(args, "gpus", None)),
+                      ("--autotune-results", getattr(args, "autotune_results", None))):
+    if value is not None:
+      out += [flag, str(value)]
+  return out
+
+
 _WHAT_IF_KEYS = ("donate", "remat", "drop", "fuse")
 
 

@@ -6,7 +6,8 @@ import argparse
 import dataclasses
 
 from hlo_audit._src.cli.common import (ExitCode, UsageError, add_devices_flag,
-                                       add_output_flags, emit, use_devices)
+                                       add_output_flags, add_target_flags, emit,
+                                       target_prefix, use_devices, use_target)
 
 
 def add_parser(sub) -> None:
@@ -22,6 +23,7 @@ def add_parser(sub) -> None:
                  help="also swap the kernel library's kernels into the example "
                       "and show the before/after audit and numerics check")
   add_devices_flag(p)
+  add_target_flags(p)
   add_output_flags(p)
   p.set_defaults(handler=run)
 
@@ -50,39 +52,47 @@ def config_from(pairs: list[str]):
 
 
 def run(args: argparse.Namespace) -> ExitCode:
-  use_devices(args.devices)  # before anything starts JAX's backends
+  target = use_target(args)  # before anything starts JAX's backends
+  use_devices(args.devices)
   from hlo_audit._src.audit import audit
   from hlo_audit._src.examples.transformer import example
 
   cfg = config_from(args.set)
   fn, fn_args = example(cfg, backward=not args.forward_only)
-  if args.devices and args.devices > 1:
+  n = target.device_count if target is not None else args.devices
+  if n and n > 1:
     if args.swap:
-      raise UsageError("--swap runs on one device; drop --devices")
-    fn_args = data_parallel(fn_args, args.devices)
+      raise UsageError(f"--swap runs on one device; drop {'--gpus' if target else '--devices'}")
+    fn_args = data_parallel(fn_args, n, target)
   if args.swap:
     from hlo_audit._src.cli.swap_cmd import run_swap
-    return run_swap(fn, fn_args, args)
+    return run_swap(fn, fn_args, args, target=target)
   prefix = ["hlo-audit", "example"] + (["--forward-only"] if args.forward_only else [])
   for pair in args.set:
     prefix += ["--set", pair]
-  return emit(audit(fn, *fn_args), args, prefix=prefix, swap_hint=True)
+  prefix += target_prefix(args)
+  return emit(audit(fn, *fn_args, target=target), args, prefix=prefix, swap_hint=True)
 
 
-def data_parallel(fn_args, n: int):
-  """The example's (params, tokens, cfg) for data parallelism over n devices:
-  the batch split over a 'data' mesh axis, the parameters replicated."""
+def data_parallel(fn_args, n: int, target=None):
+  """The example's (params, tokens, cfg) for data parallelism over n devices
+  (this machine's, or the target's): the batch split over a 'data' mesh
+  axis, the parameters replicated."""
   import jax
   from jax.sharding import NamedSharding, PartitionSpec as P
 
   params, tokens, cfg = fn_args
   if tokens.shape[0] % n:
-    raise UsageError(f"--devices {n}: the example's batch ({tokens.shape[0]}) must "
+    flag = "--gpus" if target is not None else "--devices"
+    raise UsageError(f"{flag} {n}: the example's batch ({tokens.shape[0]}) must "
                      f"divide by {n}; add --set batch={n * max(1, tokens.shape[0] // n)}")
-  # Auto axes: XLA's sharding propagation places the rest, as with jit shardings.
-  auto = getattr(jax.sharding, "AxisType", None)
-  kw = {"axis_types": (auto.Auto,)} if auto is not None else {}
-  mesh = jax.make_mesh((n,), ("data",), devices=jax.devices()[:n], **kw)
+  if target is not None:
+    mesh = target.mesh((n,), ("data",))
+  else:
+    # Auto axes: XLA's sharding propagation places the rest, as with jit shardings.
+    auto = getattr(jax.sharding, "AxisType", None)
+    kw = {"axis_types": (auto.Auto,)} if auto is not None else {}
+    mesh = jax.make_mesh((n,), ("data",), devices=jax.devices()[:n], **kw)
   replicated = NamedSharding(mesh, P())
   params = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=replicated),
                         params)

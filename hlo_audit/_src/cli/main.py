@@ -1,6 +1,6 @@
 """The `hlo-audit` command line.
 
-Verbs live in their own modules (`example`, `file`, `run`, `diff`). `run(argv)`
+Verbs live in their own modules (`example`, `file`, `run`, `diff`, `targets`). `run(argv)`
 returns an `ExitCode` and is callable from Python; `main()` is the console
 script. The CLI uses argparse rather than absl flags: absl's flags are
 process-global, which does not suit several verbs with their own options, or
@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from hlo_audit._src.cli import diff_cmd, example_cmd, file_cmd, run_cmd
+from hlo_audit._src.cli import diff_cmd, example_cmd, file_cmd, run_cmd, targets_cmd
 from hlo_audit._src.cli.common import ExitCode, UsageError, describe_error
 from hlo_audit._src.errors import HloAuditError
 
@@ -24,7 +24,7 @@ def build_parser() -> argparse.ArgumentParser:
                   "would close the gaps.")
   sub = p.add_subparsers(dest="verb", metavar="VERB")
   sub.required = True
-  for verb in (example_cmd, file_cmd, run_cmd, diff_cmd):
+  for verb in (example_cmd, file_cmd, run_cmd, diff_cmd, targets_cmd):
     verb.add_parser(sub)
   return p
 

@@ -1,5 +1,13 @@
 """`hlo-audit run MODULE:FUNCTION --arg 'f32[8,128]' ...`: audit a function
-of an importable module for abstract arguments (no data needed)."""
+of an importable module for abstract arguments (no data needed).
+
+A function of no arguments, given no `--arg`, is called first: when it
+returns `(step, args)` or `(step, args, kwargs)`, with `step` callable, the
+audit is of `step(*args, **kwargs)`. That is how a train step whose
+arguments are pytrees (flax or equinox parameters, an optimizer state) is
+audited from the command line: `hlo-audit run train.py:make_step --target
+h200`.
+"""
 
 from __future__ import annotations
 
@@ -10,7 +18,8 @@ import re
 import sys
 
 from hlo_audit._src.cli.common import (ExitCode, UsageError, add_devices_flag,
-                                       add_output_flags, emit, use_devices)
+                                       add_output_flags, add_target_flags, emit,
+                                       target_prefix, use_devices, use_target)
 
 _SPEC = re.compile(r"^\s*([a-z][a-z0-9]*)\[([0-9,\s]*)\]\s*$")
 
@@ -19,13 +28,17 @@ def add_parser(sub) -> None:
   p = sub.add_parser(
       "run", help="audit MODULE:FUNCTION for abstract arguments",
       description="Import MODULE (a dotted name, or a .py path), take FUNCTION, "
-                  "and audit it for arguments given as HLO-style shapes.")
-  p.add_argument("target", help="module:function, e.g. mypkg.model:forward or model.py:loss")
+                  "and audit it for arguments given as HLO-style shapes; or, for a "
+                  "FUNCTION of no arguments returning (step, args), audit step(*args).")
+  p.add_argument("function", metavar="MODULE:FUNCTION",
+                 help="module:function, e.g. mypkg.model:forward, model.py:loss, or "
+                      "train.py:make_step returning (jitted step, args)")
   p.add_argument("--arg", metavar="SHAPE", action="append", default=[],
                  help="a positional argument, e.g. 'f32[8,128]', 'bf16[128,256]', 's32[]'")
   p.add_argument("--kwarg", metavar="NAME=SHAPE", action="append", default=[],
                  help="a keyword argument, e.g. 'mask=pred[128,128]'")
   add_devices_flag(p)
+  add_target_flags(p)
   add_output_flags(p)
   p.set_defaults(handler=run)
 
@@ -76,8 +89,32 @@ def load_function(target: str):
   return fn
 
 
+def _takes_no_arguments(fn) -> bool:
+  import inspect
+
+  try:
+    sig = inspect.signature(fn)
+  except (TypeError, ValueError):
+    return False
+  return all(p.default is not p.empty or p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+             for p in sig.parameters.values())
+
+
+def from_factory(result):
+  """(step, args, kwargs) when `result` is what a factory returns --
+  `(step, args)` or `(step, args, kwargs)` with a callable step -- else None."""
+  if not isinstance(result, tuple) or len(result) not in (2, 3) or not callable(result[0]):
+    return None
+  step, fn_args = result[0], result[1]
+  kwargs = result[2] if len(result) == 3 else {}
+  if not isinstance(fn_args, (tuple, list)) or not isinstance(kwargs, dict):
+    return None
+  return step, tuple(fn_args), kwargs
+
+
 def run(args: argparse.Namespace) -> ExitCode:
-  use_devices(args.devices)  # before anything starts JAX's backends
+  target = use_target(args)  # before anything starts JAX's backends
+  use_devices(args.devices)
   from hlo_audit._src.audit import audit
 
   # Check the argument specs before importing the user's module.
@@ -88,10 +125,18 @@ def run(args: argparse.Namespace) -> ExitCode:
     if not sep:
       raise UsageError(f"--kwarg {kv!r}: expected NAME=SHAPE")
     kwargs[name] = parse_arg_spec(spec)
-  fn = load_function(args.target)
-  prefix = ["hlo-audit", "run", args.target]
+  fn = load_function(args.function)
+  if not fn_args and not kwargs and _takes_no_arguments(fn):
+    try:
+      made = from_factory(fn())
+    except Exception as e:  # the user's factory failed
+      raise UsageError(f"{args.function}() failed: {type(e).__name__}: {e}") from None
+    if made is not None:
+      fn, fn_args, kwargs = made
+  prefix = ["hlo-audit", "run", args.function]
   for a in args.arg:
     prefix += ["--arg", a]
   for kv in args.kwarg:
     prefix += ["--kwarg", kv]
-  return emit(audit(fn, *fn_args, **kwargs), args, prefix=prefix)
+  prefix += target_prefix(args)
+  return emit(audit(fn, *fn_args, target=target, **kwargs), args, prefix=prefix)

@@ -79,7 +79,7 @@ def _summary_dict(report) -> dict:
           "bytes_saved": report.bytes_saved, "findings": by_class}
 
 
-def run_swap(fn, fn_args, args: argparse.Namespace, out=None) -> ExitCode:
+def run_swap(fn, fn_args, args: argparse.Namespace, out=None, *, target=None) -> ExitCode:
   """Swaps kernels into the example, audits before/after and verifies.
 
   Args:

@@ -168,7 +168,10 @@ def to_dict(report) -> dict:
           "instruction_count": m.instruction_count,
           "computation_count": m.computation_count,
           "schedule_length": m.schedule_length, "is_scheduled": m.is_scheduled,
-          "origin": m.origin, "path": m.path, "xla_peak_source": m.xla_peak_source,
+          "optimized": m.optimized, "origin": m.origin, "path": m.path, "xla_peak_source": m.xla_peak_source,
+          # Only for a target: reports of the machine's own backend keep their keys.
+          **({"target": m.target, "target_notes": list(m.target_notes)}
+             if m.target else {}),
       },
       "peak_bytes": report.peak_bytes,
       "xla_peak_bytes": report.xla_peak_bytes,
@@ -294,7 +297,9 @@ def report_from_dict(d: dict):
   info = ModuleInfo(**{k: m[k] for k in (
       "name", "platform", "device_kind", "jax_version", "jaxlib_version",
       "instruction_count", "computation_count", "schedule_length", "is_scheduled",
-      "origin", "path")}, xla_peak_source=m.get("xla_peak_source", ""))
+      "origin", "path")}, xla_peak_source=m.get("xla_peak_source", ""),
+      optimized=bool(m.get("optimized", True)),
+      target=m.get("target", ""), target_notes=tuple(m.get("target_notes", ())))
   return AuditReport(
       module=info, kernels=kernels, buffers=buffers, findings=findings,
       peak_bytes=d["peak_bytes"], xla_peak_bytes=d["xla_peak_bytes"],

@@ -39,12 +39,20 @@ class ModuleInfo:
   #: Length of the flattened schedule.
   schedule_length: int = 0
   is_scheduled: bool = False
+  #: Whether XLA optimized the module (scheduled or fused); an unoptimized
+  #: one gets no findings.
+  optimized: bool = True
   #: "jit", "lowered", "compiled", "dump" or "text".
   origin: str = ""
   path: str | None = None
   #: Where XLA's peak came from: "buffer-assignment proto" (the executable's,
   #: no recompile), "dump reports", "memory_analysis", or "" (none).
   xla_peak_source: str = ""
+  #: The target compiled for without its device ("h200", "8x h200"); "" when
+  #: compiled for the machine's own backend (or read from HLO).
+  target: str = ""
+  #: How that compile differs from one on the device (not autotuned, ...).
+  target_notes: tuple[str, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -87,6 +87,7 @@ def compact_summary(report, groups, width: int) -> list[str]:
       f" ({m.device_kind})" if m.device_kind and m.device_kind != m.platform else "")
   items = [
       f"hlo-audit: {m.name}{where}",
+      *text.target_lines(report),
       f"{m.instruction_count} instructions, {len(report.kernels)} kernels ({kinds})",
       text.peak_line(report),
       f"{fmt_bytes(report.materialized_bytes)} written to memory between kernels in "

@@ -159,10 +159,20 @@ def _what_if_peak(report) -> str:
   return f"; what-if ({'; '.join(w.changes) or 'no change'}): {fmt_bytes(w.peak_bytes)}"
 
 
+def target_lines(report) -> list[str]:
+  """The header's word on the target, when compiled for one without it."""
+  m = report.module
+  if not m.target:
+    return []
+  return [f"target {m.target}: compiled on this machine, without the device; "
+          + "; ".join(m.target_notes)]
+
+
 def summary(report) -> str:
   m = report.module
   lines = [f"module {m.name}" + (f" on {m.platform}" if m.platform else "") +
            (f" ({m.device_kind})" if m.device_kind and m.device_kind != m.platform else ""),
+           *("  " + t for t in target_lines(report)),
            f"  {m.instruction_count} instructions, {m.computation_count} computations, "
            f"{m.schedule_length} scheduled steps"]
   kinds = ", ".join(f"{n} {kind}" for kind, n in report.kernels_by_kind().items())

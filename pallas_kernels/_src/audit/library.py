@@ -45,12 +45,27 @@ def _covers(spec: OpSpec, need: plugins.KernelNeed) -> tuple[bool, str]:
     return False, ""
   if need.outputs > c.outputs:
     return False, f"{op} writes {'one output' if c.outputs == 1 else f'{c.outputs} outputs'}"
+  why = _statistics_mismatch(c.statistics, need.statistics)
+  if why:
+    return False, f"{op} {why}"
   allowed = c.epilogues | c.prologues
   for item in _work(need.ops):
     base, _, arg = item.partition(":")
     if base not in allowed or (base == "activation" and arg and arg not in c.activations):
       return False, ""
   return True, ""
+
+
+def _statistics_mismatch(computes: str, stats) -> str:
+  """Why an op computing `computes` statistics would change the numbers of a
+  reduction over `stats` (`plugins.Statistics`); "" when they are the same."""
+  if stats is None or computes != "last axis":
+    return ""
+  if stats.row:
+    return ""
+  n = stats.dims[-1] if stats.dims else 0
+  return (f"reduces the last axis only ({n} elements per statistic); this one "
+          f"reduces {stats.describe()}")
 
 
 class PallasKernels:

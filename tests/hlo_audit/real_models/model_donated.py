@@ -90,6 +90,4 @@ TRUTH = ModelTruth(
         NotFlagged("the scatter-add's destination is written in place",
                    kind=K.EXPANDED_BROADCAST),
     ),
-    exhaustive=frozenset({K.STANDALONE_COPY, K.LAYOUT_CONFLICT, K.EXPANDED_BROADCAST,
-                          K.UNFUSED_EPILOGUE, K.SEPARATE_REDUCTION}),
 )

@@ -82,6 +82,9 @@ TRUTH = ModelTruth(
         Expect(K.SEPARATE_REDUCTION, f"f32[{BATCH},{CLASSES}]", "loss", count=2, why=(
             "exp(logits - max) re-read by the sum; dlogits (the scatter's "
             "result) re-read by the bias-gradient reduce-window")),
+        # Judged with the suite's every-finding rule (read off the HLO):
+        Expect(K.UNDONATED_ARGUMENT, None, "update", says="donat", why=(
+            "the step returns this state updated but does not donate it: each leaf's output could reuse its buffer")),
     ),
     not_flagged=(
         NotFlagged("the scatter-add writes into its operand in place: the "
@@ -90,6 +93,4 @@ TRUTH = ModelTruth(
         NotFlagged("no layer norm here: the only row reductions are the "
                    "softmax's and the bias gradients'", says="layer_norm"),
     ),
-    exhaustive=frozenset({K.STANDALONE_COPY, K.LAYOUT_CONFLICT, K.EXPANDED_BROADCAST,
-                          K.UNFUSED_EPILOGUE, K.SEPARATE_REDUCTION}),
 )

@@ -183,7 +183,7 @@ def _closes(op: str) -> Closes:
   return Closes(
       kinds=frozenset({"separate-reduction", "unfused-prologue"}),
       anchors=frozenset({op}), epilogues=frozenset({"cast", "quantize"}),
-      prologues=frozenset({"residual"}),
+      prologues=frozenset({"residual"}), statistics="last axis",
       keywords=(("residual", "residual"), ("cast", "out_dtype")))
 
 

@@ -175,6 +175,7 @@ def _make_case(*, seed, tags=(), grad=False, rows, cols, dtype="float32", scale=
 CLOSES = Closes(
     kinds=frozenset({"separate-reduction"}), anchors=frozenset({"softmax"}),
     epilogues=frozenset({"cast"}), prologues=frozenset({"scale", "mask"}),
+    statistics="last axis",
     keywords=(("scale", "scale"), ("mask", "mask"), ("cast", "out_dtype")),
     declines=types.MappingProxyType({"log_softmax": "returns probabilities, not logs"}))
 

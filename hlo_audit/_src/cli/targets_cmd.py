@@ -1,0 +1,59 @@
+"""`hlo-audit targets`: the GPUs `--target` can compile for, and whether the
+wheels that compile for them are installed."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from hlo_audit._src.cli.common import ExitCode, add_verbose_flag
+
+
+def add_parser(sub) -> None:
+  p = sub.add_parser(
+      "targets", help="list the GPUs --target can compile for",
+      description="List the GPU specs --target NAME picks (the installed CUDA plugin's, "
+                  "and hlo-audit's copies of XLA's), and check the plugin wheels.")
+  p.add_argument("--json", action="store_true", help="print the list as JSON")
+  add_verbose_flag(p)
+  p.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace, out=None) -> ExitCode:
+  from hlo_audit._src.report.units import fmt_bytes
+  from hlo_audit._src.target import specs, wheels
+
+  out = out or sys.stdout
+  known = specs.known_specs()
+  problems = wheels.problems()
+  aliases = {}
+  for alias, name in specs.ALIASES.items():
+    aliases.setdefault(name, []).append(alias)
+  if args.json:
+    out.write(json.dumps({
+        "targets": [{"name": s.name, "aliases": aliases.get(s.name, []),
+                     "device_kind": s.device_kind,
+                     "compute_capability": s.compute_capability,
+                     "sm_count": s.core_count, "memory_bytes": s.memory_bytes,
+                     "source": s.source} for s in known],
+        "ready": not problems, "problems": problems,
+        "install": wheels.pip_command() if problems else None}, indent=2) + "\n")
+    return ExitCode.OK
+  rows = [(s.name + (f" ({', '.join(aliases[s.name])})" if s.name in aliases else ""),
+           s.device_kind, f"sm_{s.compute_capability}", str(s.core_count),
+           fmt_bytes(s.memory_bytes)) for s in known]
+  head = ("name", "device", "arch", "SMs", "memory")
+  widths = [max(len(r[i]) for r in (head, *rows)) for i in range(len(head))]
+  fmt = lambda r: "  ".join(c.rjust(w) if i >= 3 else c.ljust(w)  # noqa: E731
+                             for i, (c, w) in enumerate(zip(r, widths))).rstrip()
+  lines = [fmt(head), fmt(tuple("-" * w for w in widths)), *map(fmt, rows), ""]
+  sources = sorted({s.source for s in known})
+  lines.append("specs: " + "; ".join(sources))
+  if problems:
+    lines.append(f"not ready: {'; '.join(problems)}: {wheels.pip_command()}")
+  else:
+    lines.append("ready: hlo-audit example --target h200 (or any name above; "
+                 "--gpus N for N of them)")
+  out.write("\n".join(lines) + "\n")
+  return ExitCode.OK

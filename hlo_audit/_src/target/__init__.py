@@ -1,0 +1,1 @@
+"""Devices to compile for without having them: GPU specs and compile-only topologies."""

@@ -1,0 +1,86 @@
+"""The ground-truth models compiled for an NVIDIA H200 on a machine without
+a GPU (a compile-only CUDA topology from XLA's `GpuTargetConfigProto` of the
+H200: ../shared/docs/gpu-without-a-gpu.md), and the committed HLO of those
+compiles, so the GPU truth also runs where the CUDA plugin is not installed.
+
+`python -m tests.hlo_audit.real_models.h200_support NAME...` rewrites the
+fixtures (needs jax-cuda12-plugin, jax-cuda12-pjrt and nvidia-cuda-nvcc-cu12
+at the installed jax's version; run with JAX_PLATFORMS=cpu).
+"""
+
+from __future__ import annotations
+
+import functools
+import gzip
+import pathlib
+import sys
+
+HERE = pathlib.Path(__file__).resolve().parent / "h200"
+#: XLA's target description of the H200 (as jax-cuda12-plugin 0.12 embeds it).
+SPEC = HERE / "h200.txtpb"
+
+
+def fixture_path(name: str) -> pathlib.Path:
+  return HERE / f"{name}.hlo.gz"
+
+
+def fixture(name: str) -> str:
+  """The optimized HLO XLA:GPU produced for model `name` (committed)."""
+  return gzip.decompress(fixture_path(name).read_bytes()).decode()
+
+
+def unavailable() -> str:
+  """Why this machine cannot compile for an H200, or "" when it can."""
+  try:
+    import jax_plugins.xla_cuda12  # noqa: F401
+  except ImportError:
+    return ("the CUDA plugin is not installed (pip install jax-cuda12-plugin "
+            "jax-cuda12-pjrt nvidia-cuda-nvcc-cu12 at the installed jax's version)")
+  return ""
+
+
+@functools.cache
+def _device():
+  from jax.experimental import topologies
+  topo = topologies.get_topology_desc("", platform="cuda", target_config=SPEC.read_text(),
+                                      topology="1x1x1")
+  return topo.devices[0]
+
+
+def compile_text(fn, args) -> str:
+  """`fn` compiled for one H200, as optimized HLO text. `fn` is a jax.jit
+  function or an equinox filter_jit one (then args hold non-arrays)."""
+  import jax
+  sharding = jax.sharding.SingleDeviceSharding(_device())
+
+  def abstract(a):
+    a = jax.numpy.asarray(a) if not hasattr(a, "shape") else a  # a Python step count
+    return jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sharding)
+
+  if hasattr(fn, "trace"):
+    args = jax.tree.map(abstract, args)
+    return fn.trace(*args).lower().compile().as_text()
+  import equinox as eqx
+  dynamic, static = eqx.partition(args, eqx.is_array)
+  # The step's array outputs only (its model holds functions too).
+  step = jax.jit(lambda d: eqx.filter(fn(*eqx.combine(d, static)), eqx.is_array))
+  return step.trace(jax.tree.map(abstract, dynamic)).lower().compile().as_text()
+
+
+def write_fixture(name: str) -> pathlib.Path:
+  from tests.hlo_audit.real_models import truth
+  m = truth.model(name)
+  fn, args = m.step() if hasattr(m, "step") else m.build()
+  text = compile_text(fn, args)
+  path = fixture_path(name)
+  path.write_bytes(gzip.compress(text.encode(), compresslevel=9, mtime=0))
+  return path
+
+
+if __name__ == "__main__":
+  reason = unavailable()
+  if reason:
+    sys.exit(f"h200_support: {reason}")
+  for model_name in sys.argv[1:]:
+    p = write_fixture(model_name)
+    print(f"{p} ({p.stat().st_size} bytes)")

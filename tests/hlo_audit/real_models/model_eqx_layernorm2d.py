@@ -1,0 +1,111 @@
+"""equinox token mixer with a LayerNorm over two axes (`eqx.nn.LayerNorm((N,
+D))`: statistics over a whole [N, D] sample), trained with optax adam the way
+equinox's examples write a step (filter_value_and_grad, filter_jit)."""
+
+from __future__ import annotations
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import optax
+
+BATCH, TOKENS, DIM, OUT = 16, 64, 128, 10
+
+
+class Mixer(eqx.Module):
+  proj: eqx.nn.Linear
+  norm: eqx.nn.LayerNorm
+  head: eqx.nn.Linear
+
+  def __init__(self, key):
+    k1, k2 = jax.random.split(key)
+    self.proj = eqx.nn.Linear(DIM, DIM, key=k1)
+    self.norm = eqx.nn.LayerNorm((TOKENS, DIM))
+    self.head = eqx.nn.Linear(DIM, OUT, key=k2)
+
+  def __call__(self, x):
+    h = jax.vmap(self.proj)(x)  # <proj>
+    h = self.norm(jax.nn.gelu(h))  # <norm>
+    return self.head(h.mean(axis=0))  # <head>
+
+
+@eqx.filter_value_and_grad
+def compute_loss(model, x, y):
+  logits = jax.vmap(model)(x)  # <vmap>
+  return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()  # <loss>
+
+
+optim = optax.adam(1e-3)
+
+
+@eqx.filter_jit
+def make_step(model, opt_state, x, y):
+  loss, grads = compute_loss(model, x, y)  # <grad>
+  updates, opt_state = optim.update(grads, opt_state, eqx.filter(model, eqx.is_array))  # <optax>
+  model = eqx.apply_updates(model, updates)  # <apply>
+  return model, opt_state, loss
+
+
+def step():
+  """The step as equinox runs it, and its arguments."""
+  model = Mixer(jax.random.key(0))
+  opt_state = optim.init(eqx.filter(model, eqx.is_array))
+  x = jnp.zeros((BATCH, TOKENS, DIM), jnp.float32)
+  y = jnp.zeros((BATCH,), jnp.int32)
+  return make_step, (model, opt_state, x, y)
+
+
+def build():
+  fn, args = step()
+  return fn.lower(*args).lowered, ()
+
+
+# ------------------------------------------------------------ ground truth --
+# Read off the optimized CPU HLO (jax 0.10.2, 0.11.2, 0.12: the same kernels).
+# The LayerNorm((64, 128)) computes its statistics in ynn fusions reducing
+# dims {1,2} of f32[16,64,128] (8192 elements per statistic) and applies a
+# [64,128] scale and offset: no last-axis norm kernel computes that. Its
+# normalized output feeds both the forward mean over tokens (dims {1}, the
+# batch axis kept) and, in the backward pass, the dgamma sum over the batch
+# (dims {0}); gelu's backward and the LayerNorm's backward terms are each
+# written for a reduce of their own.
+from hlo_audit import FindingKind as K  # noqa: E402
+from tests.hlo_audit.real_models.truth import Expect, ModelTruth, NotFlagged  # noqa: E402
+
+TRUTH = ModelTruth(
+    expect=(
+        Expect(K.LAYOUT_CONFLICT, "f32[128,1024]", "proj", count=2, why=(
+            "transpose: a transpose XLA materialized for the dot (or, keep: for the convolution library) that reads it")),
+        Expect(K.EXPANDED_BROADCAST, "f32[16,64,128]", "head", why=(
+            "broadcast: a compact value broadcast to full size in a kernel of its own")),
+        Expect(K.EXPANDED_BROADCAST, "f32[16,64,128]", "norm", why=(
+            "broadcast: a compact value broadcast to full size in a kernel of its own")),
+        Expect(K.UNFUSED_EPILOGUE, "f32[128,1024]", "proj", why=(
+            "outputs:1: the anchor's result written to memory and read back by elementwise work")),
+        Expect(K.UNFUSED_EPILOGUE, "f32[128,128]", "proj", why=(
+            "outputs:2: the anchor's result written to memory and read back by elementwise work")),
+        Expect(K.UNFUSED_EPILOGUE, "f32[10,128]", "head", why=(
+            "outputs:2: the anchor's result written to memory and read back by elementwise work")),
+        Expect(K.UNFUSED_PROLOGUE, "f32[16,128]", "head", why=(
+            "scale: elementwise work written to memory only for the matmuls that read it")),
+        Expect(K.SEPARATE_REDUCTION, "f32[16,64,128]", "norm", says="layer_norm", why=(
+            "layer_norm: a buffer written by one kernel and re-read by a separate reduction")),
+        Expect(K.SEPARATE_REDUCTION, "f32[16,64,128]", "norm", says="norm_backward", count=2, why=(
+            "norm_backward: a buffer written by one kernel and re-read by a separate reduction")),
+        Expect(K.SEPARATE_REDUCTION, "f32[16,64,128]", "norm", says="column_reduction", why=(
+            "column_reduction: a buffer written by one kernel and re-read by a separate reduction")),
+        Expect(K.SEPARATE_REDUCTION, "f32[16,64,128]", "norm", count=3, why=(
+            "x_hat read by the forward mean over tokens and the backward dgamma sum; two LayerNorm backward terms each written for their reduces")),
+        Expect(K.SEPARATE_REDUCTION, "f32[16,128]", "head", says="column_reduction", why=(
+            "column_reduction: a buffer written by one kernel and re-read by a separate reduction")),
+        Expect(K.UNDONATED_ARGUMENT, None, "apply", says="donat", why=(
+            "dynamic_nodonate['first'][0]: state the step returns updated but does not donate: XLA cannot reuse its buffers")),
+    ),
+    not_flagged=(
+        NotFlagged("the norm reduces dims {1,2} with a [64,128] scale: a last-axis "
+                   "layer_norm kernel computes other statistics", says="pallas_kernels.layer_norm"),
+        NotFlagged("no batch norm here: the pooled mean keeps the batch axis",
+                   evidence="batch-norm"),
+        NotFlagged("no rms norm here", says="rms_norm"),
+    ),
+)
