@@ -214,9 +214,19 @@ NOT_OPTIMIZED = (
 
 def is_optimized(module: HloModule) -> bool:
   """Whether XLA's optimization passes produced `module`: it is scheduled,
-  or it holds fusions (optimized HLO printed without its schedule)."""
-  return module.is_scheduled or any(
-      i.opcode == "fusion" for c in module.computations for i in c.instructions)
+  or it holds what only they write (optimized HLO printed without its
+  schedule): fusions, bitcasts (JAX lowers reshapes as reshapes), or a dot
+  or convolution rewritten into a library call (cuBLAS, cuDNN, oneDNN)."""
+  if module.is_scheduled:
+    return True
+  for c in module.computations:
+    for i in c.instructions:
+      if i.opcode in ("fusion", "bitcast"):
+        return True
+      if i.opcode == "custom-call" and \
+          custom_calls.classify(i).family in custom_calls.REWRITTEN_BY_XLA:
+        return True
+  return False
 
 
 def _merged(findings, extra) -> tuple:

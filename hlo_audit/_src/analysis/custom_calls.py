@@ -98,6 +98,12 @@ class CallClass:
     return bool(self.fused)
 
 
+#: Families of custom calls only XLA's backend passes write (a dot or
+#: convolution rewritten into a library call): HLO holding one is optimized.
+REWRITTEN_BY_XLA = frozenset({CallFamily.GEMM, CallFamily.CONVOLUTION,
+                              CallFamily.ATTENTION})
+
+
 def classify_target(target: str) -> tuple[CallFamily, str]:
   """(family, provider) of a custom-call target string."""
   if target in bt.NO_OP_TARGETS:

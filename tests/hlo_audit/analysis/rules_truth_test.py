@@ -120,3 +120,21 @@ def test_an_unoptimized_module_says_so_and_reports_no_findings():
   optimized = hlo_audit.audit_hlo(
       jax.jit(_router).lower(S((128, 32), F32), S((32, 8), F32)).compile().as_text())
   assert optimized.module.optimized and optimized.findings
+
+
+def test_a_library_call_or_bitcast_marks_optimized_hlo_without_a_schedule():
+  # XLA's own tests print optimized modules unscheduled and unfused: a gemm
+  # rewritten into cuBLASLt, or a bitcast, only its passes write.
+  gemm = """HloModule m
+ENTRY e (p0: f32[2,256], p1: f32[256,512]) -> f32[2,512] {
+  p0 = f32[2,256]{1,0} parameter(0)
+  p1 = f32[256,512]{1,0} parameter(1)
+  mm = (f32[2,512]{1,0}, s8[4194304]{0}) custom-call(p0, p1), custom_call_target="__cublas$lt$matmul", backend_config={"gemm_backend_config":{"epilogue":"RELU"}}
+  ROOT r = f32[2,512]{1,0} get-tuple-element(mm), index=0
+}"""
+  r = hlo_audit.audit_hlo(gemm)
+  assert r.module.optimized and not any("not optimized" in n for n in r.notes)
+  plain = gemm.replace('custom-call(p0, p1), custom_call_target="__cublas$lt$matmul", '
+                       'backend_config={"gemm_backend_config":{"epilogue":"RELU"}}',
+                       "custom-call(p0, p1), custom_call_target=\"my_op\"")
+  assert not hlo_audit.audit_hlo(plain).module.optimized
