@@ -6,6 +6,10 @@ them, compiled here to optimized HLO text (cached on disk between runs).
   optax AdamW, `jax.value_and_grad`), as in flax/examples/lm1b.
 * `equinox`: an Equinox transformer LM and its train step
   (`eqx.filter_value_and_grad`, optax AdamW), as in the Equinox docs.
+* `gpt`: a GPT-2-style causal LM in Flax linen (pre-LayerNorm blocks, tied
+  embeddings, dropout-free attention with a causal mask) and its train step
+  (optax AdamW with weight decay masked off biases and norms, gradient
+  clipping), as nanoGPT's Flax ports write it: held out from the tests.
 * Third-party real-model modules from ../shared/hlo_corpus/xla_benchmarks.
 """
 
@@ -170,8 +174,88 @@ def equinox_step(layers: int = 6, d_model: int = 256):
                                jax.ShapeDtypeStruct((4, 129), jnp.int32))
 
 
+def gpt_step(layers: int = 12, d_model: int = 384, heads: int = 6, seq: int = 256,
+             batch: int = 8, vocab: int = 8192):
+  """(jitted fn, args) of a GPT-2-style Flax linen LM train step."""
+  import flax.linen as nn
+  import jax
+  import jax.numpy as jnp
+  import optax
+  from flax.training import train_state
+
+  class CausalSelfAttention(nn.Module):
+    heads: int
+
+    @nn.compact
+    def __call__(self, x):
+      b, t, c = x.shape
+      qkv = nn.Dense(3 * c, name="c_attn")(x)
+      q, k, v = jnp.split(qkv, 3, axis=-1)
+      split = lambda a: a.reshape(b, t, self.heads, c // self.heads).transpose(0, 2, 1, 3)  # noqa: E731
+      q, k, v = split(q), split(k), split(v)
+      att = (q @ k.transpose(0, 1, 3, 2)) * (1.0 / jnp.sqrt(k.shape[-1]))
+      mask = jnp.tril(jnp.ones((t, t), bool))
+      att = jnp.where(mask, att, jnp.finfo(att.dtype).min)
+      att = jax.nn.softmax(att, axis=-1)
+      y = (att @ v).transpose(0, 2, 1, 3).reshape(b, t, c)
+      return nn.Dense(c, name="c_proj")(y)
+
+  class Block(nn.Module):
+    heads: int
+
+    @nn.compact
+    def __call__(self, x):
+      x = x + CausalSelfAttention(self.heads)(nn.LayerNorm(name="ln_1")(x))
+      h = nn.LayerNorm(name="ln_2")(x)
+      h = nn.Dense(4 * x.shape[-1], name="c_fc")(h)
+      h = nn.gelu(h, approximate=True)
+      return x + nn.Dense(x.shape[-1], name="c_proj")(h)
+
+  class GPT(nn.Module):
+    vocab: int
+    d_model: int
+    layers: int
+    heads: int
+    seq: int
+
+    @nn.compact
+    def __call__(self, idx):
+      wte = nn.Embed(self.vocab, self.d_model, name="wte")
+      wpe = nn.Embed(self.seq, self.d_model, name="wpe")
+      x = wte(idx) + wpe(jnp.arange(idx.shape[1])[None])
+      for i in range(self.layers):
+        x = Block(self.heads, name=f"h_{i}")(x)
+      x = nn.LayerNorm(name="ln_f")(x)
+      return wte.attend(x)  # tied output embedding
+
+  model = GPT(vocab, d_model, layers, heads, seq)
+
+  def decay_mask(params):
+    return jax.tree_util.tree_map_with_path(
+        lambda path, _: path[-1].key == "kernel" or path[-1].key == "embedding", params)
+
+  tx = optax.chain(optax.clip_by_global_norm(1.0),
+                   optax.adamw(6e-4, b1=0.9, b2=0.95, weight_decay=0.1, mask=decay_mask))
+
+  def create_state():
+    params = model.init(jax.random.PRNGKey(0), jnp.zeros((batch, seq), jnp.int32))
+    return train_state.TrainState.create(apply_fn=model.apply, params=params, tx=tx)
+
+  state = jax.eval_shape(create_state)
+
+  def train_step(state, batch_tokens):
+    def loss_fn(params):
+      logits = state.apply_fn(params, batch_tokens[:, :-1])
+      return optax.softmax_cross_entropy_with_integer_labels(
+          logits, batch_tokens[:, 1:]).mean()
+    loss, grads = jax.value_and_grad(loss_fn)(state.params)
+    return state.apply_gradients(grads=grads), loss
+
+  return jax.jit(train_step), (state, jax.ShapeDtypeStruct((batch, seq + 1), jnp.int32))
+
+
 BUILDERS: dict[str, Callable] = {
-    "example": example_step, "flax": flax_step, "equinox": equinox_step}
+    "example": example_step, "flax": flax_step, "equinox": equinox_step, "gpt": gpt_step}
 
 
 def compiled_text(kind: str, cache_dir: str | None, **sizes) -> tuple[str, float]:

@@ -60,6 +60,10 @@ class _Context:
   #: use: `_depends_on` walks the same kernels from every epilogue).
   _inputs: dict = dataclasses.field(default_factory=dict)
   _same: dict = dataclasses.field(default_factory=dict)
+  #: kernel name -> {(dims, broadcast dims): source dims} of the parameters
+  #: its fusion broadcasts (filled on first use: `_affine` asks of the same
+  #: kernels around every reduction).
+  _scales: dict = dataclasses.field(default_factory=dict)
 
   def users(self, comp: Computation, name: str) -> list[Instruction]:
     """Instructions of `comp` that read `name`, in text order."""
@@ -1603,19 +1607,31 @@ def _affine(ctx: _Context, r: Kernel, buf: Buffer, dims: tuple[int, ...],
   near |= {c for name in tuple(near) for b in ctx.writes.get(name, ())
            for c in b.consumers}
   for name in sorted(near):
-    k = ctx.kernels.get(name)
-    fused = _fused(ctx, k) if k is not None else None
-    if fused is None:
-      continue
-    for i in fused.instructions:
-      if i.opcode != "broadcast" or i.shape is None or tuple(i.shape.dims) != dims:
-        continue
-      if tuple(i.dimensions or ()) != axes or not i.operands:
-        continue
-      src = _through_bitcasts(fused, i.operands[0])
-      if src is not None and src.opcode == "parameter":
-        return tuple(src.shape.dims)
+    found = _broadcast_scales(ctx, name).get((dims, axes))
+    if found is not None:
+      return found
   return None
+
+
+def _broadcast_scales(ctx: _Context, name: str) -> dict:
+  """{(dims, broadcast dims): source dims} of the fusion parameters kernel
+  `name` broadcasts (the first of each kind, in text order)."""
+  table = ctx._scales.get(name)
+  if table is not None:
+    return table
+  table = ctx._scales[name] = {}
+  k = ctx.kernels.get(name)
+  fused = _fused(ctx, k) if k is not None else None
+  for i in fused.instructions if fused is not None else ():
+    if i.opcode != "broadcast" or i.shape is None or not i.operands:
+      continue
+    key = (tuple(i.shape.dims), tuple(i.dimensions or ()))
+    if key in table:
+      continue
+    src = _through_bitcasts(fused, i.operands[0])
+    if src is not None and src.opcode == "parameter":
+      table[key] = tuple(src.shape.dims)
+  return table
 
 
 def _reduction_pattern(ctx: _Context, r: Kernel, producer: Kernel,
