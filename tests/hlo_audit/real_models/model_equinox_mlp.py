@@ -46,8 +46,9 @@ def build():
   opt_state = optim.init(eqx.filter(model, eqx.is_array))
   x = jnp.zeros((BATCH, IN), jnp.float32)
   y = jnp.zeros((BATCH, OUT), jnp.float32)
-  # eqx.filter_jit's own lowering; `.lowered` is the jax stage underneath.
-  return make_step.lower(model, opt_state, x, y).lowered, ()
+  # eqx.filter_jit itself: the audit lowers it (its `.lowered` is jax's stage),
+  # for this machine or for a target.
+  return make_step, (model, opt_state, x, y)
 
 
 # ------------------------------------------------------------ ground truth --
