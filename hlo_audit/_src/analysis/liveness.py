@@ -35,6 +35,7 @@ from hlo_audit._src.analysis.buffer_sharing import HeapModel, heap_model
 from hlo_audit._src.analysis.heap_packing import HeapValue, pack_heap
 from hlo_audit._src.analysis.dataflow import Dataflow, ValueId
 from hlo_audit._src.analysis.schedule import Schedule
+from hlo_audit._src.analysis.tuple_tables import tuple_tables
 from hlo_audit._src.hlo.ir import Computation, HloModule
 
 
@@ -68,8 +69,9 @@ class Liveness:
   #: Buffers live at `peak_time` (allocation and heap buffers alike).
   live_at_peak: tuple[ValueId, ...]
   #: Bytes the heap's packing adds to the most bytes live at once (XLA:GPU
-  #: packs its temporaries by best fit: heap_packing.py); 0 where the heap
-  #: is the most bytes live at once. `peak_heap_bytes` includes it.
+  #: packs its temporaries, and the tuples' pointer tables, by best fit:
+  #: heap_packing.py, tuple_tables.py); 0 where the heap is the most bytes
+  #: live at once. `peak_heap_bytes` includes it.
   fragmentation_bytes: int = 0
 
   @property
@@ -166,7 +168,7 @@ def analyze_liveness(module: HloModule, schedule: Schedule,
   if model.packing_alignment is not None:
     peak_heap = max(live_heap, _packed_heap(
         dataflow, comps, heap, value_ranges, sizes, sharer, model.packing_alignment,
-        edits.extra if edits is not None else ()))
+        edits.extra if edits is not None else (), tables.tuple_tables()))
   fixed = sum(allocation_sizes)
   live_at_peak = tuple(b for b, (s, e) in ranges.items() if s <= peak_time <= e)
   return Liveness(
@@ -186,13 +188,16 @@ def analyze_liveness(module: HloModule, schedule: Schedule,
 
 
 def _packed_heap(dataflow, comps, heap, value_ranges, sizes, sharer, alignment,
-                 extra) -> int:
-  """The heap's size as XLA's best-fit packing of its values makes it."""
+                 extra, tables) -> int:
+  """The heap's size as XLA's best-fit packing of its values makes it, with
+  the tuple values' pointer tables."""
   in_heap = set(heap)
   values = [HeapValue(v, *value_ranges[v], sizes[b], b)
             for v, b in dataflow.buffer_of.items() if b in in_heap]
   values += [HeapValue(("<recomputed>", (i,)), s, e, size, ("<recomputed>", (i,)))
              for i, (s, e, size) in enumerate(extra)]
+  values += [HeapValue(("<table>",) + t.value, t.start, t.end, t.size, ("<table>",) + t.buffer)
+             for t in tables]
 
   def operands(v):
     value = dataflow.values.get(v)
@@ -214,7 +219,7 @@ class _Tables:
 
   __slots__ = ("module", "schedule", "dataflow", "comps", "value_ranges",
                "parameter_buffers", "output_buffers", "sizes", "order", "sharer",
-               "position", "unextended", "model")
+               "position", "unextended", "model", "use_time", "_tables")
 
   def __init__(self, module: HloModule, schedule: Schedule, dataflow: Dataflow,
                base: _Tables | None = None, model: HeapModel | None = None):
@@ -228,7 +233,7 @@ class _Tables:
     if base is None:
       time = schedule.time
       ranges: dict[ValueId, list[int]] = {}
-      use_time = _use_times(comps, time, span)
+      use_time = self.use_time = _use_times(comps, time, span)
       for vid, value in dataflow.values.items():
         inst = comps[value.computation].instruction(vid[0])
         t = time[vid[0]]
@@ -245,6 +250,7 @@ class _Tables:
             ranges[vid][1] = max(ranges[vid][1], span[comp_name][1])
       value_ranges = {v: tuple(r) for v, r in ranges.items()}
     else:
+      self.use_time = base.use_time
       # The same values and uses: only the read-only parameters' extension
       # to the end depends on the aliases.
       value_ranges = dict(base.value_ranges)
@@ -292,8 +298,15 @@ class _Tables:
                                                 buffer_id(b)))
     # The sharer reads values, holds and computations only.
     self.model = (model or heap_model("")) if base is None else base.model
+    self._tables = None if base is None else base._tables
     self.sharer = (_Sharer(module, comps, dataflow, self.model.can_share)
                    if base is None else base.sharer)
+
+  def tuple_tables(self) -> list:
+    """The tuple values' pointer tables on the heap (tuple_tables.py)."""
+    if self._tables is None:
+      self._tables = tuple_tables(self.module, self.schedule, self.comps, self.use_time)
+    return self._tables
 
   def serves(self, module: HloModule, schedule: Schedule, dataflow: Dataflow) -> bool:
     return (self.module is module and self.schedule is schedule and

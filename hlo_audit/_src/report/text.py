@@ -151,7 +151,8 @@ def peak_line(report) -> str:
 def _holes(report) -> str:
   """What a packed heap (XLA:GPU's) adds to the most bytes live at once."""
   holes = getattr(getattr(report.program, "liveness", None), "fragmentation_bytes", 0)
-  return f", {fmt_bytes(holes)} of it holes left by XLA's best-fit packing" if holes else ""
+  return (f", {fmt_bytes(holes)} of it tuple pointer tables and holes left by XLA's "
+          "best-fit packing") if holes else ""
 
 
 def _what_if_peak(report) -> str:
