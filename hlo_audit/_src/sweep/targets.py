@@ -251,6 +251,8 @@ def audit_summary(report) -> dict[str, Any]:
       "schedule_length": report.module.schedule_length,
       "flops": cost.get("flops"),
       "platform": report.module.platform,
+      # Only for a GPU target: earlier records keep their keys.
+      **({"target": report.module.target} if report.module.target else {}),
   }
 
 
