@@ -89,7 +89,9 @@ def _summary_dict(report) -> dict:
           "kernels_by_kind": dict(report.kernels_by_kind()),
           "peak_bytes": report.peak_bytes,
           "materialized_bytes": report.materialized_bytes,
-          "bytes_saved": report.bytes_saved, "findings": by_class}
+          "bytes_saved": report.bytes_saved, "findings": by_class,
+          **({"platform": report.module.platform, "target": report.module.target}
+             if report.module.target else {})}
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -234,13 +236,14 @@ def run_swap(fn, fn_args, args: argparse.Namespace, out=None, *, target=None) ->
       lines += ["", f"target {target.label} (both programs compiled for it here):",
                 *("  " + line for line in check.lines())]
     out.write("\n".join(lines) + "\n")
+  failed = False
   if not result.passed:
     print(f"hlo-audit: verification failed: {result.verdict}", file=sys.stderr)
-    return ExitCode.FINDINGS
+    failed = True
   if check is not None and not check.passed:
     print(f"hlo-audit: target check failed on {target.label}: "
           + ("no compiled kernel in the swapped program" if not check.kernels_compiled
              else "the what-if prediction is off by more than "
                   f"{100 * WHAT_IF_TOLERANCE:.0f}%"), file=sys.stderr)
-    return ExitCode.FINDINGS
-  return ExitCode.OK
+    failed = True
+  return ExitCode.FINDINGS if failed else ExitCode.OK
