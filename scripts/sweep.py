@@ -35,10 +35,16 @@ Example (20 points of the training step at small sizes, two processes):
   python scripts/sweep.py --target=example --out=out/sweep --jobs=2 \
       --grid='batch=1,2;seq=8,16,32,64,128;dtype=float32,bfloat16' \
       --grid='d_model=32;heads=2;d_ff=64;vocab=64'
+
+The same points as XLA compiles them for an H200, on any machine
+(pip install 'hlo-audit[gpu-target]'):
+  python scripts/sweep.py --target=example --gpu_target=h200 --out=out/sweep_h200 \
+      --grid='batch=1,2;seq=32,64' --grid='d_model=32;heads=2;d_ff=64;vocab=64'
 """
 
 from __future__ import annotations
 
+import os
 import pathlib
 import shlex
 import sys
@@ -90,6 +96,11 @@ _PLOT_X = flags.DEFINE_string(
     "with the most values).")
 _PROGRESS = flags.DEFINE_boolean(
     "progress", True, "Show a progress bar and a line per point on stderr.")
+_GPU_TARGET = flags.DEFINE_string(
+    "gpu_target", None, "Compile each point for this GPU (h200, h100, b200, ... or a "
+    "GpuTargetConfigProto file; `hlo-audit targets` lists them) on this machine; "
+    "needs pip install 'hlo-audit[gpu-target]'. (--target names what is swept.)")
+_GPUS = flags.DEFINE_integer("gpus", None, "With --gpu_target: a topology of N GPUs.")
 
 flags.mark_flag_as_required("target")
 flags.mark_flag_as_required("out")
@@ -109,12 +120,19 @@ def options_from_flags(argv: list[str]) -> SweepOptions:
   if _POINT_TIMEOUT.value is not None and _JOBS.value == 0:
     raise app.UsageError("--point_timeout needs worker processes (--jobs >= 1)",
                          exitcode=2)
+  if _GPUS.value is not None and _GPU_TARGET.value is None:
+    raise app.UsageError("--gpus needs --gpu_target (e.g. --gpu_target=h200)", exitcode=2)
+  if _GPU_TARGET.value is not None:
+    # Before JAX starts: the CUDA plugin starts without a GPU only on the CPU
+    # platform (workers inherit it).
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
   return SweepOptions(
       target=_TARGET.value, out=_OUT.value,
       grid=";".join(_GRID.value) or None, grid_file=_GRID_FILE.value,
       args=_ARGS.value,
       measure=Measure(validate=_VALIDATE.value, time=_TIME.value,
-                      repeats=_REPEATS.value, warmup=_WARMUP.value, seed=_SEED.value),
+                      repeats=_REPEATS.value, warmup=_WARMUP.value, seed=_SEED.value,
+                      device=_GPU_TARGET.value, gpus=_GPUS.value),
       jobs=_JOBS.value, num_shards=_NUM_SHARDS.value, shard_index=_SHARD_INDEX.value,
       retry_failed=_RETRY_FAILED.value, point_timeout=_POINT_TIMEOUT.value,
       point_reports=_POINT_REPORTS.value, report_only=_REPORT_ONLY.value,

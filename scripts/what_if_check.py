@@ -13,8 +13,13 @@ interpret mode, as loops whose carried state XLA copies and pads, so that
 program measures the interpreter, not the fusion: the row is shown (with the
 interpreted kernels' internal buffers taken out) but not judged.
 
+With --target NAME (h200, h100, b200, ...: `hlo-audit targets`) every
+program is XLA's for that GPU, compiled on this machine (pip install
+'hlo-audit[gpu-target]'); the data-parallel row uses four of them. The swap
+row is judged there only when the swapped program holds compiled kernels.
+
 Usage:
-  python scripts/what_if_check.py [--swap]
+  python scripts/what_if_check.py [--swap] [--target=h200]
 """
 
 from __future__ import annotations
@@ -23,7 +28,10 @@ import os
 import pathlib
 import sys
 
-# Host devices for the data-parallel rows, before JAX starts.
+# Host devices for the data-parallel rows, before JAX starts; with --target,
+# the CUDA plugin starts without a GPU on the CPU platform only.
+if any(a.startswith("--target") for a in sys.argv[1:]):
+  os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ["XLA_FLAGS"] = " ".join(
     [os.environ.get("XLA_FLAGS", ""), "--xla_force_host_platform_device_count=4"]).strip()
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
@@ -47,47 +55,69 @@ def _step(params, opt, x):
   return jax.tree.map(lambda p, m: p - 0.01 * m, params, new_opt), new_opt
 
 
-def _donation_rows():
+def _donation_rows(target=None):
   S = jax.ShapeDtypeStruct
   params = {"dense": {"kernel": S((512, 512), jnp.float32), "bias": S((512,), jnp.float32)},
             "out": {"kernel": S((512, 256), jnp.float32)}}
   x = S((64, 512), jnp.float32)
-  yield ("MLP train step, donate_argnums=(0, 1)",
-         hlo_audit.audit(jax.jit(_step), params, params, x), {"donate": [0, 1]},
-         hlo_audit.audit(jax.jit(_step, donate_argnums=(0, 1)), params, params, x), 0)
+  on = f" on {target.label}" if target is not None else ""
+  yield (f"MLP train step{on}, donate_argnums=(0, 1)",
+         hlo_audit.audit(jax.jit(_step), params, params, x, target=target), {"donate": [0, 1]},
+         hlo_audit.audit(jax.jit(_step, donate_argnums=(0, 1)), params, params, x,
+                         target=target), 0)
   fn, args = transformer.example()
   donated = jax.jit(transformer.train_step, static_argnums=(2,), donate_argnums=(0,))
-  yield ("example train_step, donate_argnums=(0,)", hlo_audit.audit(fn, *args),
-         {"donate": [0]}, hlo_audit.audit(donated, *args), 0)
-  dp = data_parallel(args, 4)
-  yield ("example train_step on 4 devices (data parallel), donate_argnums=(0,)",
-         hlo_audit.audit(fn, *dp), {"donate": [0]}, hlo_audit.audit(donated, *dp), 0)
+  yield (f"example train_step{on}, donate_argnums=(0,)",
+         hlo_audit.audit(fn, *args, target=target),
+         {"donate": [0]}, hlo_audit.audit(donated, *args, target=target), 0)
+  four = hlo_audit.get_target(target, gpus=4) if target is not None else None
+  dp = data_parallel(args, 4, four)
+  yield (f"example train_step on 4 {'GPUs' if four else 'devices'} (data parallel), "
+         "donate_argnums=(0,)", hlo_audit.audit(fn, *dp, target=four), {"donate": [0]},
+         hlo_audit.audit(donated, *dp, target=four), 0)
 
 
-def _swap_row():
+def _swap_row(target=None):
   import pallas_kernels
-  from hlo_audit._src.cli.swap_cmd import _concrete_args, swapped_example
+  from hlo_audit._src.cli.swap_cmd import _concrete_args, swapped_example, target_check
 
   fn, args = transformer.example()
   cfg = args[2]
   params, tokens = _concrete_args(cfg)
-  baseline, swapped, _ = swapped_example(fn, cfg)
-  result = pallas_kernels.verify(baseline, swapped, params, tokens)
+  baseline, swapped, loss = swapped_example(fn, cfg)
+  options = {"target": target} if target is not None else {}
+  result = pallas_kernels.verify(baseline, swapped, params, tokens, **options)
   before, after = result.before, result.after
   gone = [f for f in result.diff.findings_removed if f.boundary and f.kind.slug in (
       "unfused-epilogue", "unfused-prologue", "separate-reduction")]
   live = set(after.live_at_peak)
   internal = sum(b.bytes for b in after.buffers if b.internal and b.name in live)
-  interpreted = jax.default_backend() != "gpu"
+  if target is not None:
+    check = target_check(target.label, len(loss.report(params, tokens).replaced),
+                         before, after, result.diff)
+    interpreted = not check.kernels_compiled
+  else:
+    interpreted = jax.default_backend() != "gpu"
   return (f"example swap: {len(gone)} fusions pallas_kernels.swap performs"
+          + (f" on {target.label}" if target is not None else "")
           + (" (interpret mode: not judged)" if interpreted else ""),
           before, {"fuse": gone}, after, internal)
 
 
+def _target(argv: list[str]):
+  for i, a in enumerate(argv):
+    if a.startswith("--target="):
+      return hlo_audit.get_target(a.split("=", 1)[1])
+    if a == "--target" and i + 1 < len(argv):
+      return hlo_audit.get_target(argv[i + 1])
+  return None
+
+
 def main(argv: list[str]) -> int:
-  rows = list(_donation_rows())
+  target = _target(argv)
+  rows = list(_donation_rows(target))
   if "--swap" in argv:
-    rows.append(_swap_row())
+    rows.append(_swap_row(target))
   print("| change | original peak | predicted | measured (XLA) | error | measured less "
         "interpreted kernels' internals | error |")
   print("|---|---:|---:|---:|---:|---:|---:|")

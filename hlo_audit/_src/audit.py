@@ -12,6 +12,7 @@ import os
 from typing import Any
 
 from hlo_audit._src.analysis import custom_calls
+from hlo_audit._src.analysis.buffer_sharing import infer_platform
 from hlo_audit._src.analysis.buffers import find_buffers
 from hlo_audit._src.analysis.collectives import find_collective_findings, find_collectives
 from hlo_audit._src.analysis.dataflow import analyze_dataflow
@@ -121,7 +122,9 @@ def _audit_capture(cap: Capture, options: AuditOptions) -> AuditReport:
   schedule = flatten_schedule(module)
   dataflow = analyze_dataflow(module, schedule)
   cache: dict = {}  # tables the what-if replays share with this run
-  liveness = analyze_liveness(module, schedule, dataflow, cache=cache)
+  # Whose buffer-sharing rules apply: the capture's backend, else the HLO's marks.
+  platform = cap.platform or infer_platform(module)
+  liveness = analyze_liveness(module, schedule, dataflow, cache=cache, platform=platform)
   libraries = installed_libraries(options.kernel_libraries)
   # A kernel library's internals are not the user's code either.
   paths = {"library_paths": options.library_paths + tuple(
@@ -138,7 +141,8 @@ def _audit_capture(cap: Capture, options: AuditOptions) -> AuditReport:
   findings = add_suggestions(findings, module, libraries)
   program = Program(module=module, schedule=schedule, dataflow=dataflow,
                     liveness=liveness,
-                    arguments=arguments_of(module, cap.argument_names), cache=cache)
+                    arguments=arguments_of(module, cap.argument_names), cache=cache,
+                    platform=platform)
   # Every finding's peak after its change alone (what_if.py), then the
   # memory findings, which carry their own.
   fusions = [(f.boundary, f.producer, f.consumers)

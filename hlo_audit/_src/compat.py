@@ -69,6 +69,13 @@ def _jaxlib_at_least(*version: int) -> bool:
 #: builds, after the wrapped op; up to 0.10.2 the wrapper holds the op alone.
 XLA_ASYNC_START_BINDS_MISSING_PARAMS: bool = _jaxlib_at_least(0, 11)
 
+#: Since jaxlib 0.11 XLA's dumps write a get-tuple-element they leave out as
+#: an operand `%t#0` (`%t#1#0` nested), and its parser reads them back,
+#: making the get-tuple-element right before its first reader, named `t_0`
+#: (made unique). hlo_audit reads them on every jaxlib: dumps travel between
+#: machines; 0.10.2's own parser rejects them.
+XLA_PARSES_TUPLE_ELEMENT_OPERANDS: bool = _jaxlib_at_least(0, 11)
+
 # ----------------------------------------------------- XLA:GPU specs ----
 
 #: Fields of XLA's GPU spec protos that the installed jaxlib's XLA does not

@@ -13,7 +13,8 @@ numbers XLA reports (`memory_analysis()`, the buffer-assignment report):
    buffer first tries its operands' allocations, then the smallest existing
    allocation it fits, where "fits" means no live range overlaps, except that
    an output may start the moment an operand it can overwrite dies (XLA's
-   `CanShareBuffer`). Outputs that find none get their own allocation.
+   `CanShareBuffer`, whose rules differ by backend: buffer_sharing.py).
+   Outputs that find none get their own allocation.
 2. The heap: temporaries that found no allocation. Its peak is the largest sum
    of temporaries live at one time, an output again taking the memory of an
    operand that dies where it is written.
@@ -30,10 +31,12 @@ import dataclasses
 import types
 from collections.abc import Mapping
 
-from hlo_audit._src.analysis.dataflow import Dataflow, ValueId, in_place_pairs
+from hlo_audit._src.analysis.buffer_sharing import HeapModel, heap_model
+from hlo_audit._src.analysis.heap_packing import HeapValue, pack_heap
+from hlo_audit._src.analysis.dataflow import Dataflow, ValueId
 from hlo_audit._src.analysis.schedule import Schedule
-from hlo_audit._src.hlo import opcodes
-from hlo_audit._src.hlo.ir import Computation, HloModule, Instruction
+from hlo_audit._src.analysis.tuple_tables import tuple_tables
+from hlo_audit._src.hlo.ir import Computation, HloModule
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -65,6 +68,11 @@ class Liveness:
   peak_heap_bytes: int
   #: Buffers live at `peak_time` (allocation and heap buffers alike).
   live_at_peak: tuple[ValueId, ...]
+  #: Bytes the heap's packing adds to the most bytes live at once (XLA:GPU
+  #: packs its temporaries, and the tuples' pointer tables, by best fit:
+  #: heap_packing.py, tuple_tables.py); 0 where the heap is the most bytes
+  #: live at once. `peak_heap_bytes` includes it.
+  fragmentation_bytes: int = 0
 
   @property
   def allocation_bytes(self) -> int:
@@ -91,16 +99,18 @@ class LivenessEdits:
 
 def analyze_liveness(module: HloModule, schedule: Schedule,
                      dataflow: Dataflow, edits: LivenessEdits | None = None,
-                     cache: dict | None = None) -> Liveness:
+                     cache: dict | None = None, *, platform: str = "") -> Liveness:
   """Live ranges of `dataflow`'s values and buffers, and the peak memory;
   with `edits`, of the program those edits describe. `cache`: a dict kept
   between runs on the same module, schedule and dataflow (what-if replays),
-  where the tables no edit changes are made once."""
+  where the tables no edit changes are made once. `platform`: the backend
+  that compiled the module ("gpu", "cpu", ""), whose buffer-sharing rules
+  apply."""
   tables = cache.get("liveness_tables") if cache is not None else None
   if tables is None or not tables.serves(module, schedule, dataflow):
     base = tables if tables is not None and tables.extends_to(
         module, schedule, dataflow) else None
-    tables = _Tables(module, schedule, dataflow, base)
+    tables = _Tables(module, schedule, dataflow, base, heap_model(platform))
     if cache is not None and base is None:
       cache["liveness_tables"] = tables
   end = schedule.end
@@ -134,7 +144,9 @@ def analyze_liveness(module: HloModule, schedule: Schedule,
   allocation_of, allocation_sizes, heap = _assign(
       dataflow, order, comps, sizes, value_ranges, parameter_buffers,
       output_buffers, sharer)
-  heap_reuses = _heap_reuses(dataflow, schedule, comps, heap, ranges, sizes, sharer)
+  model = tables.model
+  heap_reuses = _heap_reuses(dataflow, schedule, comps, heap, ranges, sizes, sharer,
+                             strict=model.strict_operand_sharing)
 
   # Heap occupancy over time, buffers that take over another's memory merged.
   merged: dict[ValueId, list[int]] = {}
@@ -150,8 +162,13 @@ def analyze_liveness(module: HloModule, schedule: Schedule,
   if edits is not None:
     intervals.extend(edits.extra)
   heap_line = _timeline(intervals, end)
-  peak_heap = max(heap_line, default=0)
-  peak_time = heap_line.index(peak_heap) if heap_line else 0
+  live_heap = max(heap_line, default=0)
+  peak_time = heap_line.index(live_heap) if heap_line else 0
+  peak_heap = live_heap
+  if model.packing_alignment is not None:
+    peak_heap = max(live_heap, _packed_heap(
+        dataflow, comps, heap, value_ranges, sizes, sharer, model.packing_alignment,
+        edits.extra if edits is not None else (), tables.tuple_tables()))
   fixed = sum(allocation_sizes)
   live_at_peak = tuple(b for b, (s, e) in ranges.items() if s <= peak_time <= e)
   return Liveness(
@@ -166,7 +183,33 @@ def analyze_liveness(module: HloModule, schedule: Schedule,
       heap_reuses=types.MappingProxyType(heap_reuses),
       timeline=tuple(fixed + x for x in heap_line),
       peak_bytes=fixed + peak_heap, peak_time=peak_time,
-      peak_heap_bytes=peak_heap, live_at_peak=live_at_peak)
+      peak_heap_bytes=peak_heap, live_at_peak=live_at_peak,
+      fragmentation_bytes=peak_heap - live_heap)
+
+
+def _packed_heap(dataflow, comps, heap, value_ranges, sizes, sharer, alignment,
+                 extra, tables) -> int:
+  """The heap's size as XLA's best-fit packing of its values makes it, with
+  the tuple values' pointer tables."""
+  in_heap = set(heap)
+  values = [HeapValue(v, *value_ranges[v], sizes[b], b)
+            for v, b in dataflow.buffer_of.items() if b in in_heap]
+  values += [HeapValue(("<recomputed>", (i,)), s, e, size, ("<recomputed>", (i,)))
+             for i, (s, e, size) in enumerate(extra)]
+  values += [HeapValue(("<table>",) + t.value, t.start, t.end, t.size, ("<table>",) + t.buffer)
+             for t in tables]
+
+  def operands(v):
+    value = dataflow.values.get(v)
+    if value is None:
+      return ()
+    inst = comps[value.computation].instruction(v[0])
+    # XLA shares only with values the user's direct operands define.
+    return [ov for o in dict.fromkeys(inst.operands) for _, ov in dataflow.holds.get(o, ())
+            if ov[0] == o]
+
+  return pack_heap(values, alignment=alignment, operands=operands,
+                   may_overwrite=sharer.can_follow)
 
 
 class _Tables:
@@ -176,10 +219,10 @@ class _Tables:
 
   __slots__ = ("module", "schedule", "dataflow", "comps", "value_ranges",
                "parameter_buffers", "output_buffers", "sizes", "order", "sharer",
-               "position", "unextended")
+               "position", "unextended", "model", "use_time", "_tables")
 
   def __init__(self, module: HloModule, schedule: Schedule, dataflow: Dataflow,
-               base: _Tables | None = None):
+               base: _Tables | None = None, model: HeapModel | None = None):
     """`base`: tables this program only adds input/output aliases to (see
     `extends_to`); what aliases leave alone is taken from it."""
     self.module, self.schedule, self.dataflow = module, schedule, dataflow
@@ -190,14 +233,15 @@ class _Tables:
     if base is None:
       time = schedule.time
       ranges: dict[ValueId, list[int]] = {}
+      use_time = self.use_time = _use_times(comps, time, span)
       for vid, value in dataflow.values.items():
         inst = comps[value.computation].instruction(vid[0])
         t = time[vid[0]]
         start = span[value.computation][0] if inst.opcode == "parameter" else t
         last = t
         for user, _ in dataflow.uses.get(vid, ()):
-          ut = time.get(user)
-          if ut is not None and ut > last:
+          ut = use_time.get(user, -1)
+          if ut > last:
             last = ut
         ranges[vid] = [start, last]
       for comp_name, comp in comps.items():
@@ -206,6 +250,7 @@ class _Tables:
             ranges[vid][1] = max(ranges[vid][1], span[comp_name][1])
       value_ranges = {v: tuple(r) for v, r in ranges.items()}
     else:
+      self.use_time = base.use_time
       # The same values and uses: only the read-only parameters' extension
       # to the end depends on the aliases.
       value_ranges = dict(base.value_ranges)
@@ -232,9 +277,10 @@ class _Tables:
     # XLA's order: largest first, live-out first, then the earliest defining
     # instruction in post order (entry first). Models with many equal-sized
     # buffers depend on this tie-break.
-    position = self.position = (_post_order_positions(comps) if base is None
-                                else base.position)
-    sizes, outputs, buffers = self.sizes, self.output_buffers, dataflow.buffers
+    position, comp_rank = self.position = (_post_order_positions(comps) if base is None
+                                           else base.position)
+    sizes, outputs, buffers, values = (self.sizes, self.output_buffers, dataflow.buffers,
+                                       dataflow.values)
 
     def first(b):
       members = buffers[b]
@@ -242,9 +288,25 @@ class _Tables:
         return position.get(members[0][0], 0)
       return min(position.get(v[0], 0) for v in members)
 
-    self.order = sorted(buffers, key=lambda b: (-sizes[b], b not in outputs, first(b)))
+    def buffer_id(b):
+      # XLA's HloBuffer ids follow their first value's id: values are made
+      # callees first, in each computation's post order, index by index.
+      return min((comp_rank.get(values[v].computation, 0), position.get(v[0], 0), v[1])
+                 for v in buffers[b])
+
+    self.order = sorted(buffers, key=lambda b: (-sizes[b], b not in outputs, first(b),
+                                                buffer_id(b)))
     # The sharer reads values, holds and computations only.
-    self.sharer = _Sharer(module, comps, dataflow) if base is None else base.sharer
+    self.model = (model or heap_model("")) if base is None else base.model
+    self._tables = None if base is None else base._tables
+    self.sharer = (_Sharer(module, comps, dataflow, self.model.can_share)
+                   if base is None else base.sharer)
+
+  def tuple_tables(self) -> list:
+    """The tuple values' pointer tables on the heap (tuple_tables.py)."""
+    if self._tables is None:
+      self._tables = tuple_tables(self.module, self.schedule, self.comps, self.use_time)
+    return self._tables
 
   def serves(self, module: HloModule, schedule: Schedule, dataflow: Dataflow) -> bool:
     return (self.module is module and self.schedule is schedule and
@@ -261,13 +323,35 @@ class _Tables:
             self.dataflow.uses is dataflow.uses)
 
 
+def _use_times(comps: Mapping[str, Computation], time: Mapping[str, int],
+               span: Mapping[str, tuple[int, int]]) -> dict[str, int]:
+  """instruction -> the time its reading an operand's value counts, after
+  XLA's `HloValue` uses and `HloLiveRange`: a tuple or get-tuple-element
+  reads no array (only pointers: the forwarded value's readers count), and
+  a while's operands are done with when the loop starts (XLA's live-range
+  reports end them at the condition's parameter, the loop's first step)."""
+  out = {}
+  for comp in comps.values():
+    for inst in comp.instructions:
+      t = time.get(inst.name)
+      if t is None or inst.opcode in ("tuple", "get-tuple-element", "domain"):
+        continue
+      if inst.opcode == "while":
+        loop = [span[c][0] for c in inst.called_computation_names() if c in span]
+        if loop:
+          t = min(loop)
+      out[inst.name] = t
+  return out
+
+
 class _Sharer:
   """Answers XLA's "may this value start where that one ends?" question."""
 
-  def __init__(self, module, comps, dataflow):
+  def __init__(self, module, comps, dataflow, rule):
     self.module = module
     self.comps = comps
     self.dataflow = dataflow
+    self.rule = rule
     self._holders: dict[ValueId, list[str]] = {}
     for inst, pairs in dataflow.holds.items():
       for _, vid in pairs:
@@ -289,9 +373,8 @@ class _Sharer:
       holders = set(self._holders.get(operand, ()))
       for k, o in enumerate(user_inst.operands):
         if o in holders:
-          index = dict(self.dataflow.holds.get(o, ()))
-          if any(v == operand and idx == user[1] for idx, v in index.items()) and \
-              can_share_buffer(self.module, comp, user_inst, k, user[1]):
+          held = [idx for idx, v in self.dataflow.holds.get(o, ()) if v == operand]
+          if any(self.rule(self.module, comp, user_inst, k, idx, user[1]) for idx in held):
             result = True
             break
     self._cache[key] = result
@@ -510,11 +593,14 @@ def _assign(dataflow, order, comps, sizes, value_ranges, parameter_buffers,
   return allocation_of, [a.size for a in allocations], heap
 
 
-def _post_order_positions(comps: Mapping[str, Computation]) -> dict[str, int]:
+def _post_order_positions(comps: Mapping[str, Computation]
+                          ) -> tuple[dict[str, int], dict[str, int]]:
   """Instruction -> position in the order BufferAssigner sorts by: callers
   before callees (the reverse of a callee-first walk of the call graph) and,
   inside each computation, a depth-first post order from the instructions
-  without users, operands first to last (`MakeInstructionPostOrder`)."""
+  without users, control predecessors (last first) then operands (first to
+  last) (`MakeInstructionPostOrder`); and computation -> rank in a
+  callee-first walk (the order XLA makes values in)."""
   callee_first: list[str] = []
   seen: set[str] = set()
   for top in comps:
@@ -549,14 +635,20 @@ def _post_order_positions(comps: Mapping[str, Computation]) -> dict[str, int]:
           position[cur] = len(position)
         else:
           visiting.add(cur)
-          stack.extend(o for o in reversed(comp.instruction(cur).operands)
-                       if o not in position)
-  return position
+          inst = comp.instruction(cur)
+          stack.extend(o for o in reversed(inst.operands) if o not in position)
+          # Pushed last, so visited first (XLA's stack order).
+          stack.extend(o for o in inst.control_predecessors
+                       if o not in position and o in comp)
+  return position, {name: i for i, name in enumerate(callee_first)}
 
 
-def _heap_reuses(dataflow, schedule, comps, heap, ranges, sizes, sharer):
+def _heap_reuses(dataflow, schedule, comps, heap, ranges, sizes, sharer, *,
+                 strict: bool = False):
   """Heap buffers that take over a dying operand's heap memory in place (the
-  heap simulator's ShareWith): buffer -> the buffer whose memory it takes."""
+  heap simulator's ShareWith): buffer -> the buffer whose memory it takes.
+  `strict`: as XLA's heap simulator has it, only between buffers of one
+  value each, whatever their sizes."""
   in_heap = set(heap)
   reuses: dict[ValueId, ValueId] = {}
   taken: set[ValueId] = set()
@@ -569,8 +661,12 @@ def _heap_reuses(dataflow, schedule, comps, heap, ranges, sizes, sharer):
       for operand in user.operands:
         for idx, ov in dataflow.holds.get(operand, ()):
           ob = dataflow.buffer_of[ov]
-          if (ob in in_heap and ob not in taken and ob != b and idx == v[1] and
-              ranges[ob][1] == start and sizes[ob] >= sizes[b] and
+          if ob not in in_heap or strict and (
+              len(dataflow.buffers[b]) != 1 or len(dataflow.buffers[ob]) != 1
+              or ov[0] != operand):  # XLA: a value its direct operand defines
+            continue
+          if (ob not in taken and ob != b and
+              ranges[ob][1] == start and (strict or sizes[ob] >= sizes[b]) and
               sharer.can_follow(ov, v)):
             reuses[b] = ob
             taken.add(ob)
@@ -593,60 +689,3 @@ def _timeline(intervals, end: int) -> list[int]:
     cur += delta[t]
     out.append(cur)
   return out
-
-
-def can_share_buffer(module: HloModule, comp: Computation, user: Instruction,
-                     operand_number: int, index: tuple[int, ...]) -> bool:
-  """Whether `user`'s output at `index` may reuse its operand's memory.
-
-  After XLA's `HloDataflowAnalysis::CanShareBuffer`: same shape and layout,
-  and either an in-place pair, an elementwise op, or a loop/input fusion in
-  which the operand's parameter is only used elementwise up to the root.
-  """
-  operand = comp.instruction(user.operands[operand_number])
-  if operand.opcode == "constant":
-    return False
-  try:
-    out_shape = user.shape.subshape(index) if user.shape is not None else None
-    in_shape = operand.shape.subshape(index) if operand.shape is not None else None
-  except IndexError:
-    return False
-  if out_shape is None or in_shape is None or out_shape != in_shape:
-    return False
-  for out_index, k, operand_index in in_place_pairs(user, module):
-    if k == operand_number and out_index == index and operand_index == index:
-      return True
-  if user.opcode == "fusion":
-    if user.fusion_kind not in ("kLoop", "kInput"):
-      return False
-    calls = user.called_computations.get("calls", ())
-    if not calls or calls[0] not in module:
-      return False
-    return _uses_elementwise(module.computation(calls[0]), operand_number)
-  return user.opcode in opcodes.ELEMENTWISE and user.opcode not in (
-      "convert", "bitcast-convert", "reduce-precision")
-
-
-def _uses_elementwise(fused: Computation, parameter_number: int) -> bool:
-  """XLA's AreTransitiveUsesElementwiseOrTuple for a fused parameter."""
-  params = [p for p in fused.instructions if p.opcode == "parameter" and
-            p.parameter_number == parameter_number]
-  if not params:
-    return False
-  users: dict[str, list[Instruction]] = {}
-  for inst in fused.instructions:
-    for o in inst.operands:
-      users.setdefault(o, []).append(inst)
-  stack = [params[0].name]
-  seen = set()
-  while stack:
-    name = stack.pop()
-    if name in seen:
-      continue
-    seen.add(name)
-    for u in users.get(name, ()):
-      if u.opcode == "tuple" or u.opcode in opcodes.ELEMENTWISE:
-        stack.append(u.name)
-      else:
-        return False
-  return True

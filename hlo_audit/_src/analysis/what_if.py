@@ -95,6 +95,9 @@ class Program:
   arguments: tuple[Argument, ...] = ()
   #: Tables quick replays share (filled on first use).
   cache: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)
+  #: The backend that compiled it ("gpu", "cpu", ""): whose buffer-sharing
+  #: rules replays follow.
+  platform: str = ""
 
 
 # ---------------------------------------------------------------- naming ----
@@ -446,7 +449,8 @@ def replay(program: Program, *, fuse: Sequence[tuple[str, str, Sequence[str]]] =
       raise WhatIfError("a quick replay keeps the buffer assignment: donation changes it")
     return quick_peak(program, edits)
   # Tables shared between replays (a donated program's derived from them).
-  after = analyze_liveness(module, schedule, dataflow, edits, cache=program.cache)
+  after = analyze_liveness(module, schedule, dataflow, edits, cache=program.cache,
+                           platform=program.platform)
   return WhatIf(
       changes=tuple(changes), baseline_peak_bytes=base.peak_bytes,
       peak_bytes=after.peak_bytes, peak_time=after.peak_time,
@@ -487,7 +491,9 @@ def _heap_tables(program: Program) -> dict:
 
 def quick_peak(program: Program, edits: LivenessEdits) -> int:
   """The peak with `edits`, keeping `program`'s buffer assignment: only the
-  heap groups and allocations the edits touch are summed again."""
+  heap groups and allocations the edits touch are summed again. A packed
+  heap (XLA:GPU's) keeps the program's fragmentation: only a full replay
+  packs it again."""
   base, dataflow = program.liveness, program.dataflow
   cache = _heap_tables(program)
   root_of, groups, members_of = cache["root_of"], cache["groups"], cache["members_of"]
@@ -519,7 +525,7 @@ def quick_peak(program: Program, edits: LivenessEdits) -> int:
         line[max(s_, 0):min(e_, end - 1) + 1] += size
     for s_, e_, size in edits.extra:
       line[max(s_, 0):min(e_, end - 1) + 1] += size
-  return total + int(line.max(initial=0))
+  return total + int(line.max(initial=0)) + base.fragmentation_bytes
 
 
 class _Overlay:

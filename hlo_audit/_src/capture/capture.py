@@ -14,6 +14,11 @@ options; `capture(..., xla_reports=True)` compiles once more to get them (and
 the buffer assignment from the same reports, the files users get from
 `XLA_FLAGS=--xla_dump_to` on GPU and TPU). `Capture.xla_memory_source` says
 which source was used.
+
+`capture(fn, *args, target="h200")` compiles for a GPU this machine need
+not have, through a compile-only topology (target/target.py): the arguments
+get the target's shardings and the executable is XLA:GPU's (it carries no
+serialized buffer assignment; `memory_analysis()` stands in).
 """
 
 from __future__ import annotations

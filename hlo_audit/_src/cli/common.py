@@ -12,6 +12,7 @@ from hlo_audit._src.errors import HloParseError
 from hlo_audit._src.report import layout
 from hlo_audit._src.report.report import AuditReport, finding_kind
 from hlo_audit._src.report.units import fmt_bytes, parse_bytes
+from hlo_audit._src.target import wheels
 
 #: Text report width when stdout is not a terminal (and COLUMNS is unset).
 PIPED_WIDTH = layout.PIPED_WIDTH
@@ -142,7 +143,8 @@ def add_target_flags(p: argparse.ArgumentParser) -> None:
 def use_target(args: argparse.Namespace):
   """The `--target` the flags ask for (None without one), checked before
   anything starts JAX: the CUDA plugin starts without a GPU only when JAX
-  runs on the CPU (JAX_PLATFORMS=cpu, set here unless the user set it).
+  runs on the CPU (JAX_PLATFORMS=cpu, set here on a machine without an
+  NVIDIA GPU unless the user chose a platform).
 
   Raises:
     UsageError: for --gpus or --autotune-results without --target, and
@@ -158,8 +160,8 @@ def use_target(args: argparse.Namespace):
     return None
   if getattr(args, "devices", None):
     raise UsageError("--devices is for this machine's devices; with --target use --gpus")
-  os.environ.setdefault("JAX_PLATFORMS", "cpu")
-  from hlo_audit._src.target import wheels
+  if not wheels.has_nvidia_gpu():
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
   from hlo_audit._src.target.target import get_target
 
   target = get_target(name, gpus=gpus, autotune_results=results)

@@ -15,6 +15,7 @@ import sys
 from hlo_audit._src.cli import diff_cmd, example_cmd, file_cmd, run_cmd, targets_cmd
 from hlo_audit._src.cli.common import ExitCode, UsageError, describe_error
 from hlo_audit._src.errors import HloAuditError
+from hlo_audit._src.target import wheels
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -37,6 +38,9 @@ def run(argv: list[str] | None = None) -> ExitCode:
   except SystemExit as e:  # argparse printed the usage error
     return ExitCode.OK if e.code == 0 else ExitCode.USAGE
   verbose = getattr(args, "verbose", False)
+  # Before anything starts JAX: a CUDA plugin installed for --target on a
+  # machine without a GPU would print a traceback on every run otherwise.
+  wheels.cpu_unless_gpu()
   try:
     return args.handler(args)
   except (UsageError, HloAuditError, OSError) as e:

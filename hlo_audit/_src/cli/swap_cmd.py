@@ -1,6 +1,13 @@
 """`hlo-audit example --swap`: swap the installed kernel library's kernels
 into the built-in example, audit before and after, and run the acceptance gate.
 
+With `--target h200` both programs are XLA's for that GPU (compiled here, no
+GPU needed; numerics still run on this machine), and one more check holds:
+the swapped program must hold the library's kernels as compiled kernels
+(custom calls), and the what-if the audit of the original predicts for the
+fusions the swap made must be within 5% of XLA's footprint of the swapped
+program (`TargetCheck`).
+
 The training step differentiates inside (`jax.value_and_grad(loss_fn)`), and
 `swap` must see the forward program to recognise patterns, so the swapped
 step is `value_and_grad(swap(loss_fn))` followed by the example's SGD update:
@@ -12,12 +19,18 @@ step.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import json
 import sys
 from typing import Any
 
 from hlo_audit._src.cli.common import ExitCode, UsageError
+
+#: The what-if's predicted peak is judged within this of XLA's footprint.
+WHAT_IF_TOLERANCE = 0.05
+#: Finding classes a kernel swap closes (the what-if fuses these away).
+_SWAP_CLASSES = ("unfused-epilogue", "unfused-prologue", "separate-reduction")
 
 
 def swap_library():
@@ -76,7 +89,96 @@ def _summary_dict(report) -> dict:
           "kernels_by_kind": dict(report.kernels_by_kind()),
           "peak_bytes": report.peak_bytes,
           "materialized_bytes": report.materialized_bytes,
-          "bytes_saved": report.bytes_saved, "findings": by_class}
+          "bytes_saved": report.bytes_saved, "findings": by_class,
+          **({"platform": report.module.platform, "target": report.module.target}
+             if report.module.target else {})}
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TargetCheck:
+  """A swap compiled for a GPU target: are the kernels there, and does the
+  what-if of the original predict the swapped program's peak?"""
+
+  #: The target's label, e.g. "h200".
+  target: str
+  #: Ops the swap replaced.
+  swapped_ops: int
+  #: Kernels the swapped program for the target holds as custom calls
+  #: (Pallas/Triton, Mosaic GPU), and those XLA got as interpret-mode loops.
+  compiled_kernels: int
+  interpreted_kernels: int
+  #: Findings of the original the swap closed (the what-if fuses them).
+  fused: int
+  #: The original's peak, the what-if's prediction, and XLA's footprint of
+  #: the swapped program (None when XLA gave none).
+  baseline_peak: int
+  predicted_peak: int
+  measured_peak: int | None
+
+  @property
+  def error(self) -> float | None:
+    """(predicted - measured) / measured."""
+    if not self.measured_peak:
+      return None
+    return (self.predicted_peak - self.measured_peak) / self.measured_peak
+
+  @property
+  def kernels_compiled(self) -> bool:
+    return self.swapped_ops == 0 or self.compiled_kernels > 0
+
+  @property
+  def prediction_holds(self) -> bool:
+    return self.error is not None and abs(self.error) <= WHAT_IF_TOLERANCE
+
+  @property
+  def passed(self) -> bool:
+    return self.kernels_compiled and self.prediction_holds
+
+  def lines(self) -> list[str]:
+    from hlo_audit._src.report.units import fmt_bytes
+
+    kernels = (f"kernels on {self.target}: {self.compiled_kernels} compiled "
+               f"(custom calls) for {self.swapped_ops} swapped ops")
+    if not self.kernels_compiled:
+      kernels += (f": FAIL, the swapped program holds none ({self.interpreted_kernels} "
+                  "ran as interpret-mode loops): the library chose its backend from "
+                  "this machine, not from the target")
+    err = self.error
+    what_if = (f"what-if on {self.target}: fusing the {self.fused} closed findings predicts "
+               f"{fmt_bytes(self.predicted_peak)} (from {fmt_bytes(self.baseline_peak)}); "
+               f"XLA's footprint of the swapped program "
+               f"{fmt_bytes(self.measured_peak) if self.measured_peak else 'unknown'}")
+    if err is not None:
+      what_if += (f" ({100 * err:+.1f}%, tolerance {100 * WHAT_IF_TOLERANCE:.0f}%): "
+                  f"{'pass' if self.prediction_holds else 'FAIL'}")
+    if not self.kernels_compiled:
+      what_if += " (measured on interpret-mode loops, not kernels)"
+    return [kernels, what_if]
+
+  def to_dict(self) -> dict:
+    return {**dataclasses.asdict(self), "error": self.error,
+            "kernels_compiled": self.kernels_compiled,
+            "prediction_holds": self.prediction_holds, "passed": self.passed}
+
+
+def target_check(target: str, swapped_ops: int, before, after, diff) -> TargetCheck:
+  """The `TargetCheck` of a swap from the audits of the two programs
+  compiled for `target` and their diff."""
+  from hlo_audit._src.analysis.backend_traits import KernelKind, user_kernel_of
+
+  module = after.program.module if after.program is not None else None
+  compiled = 0
+  if module is not None:
+    compiled = sum(1 for c in module.computations for i in c.instructions
+                   if i.opcode == "custom-call" and user_kernel_of(i.custom_call_target or ""))
+  scoped = sum(1 for k in after.kernels if k.kind is KernelKind.PALLAS)
+  gone = [f for f in diff.findings_removed if f.boundary and f.kind.slug in _SWAP_CLASSES]
+  predicted = before.what_if(fuse=gone).peak_bytes
+  return TargetCheck(
+      target=target, swapped_ops=swapped_ops, compiled_kernels=compiled,
+      interpreted_kernels=max(scoped - compiled, 0), fused=len(gone),
+      baseline_peak=before.peak_bytes, predicted_peak=predicted,
+      measured_peak=after.xla_peak_bytes)
 
 
 def run_swap(fn, fn_args, args: argparse.Namespace, out=None, *, target=None) -> ExitCode:
@@ -87,9 +189,12 @@ def run_swap(fn, fn_args, args: argparse.Namespace, out=None, *, target=None) ->
     fn_args: (params, tokens, cfg), params and tokens may be abstract.
     args: the parsed CLI flags (`--json` is honoured).
     out: where to write (default stdout).
+    target: a `hlo_audit.Target`: audit both programs as XLA compiles them
+      for it, and add the `TargetCheck`.
 
   Returns:
-    ExitCode.OK when the acceptance gate passes, ExitCode.FINDINGS otherwise.
+    ExitCode.OK when the acceptance gate (and the target check) passes,
+    ExitCode.FINDINGS otherwise.
   """
   from hlo_audit._src.report.units import fmt_bytes, fmt_delta_bytes
 
@@ -99,13 +204,20 @@ def run_swap(fn, fn_args, args: argparse.Namespace, out=None, *, target=None) ->
   params, tokens = _concrete_args(cfg)
   baseline, swapped, loss = swapped_example(fn, cfg)
   report = loss.report(params, tokens)
-  result = library.verify(baseline, swapped, params, tokens, swap_report=report)
+  options = {"target": target} if target is not None else {}
+  result = library.verify(baseline, swapped, params, tokens, swap_report=report, **options)
   before, after, diff = result.before, result.after, result.diff
+  check = None
+  if target is not None:
+    check = target_check(target.label, len(getattr(report, "replaced", ())),
+                         before, after, diff)
   if getattr(args, "json", False):
     out.write(json.dumps({
         "swap": report.to_dict(), "before": _summary_dict(before),
         "after": _summary_dict(after), "diff": diff.to_dict(),
-        "verification": result.to_dict()}, indent=2) + "\n")
+        "verification": result.to_dict(),
+        **({"target_check": check.to_dict()} if check is not None else {})},
+        indent=2) + "\n")
   else:
     gone = [f for f in diff.findings_removed if f.kind.slug in
             ("unfused-epilogue", "unfused-prologue", "separate-reduction")]
@@ -120,8 +232,18 @@ def run_swap(fn, fn_args, args: argparse.Namespace, out=None, *, target=None) ->
               f"{f.source.file.rsplit('/', 1)[-1] + ':' + str(f.source.line) if f.source else '?'}"
               f" ({fmt_bytes(f.bytes_saved)})" for f in gone]
     lines += ["", "verification (acceptance gate):", str(result)]
+    if check is not None:
+      lines += ["", f"target {target.label} (both programs compiled for it here):",
+                *("  " + line for line in check.lines())]
     out.write("\n".join(lines) + "\n")
+  failed = False
   if not result.passed:
     print(f"hlo-audit: verification failed: {result.verdict}", file=sys.stderr)
-    return ExitCode.FINDINGS
-  return ExitCode.OK
+    failed = True
+  if check is not None and not check.passed:
+    print(f"hlo-audit: target check failed on {target.label}: "
+          + ("no compiled kernel in the swapped program" if not check.kernels_compiled
+             else "the what-if prediction is off by more than "
+                  f"{100 * WHAT_IF_TOLERANCE:.0f}%"), file=sys.stderr)
+    failed = True
+  return ExitCode.FINDINGS if failed else ExitCode.OK

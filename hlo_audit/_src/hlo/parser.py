@@ -249,7 +249,7 @@ class _Comp:
   """A computation being built."""
 
   __slots__ = ("name", "offset", "names", "root_name", "root_offset",
-               "is_entry", "thread", "param_count")
+               "is_entry", "thread", "param_count", "elements")
 
   def __init__(self, name: str, offset: int, is_entry: bool = False):
     self.name = name
@@ -260,6 +260,8 @@ class _Comp:
     self.is_entry = is_entry
     self.thread = "main"
     self.param_count = 0
+    #: (tuple, index path) -> the get-tuple-element made for `%tuple#i#j`.
+    self.elements: dict[tuple[str, tuple[int, ...]], str] = {}
 
 
 class _Parser:
@@ -1275,6 +1277,8 @@ class _Parser:
         out.append(self.parse_named_operand(comp))
       except HloParseError as named_error:
         lx.restore(state)
+        if lx.tok.kind is Tok.NAME and self.text.startswith("#", lx.tok.end):
+          raise  # `%t#i`: no nested instruction starts this way
         try:
           nested = self.parse_instruction_rhs(comp, "", lx.tok.start, False,
                                               depth=depth + 1)
@@ -1308,13 +1312,46 @@ class _Parser:
       lx.error(f"expected an operand name, found {grammar.describe(tok)}")
     name = tok.value
     lx.lex()
+    # `%t#1#0`: element 0 of element 1 of t's tuple, as XLA's dumps print a
+    # get-tuple-element they leave out.
+    path: list[tuple[int, int]] = []
+    while lx.tok.kind is Tok.OCTOTHORP:
+      lx.lex()
+      at = lx.tok.start
+      path.append((grammar.parse_int(lx, "a tuple index after '#'"), at))
     if lx.tok.kind not in (Tok.COMMA, Tok.RPAREN):
       lx.error(f"expected ',' or ')' after operand {name}")
     if name not in comp.names:
-      if self.single and self.scopes == 1 and shape is not None:
+      if self.single and self.scopes == 1 and shape is not None and not path:
         return self.missing_parameter(comp, name, shape, tok.start)  # type: ignore[arg-type]
       self.error(tok.start, f"operand {name} is not defined" + _UNDEFINED)
+    if path:
+      return self.tuple_element(comp, name, path)  # type: ignore[arg-type]
     return name  # type: ignore[return-value]
+
+  def tuple_element(self, comp: _Comp, name: str, path: list[tuple[int, int]]) -> str:
+    """The get-tuple-element chain `%name#i#j` stands for, made as XLA's
+    parser makes it: once per computation and path, right before its first
+    reader, named `name_i`, then `name_i_j` (made unique)."""
+    made = comp.elements
+    source, base = name, name
+    for depth, (index, at) in enumerate(path):
+      key = (name, tuple(i for i, _ in path[:depth + 1]))
+      base = f"{base}_{index}"
+      found = made.get(key)
+      if found is None:
+        shape = comp.names[source].shape
+        if shape is None or not shape.is_tuple or not 0 <= index < len(shape.tuple_shapes):
+          self.error(at, f"{source} has no tuple element {index}")
+        self.flush_pending_names()
+        found = made[key] = self.anon.unique(base)
+        # No offset: its attributes are not in the text to read back.
+        comp.names[found] = Instruction(
+            found, "get-tuple-element", shape.tuple_shapes[index], (source,),
+            types.MappingProxyType({"index": str(index)}), (), None, None, None, -1,
+            self.ctx)
+      source = found
+    return source
 
   def missing_parameter(self, comp: _Comp, name: str, shape: Shape, at: int) -> str:
     name = name or f"_{comp.param_count}"

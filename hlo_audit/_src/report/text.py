@@ -144,11 +144,19 @@ def record_fields(f: FusionDecisionRecord) -> list[tuple[str, str]]:
 
 def peak_line(report) -> str:
   ours = fmt_bytes(report.peak_bytes)
+  heap = fmt_bytes(report.heap_peak_bytes) + _holes(report)
   if report.xla_peak_bytes is None:
-    return f"peak {ours} (allocations {fmt_bytes(report.allocation_bytes)} + heap {fmt_bytes(report.heap_peak_bytes)}); XLA's peak unknown"
+    return f"peak {ours} (allocations {fmt_bytes(report.allocation_bytes)} + heap {heap}); XLA's peak unknown"
   return (f"peak {ours} (allocations {fmt_bytes(report.allocation_bytes)} + heap "
-          f"{fmt_bytes(report.heap_peak_bytes)}); XLA's {fmt_bytes(report.xla_peak_bytes)} "
+          f"{heap}); XLA's {fmt_bytes(report.xla_peak_bytes)} "
           f"({fmt_pct(report.peak_agreement)})") + _what_if_peak(report)
+
+
+def _holes(report) -> str:
+  """What a packed heap (XLA:GPU's) adds to the most bytes live at once."""
+  holes = getattr(getattr(report.program, "liveness", None), "fragmentation_bytes", 0)
+  return (f", {fmt_bytes(holes)} of it tuple pointer tables and holes left by XLA's "
+          "best-fit packing") if holes else ""
 
 
 def _what_if_peak(report) -> str:

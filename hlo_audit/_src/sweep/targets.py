@@ -66,6 +66,11 @@ class Measure:
   warmup: int = 2
   #: Seed of the random inputs.
   seed: int = 0
+  #: Compile each point for this GPU ("h200", a spec file) instead of this
+  #: machine; None: this machine's backend.
+  device: str | None = None
+  #: With `device`: a topology of this many GPUs.
+  gpus: int | None = None
 
   @property
   def identity(self) -> dict[str, Any]:
@@ -75,7 +80,22 @@ class Measure:
       out["seed"] = self.seed
     if self.time:
       out.update(repeats=self.repeats, warmup=self.warmup)
+    if self.device is not None:  # (absent otherwise: earlier ids stay valid)
+      out.update(device=self.device, gpus=self.gpus or 1)
     return out
+
+  def compile_target(self):
+    """The `hlo_audit.Target` points compile for, or None.
+
+    Raises:
+      GridError: when validation or timing is asked too (they run here).
+    """
+    if self.device is None:
+      return None
+    if self.validate or self.time:
+      raise GridError("validate/time run the kernel on this machine: not with a GPU target")
+    from hlo_audit._src.target.target import get_target
+    return get_target(self.device, gpus=self.gpus)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -231,18 +251,22 @@ def audit_summary(report) -> dict[str, Any]:
       "schedule_length": report.module.schedule_length,
       "flops": cost.get("flops"),
       "platform": report.module.platform,
+      # Only for a GPU target: earlier records keep their keys.
+      **({"target": report.module.target} if report.module.target else {}),
   }
 
 
 def compile_and_audit(fn, args, html_path: str | None = None,
-                      kwargs: Mapping[str, Any] | None = None) -> dict[str, Any]:
-  """Captures and audits `fn(*args)`; returns the audit summary, the HLO
-  fingerprint and the seconds spent compiling and analysing."""
+                      kwargs: Mapping[str, Any] | None = None,
+                      target: Any = None) -> dict[str, Any]:
+  """Captures and audits `fn(*args)` (for `target`, a GPU, when given);
+  returns the audit summary, the HLO fingerprint and the seconds spent
+  compiling and analysing."""
   from hlo_audit._src.audit import audit_capture
   from hlo_audit._src.capture.capture import capture
 
   t0 = time.perf_counter()
-  cap = capture(fn, *args, **(kwargs or {}))
+  cap = capture(fn, *args, target=target, **(kwargs or {}))
   t1 = time.perf_counter()
   report = audit_capture(cap)
   t2 = time.perf_counter()
@@ -281,7 +305,7 @@ class ExampleTarget(Target):
       raise GridError("validate/time apply to kernel targets only")
     cfg = TransformerConfig(**{k: v for k, v in params.items() if k != "backward"})
     fn, args = example(cfg, backward=bool(params["backward"]))
-    return compile_and_audit(fn, args, html_path)
+    return compile_and_audit(fn, args, html_path, target=measure.compile_target())
 
 
 # ------------------------------------------------- module:function ----
@@ -452,7 +476,7 @@ class FunctionTarget(Target):
     if static:
       # Bound as Python values, so the function sees them as static.
       fn = jax.jit(functools.partial(getattr(fn, "__wrapped__", fn), **static))
-    return compile_and_audit(fn, args, html_path)
+    return compile_and_audit(fn, args, html_path, target=measure.compile_target())
 
 
 # ------------------------------------------------------------ kernels ----
@@ -487,5 +511,6 @@ class KernelTarget(Target):
     return tuple(self._sweep.params)
 
   def run(self, params, measure, html_path=None):
-    return self._sweep.run(params, measure,
-                           lambda fn, args: compile_and_audit(fn, args, html_path))
+    target = measure.compile_target()
+    return self._sweep.run(params, measure, lambda fn, args: compile_and_audit(
+        fn, args, html_path, target=target))

@@ -10,7 +10,9 @@ or a CUDA toolkit on PATH). No cuDNN or cuBLAS wheel is needed: nothing runs.
 
 from __future__ import annotations
 
+import glob
 import importlib.metadata
+import os
 import shutil
 
 from hlo_audit._src import compat
@@ -63,3 +65,23 @@ def require_gpu_wheels() -> None:
     raise TargetError(f"compiling for a GPU target needs the CUDA plugin of jaxlib "
                       f"{compat.JAXLIB_VERSION_TEXT or '(not installed)'} ("
                       f"{'; '.join(found)}): {pip_command()}")
+
+
+def has_nvidia_gpu() -> bool:
+  """Whether the machine shows an NVIDIA GPU to its processes (Linux device
+  nodes), without starting JAX."""
+  return os.path.exists("/dev/nvidia0") or bool(glob.glob("/proc/driver/nvidia/gpus/*"))
+
+
+def cpu_unless_gpu(environ=os.environ) -> bool:
+  """Makes JAX start on the CPU (`JAX_PLATFORMS=cpu`) when the CUDA plugin is
+  installed on a machine without a GPU and the user chose no platform: the
+  plugin then starts without a GPU (a target compiles), and JAX prints no
+  traceback about the cuDNN it looks for. Call before JAX starts; returns
+  whether it set it."""
+  from hlo_audit._src.target import specs
+
+  if "JAX_PLATFORMS" in environ or specs.plugin_library() is None or has_nvidia_gpu():
+    return False
+  environ["JAX_PLATFORMS"] = "cpu"
+  return True

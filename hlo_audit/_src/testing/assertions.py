@@ -4,6 +4,8 @@ Each takes a function and its arguments (audited as `hlo_audit.audit` does:
 arrays or `jax.ShapeDtypeStruct`s, no data needed) or an `AuditReport`, and
 raises `AssertionError` whose message lists the offending finding groups, one
 line each with its source, so a failing test says what regressed and where.
+`target="h200"` audits the program XLA compiles for that GPU (on any
+machine: `hlo_audit.get_target`), so CI without a GPU can hold GPU fusions.
 """
 
 from __future__ import annotations
@@ -53,12 +55,17 @@ class Audited:
   module: HloModule | None = None
 
 
-def audited(fn_or_report: Any, *args: Any) -> Audited:
+def audited(fn_or_report: Any, *args: Any, target: Any = None) -> Audited:
   """Audits `fn_or_report` for `args`: a function, a Capture, a parsed
-  HloModule, or an AuditReport (taken as is)."""
+  HloModule, or an AuditReport (taken as is). `target`: the device to compile
+  a function for (a name, a spec file or a `Target`; functions only)."""
   from hlo_audit._src.audit import audit_capture
   from hlo_audit._src.capture.capture import Capture, capture
 
+  compiled = isinstance(fn_or_report, (AuditReport, Audited, HloModule, Capture))
+  if target is not None and compiled:
+    raise TypeError(f"target= compiles a function; a {type(fn_or_report).__name__} "
+                    "is compiled already")
   if isinstance(fn_or_report, AuditReport):
     if args:
       raise TypeError("an AuditReport takes no further arguments")
@@ -68,7 +75,8 @@ def audited(fn_or_report: Any, *args: Any) -> Audited:
   if isinstance(fn_or_report, HloModule):
     from hlo_audit._src.audit import audit_hlo
     return Audited(audit_hlo(fn_or_report), fn_or_report)
-  cap = fn_or_report if isinstance(fn_or_report, Capture) else capture(fn_or_report, *args)
+  cap = fn_or_report if isinstance(fn_or_report, Capture) else capture(
+      fn_or_report, *args, target=target)
   return Audited(audit_capture(cap), cap.module)
 
 
@@ -87,8 +95,8 @@ def select(report: AuditReport, kinds=None, min_bytes: int | str = 0,
 
 def assert_no_findings(fn_or_report: Any, *args: Any, kinds=None,
                        min_bytes: int | str = 0,
-                       where: str | Callable[[FusionDecisionRecord], bool] | None = None
-                       ) -> AuditReport:
+                       where: str | Callable[[FusionDecisionRecord], bool] | None = None,
+                       target: Any = None) -> AuditReport:
   """Fails when the audit finds a fusion gap.
 
   Args:
@@ -100,12 +108,15 @@ def assert_no_findings(fn_or_report: Any, *args: Any, kinds=None,
     min_bytes: ignore groups saving less per run (int or "1MiB").
     where: only findings whose source contains this text (e.g. "model.py:42"
       or "model.py"), or for which this predicate is true.
+    target: compile the function for this device instead of this machine's
+      ("h200", a spec file, a `hlo_audit.Target`); the same in every
+      assertion here.
 
   Returns:
     The report, for further checks.
   """
   __tracebackhide__ = True  # pytest shows the caller's line, not ours
-  a = audited(fn_or_report, *args)
+  a = audited(fn_or_report, *args, target=target)
   groups = select(a.report, kinds, min_bytes, where)
   if groups:
     what = ", ".join(sorted({g.kind.slug for g in groups}))
@@ -116,18 +127,20 @@ def assert_no_findings(fn_or_report: Any, *args: Any, kinds=None,
 
 
 def assert_no_copies(fn_or_report: Any, *args: Any, min_bytes: int | str = 0,
-                     where=None) -> AuditReport:
+                     where=None, target: Any = None) -> AuditReport:
   """Fails on standalone copies or transposes and on layout conflicts."""
   __tracebackhide__ = True  # pytest shows the caller's line, not ours
   return assert_no_findings(fn_or_report, *args, min_bytes=min_bytes, where=where,
-                            kinds=(FindingKind.STANDALONE_COPY, FindingKind.LAYOUT_CONFLICT))
+                            kinds=(FindingKind.STANDALONE_COPY, FindingKind.LAYOUT_CONFLICT),
+                            target=target)
 
 
-def assert_peak_below(fn_or_report: Any, *args: Any, bytes: int | str) -> AuditReport:  # noqa: A002
+def assert_peak_below(fn_or_report: Any, *args: Any, bytes: int | str,  # noqa: A002
+                      target: Any = None) -> AuditReport:
   """Fails when the audit's peak memory (XLA's accounting) reaches `bytes`;
   the message lists the largest buffers live at the peak."""
   __tracebackhide__ = True  # pytest shows the caller's line, not ours
-  a = audited(fn_or_report, *args)
+  a = audited(fn_or_report, *args, target=target)
   r, limit = a.report, parse_bytes(bytes)
   if r.peak_bytes < limit:
     return r
@@ -145,13 +158,13 @@ def assert_peak_below(fn_or_report: Any, *args: Any, bytes: int | str) -> AuditR
 
 
 def assert_kernel_count(fn_or_report: Any, *args: Any, at_most: int | None = None,
-                        at_least: int | None = None) -> AuditReport:
+                        at_least: int | None = None, target: Any = None) -> AuditReport:
   """Fails when the program launches more than `at_most` (or fewer than
   `at_least`) kernels; a kernel inside a loop body counts once."""
   __tracebackhide__ = True  # pytest shows the caller's line, not ours
   if at_most is None and at_least is None:
     raise TypeError("assert_kernel_count needs at_most= or at_least=")
-  a = audited(fn_or_report, *args)
+  a = audited(fn_or_report, *args, target=target)
   n = len(a.report.kernels)
   if (at_most is None or n <= at_most) and (at_least is None or n >= at_least):
     return a.report
@@ -164,8 +177,8 @@ def assert_kernel_count(fn_or_report: Any, *args: Any, at_most: int | None = Non
 
 
 def assert_fused(fn_or_report: Any, *args: Any, op: str, into: str = "dot",
-                 where: str | Callable[[FusionDecisionRecord], bool] | None = None
-                 ) -> AuditReport:
+                 where: str | Callable[[FusionDecisionRecord], bool] | None = None,
+                 target: Any = None) -> AuditReport:
   """Fails unless every kernel that runs `op` also runs `into`: the op is
   fused into the matmul's kernel, not applied to its result in another.
 
@@ -177,7 +190,7 @@ def assert_fused(fn_or_report: Any, *args: Any, op: str, into: str = "dot",
   their fused opcodes and library details only.
   """
   __tracebackhide__ = True  # pytest shows the caller's line, not ours
-  a = audited(fn_or_report, *args)
+  a = audited(fn_or_report, *args, target=target)
   r = a.report
   sig = {k.name: _signature(a.module, k) for k in r.kernels}
   running = [k for k in r.kernels if _runs(op, sig[k.name], k)

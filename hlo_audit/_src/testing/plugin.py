@@ -40,14 +40,15 @@ def snapshot_path(node, name: str | None = None) -> str:
 def hlo_audit_snapshot(request):
   """Audits a function (or takes a report) and compares its finding groups
   with the test's stored snapshot; returns the report. Keywords: `name`
-  (several snapshots in one test), `min_bytes` (ignore smaller groups)."""
+  (several snapshots in one test), `min_bytes` (ignore smaller groups),
+  `target` (compile for that GPU: "h200", a `hlo_audit.Target`)."""
   from hlo_audit._src.testing.assertions import audited
 
   update = request.config.getoption("hlo_audit_update")
   root = str(request.config.rootpath)
 
-  def check(fn_or_report, *args, name: str | None = None, min_bytes=0):
-    report = audited(fn_or_report, *args).report
+  def check(fn_or_report, *args, name: str | None = None, min_bytes=0, target=None):
+    report = audited(fn_or_report, *args, target=target).report
     current = snap.snapshot_of(report, root, min_bytes)
     path = snapshot_path(request.node, name)
     if update:

@@ -299,7 +299,7 @@ def _timing_gate(fj, gj, args, kwargs, repeats: int, interpreted: bool) -> Gate:
 
 def verify(f: Callable, g: Callable, *args: Any, grad_argnums: int | Sequence[int] | None = None,
            peak_tolerance: float = 0.05, repeats: int = 20, swap_report: Any = None,
-           **kwargs: Any) -> "VerificationReport":
+           target: Any = None, **kwargs: Any) -> "VerificationReport":
   """Runs the acceptance gate of replacing `f` by `g` (e.g. `swap(f)`).
 
   Args:
@@ -315,6 +315,8 @@ def verify(f: Callable, g: Callable, *args: Any, grad_argnums: int | Sequence[in
     swap_report: the `SwapReport` naming the replaced lines, when `g` is built
       from a swapped function rather than being one (e.g. a training step
       around a swapped loss).
+    target: audit both programs as XLA compiles them for this device (e.g.
+      "h200", `hlo_audit.get_target`); numerics still run on this machine.
     **kwargs: keyword arguments of both functions.
 
   Returns:
@@ -330,8 +332,8 @@ def verify(f: Callable, g: Callable, *args: Any, grad_argnums: int | Sequence[in
     raise ValueError("verify runs both functions: pass concrete arrays, not "
                      "ShapeDtypeStructs")
   fj, gj = jax.jit(f), jax.jit(g)
-  before = audit(fj, *args, **kwargs)
-  after = audit(gj, *args, **kwargs)
+  before = audit(fj, *args, target=target, **kwargs)
+  after = audit(gj, *args, target=target, **kwargs)
   diff = before.diff(after)
   if swap_report is None and isinstance(g, Swapped):
     swap_report = g.report(*args, **kwargs)

@@ -203,3 +203,90 @@ def test_no_allocation_holds_two_overlapping_buffers():
         if s2 >= e1:
           break
         assert b1 == b2 or s2 == e2 or s1 == e1, (i, b1, (s1, e1), b2, (s2, e2))
+
+
+GTE_READS = """
+HloModule gte, is_scheduled=true
+%fused (p0: f32[256]) -> (f32[256], f32[256]) {
+  %p0 = f32[256]{0} parameter(0)
+  %e = f32[256]{0} exponential(%p0)
+  %n = f32[256]{0} negate(%p0)
+  ROOT %t = (f32[256]{0}, f32[256]{0}) tuple(%e, %n)
+}
+ENTRY %main (x: f32[256]) -> (f32[256], f32[256]) {
+  %x = f32[256]{0} parameter(0)
+  %f = (f32[256]{0}, f32[256]{0}) fusion(%x), kind=kLoop, calls=%fused
+  %g0 = f32[256]{0} get-tuple-element(%f), index=0
+  %a = f32[256]{0} sqrt(%g0)
+  %g1 = f32[256]{0} get-tuple-element(%f), index=1
+  %b = f32[256]{0} tanh(%g1)
+  ROOT %t = (f32[256]{0}, f32[256]{0}) tuple(%a, %b)
+}
+"""
+
+
+def test_a_get_tuple_element_reads_no_other_element():
+  # XLA's HloValue uses: a get-tuple-element reads the tuple's pointers, not
+  # its arrays, so %f{0} dies at %a, not at %g1 (which reads element 1).
+  _, s, _, live = _analyze(GTE_READS)
+  assert live.value_ranges[("f", (0,))] == (s.time["f"], s.time["a"])
+  assert live.value_ranges[("f", (1,))] == (s.time["f"], s.time["b"])
+
+
+WHILE_INIT = """
+HloModule loop, is_scheduled=true
+%cond (c: (s32[], f32[64])) -> pred[] {
+  %c = (s32[], f32[64]{0}) parameter(0)
+  %i = s32[] get-tuple-element(%c), index=0
+  %n = s32[] constant(4)
+  ROOT %lt = pred[] compare(%i, %n), direction=LT
+}
+%body (p: (s32[], f32[64])) -> (s32[], f32[64]) {
+  %p = (s32[], f32[64]{0}) parameter(0)
+  %i = s32[] get-tuple-element(%p), index=0
+  %one = s32[] constant(1)
+  %j = s32[] add(%i, %one)
+  %v = f32[64]{0} get-tuple-element(%p), index=1
+  %w = f32[64]{0} exponential(%v)
+  ROOT %r = (s32[], f32[64]{0}) tuple(%j, %w)
+}
+ENTRY %main (x: f32[64]) -> f32[64] {
+  %x = f32[64]{0} parameter(0)
+  %z = s32[] constant(0)
+  %init = f32[64]{0} negate(%x)
+  %tup = (s32[], f32[64]{0}) tuple(%z, %init)
+  %loop = (s32[], f32[64]{0}) while(%tup), condition=%cond, body=%body
+  ROOT %out = f32[64]{0} get-tuple-element(%loop), index=1
+}
+"""
+
+
+def test_a_loops_initial_value_is_done_with_when_the_loop_starts():
+  # HloLiveRange: the while's use of its operand moves to the loop's start
+  # (the condition's parameter), before the loop and the while itself.
+  _, s, _, live = _analyze(WHILE_INIT)
+  assert s.time["c"] < s.time["p"] < s.time["loop"]
+  assert live.value_ranges[("init", ())] == (s.time["init"], s.time["c"])
+
+
+CONTROL = """
+HloModule order, is_scheduled=true
+ENTRY %main (x: f32[8]) -> (f32[8], f32[8]) {
+  %x = f32[8]{0} parameter(0)
+  %a = f32[8]{0} exponential(%x)
+  %b = f32[8]{0} negate(%x)
+  %c = f32[8]{0} sqrt(%a), control-predecessors={%b}
+  ROOT %t = (f32[8]{0}, f32[8]{0}) tuple(%c, %b)
+}
+"""
+
+
+def test_the_assigners_post_order_visits_control_predecessors_first():
+  # MakeInstructionPostOrder pushes control predecessors after operands, so
+  # %b (a control predecessor of %c) comes before %c's operand %a.
+  from hlo_audit._src.analysis.liveness import _post_order_positions
+
+  m = hlo_audit.parse_hlo(CONTROL)
+  position, _ = _post_order_positions({"main": m.entry})
+  order = sorted(position, key=position.get)
+  assert order.index("b") < order.index("a") < order.index("c") < order.index("t")

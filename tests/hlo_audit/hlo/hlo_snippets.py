@@ -8,6 +8,8 @@ the corpus is absent.
 
 from __future__ import annotations
 
+from hlo_audit._src import compat
+
 #: As XLA's GPU backend prints a scheduled module: header attributes, async
 #: collectives, a generic async pair, a custom-call-start that XLA wraps in a
 #: computation of its own, control predecessors, `/*index=N*/` comments.
@@ -208,6 +210,31 @@ ENTRY main {
 }
 """
 
+#: As XLA:GPU's dumps print a tuple's elements (jax 0.11 and newer): `%t#0`
+#: for a get-tuple-element they leave out, nested `%t#1#1`; a name the parser
+#: would give one (`t_1`) already taken.
+TUPLE_ELEMENTS = """\
+HloModule m, is_scheduled=true
+
+%fused (p0: f32[4]) -> (f32[4], f32[4]) {
+  %p0 = f32[4]{0} parameter(0)
+  %e = f32[4]{0} exponential(%p0)
+  %n = f32[4]{0} negate(%p0)
+  ROOT %r = (f32[4]{0}, f32[4]{0}) tuple(%e, %n)
+}
+
+ENTRY %main (x: f32[4], y: f32[4]) -> f32[4] {
+  %x = f32[4]{0} parameter(0)
+  %y = f32[4]{0} parameter(1)
+  %f = (f32[4]{0}, f32[4]{0}) fusion(%x), kind=kLoop, calls=%fused
+  %t = (f32[4]{0}, (f32[4]{0}, f32[4]{0})) tuple(%y, %f)
+  %t_1 = f32[4]{0} negate(%f#1)
+  %a = f32[4]{0} add(%t#0, %t_1)
+  %b = f32[4]{0} add(%t#1#1, %a)
+  ROOT %c = f32[4]{0} add(%b, %t#0)
+}
+"""
+
 #: One instruction, no module around it: XLA makes its operands parameters.
 SINGLE_INSTRUCTION = "ROOT r = f32[2] add(f32[2] x, f32[2] y)\n"
 
@@ -225,3 +252,5 @@ ALL = {
     "crlf": CONTROL_FLOW.replace("\n", "\r\n"),
     "cr_only": CONTROL_FLOW.replace("\n", "\r"),
 }
+if compat.XLA_PARSES_TUPLE_ELEMENT_OPERANDS:
+  ALL["tuple_elements"] = TUPLE_ELEMENTS

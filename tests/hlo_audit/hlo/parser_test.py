@@ -437,3 +437,36 @@ def test_nesting_within_the_limit_parses():
   for _ in range(depth):
     (s,) = s.tuple_shapes
   assert s == parse_shape("f32[2]")
+
+
+# ------------------------------------------- tuple elements in XLA dumps ----
+
+
+def test_tuple_element_operands_become_get_tuple_elements():
+  # XLA:GPU's dumps leave get-tuple-elements out and write `%t#i`; the parser
+  # makes them as XLA's does (checked against XLA in test_snippets_match_xla
+  # where the installed jaxlib reads them): right before the first reader,
+  # once per path, named after the tuple and made unique.
+  m = both_paths(hlo_snippets.TUPLE_ELEMENTS)
+  entry = m.entry
+  assert [i.name for i in entry.instructions] == [
+      "x", "y", "f", "t", "f_1", "t_1", "t_0", "a", "t_1.1", "t_1_1", "b", "c"]
+  gte = {i.name: i for i in entry.instructions if i.opcode == "get-tuple-element"}
+  assert {n: (i.operands, i.tuple_index, i.shape.dtype_str) for n, i in gte.items()} == {
+      "f_1": (("f",), 1, "f32[4]"), "t_0": (("t",), 0, "f32[4]"),
+      "t_1.1": (("t",), 1, "(f32[4], f32[4])"), "t_1_1": (("t_1.1",), 1, "f32[4]")}
+  assert entry.instruction("c").operands == ("b", "t_0")
+
+
+@pytest.mark.parametrize("operand, message", [
+    ("%t#2", "t has no tuple element 2"),
+    ("%x#0", "x has no tuple element 0"),
+    ("%t#", "expected a tuple index after '#'"),
+    ("%nope#0", "operand nope is not defined"),
+])
+def test_bad_tuple_element_operands(operand, message):
+  text = ("HloModule m\nENTRY e {\n  x = f32[4] parameter(0)\n"
+          "  t = (f32[4], f32[4]) tuple(x, x)\n"
+          f"  ROOT r = f32[4] negate({operand})\n}}\n")
+  with pytest.raises(HloParseError, match=message):
+    parse_hlo(text)

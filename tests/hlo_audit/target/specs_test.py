@@ -123,3 +123,20 @@ def test_missing_or_mismatched_wheels_name_the_pip_command(monkeypatch):
   have.update({"jax-cuda12-pjrt": "0.12.0.1", "jax-cuda12-plugin": "0.12.0.1",
                "nvidia-cuda-nvcc-cu12": "12.9.86"})
   assert wheels.problems() == []
+
+
+def test_jax_starts_on_the_cpu_where_the_plugin_has_no_gpu(monkeypatch):
+  from hlo_audit._src.target import specs as specs_mod
+
+  monkeypatch.setattr(specs_mod, "plugin_library", lambda: ("/x/xla_cuda_plugin.so", "p 1"))
+  monkeypatch.setattr(wheels, "has_nvidia_gpu", lambda: False)
+  env = {}
+  assert wheels.cpu_unless_gpu(env) and env == {"JAX_PLATFORMS": "cpu"}
+  env = {"JAX_PLATFORMS": "cuda"}  # the user's choice stands
+  assert not wheels.cpu_unless_gpu(env) and env == {"JAX_PLATFORMS": "cuda"}
+  monkeypatch.setattr(wheels, "has_nvidia_gpu", lambda: True)
+  env = {}
+  assert not wheels.cpu_unless_gpu(env) and env == {}
+  monkeypatch.setattr(wheels, "has_nvidia_gpu", lambda: False)
+  monkeypatch.setattr(specs_mod, "plugin_library", lambda: None)
+  assert not wheels.cpu_unless_gpu(env) and env == {}

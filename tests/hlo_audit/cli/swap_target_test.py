@@ -1,0 +1,97 @@
+"""`hlo-audit example --swap --target h200`: both programs compiled for an
+H200 on this machine, and the target check (kernels compiled, the what-if
+held against XLA's footprint of the swapped program).
+
+The kernel side -- ops choosing GPU or interpret from their operands' target
+-- is the kernel library's; until it does, the swapped H200 program holds
+interpret-mode loops, no kernel: the check fails and says so (the strict
+xfail below turns green, and then red, when that lands)."""
+
+from __future__ import annotations
+
+import io
+import json
+from contextlib import redirect_stderr, redirect_stdout
+
+import pytest
+
+from hlo_audit._src.analysis.kernel_library import installed_libraries
+from hlo_audit._src.cli import main
+from hlo_audit._src.cli.swap_cmd import WHAT_IF_TOLERANCE, TargetCheck
+from tests.gpu_target import require_gpu_target
+
+def _check(**kw) -> TargetCheck:
+  base = dict(target="h200", swapped_ops=6, compiled_kernels=6, interpreted_kernels=0,
+              fused=4, baseline_peak=1000, predicted_peak=900, measured_peak=920)
+  return TargetCheck(**{**base, **kw})
+
+
+def test_the_target_check_needs_kernels_and_a_close_prediction():
+  assert _check().passed and _check().error == pytest.approx(-20 / 920)
+  no_kernels = _check(compiled_kernels=0, interpreted_kernels=6)
+  assert not no_kernels.passed and not no_kernels.kernels_compiled
+  assert "FAIL, the swapped program holds none" in no_kernels.lines()[0]
+  off = _check(measured_peak=int(900 / (1 + 2 * WHAT_IF_TOLERANCE)))
+  assert not off.passed and "FAIL" in off.lines()[1]
+  assert not _check(measured_peak=None).passed
+  assert _check(swapped_ops=0, compiled_kernels=0).kernels_compiled
+
+
+@pytest.fixture(scope="module")
+def swap_json():
+  require_gpu_target()
+  if not installed_libraries().libraries:
+    pytest.skip("--swap needs a kernel library (pip install -e .: pallas_kernels)")
+  out, err = io.StringIO(), io.StringIO()
+  with redirect_stdout(out), redirect_stderr(err):
+    # The example at its own sizes, as `hlo-audit example --swap --target h200`
+    # runs it (at toy sizes interpret-mode loops outweigh what the swap saves).
+    code = main.run(["example", "--swap", "--target", "h200", "--json"])
+  return code, json.loads(out.getvalue()), err.getvalue()
+
+
+@pytest.mark.slow
+def test_swap_compiles_both_programs_for_the_h200(swap_json):
+  _, d, _ = swap_json
+  assert d["before"]["target"] == d["after"]["target"] == "h200"
+  assert d["before"]["platform"] == d["after"]["platform"] == "gpu"
+  gates = {g["name"]: g["status"] for g in d["verification"]["gates"]}
+  assert gates["numerics"] == "pass" and gates["intermediates removed"] == "pass"
+  # Fewer kernel launches, and the fusions gone, in XLA:GPU's program.
+  assert d["diff"]["launches_delta"] < 0
+  check = d["target_check"]
+  assert check["target"] == "h200" and check["swapped_ops"] >= 4
+  assert check["fused"] > 0 and check["measured_peak"] and check["predicted_peak"]
+
+
+@pytest.mark.slow
+def test_the_what_if_is_within_5_percent_of_the_swapped_h200_program(swap_json):
+  _, d, _ = swap_json
+  check = d["target_check"]
+  if check["compiled_kernels"] == 0:
+    # Measured on interpret-mode loops (their loop state and padding), not on
+    # what the kernels do: shown, not judged, until the kernels compile.
+    pytest.xfail(f"no kernel compiled for the H200 (what-if off by "
+                 f"{100 * check['error']:+.1f}% on interpret-mode loops)")
+  assert abs(check["error"]) <= WHAT_IF_TOLERANCE, check
+
+
+@pytest.mark.slow
+def test_a_missing_kernel_on_the_target_is_a_failure_not_a_silent_pass(swap_json):
+  code, d, err = swap_json
+  check = d["target_check"]
+  if check["compiled_kernels"] == 0:
+    assert code == main.ExitCode.FINDINGS and check["passed"] is False
+    assert "no compiled kernel in the swapped program" in err
+  else:
+    assert code == main.ExitCode.OK and check["passed"] is True
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(strict=True, reason=(
+    "the kernel library decides GPU or interpret from the default backend (this "
+    "machine's CPU), not from its operands' target: the swapped H200 program holds "
+    "interpret-mode loops, no Pallas custom call"))
+def test_the_swapped_h200_program_holds_the_kernels(swap_json):
+  _, d, _ = swap_json
+  assert d["target_check"]["compiled_kernels"] >= d["target_check"]["swapped_ops"]
