@@ -1,10 +1,12 @@
 """The `hlo-audit` command line.
 
-Verbs live in their own modules (`example`, `file`, `run`, `diff`, `targets`). `run(argv)`
+Verbs live in their own modules (`example`, `file`, `run`, `diff`, `sweep`,
+`targets`). `run(argv)`
 returns an `ExitCode` and is callable from Python; `main()` is the console
-script. The CLI uses argparse rather than absl flags: absl's flags are
-process-global, which does not suit several verbs with their own options, or
-calling `run` repeatedly from tests. The scripts in scripts/ use absl.
+script (also `python -m hlo_audit`). The CLI uses argparse rather than absl
+flags: absl's flags are process-global, which does not suit several verbs
+with their own options, or calling `run` repeatedly from tests. The
+benchmarks in scripts/ use absl.
 """
 
 from __future__ import annotations
@@ -12,7 +14,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from hlo_audit._src.cli import diff_cmd, example_cmd, file_cmd, run_cmd, targets_cmd
+from hlo_audit._src.cli import (diff_cmd, example_cmd, file_cmd, run_cmd, sweep_cmd,
+                                targets_cmd)
 from hlo_audit._src.cli.common import ExitCode, UsageError, describe_error
 from hlo_audit._src.errors import HloAuditError
 from hlo_audit._src.target import wheels
@@ -25,7 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
                   "would close the gaps.")
   sub = p.add_subparsers(dest="verb", metavar="VERB")
   sub.required = True
-  for verb in (example_cmd, file_cmd, run_cmd, diff_cmd, targets_cmd):
+  for verb in (example_cmd, file_cmd, run_cmd, diff_cmd, sweep_cmd, targets_cmd):
     verb.add_parser(sub)
   return p
 

@@ -1,1 +1,1 @@
-"""Sweeps: audit a target over a grid of shapes and dtypes (scripts/sweep.py)."""
+"""Sweeps: audit a target over a grid of shapes and dtypes (`hlo-audit sweep`)."""

@@ -40,7 +40,7 @@ from hlo_audit._src.sweep.targets import (KernelTarget, Measure, Target, TargetR
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class SweepOptions:
-  """Everything a sweep needs; scripts/sweep.py builds it from its flags."""
+  """Everything a sweep needs; `hlo-audit sweep` builds it from its flags."""
 
   #: "example", MODULE:FUNCTION, or a kernel name ("matmul", ...).
   target: str

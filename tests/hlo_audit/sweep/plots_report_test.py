@@ -80,7 +80,7 @@ def test_tick_bytes():
 
 def test_report_gathers_table_plots_classes_and_failures():
   md = report.render_markdown("example", RECORDS, NAMES, ["/x/bytes.png", "/x/peak.png"],
-                              missing=2, command="python scripts/sweep.py --target=example")
+                              missing=2, command="hlo-audit sweep example")
   assert "points: 6 recorded (5 ok, 1 failed); 2 of the grid not yet run" in md
   assert "![bytes.png](bytes.png)" in md and "![peak.png](peak.png)" in md
   assert "| p2 | 1 | 64 | float32 | ok | 12 | 32.00 KiB | 48.00 KiB |" in md

@@ -1,11 +1,10 @@
-"""scripts/sweep.py end to end: a 20-point sweep of the example killed and
+"""`hlo-audit sweep` end to end: a 20-point sweep of the example killed and
 resumed, and usage errors."""
 
 from __future__ import annotations
 
 import csv
 import os
-import pathlib
 import signal
 import subprocess
 import sys
@@ -16,7 +15,7 @@ import pytest
 from hlo_audit._src.sweep.runner import SweepOptions, plan
 from hlo_audit._src.sweep.store import read_jsonl
 
-SCRIPT = str(pathlib.Path(__file__).resolve().parents[3] / "scripts" / "sweep.py")
+CLI = [sys.executable, "-m", "hlo_audit", "sweep"]
 
 #: 20 points of the forward pass at small sizes (about 1 s each on a CPU).
 GRID20 = ("batch=1,2;seq=8,16,32,64,128;dtype=float32,bfloat16;"
@@ -45,8 +44,7 @@ def _wait_for_lines(path: pathlib.Path, n: int, proc, timeout: float = 180) -> N
 @pytest.mark.slow
 def test_a_killed_sweep_resumes_with_no_point_lost_or_doubled(tmp_path):
   out = tmp_path / "out"
-  cmd = [sys.executable, SCRIPT, "--target=example", f"--out={out}", f"--grid={GRID20}",
-         "--noprogress"]
+  cmd = [*CLI, "example", f"--out={out}", f"--grid={GRID20}", "--no-progress"]
   with open(tmp_path / "first.log", "w") as log:
     first = subprocess.Popen(cmd + ["--jobs=1"], stdout=log, stderr=log)
     _wait_for_lines(out / "results.jsonl", 4, first)
@@ -88,19 +86,22 @@ def test_a_killed_sweep_resumes_with_no_point_lost_or_doubled(tmp_path):
   assert resume_s < 120
 
 
-@pytest.mark.parametrize("flags, message", [
-    (["--target=example", "--grid=bacth=1"],
-     "grid name 'bacth' is not a parameter of target 'example'"),
-    (["--target=example", "--jobs=x"], "--jobs"),
-    (["--grid=batch=1"], "--target"),
-    (["--target=matmul", "--grid=m=8", "--point_timeout=5", "--jobs=0"],
-     "--point_timeout needs worker processes"),
+@pytest.mark.parametrize("flags, message, one_line", [
+    (["example", "--grid=bacth=1"],
+     "grid name 'bacth' is not a parameter of target 'example'", True),
+    (["matmul", "--grid=m=8", "--point-timeout=5", "--jobs=0"],
+     "--point-timeout needs worker processes", True),
+    (["example", "--gpus=8"], "--gpus needs --target", True),
+    (["nosuchop", "--grid=m=8"], "expected 'example', MODULE:FUNCTION, or a kernel", True),
+    (["example", "--jobs=x"], "--jobs", False),         # argparse: usage, then the error
+    (["--grid=batch=1"], "SUBJECT", False),
 ])
-def test_usage_errors_are_one_line_and_exit_2(tmp_path, flags, message):
-  r = subprocess.run([sys.executable, SCRIPT, f"--out={tmp_path / 'out'}", *flags],
+def test_usage_errors_exit_2_without_a_traceback(tmp_path, flags, message, one_line):
+  r = subprocess.run([*CLI, f"--out={tmp_path / 'out'}", *flags],
                      capture_output=True, text=True, timeout=120)
   assert r.returncode == 2
   lines = r.stderr.strip().splitlines()
-  assert len(lines) == 1 and lines[0].startswith("sweep.py: error: ")
-  assert message in lines[0] and "Traceback" not in r.stderr
+  assert message in lines[-1] and "Traceback" not in r.stderr
+  if one_line:
+    assert len(lines) == 1 and lines[0].startswith("hlo-audit: error: ")
   assert not os.path.exists(tmp_path / "out" / "results.jsonl")
