@@ -335,6 +335,9 @@ _GPU_MARKS = ('"operation_queue_id"', "__triton", "__cublas", "__cudnn")
 def infer_platform(module: HloModule) -> str:
   """"gpu" when the module is XLA:GPU's optimized HLO (its backend configs
   name operation queues, Triton fusions, cuBLAS or cuDNN), else ""."""
+  text = module.text
+  if text is not None and not any(mark in text for mark in _GPU_MARKS):
+    return ""  # none of the marks anywhere: no instruction to decode
   for comp in module.computations:
     for inst in comp.instructions:
       config = inst.backend_config or ""

@@ -60,9 +60,8 @@ class _Context:
   #: use: `_depends_on` walks the same kernels from every epilogue).
   _inputs: dict = dataclasses.field(default_factory=dict)
   _same: dict = dataclasses.field(default_factory=dict)
-  #: kernel name -> {(dims, broadcast dims): source dims} of the parameters
-  #: its fusion broadcasts (filled on first use: `_affine` asks of the same
-  #: kernels around every reduction).
+  #: "table": `_broadcast_scales` (filled on first use: `_affine` asks of
+  #: the same kernels around every reduction).
   _scales: dict = dataclasses.field(default_factory=dict)
 
   def users(self, comp: Computation, name: str) -> list[Instruction]:
@@ -1602,35 +1601,36 @@ def _affine(ctx: _Context, r: Kernel, buf: Buffer, dims: tuple[int, ...],
   """The dims of a scale broadcast over exactly the reduced axes (gamma) in
   the kernels around the reduction: the boundary's readers and the readers
   of what the reduction writes."""
+  holders = _broadcast_scales(ctx).get((dims, axes))
+  if not holders:
+    return None
   near = {c for c in buf.consumers} | {c for b in ctx.writes.get(r.name, ())
                                        for c in b.consumers}
   near |= {c for name in tuple(near) for b in ctx.writes.get(name, ())
            for c in b.consumers}
-  for name in sorted(near):
-    found = _broadcast_scales(ctx, name).get((dims, axes))
-    if found is not None:
-      return found
-  return None
+  found = [name for name in holders if name in near]
+  return holders[min(found)] if found else None
 
 
-def _broadcast_scales(ctx: _Context, name: str) -> dict:
-  """{(dims, broadcast dims): source dims} of the fusion parameters kernel
-  `name` broadcasts (the first of each kind, in text order)."""
-  table = ctx._scales.get(name)
-  if table is not None:
-    return table
-  table = ctx._scales[name] = {}
-  k = ctx.kernels.get(name)
-  fused = _fused(ctx, k) if k is not None else None
-  for i in fused.instructions if fused is not None else ():
-    if i.opcode != "broadcast" or i.shape is None or not i.operands:
-      continue
-    key = (tuple(i.shape.dims), tuple(i.dimensions or ()))
-    if key in table:
-      continue
-    src = _through_bitcasts(fused, i.operands[0])
-    if src is not None and src.opcode == "parameter":
-      table[key] = tuple(src.shape.dims)
+def _broadcast_scales(ctx: _Context) -> dict:
+  """(dims, broadcast dims) -> {kernel name: source dims} of the fusion
+  parameters each kernel broadcasts so (the first of each kind in a kernel,
+  in text order), built once per audit."""
+  if "table" in ctx._scales:
+    return ctx._scales["table"]
+  table: dict = {}
+  for k in ctx.kernels.values():
+    fused = _fused(ctx, k)
+    for i in fused.instructions if fused is not None else ():
+      if i.opcode != "broadcast" or i.shape is None or not i.operands:
+        continue
+      by_kernel = table.setdefault((tuple(i.shape.dims), tuple(i.dimensions or ())), {})
+      if k.name in by_kernel:
+        continue
+      src = _through_bitcasts(fused, i.operands[0])
+      if src is not None and src.opcode == "parameter":
+        by_kernel[k.name] = tuple(src.shape.dims)
+  ctx._scales["table"] = table
   return table
 
 
