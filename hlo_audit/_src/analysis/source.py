@@ -57,6 +57,13 @@ def _compiled(patterns: tuple[str, ...]) -> re.Pattern | None:
 def is_library(file: str, library_paths: tuple[str, ...] = DEFAULT_LIBRARY_PATHS,
                user_paths: tuple[str, ...] = DEFAULT_USER_PATHS) -> bool:
   """Whether `file` is library code; `user_paths` wins over `library_paths`."""
+  return _is_library(file, tuple(library_paths), tuple(user_paths))
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _is_library(file: str, library_paths: tuple[str, ...],
+                user_paths: tuple[str, ...]) -> bool:
+  # A model's thousands of frames come from a few hundred files.
   path = file.replace("\\", "/")
   user = _compiled(tuple(user_paths))
   if user is not None and user.search(path):
