@@ -748,7 +748,11 @@ def _epilogue_work(ctx: _Context, consumer: Kernel, operand: int,
     comp = ctx.comps[consumer.computation]
     return _classify_elementwise(comp, [inst], {}, anchor_buf)
   fused = _fused(ctx, consumer)
-  if fused is None or consumer.kind not in (KernelKind.LOOP_FUSION,):
+  # XLA:GPU runs elementwise work that transposes as an input fusion (the
+  # transpose emitter): an epilogue too, where it reduces and scatters nothing.
+  if fused is None or not (consumer.kind is KernelKind.LOOP_FUSION or (
+      consumer.kind is KernelKind.INPUT_FUSION and
+      not {"reduce", "reduce-window", "scatter"} & set(consumer.fused_ops))):
     return None
   params = {p.parameter_number: p for p in fused.parameters}
   if operand not in params:
@@ -774,8 +778,18 @@ def _epilogue_work(ctx: _Context, consumer: Kernel, operand: int,
         stack.append(u.name)
       else:
         return None
-  return _classify_elementwise(fused, chain, params, anchor_buf,
+  work = _classify_elementwise(fused, chain, params, anchor_buf,
                                anchor_param=params[operand].name)
+  # A reader writing several results of the value (adam's parameter and both
+  # moments) needs an epilogue that writes them all.
+  root = fused.root
+  outputs = sum(o in seen for o in root.operands) if root.opcode == "tuple" else 1
+  return ((f"outputs:{outputs}",) + work) if outputs > 1 else work
+
+
+def _outputs_of(work: Sequence[str]) -> int:
+  """The outputs an epilogue's work writes ("outputs:3" -> 3; else 1)."""
+  return next((int(w.partition(":")[2]) for w in work if w.startswith("outputs:")), 1)
 
 
 def _classify_elementwise(comp: Computation, chain: list[Instruction],
@@ -880,8 +894,13 @@ def _activation(names: set[str], ops: set[str], comp: Computation,
     gated = any(i.opcode == "multiply" and sigmoid[0] in i.operands
                 and sigmoid[1] in i.operands for i in by_name.values())
     return "silu" if gated else "sigmoid"
+  # A relu acts on the data itself: a maximum with zero on a smaller value
+  # is a clamp of statistics (a norm's variance, max(E[x^2] - E[x]^2, 0)).
+  widest = max((i.shape.num_elements for i in chain if i.opcode in opcodes.ELEMENTWISE
+                and i.shape is not None and i.shape.is_array), default=0)
   for i in chain:
-    if i.opcode == "maximum":
+    if i.opcode == "maximum" and i.shape is not None and i.shape.is_array and \
+        i.shape.num_elements == widest:
       for o in i.operands:
         if o in comp and _is_zero(comp, comp.instruction(o)):
           return "relu"
@@ -1003,7 +1022,8 @@ def _epilogues(ctx: _Context) -> tuple[list[FusionDecisionRecord], list[FusionDe
           evidence=evidence, verdict=verdict, reasons=tuple(reasons),
           risks=tuple(risks), ops=work, trip_count=_trip(k),
           source=buf.source, computation=k.computation,
-          need=KernelNeed(FindingKind.UNFUSED_EPILOGUE, anchor, work)))
+          need=KernelNeed(FindingKind.UNFUSED_EPILOGUE, anchor, work,
+                          outputs=_outputs_of(work))))
   return out, already
 
 
@@ -1057,6 +1077,11 @@ def _store_into_slice(ctx: _Context, consumer: Kernel, buf: Buffer) -> bool:
   root = fused.root
   while root.opcode == "bitcast" and root.operands:
     root = fused.instruction(root.operands[0])
+  if root.opcode == "pad" and root.operands:
+    # Copied into a zero-padded buffer: the anchor could store into it.
+    src = _through_bitcasts(fused, root.operands[0])
+    return src is not None and src.opcode == "parameter" and \
+        src.parameter_number == operand
   if root.opcode != "dynamic-update-slice" or len(root.operands) < 2:
     return False
   update = _through_bitcasts(fused, root.operands[1])
@@ -1097,8 +1122,9 @@ def _multi_epilogue(ctx: _Context, k: Kernel, anchor: str, buf: Buffer,
     what = (f"{n} kernels ({', '.join(c.name for c in fused)}) each read a "
             "disjoint slice of it (column blocks)")
   else:
-    items = dict.fromkeys(w for work in works for w in work if w != "slice")
-    ops = (f"outputs:{n}",) + tuple(items)
+    items = dict.fromkeys(w for work in works for w in work
+                          if w != "slice" and not w.startswith("outputs:"))
+    ops = (f"outputs:{sum(_outputs_of(w) for w in works)}",) + tuple(items)
     what = (f"{n} kernel{'s' if n > 1 else ''} read it elementwise ("
             + "; ".join(f"{c.name}: {', '.join(w)}" for c, w in zip(fused, works))
             + ")")
@@ -1128,7 +1154,7 @@ def _multi_epilogue(ctx: _Context, k: Kernel, anchor: str, buf: Buffer,
              "cache reuse: the readers no longer share one stored result") + _COMMON_RISKS,
       ops=ops, kernel=None, trip_count=_trip(k), source=buf.source,
       computation=k.computation, boundary_kept=stored,
-      need=KernelNeed(FindingKind.UNFUSED_EPILOGUE, anchor, ops, outputs=n))
+      need=KernelNeed(FindingKind.UNFUSED_EPILOGUE, anchor, ops, outputs=_outputs_of(ops)))
 
 
 def _resources(work: tuple[str, ...]) -> str:
@@ -1250,10 +1276,12 @@ def _prologue_saving(k: Kernel, buf: Buffer, readers: int) -> int:
 
 def _cast_for_matmuls(ctx: _Context, c: Kernel) -> str | None:
   """The anchor a reader feeds when it only converts dtype for matmuls (a
-  bf16 value widened again for a dot XLA:CPU runs in f32), else None."""
+  bf16 value widened again for a dot XLA:CPU runs in f32) or only joins it
+  with other parts for them (a concatenate the matmul reads), else None."""
   inst = ctx.inst(c)
-  if not is_layout_conversion(ctx.module, inst) or \
-      kernel_permutes(ctx.module, ctx.comps[c.computation], inst):
+  joins = "concatenate" in c.fused_ops and set(c.fused_ops) <= _SLICE_OPS | _SLICE_GLUE
+  if not joins and (not is_layout_conversion(ctx.module, inst) or
+                    kernel_permutes(ctx.module, ctx.comps[c.computation], inst)):
     return None
   anchors = {_anchor(ctx, r) for b in ctx.writes.get(c.name, ())
              for r in _consumer_kernels(ctx, b)}
@@ -1295,12 +1323,14 @@ def _prologue_work(ctx: _Context, k: Kernel, inst: Instruction) -> tuple[str, ..
   "activation:relu" and "elementwise"; None when it does more (reductions,
   gathers, another matmul)."""
   ops = dict(k.fused_ops) if inst.opcode == "fusion" else {inst.opcode: 1}
-  if not ops or not set(ops) <= _PROLOGUE_OPS:
+  if not ops or not set(ops) <= _PROLOGUE_OPS | {"pad"}:
     return None
   compute = set(ops) - {"bitcast", "reshape", "broadcast", "constant", "parameter",
-                        "copy", "iota"}
+                        "copy", "iota", "pad"}
   if not compute:
-    return None
+    # Zero padding alone (XLA pads a convolution's input when the library
+    # takes only symmetric padding): the reader's loads can pad.
+    return ("pad",) if "pad" in ops else None
   src_types = set()
   for o in inst.operands:
     shape = ctx.comps[k.computation].instruction(o).shape
@@ -1336,6 +1366,8 @@ def _prologue_work(ctx: _Context, k: Kernel, inst: Instruction) -> tuple[str, ..
       items.append("elementwise")
   if "transpose" in ops:
     items.append("transpose")
+  if "pad" in ops:
+    items.append("pad")
   return tuple(items) or None
 
 
@@ -1365,8 +1397,8 @@ def _separate_reductions(ctx: _Context) -> list[FusionDecisionRecord]:
     if not _is_reduction_kernel(ctx, r):
       continue
     for n, operand in enumerate(ctx.inst(r).operands):
-      if _split_k_operand(ctx, r, n):
-        continue  # partial sums of a gemm, summed as part of it
+      if _split_k_operand(ctx, r, n) or not _feeds_reduce(ctx, r, n):
+        continue  # a gemm's partial sums, or read beside the reduction
       for _, vid in ctx.dataflow.holds.get(operand, ()):
         readers.setdefault(vid, {}).setdefault(r.name, r)
   out = []
@@ -1383,6 +1415,8 @@ def _separate_reductions(ctx: _Context) -> list[FusionDecisionRecord]:
     producer = ctx.kernels.get(vid[0]) or ctx.kernels.get(buf.producer)
     if producer is None or producer.name in by_name:
       continue
+    if all(_tree_stage(ctx, producer, buf, r) for r in reductions):
+      continue  # XLA's reduction split in two kernels: one reduction
     others = [c for c in buf.consumers if c not in by_name and c != producer.name]
     if "transpose(" not in producer.op_name and all(
         "transpose(" in r.op_name for r in reductions):
@@ -1393,6 +1427,17 @@ def _separate_reductions(ctx: _Context) -> list[FusionDecisionRecord]:
       if saved is not None:
         out.append(saved)
       continue
+    # A reduction that also reads values computed from this one (the next
+    # layer's residual stream, the gradients) cannot run in the producer:
+    # it reads the buffer as any later kernel does.
+    later = {r.name for r in reductions
+             if _needs_later_values(ctx, r, producer, frozenset(by_name))}
+    if later:
+      reductions = [r for r in reductions if r.name not in later]
+      others = [c for c in buf.consumers if c not in by_name or c in later]
+      others = [c for c in others if c != producer.name]
+      if not reductions:
+        continue
     if all(_whole_normalization(ctx, r, buf) for r in reductions):
       # XLA's own Triton softmax or norm: already one kernel. Only a fused
       # attention kernel removes the boundary, where a gemm feeds it and a
@@ -1406,7 +1451,7 @@ def _separate_reductions(ctx: _Context) -> list[FusionDecisionRecord]:
     pattern = None
     for r in reductions:
       stats = stats or _statistics(ctx, r, buf)
-      pattern = pattern or _reduction_pattern(ctx, r, producer, stats)
+      pattern = pattern or _reduction_pattern(ctx, r, producer, stats, buf)
     # A pattern some kernel could compute asks the libraries; a norm's
     # backward pass is its forward kernel's business.
     need = (KernelNeed(FindingKind.SEPARATE_REDUCTION, pattern, statistics=stats)
@@ -1441,6 +1486,86 @@ def _separate_reductions(ctx: _Context) -> list[FusionDecisionRecord]:
         ops=(pattern or "reduce",), trip_count=trip,
         source=buf.source, computation=producer.computation, need=need))
   return out
+
+
+def _feeds_reduce(ctx: _Context, r: Kernel, operand: int) -> bool:
+  """Whether reduction kernel `r`'s operand `operand` reaches one of its
+  reduces (not a scatter's destination, say, or an output written beside)."""
+  fused = _fused(ctx, r)
+  if fused is None:
+    return True
+  reached = _reached(ctx, fused, operand)
+  return any(i.opcode in ("reduce", "reduce-window") and i.name in reached
+             for i in fused.instructions)
+
+
+def _tree_stage(ctx: _Context, producer: Kernel, buf: Buffer, r: Kernel) -> bool:
+  """Whether `buf` holds partial results of one reduction XLA split over two
+  kernels (a tree reduction: `producer` reduces part of the axes, `r`
+  reduces the rest with the same reducer computation)."""
+  found = fused_root(ctx.module, ctx.inst(producer), buf.index)
+  if found is None:
+    return False
+  comp, root = found
+  root = _through_bitcasts(comp, root.name) or root
+  if root.opcode != "reduce":
+    return False
+  reducer = root.called_computations.get("to_apply", ())
+  operand = _operand_number(ctx, r, buf)
+  return bool(reducer) and operand is not None and any(
+      i.called_computations.get("to_apply", ()) == reducer
+      for _, i in _reduce_sites(ctx, r, operand))
+
+
+def _needs_later_values(ctx: _Context, r: Kernel, producer: Kernel,
+                        siblings: frozenset[str]) -> bool:
+  """Whether reduction `r` reads a value computed from `producer`'s output
+  by kernels other than the reductions in `siblings` (the other statistics
+  of the same buffer, which one fused kernel computes too)."""
+  start = producer.time
+  inputs = _reduce_inputs(ctx, r)
+  frontier = {p for n, producers in enumerate(_operand_producers(ctx, r))
+              if inputs is None or n in inputs
+              for p in producers if p != producer.name and p not in siblings}
+  seen: set[str] = set()
+  while frontier:
+    name = frontier.pop()
+    if name in seen:
+      continue
+    seen.add(name)
+    k = ctx.kernels[name]
+    if k.time <= start or k.computation != producer.computation:
+      continue  # ran before the producer (or elsewhere): not from its output
+    for producers in _operand_producers(ctx, k):
+      for p in producers:
+        if p == producer.name:
+          return True
+        if p not in siblings and p not in seen:
+          frontier.add(p)
+  return False
+
+
+def _reduce_inputs(ctx: _Context, r: Kernel) -> set[int] | None:
+  """The operands of fusion `r` its reduces' inputs are computed from (not
+  those applied to a reduced result only); None for an unfused reduce."""
+  fused = _fused(ctx, r)
+  if fused is None:
+    return None
+  stack = [o for i in fused.instructions
+           if i.opcode in ("reduce", "reduce-window") and not bt.is_split_k_reduce(i)
+           for o in i.operands[:max(1, len(i.operands) // 2)]]
+  seen: set[str] = set()
+  found: set[int] = set()
+  while stack:
+    name = stack.pop()
+    if name in seen or name not in fused:
+      continue
+    seen.add(name)
+    inst = fused.instruction(name)
+    if inst.opcode == "parameter":
+      found.add(inst.parameter_number)
+    stack.extend(inst.operands)
+  return found
 
 
 def _split_k_operand(ctx: _Context, r: Kernel, operand: int) -> bool:
@@ -1524,35 +1649,81 @@ def _attention_chain(ctx: _Context, buf: Buffer, producer: Kernel,
       need=KernelNeed(FindingKind.SEPARATE_REDUCTION, "attention"))
 
 
-def _reduce_sites(ctx: _Context, r: Kernel) -> list[tuple[Computation, Instruction]]:
-  """The reduce and reduce-window instructions a reduction kernel runs."""
+def _reduce_sites(ctx: _Context, r: Kernel,
+                  operand: int | None = None) -> list[tuple[Computation, Instruction]]:
+  """The reduce and reduce-window instructions a reduction kernel runs (a
+  split-K sum is its gemm's, not one of them); with `operand`, those its
+  operand `operand` reaches, where it reaches any."""
   inst = ctx.inst(r)
   comp = ctx.comps[r.computation]
   sites = [(comp, inst)] if inst.opcode in ("reduce", "reduce-window") else []
   fused = _fused(ctx, r)
   if fused is not None:
     sites += [(fused, i) for i in fused.instructions
-              if i.opcode in ("reduce", "reduce-window")]
+              if i.opcode in ("reduce", "reduce-window") and not bt.is_split_k_reduce(i)]
+    if operand is not None:
+      reached = _reached(ctx, fused, operand)
+      mine = [(c, i) for c, i in sites if i.name in reached]
+      sites = mine or sites
   return sites
+
+
+def _reached(ctx: _Context, fused: Computation, operand: int) -> set[str]:
+  """Instructions of `fused` computed from its parameter `operand`."""
+  param = next((p for p in fused.parameters if p.parameter_number == operand), None)
+  if param is None:
+    return set()
+  seen: set[str] = set()
+  stack = [param.name]
+  while stack:
+    for u in ctx.users(fused, stack.pop()):
+      if u.name not in seen:
+        seen.add(u.name)
+        stack.append(u.name)
+  return seen
 
 
 def _reduced_dims(comp: Computation, inst: Instruction) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
   """(operand dims, reduced axes) of a reduce; for a reduce-window, the axes
-  its window spans."""
+  its window spans. A reduce of another reduce's result in the same
+  computation (XLA reduces dims {0,2} as {2}, then {0}) counts as one,
+  over the first one's operand."""
   if not inst.operands or inst.operands[0] not in comp:
     return None
-  shape = comp.instruction(inst.operands[0]).shape
+  src = comp.instruction(inst.operands[0])
+  shape = src.shape
   if shape is None or not shape.is_array:
     return None
   dims = tuple(shape.dims)
   if inst.opcode == "reduce":
     if inst.dimensions is None:
       return None
-    return dims, tuple(sorted(inst.dimensions))
+    axes = tuple(sorted(inst.dimensions))
+    inner = _through_same_shape(comp, src)
+    if inner is not None and inner.opcode == "reduce" and not bt.is_split_k_reduce(inner):
+      first = _reduced_dims(comp, inner)
+      if first is not None:
+        kept = [a for a in range(len(first[0])) if a not in first[1]]
+        if len(kept) == len(dims):
+          return first[0], tuple(sorted(set(first[1]) | {kept[a] for a in axes}))
+    return dims, axes
   window = inst.window
   if window is None or len(window) != len(dims):
     return None
   return dims, tuple(a for a, w in enumerate(window) if w.size > 1)
+
+
+def _through_same_shape(comp: Computation, inst: Instruction) -> Instruction:
+  """The instruction behind `inst` through elementwise ops of one operand
+  that keep its dims (a scale or negation between two reduces)."""
+  while inst.opcode in opcodes.ELEMENTWISE and inst.operands and inst.shape is not None:
+    srcs = [comp.instruction(o) for o in inst.operands if o in comp]
+    full = [s for s in srcs if s.shape is not None and s.shape.dims == inst.shape.dims
+            and s.opcode not in ("broadcast", "constant")]
+    if len(full) != 1:
+      break
+    inst = full[0]
+  return inst
 
 
 def _map_axes(src: tuple[int, ...], axes: tuple[int, ...],
@@ -1577,12 +1748,14 @@ def _map_axes(src: tuple[int, ...], axes: tuple[int, ...],
 
 
 def _statistics(ctx: _Context, r: Kernel, buf: Buffer) -> Statistics | None:
-  """What the reduction kernel's widest reduce reduces, in `buf`'s dims
-  where the two are reshapes of each other, with the scale applied beside."""
+  """What the reduction kernel's widest reduce of `buf` reduces (the widest
+  of all its reduces where none reads `buf`), in `buf`'s dims where the two
+  are reshapes of each other, with the scale applied beside."""
   best = None
-  for comp, inst in _reduce_sites(ctx, r):
+  for comp, inst in _reduce_sites(ctx, r, _operand_number(ctx, r, buf)):
     found = _reduced_dims(comp, inst)
-    if found is not None and (best is None or len(found[0]) > len(best[0])):
+    if found is not None and (best is None or (len(found[0]), len(found[1])) >
+                              (len(best[0]), len(best[1]))):
       best = found
   if best is None:
     return None
@@ -1619,14 +1792,17 @@ def _affine(ctx: _Context, r: Kernel, buf: Buffer, dims: tuple[int, ...],
 
 
 def _reduction_pattern(ctx: _Context, r: Kernel, producer: Kernel,
-                       stats: Statistics | None) -> str | None:
+                       stats: Statistics | None, buf: Buffer) -> str | None:
   """What a reduction computes, judged by its axes first and its ops second:
   "layer_norm", "rms_norm", "softmax" or "log_softmax" for a forward
   reduction over trailing axes; "norm_backward" for such a reduction in the
   backward pass; over other axes, "batch_norm_stats" (the batch axis
   reduced, into an rsqrt), "group_norm_stats" (per sample: the batch axis
-  kept, into an rsqrt), "column_reduction" (the leading axes: a bias or gamma
-  gradient, a pooled sum) or None (described by its axes alone)."""
+  kept, into an rsqrt), "contraction" (a product of `buf` with a value that
+  varies along the reduced axes: an einsum XLA runs as multiply + reduce;
+  over the leading axes in the backward pass that is a gradient),
+  "column_reduction" (the leading axes: a bias or gamma gradient, a pooled
+  sum) or None (described by its axes alone)."""
   # What reads the reduction's result: statistics feed an rsqrt there (the
   # producer's own ops say nothing: x_hat holds an rsqrt too).
   after = set(ctx.primitives(r))
@@ -1642,7 +1818,10 @@ def _reduction_pattern(ctx: _Context, r: Kernel, producer: Kernel,
     if not trailing:
       if "rsqrt" in after and not backward:
         return "batch_norm_stats" if 0 in axes else "group_norm_stats"
-      if rank >= 2 and axes == tuple(range(len(axes))):
+      leading = rank >= 2 and axes == tuple(range(len(axes)))
+      if (not leading or not backward) and _contracts(ctx, r, buf):
+        return "contraction"
+      if leading:
         return "column_reduction"
       return None
   if backward:
@@ -1653,6 +1832,44 @@ def _reduction_pattern(ctx: _Context, r: Kernel, producer: Kernel,
     # log_softmax (cross-entropy) takes the log of the sum: not a softmax.
     return "log_softmax" if names & {"log", "log_softmax"} else "softmax"
   return None
+
+
+def _contracts(ctx: _Context, r: Kernel, buf: Buffer) -> bool:
+  """Whether `r` reduces a product of `buf` with another value that varies
+  along the reduced axes (an einsum contraction such as mixing experts'
+  outputs by their weights), not a sum or a scaled sum of `buf` alone."""
+  operand = _operand_number(ctx, r, buf)
+  fused = _fused(ctx, r)
+  if operand is None or fused is None:
+    return False
+  reached = _reached(ctx, fused, operand)
+  for comp, red in _reduce_sites(ctx, r, operand):
+    if red.opcode != "reduce" or red.name not in reached or not red.dimensions:
+      continue
+    prod = _through_moves(comp, red.operands[0])
+    if prod is None or prod.opcode != "multiply" or prod.shape is None or \
+        len(set(prod.operands)) != 2:
+      continue  # (x * x is a square: a sum of squares, no contraction)
+    axes = set(red.dimensions)
+    if all(_varies_along(comp, o, axes, prod.shape.dims) for o in prod.operands):
+      return True
+  return False
+
+
+def _varies_along(comp: Computation, name: str, axes: set[int],
+                  dims: Sequence[int]) -> bool:
+  """Whether operand `name` (of an instruction with `dims`) varies along any
+  of `axes`: a constant does not, nor a broadcast that maps no source axis
+  onto them."""
+  inst = comp.instruction(name) if name in comp else None
+  while inst is not None and inst.opcode in ("convert", "copy") and inst.operands:
+    inst = comp.instruction(inst.operands[0]) if inst.operands[0] in comp else None
+  if inst is None or inst.opcode == "constant":
+    return False
+  if inst.opcode == "broadcast" and inst.shape is not None and \
+      tuple(inst.shape.dims) == tuple(dims):
+    return bool(set(inst.dimensions or ()) & axes)
+  return True
 
 
 #: Patterns a kernel library may compute (the others have no kernel, by
@@ -1667,11 +1884,15 @@ _PATTERN_TEXT = {
     "batch_norm_stats": "batch-norm statistics (the batch axis reduced, per channel)",
     "group_norm_stats": ("per-sample statistics (the batch axis kept): a group or "
                          "instance norm"),
-    "column_reduction": "a reduction over the leading axes (a bias or gamma gradient)",
+    "column_reduction": ("a reduction over the leading axes (a bias, gamma or weight "
+                         "gradient)"),
     "column_reduction:forward": ("a reduction over the leading axes in the forward "
                                  "pass (a sum or mean over the batch: routing "
                                  "counts, a pooled mean)"),
     "log_softmax": "a log-softmax (e.g. inside a cross-entropy loss)",
+    "contraction": ("a product summed over the reduced axes: an einsum contraction "
+                    "XLA runs as multiply + reduce (e.g. mixing experts' outputs by "
+                    "their routing weights)"),
     "norm_backward": ("a normalization's backward pass; no kernel suggested: "
                       "the forward op's kernel brings its own backward"),
 }
@@ -1687,8 +1908,10 @@ def _reduction_text(pattern: str | None, stats: Statistics | None, buf: Buffer,
   parts = [_PATTERN_TEXT[key]] if key in _PATTERN_TEXT else []
   if stats is not None and pattern not in ("layer_norm", "rms_norm", "softmax"):
     kept = stats.kept
-    batch = ("batch axis 0 kept" if 0 in kept else "batch axis 0 reduced") \
-        if len(stats.dims) > 1 else ""
+    # A contraction's axes are the einsum's (experts, heads): axis 0 need
+    # not be the batch.
+    batch = ("" if len(stats.dims) < 2 or pattern == "contraction" else
+             "batch axis 0 kept" if 0 in kept else "batch axis 0 reduced")
     per = (f"one result per index of axes {_axes_text(kept)}" if kept else
            "one result")
     parts.append(f"reduces {stats.describe().replace(' per statistic', ' each')} "
