@@ -1393,14 +1393,18 @@ def _separate_reductions(ctx: _Context) -> list[FusionDecisionRecord]:
   # vid -> its reductions by name (names are unique: equal kernels are one
   # kernel, and comparing names avoids the dataclass's field-by-field __eq__).
   readers: dict[ValueId, dict[str, Kernel]] = {}
+  # Values read as a gemm's split-K partial sums (each reader sums them).
+  partials: set[ValueId] = set()
   for r in ctx.kernels.values():
     if not _is_reduction_kernel(ctx, r):
       continue
     for n, operand in enumerate(ctx.inst(r).operands):
-      if _split_k_operand(ctx, r, n) or not _feeds_reduce(ctx, r, n):
-        continue  # a gemm's partial sums, or read beside the reduction
+      if not _feeds_reduce(ctx, r, n):
+        continue  # read beside the reduction, or a gemm's partial sums summed alone
       for _, vid in ctx.dataflow.holds.get(operand, ()):
         readers.setdefault(vid, {}).setdefault(r.name, r)
+        if _sums_partials(ctx, r, n):
+          partials.add(vid)
   out = []
   for vid, by_name in readers.items():
     reductions = list(by_name.values())
@@ -1410,6 +1414,8 @@ def _separate_reductions(ctx: _Context) -> list[FusionDecisionRecord]:
     buf = ctx.buffers.get(bid[0] + ("{" + ",".join(map(str, bid[1])) + "}" if bid[1] else ""))
     if buf is None or not buf.producer or buf.internal or buf.lifetime is Lifetime.INPUT:
       continue
+    if vid in partials and len(buf.consumers) == 1:
+      continue  # the one kernel finishing a split-K gemm reduces its result too
     # The kernel that wrote the value read: for a buffer updated in place
     # (a scatter-add into zeros) that is the last writer, not the first.
     producer = ctx.kernels.get(vid[0]) or ctx.kernels.get(buf.producer)
@@ -1476,7 +1482,9 @@ def _separate_reductions(ctx: _Context) -> list[FusionDecisionRecord]:
                   f"{'s' if len(reductions) == 1 else ''} {buf.shape} written by "
                   f"{_kernel_desc(producer)}" +
                   (f"; {len(others)} other kernel(s) read it too" if others else
-                   "; no other kernel reads it") + (f"; {what}" if what else "")),
+                   "; no other kernel reads it") +
+                  ("; it holds the gemm's split-K partial sums, which each reader sums "
+                   "again" if vid in partials else "") + (f"; {what}" if what else "")),
         verdict=Verdict.SAFE if only else Verdict.RISKY,
         reasons=(("tile-local partial reductions",) if only else
                  ("tile-local partial reductions",
@@ -1490,13 +1498,33 @@ def _separate_reductions(ctx: _Context) -> list[FusionDecisionRecord]:
 
 def _feeds_reduce(ctx: _Context, r: Kernel, operand: int) -> bool:
   """Whether reduction kernel `r`'s operand `operand` reaches one of its
-  reduces (not a scatter's destination, say, or an output written beside)."""
+  reduces (not a scatter's destination, say, or an output written beside).
+  A split-K sum is its gemm's: partial sums count where what they sum is
+  reduced further (a norm's statistics over the gemm's result)."""
   fused = _fused(ctx, r)
   if fused is None:
     return True
   reached = _reached(ctx, fused, operand)
-  return any(i.opcode in ("reduce", "reduce-window") and i.name in reached
-             for i in fused.instructions)
+  return any(i.opcode in ("reduce", "reduce-window") and i.name in reached and
+             not bt.is_split_k_reduce(i) for i in fused.instructions)
+
+
+def _sums_partials(ctx: _Context, r: Kernel, operand: int) -> bool:
+  """Whether `r` reads its operand `operand` as a gemm's split-K partial
+  sums (only a split-K reduce reads it, through bitcasts)."""
+  fused = _fused(ctx, r)
+  param = next((p for p in fused.parameters if p.parameter_number == operand),
+               None) if fused is not None else None
+  if param is None:
+    return False
+  users, stack = [], [param.name]
+  while stack:
+    for u in ctx.users(fused, stack.pop()):
+      if u.opcode == "bitcast":
+        stack.append(u.name)
+      else:
+        users.append(u)
+  return bool(users) and all(bt.is_split_k_reduce(u) for u in users)
 
 
 def _tree_stage(ctx: _Context, producer: Kernel, buf: Buffer, r: Kernel) -> bool:
@@ -1519,9 +1547,9 @@ def _tree_stage(ctx: _Context, producer: Kernel, buf: Buffer, r: Kernel) -> bool
 
 def _needs_later_values(ctx: _Context, r: Kernel, producer: Kernel,
                         siblings: frozenset[str]) -> bool:
-  """Whether reduction `r` reads a value computed from `producer`'s output
-  by kernels other than the reductions in `siblings` (the other statistics
-  of the same buffer, which one fused kernel computes too)."""
+  """Whether reduction `r` reads a value computed from `producer`'s output,
+  other than the results of the reductions in `siblings` read directly (the
+  other statistics of the same buffer, which one fused kernel computes too)."""
   start = producer.time
   inputs = _reduce_inputs(ctx, r)
   frontier = {p for n, producers in enumerate(_operand_producers(ctx, r))
@@ -1540,7 +1568,7 @@ def _needs_later_values(ctx: _Context, r: Kernel, producer: Kernel,
       for p in producers:
         if p == producer.name:
           return True
-        if p not in siblings and p not in seen:
+        if p not in seen:
           frontier.add(p)
   return False
 
@@ -1566,26 +1594,6 @@ def _reduce_inputs(ctx: _Context, r: Kernel) -> set[int] | None:
       found.add(inst.parameter_number)
     stack.extend(inst.operands)
   return found
-
-
-def _split_k_operand(ctx: _Context, r: Kernel, operand: int) -> bool:
-  """Whether kernel `r` reads its operand `operand` only to sum split-K
-  partial sums (through bitcasts)."""
-  if _split_k_site(ctx, r) is None:
-    return False
-  fused = _fused(ctx, r)
-  param = next((p for p in fused.parameters if p.parameter_number == operand), None)
-  if param is None:
-    return False
-  users = _bitcast_users(ctx, fused, param.name)
-  return bool(users) and all(bt.is_split_k_reduce(u) for u in users)
-
-
-def _bitcast_users(ctx: _Context, comp: Computation, name: str) -> list[Instruction]:
-  out = []
-  for u in ctx.users(comp, name):
-    out += _bitcast_users(ctx, comp, u.name) if u.opcode == "bitcast" else [u]
-  return out
 
 
 def _whole_normalization(ctx: _Context, r: Kernel, buf: Buffer) -> bool:
@@ -1630,7 +1638,9 @@ def _attention_chain(ctx: _Context, buf: Buffer, producer: Kernel,
       numerical_class=NumericalClass.REASSOCIATED,
       guard="XLA's gemm, softmax and gemm where the fused kernel does not apply",
       layout_effect="none",
-      evidence=(f"{_kernel_desc(producer)} writes the attention scores {buf.shape}; "
+      evidence=(f"{_kernel_desc(producer)} writes "
+                f"{'the gradient of the attention probabilities' if backward else 'the attention scores'} "
+                f"{buf.shape}; "
                 f"{', '.join(_kernel_desc(r) for r in softmaxes)} "
                 f"{'computes' if len(softmaxes) == 1 else 'compute'} the whole "
                 f"softmax{' backward' if backward else ''} in one kernel (XLA's own "
