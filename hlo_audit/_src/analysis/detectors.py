@@ -827,9 +827,12 @@ def _classify_elementwise(comp: Computation, chain: list[Instruction],
     for o in i.operands:
       if o in chain_names or o not in comp:
         continue
-      other = comp.instruction(o)
+      # (A bias kept in f32 is cast to the matmul's bf16 before or after
+      # its broadcast.)
+      other = _through_converts(comp, comp.instruction(o))
       if other.opcode == "broadcast" and other.operands:
         src = comp.instruction(other.operands[0]) if other.operands[0] in comp else None
+        src = _through_converts(comp, src) if src is not None else None
         if src is not None and src.opcode in ("parameter", "constant") and \
             src.shape is not None and src.shape.num_elements < max(1, _prod(out_dims)):
           items.append("bias")
@@ -878,6 +881,12 @@ def _classify_elementwise(comp: Computation, chain: list[Instruction],
     elif t != anchor_buf.dtype:
       items.append(f"cast:{t}")
   return tuple(dict.fromkeys(items)) or ("elementwise",)
+
+
+def _through_converts(comp: Computation, inst: Instruction) -> Instruction:
+  while inst.opcode == "convert" and inst.operands and inst.operands[0] in comp:
+    inst = comp.instruction(inst.operands[0])
+  return inst
 
 
 def _activation(names: set[str], ops: set[str], comp: Computation,
@@ -1437,7 +1446,7 @@ def _separate_reductions(ctx: _Context) -> list[FusionDecisionRecord]:
     # layer's residual stream, the gradients) cannot run in the producer:
     # it reads the buffer as any later kernel does.
     later = {r.name for r in reductions
-             if _needs_later_values(ctx, r, producer, frozenset(by_name))}
+             if _needs_later_values(ctx, r, buf, producer, frozenset(by_name))}
     if later:
       reductions = [r for r in reductions if r.name not in later]
       others = [c for c in buf.consumers if c not in by_name or c in later]
@@ -1458,6 +1467,8 @@ def _separate_reductions(ctx: _Context) -> list[FusionDecisionRecord]:
     for r in reductions:
       stats = stats or _statistics(ctx, r, buf)
       pattern = pattern or _reduction_pattern(ctx, r, producer, stats, buf)
+    if pattern == "contraction" and stats is not None:
+      stats = dataclasses.replace(stats, affine=None)  # a weight, not a norm's scale
     # A pattern some kernel could compute asks the libraries; a norm's
     # backward pass is its forward kernel's business.
     need = (KernelNeed(FindingKind.SEPARATE_REDUCTION, pattern, statistics=stats)
@@ -1545,13 +1556,13 @@ def _tree_stage(ctx: _Context, producer: Kernel, buf: Buffer, r: Kernel) -> bool
       for _, i in _reduce_sites(ctx, r, operand))
 
 
-def _needs_later_values(ctx: _Context, r: Kernel, producer: Kernel,
+def _needs_later_values(ctx: _Context, r: Kernel, buf: Buffer, producer: Kernel,
                         siblings: frozenset[str]) -> bool:
   """Whether reduction `r` reads a value computed from `producer`'s output,
   other than the results of the reductions in `siblings` read directly (the
   other statistics of the same buffer, which one fused kernel computes too)."""
   start = producer.time
-  inputs = _reduce_inputs(ctx, r)
+  inputs = _reduce_inputs(ctx, r, _operand_number(ctx, r, buf))
   frontier = {p for n, producers in enumerate(_operand_producers(ctx, r))
               if inputs is None or n in inputs
               for p in producers if p != producer.name and p not in siblings}
@@ -1573,14 +1584,21 @@ def _needs_later_values(ctx: _Context, r: Kernel, producer: Kernel,
   return False
 
 
-def _reduce_inputs(ctx: _Context, r: Kernel) -> set[int] | None:
-  """The operands of fusion `r` its reduces' inputs are computed from (not
-  those applied to a reduced result only); None for an unfused reduce."""
+def _reduce_inputs(ctx: _Context, r: Kernel, operand: int | None) -> set[int] | None:
+  """The operands of fusion `r` the inputs of the reduces that its operand
+  `operand` reaches are computed from (not those applied to a reduced result
+  only, nor those of other reductions the kernel runs beside); None for an
+  unfused reduce."""
   fused = _fused(ctx, r)
   if fused is None:
     return None
+  # The first reduces the operand reaches: what reduces their results is the
+  # small final combine, after the partial reductions.
+  mine = _reached(ctx, fused, operand, past_reduces=False) if operand is not None else \
+      {i.name for i in fused.instructions}
   stack = [o for i in fused.instructions
-           if i.opcode in ("reduce", "reduce-window") and not bt.is_split_k_reduce(i)
+           if i.name in mine and i.opcode in ("reduce", "reduce-window")
+           and not bt.is_split_k_reduce(i)
            for o in i.operands[:max(1, len(i.operands) // 2)]]
   seen: set[str] = set()
   found: set[int] = set()
@@ -1678,8 +1696,11 @@ def _reduce_sites(ctx: _Context, r: Kernel,
   return sites
 
 
-def _reached(ctx: _Context, fused: Computation, operand: int) -> set[str]:
-  """Instructions of `fused` computed from its parameter `operand`."""
+def _reached(ctx: _Context, fused: Computation, operand: int,
+             past_reduces: bool = True) -> set[str]:
+  """Instructions of `fused` computed from its parameter `operand`; without
+  `past_reduces`, up to the first reduces (a split-K sum is no stop: it
+  finishes a gemm) and not what is computed from their results."""
   param = next((p for p in fused.parameters if p.parameter_number == operand), None)
   if param is None:
     return set()
@@ -1689,7 +1710,9 @@ def _reached(ctx: _Context, fused: Computation, operand: int) -> set[str]:
     for u in ctx.users(fused, stack.pop()):
       if u.name not in seen:
         seen.add(u.name)
-        stack.append(u.name)
+        if past_reduces or u.opcode not in ("reduce", "reduce-window") or \
+            bt.is_split_k_reduce(u):
+          stack.append(u.name)
   return seen
 
 
@@ -1841,7 +1864,8 @@ def _reduction_pattern(ctx: _Context, r: Kernel, producer: Kernel,
   if names & {"exp", "exponential"} and names & {"reduce_max", "max"}:
     # log_softmax (cross-entropy) takes the log of the sum: not a softmax.
     return "log_softmax" if names & {"log", "log_softmax"} else "softmax"
-  return None
+  # A matrix-vector product XLA runs as multiply + reduce (a Dense(1)).
+  return "contraction" if _contracts(ctx, r, buf) else None
 
 
 def _contracts(ctx: _Context, r: Kernel, buf: Buffer) -> bool:
@@ -1852,7 +1876,7 @@ def _contracts(ctx: _Context, r: Kernel, buf: Buffer) -> bool:
   fused = _fused(ctx, r)
   if operand is None or fused is None:
     return False
-  reached = _reached(ctx, fused, operand)
+  reached = _reached(ctx, fused, operand, past_reduces=False)
   for comp, red in _reduce_sites(ctx, r, operand):
     if red.opcode != "reduce" or red.name not in reached or not red.dimensions:
       continue
