@@ -739,10 +739,12 @@ def _depends_on(ctx: _Context, consumer: Kernel, anchor: str, operand: int,
 
 
 def _epilogue_work(ctx: _Context, consumer: Kernel, operand: int,
-                   anchor_buf: Buffer) -> tuple[str, ...] | None:
+                   anchor_buf: Buffer, slices: bool = False) -> tuple[str, ...] | None:
   """What `consumer` does to its operand `operand` (the anchor's output), as
   epilogue items ("bias", "activation:gelu", "residual", "cast:bf16", ...);
-  None when it does more than elementwise work on it."""
+  None when it does more than elementwise work on it. With `slices`, a
+  slice is elementwise work too ("slice": the anchor stores that part; a
+  convolution's input gradient padded as its forward input was)."""
   inst = ctx.inst(consumer)
   if inst.opcode in opcodes.ELEMENTWISE and inst.opcode != "copy":
     comp = ctx.comps[consumer.computation]
@@ -773,13 +775,15 @@ def _epilogue_work(ctx: _Context, consumer: Kernel, operand: int,
         continue
       seen.add(u.name)
       if u.opcode in opcodes.ELEMENTWISE or u.opcode in (
-          "bitcast", "reshape", "tuple", "transpose"):
+          "bitcast", "reshape", "tuple", "transpose") or (slices and u.opcode == "slice"):
         chain.append(u)
         stack.append(u.name)
       else:
         return None
   work = _classify_elementwise(fused, chain, params, anchor_buf,
                                anchor_param=params[operand].name)
+  if any(u.opcode == "slice" for u in chain):
+    work = ("slice",) + tuple(w for w in work if w != "elementwise")
   # A reader writing several results of the value (adam's parameter and both
   # moments) needs an epilogue that writes them all.
   root = fused.root
@@ -894,8 +898,10 @@ def _activation(names: set[str], ops: set[str], comp: Computation,
   if names & {"erf", "erfc"} or "erf" in ops:
     return "gelu"
   if "tanh" in names or "tanh" in ops:
-    if names & {"integer_pow", "pow"} or sum(i.opcode == "multiply" for i in chain) >= 3:
-      return "gelu_tanh"
+    if names & {"integer_pow", "pow"} or _cubes(chain):
+      return "gelu_tanh"  # tanh(sqrt(2 / pi) * (x + 0.044715 * x^3))
+    if _sigmoid_input(comp, chain) is not None:
+      return "sigmoid+tanh"  # a recurrent cell's gates (LSTM, GRU)
     return "tanh"
   sigmoid = _sigmoid_input(comp, chain)
   if sigmoid is not None:
@@ -914,6 +920,16 @@ def _activation(names: set[str], ops: set[str], comp: Computation,
         if o in comp and _is_zero(comp, comp.instruction(o)):
           return "relu"
   return None
+
+
+def _cubes(chain: list[Instruction]) -> bool:
+  """Whether the chain multiplies a value by its own square (x * (x * x))."""
+  squares = {i.name: i.operands[0] for i in chain
+             if i.opcode == "multiply" and len(i.operands) == 2 and
+             i.operands[0] == i.operands[1]}
+  return any(i.opcode == "multiply" and len(i.operands) == 2 and
+             any(squares.get(a) == b for a, b in (i.operands, i.operands[::-1]))
+             for i in chain)
 
 
 def _sigmoid_input(comp: Computation,
@@ -987,6 +1003,8 @@ def _epilogues(ctx: _Context) -> tuple[list[FusionDecisionRecord], list[FusionDe
       work = _epilogue_work(ctx, consumer, operand, buf)
       if work is None and _store_into_slice(ctx, consumer, buf):
         work = ("store into slice",)
+      if work is None:
+        work = _epilogue_work(ctx, consumer, operand, buf, slices=True)
       if work is None:
         continue
       low_precision = buf.dtype in ("bf16", "f16") or buf.dtype.startswith("f8")

@@ -164,6 +164,10 @@ TRUTH_H200 = ModelTruth(
                    "BN1's apply and relu written, zero-padded for conv2's stride-2 "
                    "SAME padding, only for conv2 and its backward-filter "
                    "convolution: a prologue of the convolution")),
+        Expect(K.UNFUSED_EPILOGUE, f"f32[{BATCH},{HW + 1},{HW + 1},16]", "conv2",
+               says="slice", bytes=2 * BATCH * (HW + 1) ** 2 * 16 * 4, why=(
+                   "conv2's backward-input convolution (padded like conv2's input) "
+                   "read once by relu1's backward, which takes its interior")),
         Expect(K.UNFUSED_EPILOGUE, "f32[32,3,3,16]", "conv2", says="outputs:3", why=(
             "conv2's weight gradient (OHWI) read once by the adam fusion that "
             "transposes it back to HWIO and writes the parameter and moments")),
