@@ -1463,15 +1463,24 @@ def _separate_reductions(ctx: _Context) -> list[FusionDecisionRecord]:
     # A reduction that also reads values computed from this one (the next
     # layer's residual stream, the gradients) cannot run in the producer:
     # it reads the buffer as any later kernel does.
-    later = {r.name for r in reductions
-             if _needs_later_values(ctx, r, buf, producer, frozenset(by_name))}
+    # (A sibling statistic that itself needs later values makes its readers
+    # later too: iterate to the fixpoint.)
+    later: set[str] = set()
+    while True:
+      ready = frozenset(by_name) - later
+      more = {r.name for r in reductions if r.name not in later and
+              _needs_later_values(ctx, r, buf, producer, ready)}
+      if not more:
+        break
+      later |= more
     if later:
       reductions = [r for r in reductions if r.name not in later]
       others = [c for c in buf.consumers if c not in by_name or c in later]
       others = [c for c in others if c != producer.name]
       if not reductions:
         continue
-    if all(_whole_normalization(ctx, r, buf) for r in reductions):
+    whole = [r for r in reductions if _whole_normalization(ctx, r, buf)]
+    if len(whole) == len(reductions):
       # XLA's own Triton softmax or norm: already one kernel. Only a fused
       # attention kernel removes the boundary, where a gemm feeds it and a
       # gemm reads it.
@@ -1479,6 +1488,9 @@ def _separate_reductions(ctx: _Context) -> list[FusionDecisionRecord]:
       if chain is not None:
         out.append(chain)
       continue
+    if whole:  # read beside the others, as any reader (a norm's backward in one kernel)
+      reductions = [r for r in reductions if r not in whole]
+      others = others + [r.name for r in whole]
     only = not others and len(reductions) == 1
     stats = None
     pattern = None
@@ -1569,9 +1581,16 @@ def _tree_stage(ctx: _Context, producer: Kernel, buf: Buffer, r: Kernel) -> bool
     return False
   reducer = root.called_computations.get("to_apply", ())
   operand = _operand_number(ctx, r, buf)
-  return bool(reducer) and operand is not None and any(
-      i.called_computations.get("to_apply", ()) == reducer
-      for _, i in _reduce_sites(ctx, r, operand))
+  if not reducer or operand is None:
+    return False
+  # The second stage reduces the partial results themselves, with the same
+  # reducer (not a value computed from them, as a variance from a mean).
+  for comp, i in _reduce_sites(ctx, r, operand):
+    src = _through_moves(comp, i.operands[0]) if i.operands else None
+    if i.called_computations.get("to_apply", ()) == reducer and src is not None and \
+        src.opcode == "parameter" and src.parameter_number == operand:
+      return True
+  return False
 
 
 def _needs_later_values(ctx: _Context, r: Kernel, buf: Buffer, producer: Kernel,
