@@ -206,11 +206,13 @@ def _anchor_fused_epilogue(ctx: _Context, k: Kernel) -> tuple[str, ...]:
   comp, root = found
   if root.opcode in ("dot", "convolution", "bitcast", "copy", "tuple"):
     return ()
-  split = _split_k_site(ctx, k)
-  stop = {split.name} if split is not None else set()
+  # Every split-K sum is the gemm's (a kernel may sum several gemms' partials).
+  stop = {i.name for i in comp.instructions if bt.is_split_k_reduce(i)}
   if root.name in stop:
     return ()
-  return tuple(sorted({_primitive(i) for i in _path_to_anchor(comp, root, stop)} - {""}))
+  # The work, not the data movement around it (broadcast constants, bitcasts).
+  return tuple(sorted({_primitive(i) for i in _path_to_anchor(comp, root, stop)
+                       if i.opcode not in opcodes.DATA_MOVEMENT} - {""}))
 
 
 def _path_to_anchor(comp: Computation, root: Instruction,

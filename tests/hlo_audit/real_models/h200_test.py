@@ -127,6 +127,112 @@ def test_cudnn_fused_convolution_is_already_fused():
               and f.producer.startswith("cudnn-conv-bias-activation")]
 
 
+def test_xla_triton_norm_is_one_kernel():
+  # The example's second LayerNorm is one XLA Triton fusion (fusion.139:
+  # statistics and apply), its backward another (fusion.156): neither is a
+  # separate reduction of what it reads. The norm's dy (loop_reduce_fusion.2)
+  # is still re-read by its dgamma/dbeta column reduction, a kernel apart.
+  r = _report(h200_support.EXAMPLE)
+  for f in r.findings_of(R):
+    assert "fusion.139" not in f.consumers and f.boundary != "loop_add_fusion.1", f
+  (dy,) = [f for f in r.findings_of(R) if f.boundary == "loop_reduce_fusion.2"]
+  assert dy.consumers[0] == "input_multiply_reduce_fusion.1" and "fusion.156" in dy.consumers
+  assert dy.ops == ("column_reduction",) and "fusion.156 (__triton)" not in dy.evidence
+  # The MoE router's Triton softmax reads the router gemm and feeds no gemm:
+  # no boundary a kernel of ours removes.
+  assert not [f for f in _report("moe").findings
+              if f.boundary == "gemm_fusion_dot_general.20" and f.kind is R]
+
+
+def test_triton_gemm_epilogues_are_already_fused():
+  # grad_accum's weight-gradient gemms add the accumulator in their epilogue;
+  # equinox_mlp's last gemm writes pred - y.
+  for name, gemm, ops in (("grad_accum", "gemm_fusion_dot.1", ("add",)),
+                          ("equinox_mlp", "gemm_fusion_dot.3", ("add", "sub"))):
+    r = _report(name)
+    (fused,) = [f for f in r.findings_of(FindingKind.ALREADY_FUSED) if f.producer == gemm]
+    assert fused.ops == ops and "computes the dot and" in fused.evidence
+    assert not [f for f in r.findings_of(FindingKind.UNFUSED_EPILOGUE) if f.producer == gemm]
+
+
+def test_cublaslt_epilogue_is_already_fused():
+  # With Triton gemms off, the forward dots are __cublas$lt$matmul calls with
+  # epilogue=BIAS: the bias runs in the call; what reads the result is not
+  # a bias epilogue.
+  r = _report("cublas_mlp")
+  fused = [f for f in r.findings_of(FindingKind.ALREADY_FUSED)
+           if "__cublas$lt$matmul with epilogue=BIAS" in f.evidence]
+  assert len(fused) == 3 and all(f.ops == ("bias",) for f in fused)
+  for f in r.findings_of(FindingKind.UNFUSED_EPILOGUE):
+    if "epilogue=BIAS" in f.evidence:
+      assert "bias" not in f.ops, f
+  # The call's workspace (its second output) is no buffer between kernels.
+  assert not [f for f in r.findings if f.boundary_shape.startswith("s8[")]
+
+
+def test_async_collectives_are_no_fusion_boundaries():
+  # Data parallel over four H200s: the gradients, concatenated, are
+  # all-reduced by one async start/done pair that three kernels overlap.
+  r = _report("dp_mlp")
+  (c,) = r.collectives
+  assert (c.opcode, c.group_size, c.is_async) == ("all-reduce", 4, True)
+  assert c.bytes_sent == 2 * 3 * c.operand_bytes // 4 and c.overlapped
+  assert not r.findings_of(FindingKind.EXPOSED_COLLECTIVE)
+  halves = {c.name, c.done}
+  for f in r.findings:
+    assert f.producer not in halves and not halves & set(f.consumers), f
+
+
+def test_reductions_the_producer_cannot_run_are_later_readers():
+  # nnx_vit's embedding gemm is re-read by norm1's statistics (which could
+  # run there) and by norm2's, the final norm's and backward reductions,
+  # which read values computed from it (the attention, the gradients).
+  r = _report("nnx_vit")
+  (f,) = [f for f in r.findings_of(R) if f.boundary == "gemm_fusion_dot.10"]
+  assert f.consumers[0] == "input_reduce_fusion.10" and f.bytes_saved == 128 * 64 * 4
+  assert f.ops == ("layer_norm",) and "input_reduce_fusion.11" in f.consumers[1:]
+
+
+def test_tree_reduction_stages_are_one_reduction():
+  # groupnorm_cnn's bias and scale gradients: f32[64,32] partial sums that a
+  # second kernel finishes with the same reducer.
+  r = _report("groupnorm_cnn")
+  assert not [f for f in r.findings if f.boundary_shape == "f32[64,32]"]
+
+
+def test_a_scatter_destination_is_no_reduction_input():
+  # moe: the aux loss's gradient broadcast is the destination the top-k
+  # gradients are scatter-added into, in place; the scatter's reduce sums
+  # other values.
+  r = _report("moe")
+  assert not [f for f in r.findings if f.boundary == "loop_broadcast_fusion"]
+
+
+def test_an_einsum_run_as_multiply_reduce_is_a_contraction():
+  # moe's combine "ted,te->td" over expert-major [8,64,256]: axis 0 is the
+  # experts, not the batch.
+  r = _report("moe")
+  (f,) = [f for f in r.findings_of(R) if f.boundary == "gemm_fusion_dot.6"]
+  assert f.ops == ("contraction",) and "batch" not in f.evidence
+
+
+def test_statistics_of_reduces_in_a_chain():
+  # nnx_vit's key-bias gradient reduces dK over tokens, then over the batch.
+  r = _report("nnx_vit")
+  (f,) = [f for f in r.findings_of(R) if f.boundary == "gemm_fusion_dot.45"]
+  assert "dims {0,2} of [8,4,16,16] (128 elements each)" in f.evidence
+
+
+def test_split_k_partials_summed_by_several_readers():
+  # nnx_vit's attention output gemm is split-K; norm2's statistics and its
+  # apply each sum the partial sums: the statistics pass re-reads them. The
+  # logits gemm of linen_mlp is finished by one kernel that also takes the
+  # row max: no boundary.
+  (f,) = [f for f in _report("nnx_vit").findings_of(R) if f.boundary == "gemm_fusion_dot.49"]
+  assert f.ops == ("layer_norm",) and "split-K partial sums" in f.evidence
+  assert not [f for f in _report("linen_mlp").findings if f.boundary == "gemm_fusion_dot.5"]
+
+
 def test_the_fixture_is_what_xla_gpu_compiles_today():
   reason = h200_support.unavailable()
   if reason:
