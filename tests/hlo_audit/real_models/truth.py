@@ -137,6 +137,22 @@ class ModelTruth:
   not_flagged: tuple[NotFlagged, ...] = ()
 
 
+#: Models whose CPU truth was read off a newer jax than the oldest supported
+#: one: model -> (first jax it holds for, why).
+CPU_TRUTH_SINCE = {
+    "bert_mlm": ((0, 11), "its CPU truth was read off XLA:CPU running bf16 dots "
+                          "natively (jax 0.11 and later); jax 0.10 widens every bf16 "
+                          "dot operand to f32, so its boundaries are f32 and its casts "
+                          "other kernels"),
+}
+
+
+def cpu_truth_unread(name: str) -> str:
+  """Why the model's CPU truth does not judge the running jax, else ""."""
+  since, why = CPU_TRUTH_SINCE.get(name, ((0,), ""))
+  return f"jax {jax.__version__}: {why}" if jax_version() < since else ""
+
+
 def missing_library(name: str) -> str:
   """The optional library `name` needs and cannot import (as a pip
   requirement), else ""."""
