@@ -233,6 +233,52 @@ def test_split_k_partials_summed_by_several_readers():
   assert not [f for f in _report("linen_mlp").findings if f.boundary == "gemm_fusion_dot.5"]
 
 
+#: The built-in example's actionable findings on an H200, each read off the
+#: committed compile and judged true: (class, boundary, first op).
+EXAMPLE_JUDGED = (
+    # dQ, dK, dV (and the attention output's input gradient) transposed only
+    # for the QKV and output weight-gradient gemms.
+    ("layout-conflict", "input_transpose_fusion", "transpose"),
+    ("layout-conflict", "input_transpose_fusion.1", "transpose"),
+    ("layout-conflict", "loop_transpose_fusion", "transpose"),
+    ("layout-conflict", "loop_transpose_fusion.1", "transpose"),
+    # The MLP's input gradient read once by the gelu backward; the fused QKV
+    # projection read through three slices; w1's result read by gelu (two
+    # outputs) and by the gelu backward.
+    ("unfused-epilogue", "gemm_fusion_dot.17", "elementwise"),
+    ("unfused-epilogue", "gemm_fusion_dot.34", "split:3"),
+    ("unfused-epilogue", "gemm_fusion_dot.12", "outputs:2"),
+    # The log-softmax's gradient written only for the two gemms reading it.
+    ("unfused-prologue", "loop_add_fusion.3", "affine"),
+    # Attention, forward and backward.
+    ("separate-reduction", "gemm_fusion_dot.45", "attention"),
+    ("separate-reduction", "gemm_fusion_dot.48", "attention"),
+    # b1's gradient, both norms' dgamma terms, ln1's dy, the logits' gradient
+    # (scattered in place) under the softmax backward's sum, the log-softmax's
+    # second pass, the residual gradient under b2's gradient, ln2's dy under
+    # its dbeta, the per-token loss under its mean.
+    ("separate-reduction", "loop_add_fusion.2", "column_reduction"),
+    ("separate-reduction", "input_multiply_reduce_fusion.1{0}", "column_reduction"),
+    ("separate-reduction", "input_multiply_reduce_fusion{0}", "column_reduction"),
+    ("separate-reduction", "loop_add_fusion.4", "norm_backward"),
+    ("separate-reduction", "loop_broadcast_fusion", "reduce"),
+    ("separate-reduction", "triton_softmax.3", "log_softmax"),
+    ("separate-reduction", "loop_reduce_fusion.1", "column_reduction"),
+    ("separate-reduction", "loop_reduce_fusion.2", "column_reduction"),
+    ("separate-reduction", "loop_select_fusion", "column_reduction"),
+    ("undonated-argument", "params", "params['emb']"),
+)
+
+
+def test_the_example_on_an_h200_is_judged():
+  # `hlo-audit example --target h200`: every actionable finding was read
+  # against its HLO; a new or changed one is read and judged before it lands.
+  r = _report(h200_support.EXAMPLE)
+  got = sorted((f.kind.slug, f.boundary, f.ops[0] if f.ops else "")
+               for f in r.findings if f.kind not in truth.UNSCORED)
+  assert got == sorted(EXAMPLE_JUDGED)
+
+
 def test_the_fixture_is_what_xla_gpu_compiles_today():
   reason = h200_support.unavailable()
   if reason:
