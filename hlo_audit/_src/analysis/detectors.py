@@ -1587,8 +1587,8 @@ def _tree_stage(ctx: _Context, producer: Kernel, buf: Buffer, r: Kernel) -> bool
     return False
   # The second stage reduces the partial results themselves, with the same
   # reducer (not a value computed from them, as a variance from a mean).
-  for comp, i in _reduce_sites(ctx, r, operand):
-    src = _through_moves(comp, i.operands[0]) if i.operands else None
+  for where, i in _reduce_sites(ctx, r, operand):
+    src = _through_moves(where, i.operands[0]) if i.operands else None
     if i.called_computations.get("to_apply", ()) == reducer and src is not None and \
         src.opcode == "parameter" and src.parameter_number == operand:
       return True
