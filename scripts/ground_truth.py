@@ -74,6 +74,10 @@ def main(argv) -> int:
     if missing:
       print(f"{name:16} skipped: not installed: pip install '{missing}'")
       continue
+    unread = truth.cpu_truth_unread(name) if target == "cpu" else ""
+    if unread:
+      print(f"{name:16} skipped: {unread}")
+      continue
     r = truth.target_report(name, target)
     judged = truth.truth_of(name, target) or truth.ModelTruth(expect=())
     out = truth.compare(name, r.findings, judged)

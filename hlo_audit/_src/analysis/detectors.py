@@ -209,11 +209,13 @@ def _anchor_fused_epilogue(ctx: _Context, k: Kernel) -> tuple[str, ...]:
   comp, root = found
   if root.opcode in ("dot", "convolution", "bitcast", "copy", "tuple"):
     return ()
-  split = _split_k_site(ctx, k)
-  stop = {split.name} if split is not None else set()
+  # Every split-K sum is the gemm's (a kernel may sum several gemms' partials).
+  stop = {i.name for i in comp.instructions if bt.is_split_k_reduce(i)}
   if root.name in stop:
     return ()
-  return tuple(sorted({_primitive(i) for i in _path_to_anchor(comp, root, stop)} - {""}))
+  # The work, not the data movement around it (broadcast constants, bitcasts).
+  return tuple(sorted({_primitive(i) for i in _path_to_anchor(comp, root, stop)
+                       if i.opcode not in opcodes.DATA_MOVEMENT} - {""}))
 
 
 def _path_to_anchor(comp: Computation, root: Instruction,
@@ -742,16 +744,22 @@ def _depends_on(ctx: _Context, consumer: Kernel, anchor: str, operand: int,
 
 
 def _epilogue_work(ctx: _Context, consumer: Kernel, operand: int,
-                   anchor_buf: Buffer) -> tuple[str, ...] | None:
+                   anchor_buf: Buffer, slices: bool = False) -> tuple[str, ...] | None:
   """What `consumer` does to its operand `operand` (the anchor's output), as
   epilogue items ("bias", "activation:gelu", "residual", "cast:bf16", ...);
-  None when it does more than elementwise work on it."""
+  None when it does more than elementwise work on it. With `slices`, a
+  slice is elementwise work too ("slice": the anchor stores that part; a
+  convolution's input gradient padded as its forward input was)."""
   inst = ctx.inst(consumer)
   if inst.opcode in opcodes.ELEMENTWISE and inst.opcode != "copy":
     comp = ctx.comps[consumer.computation]
     return _classify_elementwise(comp, [inst], {}, anchor_buf)
   fused = _fused(ctx, consumer)
-  if fused is None or consumer.kind not in (KernelKind.LOOP_FUSION,):
+  # XLA:GPU runs elementwise work that transposes as an input fusion (the
+  # transpose emitter): an epilogue too, where it reduces and scatters nothing.
+  if fused is None or not (consumer.kind is KernelKind.LOOP_FUSION or (
+      consumer.kind is KernelKind.INPUT_FUSION and
+      not {"reduce", "reduce-window", "scatter"} & set(consumer.fused_ops))):
     return None
   params = {p.parameter_number: p for p in fused.parameters}
   if operand not in params:
@@ -772,13 +780,25 @@ def _epilogue_work(ctx: _Context, consumer: Kernel, operand: int,
         continue
       seen.add(u.name)
       if u.opcode in opcodes.ELEMENTWISE or u.opcode in (
-          "bitcast", "reshape", "tuple", "transpose"):
+          "bitcast", "reshape", "tuple", "transpose") or (slices and u.opcode == "slice"):
         chain.append(u)
         stack.append(u.name)
       else:
         return None
-  return _classify_elementwise(fused, chain, params, anchor_buf,
+  work = _classify_elementwise(fused, chain, params, anchor_buf,
                                anchor_param=params[operand].name)
+  if any(u.opcode == "slice" for u in chain):
+    work = ("slice",) + tuple(w for w in work if w != "elementwise")
+  # A reader writing several results of the value (adam's parameter and both
+  # moments) needs an epilogue that writes them all.
+  root = fused.root
+  outputs = sum(o in seen for o in root.operands) if root.opcode == "tuple" else 1
+  return ((f"outputs:{outputs}",) + work) if outputs > 1 else work
+
+
+def _outputs_of(work: Sequence[str]) -> int:
+  """The outputs an epilogue's work writes ("outputs:3" -> 3; else 1)."""
+  return next((int(w.partition(":")[2]) for w in work if w.startswith("outputs:")), 1)
 
 
 def _classify_elementwise(comp: Computation, chain: list[Instruction],
@@ -816,9 +836,12 @@ def _classify_elementwise(comp: Computation, chain: list[Instruction],
     for o in i.operands:
       if o in chain_names or o not in comp:
         continue
-      other = comp.instruction(o)
+      # (A bias kept in f32 is cast to the matmul's bf16 before or after
+      # its broadcast.)
+      other = _through_converts(comp, comp.instruction(o))
       if other.opcode == "broadcast" and other.operands:
         src = comp.instruction(other.operands[0]) if other.operands[0] in comp else None
+        src = _through_converts(comp, src) if src is not None else None
         if src is not None and src.opcode in ("parameter", "constant") and \
             src.shape is not None and src.shape.num_elements < max(1, _prod(out_dims)):
           items.append("bias")
@@ -869,13 +892,21 @@ def _classify_elementwise(comp: Computation, chain: list[Instruction],
   return tuple(dict.fromkeys(items)) or ("elementwise",)
 
 
+def _through_converts(comp: Computation, inst: Instruction) -> Instruction:
+  while inst.opcode == "convert" and inst.operands and inst.operands[0] in comp:
+    inst = comp.instruction(inst.operands[0])
+  return inst
+
+
 def _activation(names: set[str], ops: set[str], comp: Computation,
                 chain: list[Instruction]) -> str | None:
   if names & {"erf", "erfc"} or "erf" in ops:
     return "gelu"
   if "tanh" in names or "tanh" in ops:
-    if names & {"integer_pow", "pow"} or sum(i.opcode == "multiply" for i in chain) >= 3:
-      return "gelu_tanh"
+    if names & {"integer_pow", "pow"} or _cubes(chain):
+      return "gelu_tanh"  # tanh(sqrt(2 / pi) * (x + 0.044715 * x^3))
+    if _sigmoid_input(comp, chain) is not None:
+      return "sigmoid+tanh"  # a recurrent cell's gates (LSTM, GRU)
     return "tanh"
   sigmoid = _sigmoid_input(comp, chain)
   if sigmoid is not None:
@@ -883,12 +914,27 @@ def _activation(names: set[str], ops: set[str], comp: Computation,
     gated = any(i.opcode == "multiply" and sigmoid[0] in i.operands
                 and sigmoid[1] in i.operands for i in by_name.values())
     return "silu" if gated else "sigmoid"
+  # A relu acts on the data itself: a maximum with zero on a smaller value
+  # is a clamp of statistics (a norm's variance, max(E[x^2] - E[x]^2, 0)).
+  widest = max((i.shape.num_elements for i in chain if i.opcode in opcodes.ELEMENTWISE
+                and i.shape is not None and i.shape.is_array), default=0)
   for i in chain:
-    if i.opcode == "maximum":
+    if i.opcode == "maximum" and i.shape is not None and i.shape.is_array and \
+        i.shape.num_elements == widest:
       for o in i.operands:
         if o in comp and _is_zero(comp, comp.instruction(o)):
           return "relu"
   return None
+
+
+def _cubes(chain: list[Instruction]) -> bool:
+  """Whether the chain multiplies a value by its own square (x * (x * x))."""
+  squares = {i.name: i.operands[0] for i in chain
+             if i.opcode == "multiply" and len(i.operands) == 2 and
+             i.operands[0] == i.operands[1]}
+  return any(i.opcode == "multiply" and len(i.operands) == 2 and
+             any(squares.get(a) == b for a, b in (i.operands, i.operands[::-1]))
+             for i in chain)
 
 
 def _sigmoid_input(comp: Computation,
@@ -963,6 +1009,8 @@ def _epilogues(ctx: _Context) -> tuple[list[FusionDecisionRecord], list[FusionDe
       if work is None and _store_into_slice(ctx, consumer, buf):
         work = ("store into slice",)
       if work is None:
+        work = _epilogue_work(ctx, consumer, operand, buf, slices=True)
+      if work is None:
         continue
       low_precision = buf.dtype in ("bf16", "f16") or buf.dtype.startswith("f8")
       epilogue = bt.gemm_epilogue(inst)
@@ -1006,7 +1054,8 @@ def _epilogues(ctx: _Context) -> tuple[list[FusionDecisionRecord], list[FusionDe
           evidence=evidence, verdict=verdict, reasons=tuple(reasons),
           risks=tuple(risks), ops=work, trip_count=_trip(k),
           source=buf.source, computation=k.computation,
-          need=KernelNeed(FindingKind.UNFUSED_EPILOGUE, anchor, work)))
+          need=KernelNeed(FindingKind.UNFUSED_EPILOGUE, anchor, work,
+                          outputs=_outputs_of(work))))
   return out, already
 
 
@@ -1060,6 +1109,11 @@ def _store_into_slice(ctx: _Context, consumer: Kernel, buf: Buffer) -> bool:
   root = fused.root
   while root.opcode == "bitcast" and root.operands:
     root = fused.instruction(root.operands[0])
+  if root.opcode == "pad" and root.operands:
+    # Copied into a zero-padded buffer: the anchor could store into it.
+    src = _through_bitcasts(fused, root.operands[0])
+    return src is not None and src.opcode == "parameter" and \
+        src.parameter_number == operand
   if root.opcode != "dynamic-update-slice" or len(root.operands) < 2:
     return False
   update = _through_bitcasts(fused, root.operands[1])
@@ -1100,8 +1154,9 @@ def _multi_epilogue(ctx: _Context, k: Kernel, anchor: str, buf: Buffer,
     what = (f"{n} kernels ({', '.join(c.name for c in fused)}) each read a "
             "disjoint slice of it (column blocks)")
   else:
-    items = dict.fromkeys(w for work in works for w in work if w != "slice")
-    ops = (f"outputs:{n}",) + tuple(items)
+    items = dict.fromkeys(w for work in works for w in work
+                          if w != "slice" and not w.startswith("outputs:"))
+    ops = (f"outputs:{sum(_outputs_of(w) for w in works)}",) + tuple(items)
     what = (f"{n} kernel{'s' if n > 1 else ''} read it elementwise ("
             + "; ".join(f"{c.name}: {', '.join(w)}" for c, w in zip(fused, works))
             + ")")
@@ -1131,7 +1186,7 @@ def _multi_epilogue(ctx: _Context, k: Kernel, anchor: str, buf: Buffer,
              "cache reuse: the readers no longer share one stored result") + _COMMON_RISKS,
       ops=ops, kernel=None, trip_count=_trip(k), source=buf.source,
       computation=k.computation, boundary_kept=stored,
-      need=KernelNeed(FindingKind.UNFUSED_EPILOGUE, anchor, ops, outputs=n))
+      need=KernelNeed(FindingKind.UNFUSED_EPILOGUE, anchor, ops, outputs=_outputs_of(ops)))
 
 
 def _resources(work: tuple[str, ...]) -> str:
@@ -1253,10 +1308,12 @@ def _prologue_saving(k: Kernel, buf: Buffer, readers: int) -> int:
 
 def _cast_for_matmuls(ctx: _Context, c: Kernel) -> str | None:
   """The anchor a reader feeds when it only converts dtype for matmuls (a
-  bf16 value widened again for a dot XLA:CPU runs in f32), else None."""
+  bf16 value widened again for a dot XLA:CPU runs in f32) or only joins it
+  with other parts for them (a concatenate the matmul reads), else None."""
   inst = ctx.inst(c)
-  if not is_layout_conversion(ctx.module, inst) or \
-      kernel_permutes(ctx.module, ctx.comps[c.computation], inst):
+  joins = "concatenate" in c.fused_ops and set(c.fused_ops) <= _SLICE_OPS | _SLICE_GLUE
+  if not joins and (not is_layout_conversion(ctx.module, inst) or
+                    kernel_permutes(ctx.module, ctx.comps[c.computation], inst)):
     return None
   anchors = {_anchor(ctx, r) for b in ctx.writes.get(c.name, ())
              for r in _consumer_kernels(ctx, b)}
@@ -1298,12 +1355,14 @@ def _prologue_work(ctx: _Context, k: Kernel, inst: Instruction) -> tuple[str, ..
   "activation:relu" and "elementwise"; None when it does more (reductions,
   gathers, another matmul)."""
   ops = dict(k.fused_ops) if inst.opcode == "fusion" else {inst.opcode: 1}
-  if not ops or not set(ops) <= _PROLOGUE_OPS:
+  if not ops or not set(ops) <= _PROLOGUE_OPS | {"pad"}:
     return None
   compute = set(ops) - {"bitcast", "reshape", "broadcast", "constant", "parameter",
-                        "copy", "iota"}
+                        "copy", "iota", "pad"}
   if not compute:
-    return None
+    # Zero padding alone (XLA pads a convolution's input when the library
+    # takes only symmetric padding): the reader's loads can pad.
+    return ("pad",) if "pad" in ops else None
   src_types = set()
   for o in inst.operands:
     shape = ctx.comps[k.computation].instruction(o).shape
@@ -1339,6 +1398,8 @@ def _prologue_work(ctx: _Context, k: Kernel, inst: Instruction) -> tuple[str, ..
       items.append("elementwise")
   if "transpose" in ops:
     items.append("transpose")
+  if "pad" in ops:
+    items.append("pad")
   return tuple(items) or None
 
 
@@ -1364,14 +1425,18 @@ def _separate_reductions(ctx: _Context) -> list[FusionDecisionRecord]:
   # vid -> its reductions by name (names are unique: equal kernels are one
   # kernel, and comparing names avoids the dataclass's field-by-field __eq__).
   readers: dict[ValueId, dict[str, Kernel]] = {}
+  # Values read as a gemm's split-K partial sums (each reader sums them).
+  partials: set[ValueId] = set()
   for r in ctx.kernels.values():
     if not _is_reduction_kernel(ctx, r):
       continue
     for n, operand in enumerate(ctx.inst(r).operands):
-      if _split_k_operand(ctx, r, n):
-        continue  # partial sums of a gemm, summed as part of it
+      if not _feeds_reduce(ctx, r, n):
+        continue  # read beside the reduction, or a gemm's partial sums summed alone
       for _, vid in ctx.dataflow.holds.get(operand, ()):
         readers.setdefault(vid, {}).setdefault(r.name, r)
+        if _sums_partials(ctx, r, n):
+          partials.add(vid)
   out = []
   for vid, by_name in readers.items():
     reductions = list(by_name.values())
@@ -1381,11 +1446,15 @@ def _separate_reductions(ctx: _Context) -> list[FusionDecisionRecord]:
     buf = ctx.buffers.get(bid[0] + ("{" + ",".join(map(str, bid[1])) + "}" if bid[1] else ""))
     if buf is None or not buf.producer or buf.internal or buf.lifetime is Lifetime.INPUT:
       continue
+    if vid in partials and len(buf.consumers) == 1:
+      continue  # the one kernel finishing a split-K gemm reduces its result too
     # The kernel that wrote the value read: for a buffer updated in place
     # (a scatter-add into zeros) that is the last writer, not the first.
     producer = ctx.kernels.get(vid[0]) or ctx.kernels.get(buf.producer)
     if producer is None or producer.name in by_name:
       continue
+    if all(_tree_stage(ctx, producer, buf, r) for r in reductions):
+      continue  # XLA's reduction split in two kernels: one reduction
     others = [c for c in buf.consumers if c not in by_name and c != producer.name]
     if "transpose(" not in producer.op_name and all(
         "transpose(" in r.op_name for r in reductions):
@@ -1396,7 +1465,27 @@ def _separate_reductions(ctx: _Context) -> list[FusionDecisionRecord]:
       if saved is not None:
         out.append(saved)
       continue
-    if all(_whole_normalization(ctx, r, buf) for r in reductions):
+    # A reduction that also reads values computed from this one (the next
+    # layer's residual stream, the gradients) cannot run in the producer:
+    # it reads the buffer as any later kernel does.
+    # (A sibling statistic that itself needs later values makes its readers
+    # later too: iterate to the fixpoint.)
+    later: set[str] = set()
+    while True:
+      ready = frozenset(by_name) - later
+      more = {r.name for r in reductions if r.name not in later and
+              _needs_later_values(ctx, r, buf, producer, ready)}
+      if not more:
+        break
+      later |= more
+    if later:
+      reductions = [r for r in reductions if r.name not in later]
+      others = [c for c in buf.consumers if c not in by_name or c in later]
+      others = [c for c in others if c != producer.name]
+      if not reductions:
+        continue
+    whole = [r for r in reductions if _whole_normalization(ctx, r, buf)]
+    if len(whole) == len(reductions):
       # XLA's own Triton softmax or norm: already one kernel. Only a fused
       # attention kernel removes the boundary, where a gemm feeds it and a
       # gemm reads it.
@@ -1404,12 +1493,17 @@ def _separate_reductions(ctx: _Context) -> list[FusionDecisionRecord]:
       if chain is not None:
         out.append(chain)
       continue
+    if whole:  # read beside the others, as any reader (a norm's backward in one kernel)
+      reductions = [r for r in reductions if r not in whole]
+      others = others + [r.name for r in whole]
     only = not others and len(reductions) == 1
     stats = None
     pattern = None
     for r in reductions:
       stats = stats or _statistics(ctx, r, buf)
-      pattern = pattern or _reduction_pattern(ctx, r, producer, stats)
+      pattern = pattern or _reduction_pattern(ctx, r, producer, stats, buf)
+    if pattern == "contraction" and stats is not None:
+      stats = dataclasses.replace(stats, affine=None)  # a weight, not a norm's scale
     # A pattern some kernel could compute asks the libraries; a norm's
     # backward pass is its forward kernel's business.
     need = (KernelNeed(FindingKind.SEPARATE_REDUCTION, pattern, statistics=stats)
@@ -1434,7 +1528,9 @@ def _separate_reductions(ctx: _Context) -> list[FusionDecisionRecord]:
                   f"{'s' if len(reductions) == 1 else ''} {buf.shape} written by "
                   f"{_kernel_desc(producer)}" +
                   (f"; {len(others)} other kernel(s) read it too" if others else
-                   "; no other kernel reads it") + (f"; {what}" if what else "")),
+                   "; no other kernel reads it") +
+                  ("; it holds the gemm's split-K partial sums, which each reader sums "
+                   "again" if vid in partials else "") + (f"; {what}" if what else "")),
         verdict=Verdict.SAFE if only else Verdict.RISKY,
         reasons=(("tile-local partial reductions",) if only else
                  ("tile-local partial reductions",
@@ -1446,24 +1542,118 @@ def _separate_reductions(ctx: _Context) -> list[FusionDecisionRecord]:
   return out
 
 
-def _split_k_operand(ctx: _Context, r: Kernel, operand: int) -> bool:
-  """Whether kernel `r` reads its operand `operand` only to sum split-K
-  partial sums (through bitcasts)."""
-  if _split_k_site(ctx, r) is None:
-    return False
+def _feeds_reduce(ctx: _Context, r: Kernel, operand: int) -> bool:
+  """Whether reduction kernel `r`'s operand `operand` reaches one of its
+  reduces (not a scatter's destination, say, or an output written beside).
+  A split-K sum is its gemm's: partial sums count where what they sum is
+  reduced further (a norm's statistics over the gemm's result)."""
   fused = _fused(ctx, r)
-  param = next((p for p in fused.parameters if p.parameter_number == operand), None)
+  if fused is None:
+    return True
+  reached = _reached(ctx, fused, operand)
+  return any(i.opcode in ("reduce", "reduce-window") and i.name in reached and
+             not bt.is_split_k_reduce(i) for i in fused.instructions)
+
+
+def _sums_partials(ctx: _Context, r: Kernel, operand: int) -> bool:
+  """Whether `r` reads its operand `operand` as a gemm's split-K partial
+  sums (only a split-K reduce reads it, through bitcasts)."""
+  fused = _fused(ctx, r)
+  param = next((p for p in fused.parameters if p.parameter_number == operand),
+               None) if fused is not None else None
   if param is None:
     return False
-  users = _bitcast_users(ctx, fused, param.name)
+  users, stack = [], [param.name]
+  while stack:
+    for u in ctx.users(fused, stack.pop()):
+      if u.opcode == "bitcast":
+        stack.append(u.name)
+      else:
+        users.append(u)
   return bool(users) and all(bt.is_split_k_reduce(u) for u in users)
 
 
-def _bitcast_users(ctx: _Context, comp: Computation, name: str) -> list[Instruction]:
-  out = []
-  for u in ctx.users(comp, name):
-    out += _bitcast_users(ctx, comp, u.name) if u.opcode == "bitcast" else [u]
-  return out
+def _tree_stage(ctx: _Context, producer: Kernel, buf: Buffer, r: Kernel) -> bool:
+  """Whether `buf` holds partial results of one reduction XLA split over two
+  kernels (a tree reduction: `producer` reduces part of the axes, `r`
+  reduces the rest with the same reducer computation)."""
+  found = fused_root(ctx.module, ctx.inst(producer), buf.index)
+  if found is None:
+    return False
+  comp, root = found
+  root = _through_bitcasts(comp, root.name) or root
+  if root.opcode != "reduce":
+    return False
+  reducer = root.called_computations.get("to_apply", ())
+  operand = _operand_number(ctx, r, buf)
+  if not reducer or operand is None:
+    return False
+  # The second stage reduces the partial results themselves, with the same
+  # reducer (not a value computed from them, as a variance from a mean).
+  for where, i in _reduce_sites(ctx, r, operand):
+    src = _through_moves(where, i.operands[0]) if i.operands else None
+    if i.called_computations.get("to_apply", ()) == reducer and src is not None and \
+        src.opcode == "parameter" and src.parameter_number == operand:
+      return True
+  return False
+
+
+def _needs_later_values(ctx: _Context, r: Kernel, buf: Buffer, producer: Kernel,
+                        siblings: frozenset[str]) -> bool:
+  """Whether reduction `r` reads a value computed from `producer`'s output,
+  other than the results of the reductions in `siblings` read directly (the
+  other statistics of the same buffer, which one fused kernel computes too)."""
+  start = producer.time
+  inputs = _reduce_inputs(ctx, r, _operand_number(ctx, r, buf))
+  frontier = {p for n, producers in enumerate(_operand_producers(ctx, r))
+              if inputs is None or n in inputs
+              for p in producers if p != producer.name and p not in siblings}
+  seen: set[str] = set()
+  while frontier:
+    name = frontier.pop()
+    if name in seen:
+      continue
+    seen.add(name)
+    k = ctx.kernels[name]
+    if k.time <= start or k.computation != producer.computation:
+      continue  # ran before the producer (or elsewhere): not from its output
+    for producers in _operand_producers(ctx, k):
+      for p in producers:
+        if p == producer.name:
+          return True
+        if p not in seen:
+          frontier.add(p)
+  return False
+
+
+def _reduce_inputs(ctx: _Context, r: Kernel, operand: int | None) -> set[int] | None:
+  """The operands of fusion `r` the inputs of the reduces that its operand
+  `operand` reaches are computed from (not those applied to a reduced result
+  only, nor those of other reductions the kernel runs beside); None for an
+  unfused reduce."""
+  fused = _fused(ctx, r)
+  if fused is None:
+    return None
+  # The first reduces the operand reaches: what reduces their results is the
+  # small final combine, after the partial reductions.
+  mine = _reached(ctx, fused, operand, past_reduces=False) if operand is not None else \
+      {i.name for i in fused.instructions}
+  stack = [o for i in fused.instructions
+           if i.name in mine and i.opcode in ("reduce", "reduce-window")
+           and not bt.is_split_k_reduce(i)
+           for o in i.operands[:max(1, len(i.operands) // 2)]]
+  seen: set[str] = set()
+  found: set[int] = set()
+  while stack:
+    name = stack.pop()
+    if name in seen or name not in fused:
+      continue
+    seen.add(name)
+    inst = fused.instruction(name)
+    if inst.opcode == "parameter":
+      found.add(inst.parameter_number)
+    stack.extend(inst.operands)
+  return found
 
 
 def _whole_normalization(ctx: _Context, r: Kernel, buf: Buffer) -> bool:
@@ -1508,7 +1698,9 @@ def _attention_chain(ctx: _Context, buf: Buffer, producer: Kernel,
       numerical_class=NumericalClass.REASSOCIATED,
       guard="XLA's gemm, softmax and gemm where the fused kernel does not apply",
       layout_effect="none",
-      evidence=(f"{_kernel_desc(producer)} writes the attention scores {buf.shape}; "
+      evidence=(f"{_kernel_desc(producer)} writes "
+                f"{'the gradient of the attention probabilities' if backward else 'the attention scores'} "
+                f"{buf.shape}; "
                 f"{', '.join(_kernel_desc(r) for r in softmaxes)} "
                 f"{'computes' if len(softmaxes) == 1 else 'compute'} the whole "
                 f"softmax{' backward' if backward else ''} in one kernel (XLA's own "
@@ -1527,35 +1719,86 @@ def _attention_chain(ctx: _Context, buf: Buffer, producer: Kernel,
       need=KernelNeed(FindingKind.SEPARATE_REDUCTION, "attention"))
 
 
-def _reduce_sites(ctx: _Context, r: Kernel) -> list[tuple[Computation, Instruction]]:
-  """The reduce and reduce-window instructions a reduction kernel runs."""
+def _reduce_sites(ctx: _Context, r: Kernel,
+                  operand: int | None = None) -> list[tuple[Computation, Instruction]]:
+  """The reduce and reduce-window instructions a reduction kernel runs (a
+  split-K sum is its gemm's, not one of them); with `operand`, those its
+  operand `operand` reaches, where it reaches any."""
   inst = ctx.inst(r)
   comp = ctx.comps[r.computation]
   sites = [(comp, inst)] if inst.opcode in ("reduce", "reduce-window") else []
   fused = _fused(ctx, r)
   if fused is not None:
     sites += [(fused, i) for i in fused.instructions
-              if i.opcode in ("reduce", "reduce-window")]
+              if i.opcode in ("reduce", "reduce-window") and not bt.is_split_k_reduce(i)]
+    if operand is not None:
+      reached = _reached(ctx, fused, operand)
+      mine = [(c, i) for c, i in sites if i.name in reached]
+      sites = mine or sites
   return sites
+
+
+def _reached(ctx: _Context, fused: Computation, operand: int,
+             past_reduces: bool = True) -> set[str]:
+  """Instructions of `fused` computed from its parameter `operand`; without
+  `past_reduces`, up to the first reduces (a split-K sum is no stop: it
+  finishes a gemm) and not what is computed from their results."""
+  param = next((p for p in fused.parameters if p.parameter_number == operand), None)
+  if param is None:
+    return set()
+  seen: set[str] = set()
+  stack = [param.name]
+  while stack:
+    for u in ctx.users(fused, stack.pop()):
+      if u.name not in seen:
+        seen.add(u.name)
+        if past_reduces or u.opcode not in ("reduce", "reduce-window") or \
+            bt.is_split_k_reduce(u):
+          stack.append(u.name)
+  return seen
 
 
 def _reduced_dims(comp: Computation, inst: Instruction) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
   """(operand dims, reduced axes) of a reduce; for a reduce-window, the axes
-  its window spans."""
+  its window spans. A reduce of another reduce's result in the same
+  computation (XLA reduces dims {0,2} as {2}, then {0}) counts as one,
+  over the first one's operand."""
   if not inst.operands or inst.operands[0] not in comp:
     return None
-  shape = comp.instruction(inst.operands[0]).shape
+  src = comp.instruction(inst.operands[0])
+  shape = src.shape
   if shape is None or not shape.is_array:
     return None
   dims = tuple(shape.dims)
   if inst.opcode == "reduce":
     if inst.dimensions is None:
       return None
-    return dims, tuple(sorted(inst.dimensions))
+    axes = tuple(sorted(inst.dimensions))
+    inner = _through_same_shape(comp, src)
+    if inner is not None and inner.opcode == "reduce" and not bt.is_split_k_reduce(inner):
+      first = _reduced_dims(comp, inner)
+      if first is not None:
+        kept = [a for a in range(len(first[0])) if a not in first[1]]
+        if len(kept) == len(dims):
+          return first[0], tuple(sorted(set(first[1]) | {kept[a] for a in axes}))
+    return dims, axes
   window = inst.window
   if window is None or len(window) != len(dims):
     return None
   return dims, tuple(a for a, w in enumerate(window) if w.size > 1)
+
+
+def _through_same_shape(comp: Computation, inst: Instruction) -> Instruction:
+  """The instruction behind `inst` through elementwise ops of one operand
+  that keep its dims (a scale or negation between two reduces)."""
+  while inst.opcode in opcodes.ELEMENTWISE and inst.operands and inst.shape is not None:
+    srcs = [comp.instruction(o) for o in inst.operands if o in comp]
+    full = [s for s in srcs if s.shape is not None and s.shape.dims == inst.shape.dims
+            and s.opcode not in ("broadcast", "constant")]
+    if len(full) != 1:
+      break
+    inst = full[0]
+  return inst
 
 
 def _map_axes(src: tuple[int, ...], axes: tuple[int, ...],
@@ -1580,12 +1823,14 @@ def _map_axes(src: tuple[int, ...], axes: tuple[int, ...],
 
 
 def _statistics(ctx: _Context, r: Kernel, buf: Buffer) -> Statistics | None:
-  """What the reduction kernel's widest reduce reduces, in `buf`'s dims
-  where the two are reshapes of each other, with the scale applied beside."""
+  """What the reduction kernel's widest reduce of `buf` reduces (the widest
+  of all its reduces where none reads `buf`), in `buf`'s dims where the two
+  are reshapes of each other, with the scale applied beside."""
   best = None
-  for comp, inst in _reduce_sites(ctx, r):
+  for comp, inst in _reduce_sites(ctx, r, _operand_number(ctx, r, buf)):
     found = _reduced_dims(comp, inst)
-    if found is not None and (best is None or len(found[0]) > len(best[0])):
+    if found is not None and (best is None or (len(found[0]), len(found[1])) >
+                              (len(best[0]), len(best[1]))):
       best = found
   if best is None:
     return None
@@ -1635,14 +1880,17 @@ def _broadcast_scales(ctx: _Context) -> dict:
 
 
 def _reduction_pattern(ctx: _Context, r: Kernel, producer: Kernel,
-                       stats: Statistics | None) -> str | None:
+                       stats: Statistics | None, buf: Buffer) -> str | None:
   """What a reduction computes, judged by its axes first and its ops second:
   "layer_norm", "rms_norm", "softmax" or "log_softmax" for a forward
   reduction over trailing axes; "norm_backward" for such a reduction in the
   backward pass; over other axes, "batch_norm_stats" (the batch axis
   reduced, into an rsqrt), "group_norm_stats" (per sample: the batch axis
-  kept, into an rsqrt), "column_reduction" (the leading axes: a bias or gamma
-  gradient, a pooled sum) or None (described by its axes alone)."""
+  kept, into an rsqrt), "contraction" (a product of `buf` with a value that
+  varies along the reduced axes: an einsum XLA runs as multiply + reduce;
+  over the leading axes in the backward pass that is a gradient),
+  "column_reduction" (the leading axes: a bias or gamma gradient, a pooled
+  sum) or None (described by its axes alone)."""
   # What reads the reduction's result: statistics feed an rsqrt there (the
   # producer's own ops say nothing: x_hat holds an rsqrt too).
   after = set(ctx.primitives(r))
@@ -1658,7 +1906,10 @@ def _reduction_pattern(ctx: _Context, r: Kernel, producer: Kernel,
     if not trailing:
       if "rsqrt" in after and not backward:
         return "batch_norm_stats" if 0 in axes else "group_norm_stats"
-      if rank >= 2 and axes == tuple(range(len(axes))):
+      leading = rank >= 2 and axes == tuple(range(len(axes)))
+      if (not leading or not backward) and _contracts(ctx, r, buf):
+        return "contraction"
+      if leading:
         return "column_reduction"
       return None
   if backward:
@@ -1668,7 +1919,46 @@ def _reduction_pattern(ctx: _Context, r: Kernel, producer: Kernel,
   if names & {"exp", "exponential"} and names & {"reduce_max", "max"}:
     # log_softmax (cross-entropy) takes the log of the sum: not a softmax.
     return "log_softmax" if names & {"log", "log_softmax"} else "softmax"
-  return None
+  # A matrix-vector product XLA runs as multiply + reduce (a Dense(1)).
+  return "contraction" if _contracts(ctx, r, buf) else None
+
+
+def _contracts(ctx: _Context, r: Kernel, buf: Buffer) -> bool:
+  """Whether `r` reduces a product of `buf` with another value that varies
+  along the reduced axes (an einsum contraction such as mixing experts'
+  outputs by their weights), not a sum or a scaled sum of `buf` alone."""
+  operand = _operand_number(ctx, r, buf)
+  fused = _fused(ctx, r)
+  if operand is None or fused is None:
+    return False
+  reached = _reached(ctx, fused, operand, past_reduces=False)
+  for comp, red in _reduce_sites(ctx, r, operand):
+    if red.opcode != "reduce" or red.name not in reached or not red.dimensions:
+      continue
+    prod = _through_moves(comp, red.operands[0])
+    if prod is None or prod.opcode != "multiply" or prod.shape is None or \
+        len(set(prod.operands)) != 2:
+      continue  # (x * x is a square: a sum of squares, no contraction)
+    axes = set(red.dimensions)
+    if all(_varies_along(comp, o, axes, prod.shape.dims) for o in prod.operands):
+      return True
+  return False
+
+
+def _varies_along(comp: Computation, name: str, axes: set[int],
+                  dims: Sequence[int]) -> bool:
+  """Whether operand `name` (of an instruction with `dims`) varies along any
+  of `axes`: a constant does not, nor a broadcast that maps no source axis
+  onto them."""
+  inst = comp.instruction(name) if name in comp else None
+  while inst is not None and inst.opcode in ("convert", "copy") and inst.operands:
+    inst = comp.instruction(inst.operands[0]) if inst.operands[0] in comp else None
+  if inst is None or inst.opcode == "constant":
+    return False
+  if inst.opcode == "broadcast" and inst.shape is not None and \
+      tuple(inst.shape.dims) == tuple(dims):
+    return bool(set(inst.dimensions or ()) & axes)
+  return True
 
 
 #: Patterns a kernel library may compute (the others have no kernel, by
@@ -1683,11 +1973,15 @@ _PATTERN_TEXT = {
     "batch_norm_stats": "batch-norm statistics (the batch axis reduced, per channel)",
     "group_norm_stats": ("per-sample statistics (the batch axis kept): a group or "
                          "instance norm"),
-    "column_reduction": "a reduction over the leading axes (a bias or gamma gradient)",
+    "column_reduction": ("a reduction over the leading axes (a bias, gamma or weight "
+                         "gradient)"),
     "column_reduction:forward": ("a reduction over the leading axes in the forward "
                                  "pass (a sum or mean over the batch: routing "
                                  "counts, a pooled mean)"),
     "log_softmax": "a log-softmax (e.g. inside a cross-entropy loss)",
+    "contraction": ("a product summed over the reduced axes: an einsum contraction "
+                    "XLA runs as multiply + reduce (e.g. mixing experts' outputs by "
+                    "their routing weights)"),
     "norm_backward": ("a normalization's backward pass; no kernel suggested: "
                       "the forward op's kernel brings its own backward"),
 }
@@ -1703,8 +1997,10 @@ def _reduction_text(pattern: str | None, stats: Statistics | None, buf: Buffer,
   parts = [_PATTERN_TEXT[key]] if key in _PATTERN_TEXT else []
   if stats is not None and pattern not in ("layer_norm", "rms_norm", "softmax"):
     kept = stats.kept
-    batch = ("batch axis 0 kept" if 0 in kept else "batch axis 0 reduced") \
-        if len(stats.dims) > 1 else ""
+    # A contraction's axes are the einsum's (experts, heads): axis 0 need
+    # not be the batch.
+    batch = ("" if len(stats.dims) < 2 or pattern == "contraction" else
+             "batch axis 0 kept" if 0 in kept else "batch axis 0 reduced")
     per = (f"one result per index of axes {_axes_text(kept)}" if kept else
            "one result")
     parts.append(f"reduces {stats.describe().replace(' per statistic', ' each')} "

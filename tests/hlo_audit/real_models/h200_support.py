@@ -4,7 +4,7 @@ H200: ../shared/docs/gpu-without-a-gpu.md), and the committed HLO of those
 compiles, so the GPU truth also runs where the CUDA plugin is not installed.
 
 `python -m tests.hlo_audit.real_models.h200_support NAME...` rewrites the
-fixtures (needs jax-cuda12-plugin, jax-cuda12-pjrt and nvidia-cuda-nvcc-cu12
+fixtures (a model's name, one of `VARIANTS`, or `example`; needs jax-cuda12-plugin, jax-cuda12-pjrt and nvidia-cuda-nvcc-cu12
 at the installed jax's version; run with JAX_PLATFORMS=cpu).
 """
 
@@ -39,27 +39,51 @@ def unavailable() -> str:
   return ""
 
 
+#: Compiles of a suite model in another configuration, held by the GPU rule
+#: tests (not judged as a whole): name -> (model, XLA options, GPUs). With
+#: Triton gemms off, XLA:GPU calls cuBLASLt (epilogues in the call); over
+#: four GPUs, the batch split and the parameters replicated, the gradients
+#: are all-reduced (async start/done).
+VARIANTS = {
+    "cublas_mlp": ("linen_mlp", {"xla_gpu_enable_triton_gemm": False}, 1),
+    "dp_mlp": ("linen_mlp", {}, 4),
+}
+
+
 @functools.cache
-def _device():
+def _devices(count: int = 1):
   from jax.experimental import topologies
   topo = topologies.get_topology_desc("", platform="cuda", target_config=SPEC.read_text(),
-                                      topology="1x1x1")
-  return topo.devices[0]
+                                      topology=f"1x1x{count}")
+  return tuple(topo.devices)
 
 
-def compile_text(fn, args) -> str:
+def _device():
+  return _devices()[0]
+
+
+def _abstract(a, sharding):
+  import jax
+  if not hasattr(a, "shape"):
+    if not isinstance(a, (int, float)):
+      return a  # a static argument (the example's config)
+    a = jax.numpy.asarray(a)  # a Python step count
+  return jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sharding)
+
+
+def compile_text(fn, args, options=None) -> str:
   """`fn` compiled for one H200, as optimized HLO text. `fn` is a jax.jit
-  function or an equinox filter_jit one (then args hold non-arrays)."""
+  function or an equinox filter_jit one (then args hold non-arrays);
+  `options`, XLA compiler options."""
   import jax
   sharding = jax.sharding.SingleDeviceSharding(_device())
 
   def abstract(a):
-    a = jax.numpy.asarray(a) if not hasattr(a, "shape") else a  # a Python step count
-    return jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sharding)
+    return _abstract(a, sharding)
 
   if hasattr(fn, "trace"):
     args = jax.tree.map(abstract, args)
-    return fn.trace(*args).lower().compile().as_text()
+    return fn.trace(*args).lower().compile(compiler_options=options or {}).as_text()
   import equinox as eqx
   dynamic, static = eqx.partition(args, eqx.is_array)
   # The step's array outputs only (its model holds functions too).
@@ -67,11 +91,37 @@ def compile_text(fn, args) -> str:
   return step.trace(jax.tree.map(abstract, dynamic)).lower().compile().as_text()
 
 
+def compile_data_parallel(fn, args, gpus: int) -> str:
+  """A jax.jit train step `fn(state, batch)` compiled for `gpus` H200s: the
+  state replicated, the batch split over the devices."""
+  import jax
+  import numpy as np
+  from jax.sharding import NamedSharding, PartitionSpec
+  mesh = jax.sharding.Mesh(np.array(_devices(gpus)), ("data",))
+  state, batch = args
+  state = jax.tree.map(lambda a: _abstract(a, NamedSharding(mesh, PartitionSpec())), state)
+  batch = jax.tree.map(lambda a: _abstract(a, NamedSharding(mesh, PartitionSpec("data"))),
+                       batch)
+  with jax.default_device(mesh.devices.flat[0]):
+    return fn.trace(state, batch).lower().compile().as_text()
+
+
+#: hlo-audit's built-in example (a plain-JAX transformer block's train step),
+#: whose H200 compile holds XLA's Triton LayerNorm, forward and backward.
+EXAMPLE = "example"
+
+
 def write_fixture(name: str) -> pathlib.Path:
   from tests.hlo_audit.real_models import truth
-  m = truth.model(name)
-  fn, args = m.step() if hasattr(m, "step") else m.build()
-  text = compile_text(fn, args)
+  model, options, gpus = VARIANTS.get(name, (name, None, 1))
+  if name == EXAMPLE:
+    from hlo_audit._src.examples.transformer import example
+    fn, args = example()
+  else:
+    m = truth.model(model)
+    fn, args = m.step() if hasattr(m, "step") else m.build()
+  text = compile_data_parallel(fn, args, gpus) if gpus > 1 else \
+      compile_text(fn, args, options)
   path = fixture_path(name)
   path.write_bytes(gzip.compress(text.encode(), compresslevel=9, mtime=0))
   return path

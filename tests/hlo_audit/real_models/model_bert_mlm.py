@@ -173,3 +173,105 @@ TRUTH = ModelTruth(
         NotFlagged("no batch norm in a transformer", says="batch_norm_stats"),
     ),
 )
+
+# ------------------------------------------------------- ground truth, H200 --
+# Read off XLA:GPU's optimized HLO for an H200 (h200/bert_mlm.hlo.gz, jax
+# 0.12, transformers 4.57). Per layer: q/k/v as one gemm whose result three
+# kernels slice, bias and transpose per head; gemm -> XLA's Triton softmax
+# (the mask added inside) -> gemm for attention, forward and backward; the
+# LayerNorms' statistics computed in f32 by one kernel re-reading the
+# residual and the projection's result, their applies fused with the cast to
+# bf16 (and written only for gemms where no residual reads them). The MLM
+# loss is two Triton kernels re-reading the decoder's logits. bf16 weight
+# casts are kernels of their own read by two gemms each.
+_B = f"bf16[{BATCH * SEQ},{DIM}]"
+_BT = f"bf16[{BATCH},{SEQ},{DIM}]"
+_FT = f"f32[{BATCH},{SEQ},{DIM}]"
+_HEADS_B = f"bf16[{BATCH * HEADS},{SEQ},{SEQ}]"
+
+TRUTH_H200 = ModelTruth(
+    expect=(
+        Expect(K.SEPARATE_REDUCTION, _HEADS_B, "apply", says="dot_product_attention",
+               count=4, why=(
+                   "per layer, scores -> Triton softmax -> PV gemm forward and dP -> "
+                   "softmax backward -> dQ/dK gemms: only a fused attention kernel "
+                   "keeps them on chip")),
+        Expect(K.SEPARATE_REDUCTION, f"bf16[{BATCH * SEQ},{VOCAB}]", "apply",
+               says="log_softmax", why=(
+                   "the decoder's logits re-read by the loss kernel and the "
+                   "gradient kernel, each computing the log-softmax's max and sum")),
+        Expect(K.SEPARATE_REDUCTION, f"bf16[{BATCH},{SEQ},{VOCAB}]", "loss",
+               says="column_reduction", why=(
+                   "dlogits re-read by the decoder bias's gradient reduce")),
+        Expect(K.SEPARATE_REDUCTION, _B, "apply", says="layer_norm", count=3, why=(
+            "the attention output projections' and the MLM transform's results "
+            "re-read by the next LayerNorm's statistics")),
+        Expect(K.SEPARATE_REDUCTION, _B, "apply", says="norm_backward", count=6, why=(
+            "the q, k and v input-gradient gemms' results, each re-read only by "
+            "the LayerNorm backward kernel that sums them")),
+        Expect(K.SEPARATE_REDUCTION, _B, "apply", says="column_reduction", why=(
+            "the encoder's output gradient re-read by the output LayerNorm's beta "
+            "gradient and backward sums")),
+        Expect(K.SEPARATE_REDUCTION, f"bf16[{BATCH},{SEQ},{FFN}]", "apply",
+               says="column_reduction", count=2, why=(
+                   "gelu-backward dz re-read by the intermediate dense's bias-"
+                   "gradient reduce")),
+        Expect(K.SEPARATE_REDUCTION, _FT, "apply", says="column_reduction", count=6, why=(
+            "each LayerNorm's dgamma term, written beside its backward row sums, "
+            "re-read by its reduce over the tokens")),
+        Expect(K.SEPARATE_REDUCTION, f"f32[{BATCH * SEQ},{DIM}]", "apply",
+               says="column_reduction", why=(
+                   "the MLM transform's dy (a split-K sum) written by its LayerNorm "
+                   "backward row-sum kernel, re-read by the beta-gradient reduce")),
+        Expect(K.SEPARATE_REDUCTION, _BT, "apply", says="column_reduction", count=9, why=(
+            "LayerNorm dy written by the row-sum kernels and re-read by the beta "
+            "gradients; LayerNorm dx re-read by the bias gradient of the dense "
+            "before it")),
+        Expect(K.SEPARATE_REDUCTION, f"bf16[{BATCH * HEADS},{SEQ},{DIM // HEADS}]", "apply",
+               says="dims {", count=4, why=(
+                   "dQ and dK of each layer re-read by their bias-gradient reduces")),
+        Expect(K.SEPARATE_REDUCTION, f"bf16[{BATCH * HEADS},{DIM // HEADS},{SEQ}]", "apply",
+               says="dims {0,3}", count=2, why="dV re-read by the value bias-gradient reduce"),
+        Expect(K.LAYOUT_CONFLICT, None, "apply", says="transpose", count=8, why=(
+            "per-head activations and gradients transposed only for the dot that "
+            "reads them")),
+        Expect(K.UNFUSED_EPILOGUE, f"bf16[{BATCH * SEQ},{3 * DIM}]", "apply", says="split:3",
+               count=2, why=("the fused q/k/v projection read through three column "
+                             "slices (bias, transpose per head)")),
+        Expect(K.UNFUSED_EPILOGUE, f"bf16[{BATCH * SEQ},{FFN}]", "apply", says="gelu",
+               count=2, why="the intermediate dense read back by bias + gelu and the gelu backward"),
+        Expect(K.UNFUSED_EPILOGUE, f"bf16[{BATCH * SEQ},{FFN}]", "apply",
+               bytes=2 * BATCH * SEQ * FFN * 2, count=2,
+               why="the output dense's input gradient read once by the gelu backward"),
+        Expect(K.UNFUSED_EPILOGUE, _B, "apply", says="outputs:2", count=2, why=(
+            "the attention output's input gradient read by two transposes (for "
+            "dP and dV)")),
+        Expect(K.UNFUSED_PROLOGUE, None, "apply", says="cast", count=13, why=(
+            "the bf16 casts of the dense kernels, read only by their forward and "
+            "input-gradient gemms")),
+        Expect(K.UNFUSED_PROLOGUE, _BT, "apply", says="affine", count=4, why=(
+            "LayerNorm applies cast to bf16 and written only for the next dense "
+            "and its weight-gradient gemm")),
+        Expect(K.UNFUSED_PROLOGUE, f"bf16[{BATCH},{SEQ},{HEADS},{DIM // HEADS}]", "apply",
+               says="scale", count=2, why=(
+                   "dQ scaled by 1/sqrt(d) and transposed only for the input- and "
+                   "weight-gradient gemms")),
+        Expect(K.STANDALONE_COPY, f"bf16[{VOCAB},{DIM}]", "apply", says="dtype conversion",
+               why=("the word embeddings cast to bf16 for the embedding gather and "
+                    "the tied decoder's gemms")),
+        Expect(K.REMAT_CANDIDATE, _BT, "apply", why=(
+            "the first layer's output LayerNorm apply, held from the forward pass "
+            "across the peak to the backward while its inputs stay live anyway")),
+        Expect(K.UNDONATED_ARGUMENT, None, None, says="donat", count=2, why=(
+            "the TrainState and the dropout key are returned updated but not "
+            "donated")),
+    ),
+    not_flagged=(
+        NotFlagged("XLA's Triton softmax is one kernel", says="pallas_kernels.softmax"),
+        NotFlagged("a LayerNorm's variance clamp is no relu", says="activation:relu"),
+        NotFlagged("a narrowing round trip (f32 -> bf16 -> f32) is not bit-exact to "
+                   "remove", evidence="narrowing round trip", numerical="EXACT"),
+        NotFlagged("BERT's norms are LayerNorms: no rms norm", says="rms_norm"),
+        NotFlagged("no batch norm in a transformer", says="batch_norm_stats"),
+    ),
+)

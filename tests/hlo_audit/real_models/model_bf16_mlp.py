@@ -128,3 +128,45 @@ TRUTH = ModelTruth(
                    "to remove", evidence="converted back", numerical="EXACT"),
     ),
 )
+
+# ------------------------------------------------------- ground truth, H200 --
+# Read off XLA:GPU's optimized HLO for an H200 (h200/bf16_mlp.hlo.gz, jax
+# 0.12). The dots run in bf16 on cast params (each cast a kernel of its own,
+# read only by gemms); the first forward dot writes bf16 for a bias kernel,
+# the others are split-K with bias, relu and casts in their sums; the weight
+# gradients come out of the gemms in bf16 and are read by adamw fusions that
+# widen them and write the parameter and both moments.
+TRUTH_H200 = ModelTruth(
+    expect=tuple(
+        Expect(K.UNFUSED_PROLOGUE, f"bf16[{a},{b}]", m, says="cast", why=(
+            f"the {m} param's bf16 cast is its own kernel, read only by gemms"))
+        for m, a, b in _PARAMS) + tuple(
+        Expect(K.UNFUSED_EPILOGUE, f"bf16[{a},{b}]", m, says="outputs:3", why=(
+            f"the {m} weight gradient (bf16 out of the gemm) read once by the adamw "
+            "fusion that widens it and writes the parameter and both moments"))
+        for m, a, b in _PARAMS) + (
+        Expect(K.UNFUSED_PROLOGUE, f"bf16[{BATCH},{DIM}]", "up", says="cast",
+               why="x cast to bf16 for the first gemm and its weight-gradient gemm"),
+        Expect(K.UNFUSED_EPILOGUE, f"bf16[{BATCH},{HIDDEN}]", "up", says="bias",
+               bytes=2 * BATCH * HIDDEN * 2, why="x @ W0 read once by the bias add"),
+        Expect(K.SEPARATE_REDUCTION, f"bf16[{BATCH},{HIDDEN}]", "relu",
+               says="column_reduction", why=(
+                   "relu-backward dz re-read by the bias-gradient reduce")),
+        Expect(K.SEPARATE_REDUCTION, f"bf16[{BATCH},{MID}]", "relu2",
+               says="column_reduction", why=(
+                   "relu2-backward dz re-read by the bias-gradient reduce")),
+        Expect(K.SEPARATE_REDUCTION, f"f32[{BATCH},{OUT}]", "loss", why=(
+            "pred - y (the last gemm's split-K sum with bias, in f32) re-read by "
+            "the squared-error sum and the bias-gradient reduce")),
+        Expect(K.UNDONATED_ARGUMENT, None, "update", says="donat", why=(
+            "the step returns this state updated but does not donate it")),
+    ),
+    not_flagged=(
+        NotFlagged("a matmul kernel that only casts its result leaves the adamw "
+                   "update reading it", says="pallas_kernels.matmul",
+                   kind=K.UNFUSED_EPILOGUE, shape=f"bf16[{HIDDEN},{MID}]"),
+        NotFlagged("converts are no layout change", kind=K.LAYOUT_CONFLICT),
+        NotFlagged("a narrowing round trip (f32 -> bf16 -> f32) is not bit-exact "
+                   "to remove", evidence="converted back", numerical="EXACT"),
+    ),
+)

@@ -130,3 +130,61 @@ TRUTH = ModelTruth(
                    says="pallas_kernels.matmul", kind=K.LAYOUT_CONFLICT),
     ),
 )
+
+# ------------------------------------------------------- ground truth, H200 --
+# Read off XLA:GPU's optimized HLO for an H200 (h200/bn_cnn.hlo.gz, jax
+# 0.12). Both forward convolutions are cuDNN's fused convolution
+# (__cudnn$convBiasActivationForward: the bias in the call), their filters
+# transposed to OHWI for cuDNN; BatchNorm's statistics are one kernel
+# reducing (N, H, W) of the convolution's result; BN1's apply and relu are
+# written with conv2's asymmetric padding; the backward passes run cuDNN's
+# backward-input and backward-filter convolutions.
+TRUTH_H200 = ModelTruth(
+    expect=(
+        Expect(K.SEPARATE_REDUCTION, _A1, "conv1", says="batch_norm_stats", bytes=_B1, why=(
+            "conv1's result re-read by BN1's mean and mean-of-squares reduce over "
+            "(N, H, W)")),
+        Expect(K.SEPARATE_REDUCTION, _A2, "conv2", says="batch_norm_stats", why=(
+            "conv2's result re-read by BN2's statistics")),
+        Expect(K.SEPARATE_REDUCTION, _A1, "relu1", says="column_reduction", why=(
+            "relu1-backward dy written only for BN1's backward kernel, which "
+            "reduces it (dbeta) beside dgamma's term")),
+        Expect(K.SEPARATE_REDUCTION, _A2, "relu2", says="column_reduction", why=(
+            "relu2-backward dy written only for BN2's backward kernel")),
+        Expect(K.SEPARATE_REDUCTION, _A1, "bn1", says="column_reduction", count=3, why=(
+            "BN1's dgamma term written only for its reduce; a BN1 backward term "
+            "re-read by its sum; BN1's dx re-read by conv1's bias-gradient reduce")),
+        Expect(K.SEPARATE_REDUCTION, _A2, "bn2", says="column_reduction", count=3, why=(
+            "the same three boundaries of BN2")),
+        Expect(K.SEPARATE_REDUCTION, _A2, "relu2", says="dims {1} of [16,64,32]", why=(
+            "BN2's apply and relu written only for global average pooling's reduce "
+            "over H and W")),
+        Expect(K.UNFUSED_PROLOGUE, f"f32[{BATCH},{HW + 1},{HW + 1},16]", "relu1",
+               says="pad", why=(
+                   "BN1's apply and relu written, zero-padded for conv2's stride-2 "
+                   "SAME padding, only for conv2 and its backward-filter "
+                   "convolution: a prologue of the convolution")),
+        Expect(K.UNFUSED_EPILOGUE, f"f32[{BATCH},{HW + 1},{HW + 1},16]", "conv2",
+               says="slice", bytes=2 * BATCH * (HW + 1) ** 2 * 16 * 4, why=(
+                   "conv2's backward-input convolution (padded like conv2's input) "
+                   "read once by relu1's backward, which takes its interior")),
+        Expect(K.UNFUSED_EPILOGUE, "f32[32,3,3,16]", "conv2", says="outputs:3", why=(
+            "conv2's weight gradient (OHWI) read once by the adam fusion that "
+            "transposes it back to HWIO and writes the parameter and moments")),
+        Expect(K.LAYOUT_CONFLICT, "f32[32,3,3,16]", "conv2", says="transpose", why=(
+            "conv2's filter transposed HWIO -> OHWI for cuDNN on purpose (kept)")),
+        Expect(K.UNDONATED_ARGUMENT, None, "optax", says="donat", why=(
+            "the optimizer state is returned updated but not donated")),
+        Expect(K.UNDONATED_ARGUMENT, None, None, says="donat", count=2, why=(
+            "params and batch_stats are returned updated but not donated")),
+    ),
+    not_flagged=(
+        NotFlagged("cuDNN's fused convolution applies the bias itself",
+                   kind=K.UNFUSED_EPILOGUE, evidence="convbiasactivationforward"),
+        NotFlagged("BatchNorm statistics reduce over batch and space: no layer_norm "
+                   "kernel computes that", says="layer_norm"),
+        NotFlagged("no RMS norm in a BatchNorm net", says="rms_norm"),
+        NotFlagged("cuDNN takes the filter in OHWI: the transpose is not safe to drop",
+                   kind=K.LAYOUT_CONFLICT, verdict="safe"),
+    ),
+)

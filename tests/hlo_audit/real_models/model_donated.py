@@ -91,3 +91,39 @@ TRUTH = ModelTruth(
                    kind=K.EXPANDED_BROADCAST),
     ),
 )
+
+# ------------------------------------------------------- ground truth, H200 --
+# Read off XLA:GPU's optimized HLO for an H200 (h200/donated.hlo.gz, jax
+# 0.12): linen_mlp's structure (split-K gemms whose sums fuse bias and
+# relu, one adam fusion per parameter) with the state donated, so every
+# output but two biases reuses its argument's buffer in place.
+TRUTH_H200 = ModelTruth(
+    expect=(
+        Expect(K.STANDALONE_COPY, f"f32[{HIDDEN}]", "dense1", says="aliasing copy", why=(
+            "Dense_0's bias is donated but read by the relu masks and gemm "
+            "prologues after its adam update: XLA copies it first")),
+        Expect(K.STANDALONE_COPY, f"f32[{HIDDEN}]", "dense2", says="aliasing copy",
+               why="Dense_1's bias, likewise"),
+        Expect(K.UNFUSED_EPILOGUE, f"f32[{HIDDEN},{HIDDEN}]", "dense2", says="outputs:3",
+               why="dW1 read once by its adam fusion (parameter, mu, nu)"),
+        Expect(K.UNFUSED_EPILOGUE, f"f32[{FEATURES},{HIDDEN}]", "dense1", says="outputs:3",
+               why="dW0 read once by its adam fusion"),
+        Expect(K.UNFUSED_EPILOGUE, f"f32[{HIDDEN},{CLASSES}]", "logits", says="outputs:3",
+               why="dW2 read once by its adam fusion"),
+        Expect(K.SEPARATE_REDUCTION, _ACT, "logits", says="column_reduction", bytes=_MN4,
+               why=("dlogits @ W2^T read once by the kernel applying the relu mask "
+                    "and summing the bias gradient: the gemm's epilogue could "
+                    "(cuBLASLt's DRELU_BGRAD does)")),
+        Expect(K.SEPARATE_REDUCTION, _ACT, "dense1", says="column_reduction", why=(
+            "relu-backward dz1 re-read by the bias-gradient reduce")),
+        Expect(K.SEPARATE_REDUCTION, f"f32[{BATCH},{CLASSES}]", "loss", says="log_softmax",
+               why="the logits re-read by the exp-sum and the loss reductions"),
+        Expect(K.SEPARATE_REDUCTION, f"f32[{BATCH},{CLASSES}]", "loss",
+               says="column_reduction", why="dlogits re-read by the bias-gradient reduce"),
+    ),
+    not_flagged=(
+        NotFlagged("the state is donated", kind=K.UNDONATED_ARGUMENT),
+        NotFlagged("split-K partial sums belong to their gemm", shape="f32[8,128,512]"),
+        NotFlagged("split-K partial sums belong to their gemm", shape="f32[16,128,16]"),
+    ),
+)

@@ -113,3 +113,40 @@ TRUTH = ModelTruth(
                    "(dgamma, dbeta) are not an rms_norm forward", says="rms_norm"),
     ),
 )
+
+# ------------------------------------------------------- ground truth, H200 --
+# Read off XLA:GPU's optimized HLO for an H200 (h200/equinox_mlp.hlo.gz, jax
+# 0.12). The LayerNorm is one XLA Triton fusion (statistics and x_hat: no
+# separate reduction) whose scale and offset run as the first gemm's
+# prologue; the hidden dots are split-K, their sums fused with bias and
+# silu; each weight gradient's split-K sum runs inside its adam fusion.
+TRUTH_H200 = ModelTruth(
+    expect=(
+        Expect(K.UNFUSED_EPILOGUE, _H, "call", bytes=2 * BATCH * WIDTH * 4, why=(
+            "dpred @ W3^T read once by the silu-backward fusion")),
+        Expect(K.UNFUSED_EPILOGUE, _H, "call", says="activation:silu", why=(
+            "the first layer's gemm (the norm's affine and the bias as its "
+            "prologue and epilogue) read back by silu and by the silu backward")),
+        Expect(K.UNFUSED_EPILOGUE, f"f32[{OUT},{WIDTH}]", "call", says="outputs:3", why=(
+            "the last layer's weight gradient read once by its adam fusion")),
+        Expect(K.SEPARATE_REDUCTION, _H, "call", says="column_reduction", count=3,
+               bytes=BATCH * WIDTH * 4, why=(
+                   "silu-backward dz of each hidden layer re-read by its "
+                   "bias-gradient reduce (and the two gradient gemms)")),
+        Expect(K.SEPARATE_REDUCTION, f"f32[{BATCH},{IN}]", "call", says="column_reduction",
+               bytes=2 * BATCH * IN * 4, why=(
+                   "the norm's dy (the split-K sum of dz1 @ W0^T) written only for "
+                   "the dgamma and dbeta reduces")),
+        Expect(K.SEPARATE_REDUCTION, f"f32[{BATCH},{OUT}]", "call", says="column_reduction",
+               why=("pred - y, written by the last gemm, re-read by the loss's sum "
+                    "of squares and the bias-gradient reduce")),
+        Expect(K.UNDONATED_ARGUMENT, None, "apply", says="donat", why=(
+            "the step returns this state updated but does not donate it")),
+    ),
+    not_flagged=(
+        NotFlagged("the LayerNorm is XLA's one Triton kernel: no separate statistics "
+                   "pass", says="layer_norm"),
+        NotFlagged("no RMS norm here", says="rms_norm"),
+        NotFlagged("split-K partial sums belong to their gemm", evidence="4 elements each"),
+    ),
+)

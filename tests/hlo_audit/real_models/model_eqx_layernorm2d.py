@@ -109,3 +109,43 @@ TRUTH = ModelTruth(
         NotFlagged("no rms norm here", says="rms_norm"),
     ),
 )
+
+# ------------------------------------------------------- ground truth, H200 --
+# Read off XLA:GPU's optimized HLO for an H200 (h200/eqx_layernorm2d.hlo.gz,
+# jax 0.12). The projection is one gemm writing [128, 1024] (features by
+# tokens); bias + gelu is a kernel of its own; the LayerNorm((64, 128)) is a
+# mean kernel, then a kernel writing x - mean with the variance sum, then
+# the apply fused with the mean over tokens; its statistics reduce dims
+# {1,2} of [16,64,128] with a [64,128] scale.
+TRUTH_H200 = ModelTruth(
+    expect=(
+        Expect(K.UNFUSED_EPILOGUE, f"f32[{DIM},{BATCH * TOKENS}]", "proj", says="gelu", why=(
+            "the projection read back by bias + gelu, and by the gelu backward")),
+        Expect(K.UNFUSED_EPILOGUE, f"f32[{OUT},{DIM}]", "head", says="outputs:3", why=(
+            "the head's weight gradient read once by its adam fusion")),
+        Expect(K.SEPARATE_REDUCTION, f"f32[{BATCH},{TOKENS},{DIM}]", "norm",
+               says="no kernel yet", why=(
+                   "gelu's output re-read by the norm's mean and by its variance "
+                   "kernel: statistics over dims {1,2}, which no last-axis kernel "
+                   "computes")),
+        Expect(K.SEPARATE_REDUCTION, f"f32[{BATCH},{TOKENS},{DIM}]", "norm",
+               says="column_reduction", why=(
+                   "gelu-backward dz re-read by the projection's bias-gradient reduce")),
+        Expect(K.SEPARATE_REDUCTION, f"f32[{BATCH},{TOKENS},{DIM}]", "norm",
+               says="dims {1,2} of [16,64,128]", why=(
+                   "a LayerNorm backward term re-read by its sum over the sample")),
+        Expect(K.SEPARATE_REDUCTION, f"f32[{BATCH},{DIM}]", "head", says="dims {1} of [16,8192]",
+               why=("the pooled gradient re-read by the norm's backward sums and its "
+                    "scale and offset gradients")),
+        Expect(K.UNDONATED_ARGUMENT, None, "apply", says="donat", why=(
+            "the step returns this state updated but does not donate it")),
+    ),
+    not_flagged=(
+        NotFlagged("the norm reduces dims {1,2} with a [64,128] scale: a last-axis "
+                   "layer_norm kernel computes other statistics",
+                   says="pallas_kernels.layer_norm"),
+        NotFlagged("no batch norm here: the statistics keep the batch axis",
+                   evidence="batch-norm"),
+        NotFlagged("no rms norm here", says="rms_norm"),
+    ),
+)

@@ -82,3 +82,35 @@ TRUTH = ModelTruth(
         NotFlagged("the accumulation add is elementwise, not a norm", says="norm"),
     ),
 )
+
+# ------------------------------------------------------- ground truth, H200 --
+# Read off XLA:GPU's optimized HLO for an H200 (h200/grad_accum.hlo.gz, jax
+# 0.12). One while loop (4 microbatches): x and y sliced by async fusions,
+# the forward gemm split-K (its sum fused with bias and relu), pred - y in
+# the second gemm's epilogue, the gradient accumulation fused into the
+# weight-gradient gemms' epilogues; adam runs once after the loop.
+TRUTH_H200 = ModelTruth(
+    expect=(
+        Expect(K.UNFUSED_PROLOGUE, f"f32[1,{BATCH},{DIM}]", "scan", says="dynamic-slice", why=(
+            "the microbatch x sliced into its own buffer for the forward gemm and "
+            "the dW1 gemm, each trip")),
+        Expect(K.UNFUSED_PROLOGUE, f"f32[1,{BATCH},{OUT}]", "scan", says="dynamic-slice",
+               why="the microbatch y sliced for the gemm computing pred - y"),
+        Expect(K.SEPARATE_REDUCTION, f"f32[{BATCH},{HIDDEN}]", "dense2",
+               says="column_reduction", why=(
+                   "dpred @ W2^T read once by the kernel applying the relu mask "
+                   "and summing the bias gradient")),
+        Expect(K.SEPARATE_REDUCTION, f"f32[{BATCH},{OUT}]", "dense2", why=(
+            "pred - y re-read by the squared-error sum and the bias-gradient "
+            "accumulate")),
+        Expect(K.UNDONATED_ARGUMENT, None, "optax", says="donat", why=(
+            "the optimizer state is returned updated but not donated")),
+        Expect(K.UNDONATED_ARGUMENT, None, None, says="donat", why=(
+            "params are returned updated but not donated")),
+    ),
+    not_flagged=(
+        NotFlagged("the accumulation is fused into the weight-gradient gemms",
+                   kind=K.UNFUSED_EPILOGUE),
+        NotFlagged("split-K partial sums belong to their gemm", shape=f"f32[4,{BATCH},{HIDDEN}]"),
+    ),
+)

@@ -108,3 +108,66 @@ TRUTH = ModelTruth(
                    kind=K.LAYOUT_CONFLICT, verdict="safe"),
     ),
 )
+
+# ------------------------------------------------------- ground truth, H200 --
+# Read off XLA:GPU's optimized HLO for an H200 (h200/groupnorm_cnn.hlo.gz, jax
+# 0.12). The convolutions are cuDNN's (bias fused in the forward call, the
+# filters transposed to OHWI for it on purpose). GroupNorm's statistics run
+# in two kernels: per-channel sums over H and W of the convolution's result,
+# then the sum over each group's channels; the backward column reductions
+# (bias and scale gradients) are XLA's two-stage reductions, f32[64,32]
+# partial sums summed by a second kernel: one reduction, no boundary.
+_GA = f"f32[{BATCH},{HW},{HW},{CH}]"
+
+TRUTH_H200 = ModelTruth(
+    expect=(
+        Expect(K.SEPARATE_REDUCTION, _GA, "conv1", says="dims {1} of [8,1024,8,4]", why=(
+            "conv1's result re-read by GroupNorm's per-channel sums and sums of "
+            "squares over H and W (the batch axis kept)")),
+        Expect(K.SEPARATE_REDUCTION, _GA, "conv2", says="dims {1} of [8,1024,8,4]",
+               why="conv2's result re-read by gn2's per-channel sums"),
+        Expect(K.SEPARATE_REDUCTION, _GA, "act2", says="dims {1} of [8,1024,32]", why=(
+            "gn2's apply and swish written only for global average pooling's reduce")),
+        Expect(K.SEPARATE_REDUCTION, _GA, "act1", says="dims {1} of [64,128,32]", why=(
+            "swish1-backward dy written only for gn1's backward kernel, which "
+            "reduces it")),
+        Expect(K.SEPARATE_REDUCTION, _GA, "act2", says="dims {1} of [64,128,32]", why=(
+            "swish2-backward dy written only for gn2's backward kernel")),
+        Expect(K.SEPARATE_REDUCTION, _GA, "gn1", says="dims {1} of [8,1024,32]", count=2, why=(
+            "gn1 backward terms, one written only for its per-channel sum, one "
+            "re-read by its sum beside the kernel computing dx")),
+        Expect(K.SEPARATE_REDUCTION, _GA, "gn2", says="dims {1} of [8,1024,32]", count=2,
+               why="the same two backward terms of gn2"),
+        Expect(K.SEPARATE_REDUCTION, _GA, "gn1", says="dims {1} of [64,128,32]", why=(
+            "gn1's dx re-read by conv1's bias-gradient reduce (its first stage)")),
+        Expect(K.SEPARATE_REDUCTION, _GA, "gn2", says="dims {1} of [64,128,32]", why=(
+            "gn2's dx re-read by conv2's bias-gradient reduce")),
+        Expect(K.UNFUSED_PROLOGUE, _GA, "act1", says="activation:silu", why=(
+            "gn1's apply and swish written only for conv2 and its backward-filter "
+            "convolution: a prologue of the convolution")),
+        Expect(K.UNFUSED_EPILOGUE, _GA, "conv2", bytes=2 * BATCH * HW * HW * CH * 4, why=(
+            "conv2's backward-input convolution read once by swish1's backward")),
+        Expect(K.UNFUSED_EPILOGUE, f"f32[{CH},3,3,{CH}]", "conv2", says="outputs:2", why=(
+            "conv2's weight gradient (OHWI) read once by the momentum fusion that "
+            "transposes it back and writes the parameter and the trace")),
+        Expect(K.UNFUSED_EPILOGUE, f"f32[{CH},3,3,3]", "conv1", says="outputs:2",
+               why="conv1's weight gradient, likewise"),
+        Expect(K.LAYOUT_CONFLICT, f"f32[{CH},3,3,{CH}]", "conv2", says="transpose", why=(
+            "conv2's filter transposed HWIO -> OHWI for cuDNN on purpose (kept)")),
+        Expect(K.LAYOUT_CONFLICT, f"f32[{CH},3,3,3]", "conv1", says="transpose",
+               why="conv1's filter, likewise"),
+        Expect(K.UNDONATED_ARGUMENT, None, None, says="donat", count=2, why=(
+            "params and the optimizer state are returned updated but not donated")),
+    ),
+    not_flagged=(
+        NotFlagged("XLA's two-stage column reduction: partial sums another kernel "
+                   "finishes are one reduction", shape="f32[64,32]"),
+        NotFlagged("GroupNorm keeps the batch axis: not batch-norm statistics",
+                   says="batch_norm_stats"),
+        NotFlagged("group statistics are no last-axis norm", says="pallas_kernels.layer_norm"),
+        NotFlagged("cuDNN takes the filter in OHWI: not safe to drop",
+                   kind=K.LAYOUT_CONFLICT, verdict="safe"),
+        NotFlagged("cuDNN's fused convolution applies the bias itself",
+                   kind=K.UNFUSED_EPILOGUE, evidence="convbiasactivationforward"),
+    ),
+)

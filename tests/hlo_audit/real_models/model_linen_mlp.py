@@ -94,3 +94,49 @@ TRUTH = ModelTruth(
                    "softmax's and the bias gradients'", says="layer_norm"),
     ),
 )
+
+# ------------------------------------------------------- ground truth, H200 --
+# Read off XLA:GPU's optimized HLO for an H200 (h200/linen_mlp.hlo.gz, jax
+# 0.12). Every dot is a Triton gemm fusion. The forward and input-gradient
+# dots are split-K: the gemm writes partial sums f32[k,128,N] and one loop
+# fusion sums them with the bias and the activation (the gemm's own
+# finish, no boundary); relu and its bias are recomputed as the next gemms'
+# prologue. Each weight gradient is read by one adam fusion writing the
+# parameter and both moments.
+_SPLIT_K = ("f32[4,128,512]", "f32[8,128,512]", "f32[16,128,16]")
+
+TRUTH_H200 = ModelTruth(
+    expect=(
+        Expect(K.UNFUSED_EPILOGUE, f"f32[{HIDDEN},{HIDDEN}]", "dense2", says="outputs:3",
+               bytes=2 * HIDDEN * HIDDEN * 4, why=(
+                   "weight gradient h1^T @ dz2 written, then read once by the adam "
+                   "fusion that writes the parameter, mu and nu: an epilogue writing "
+                   "three outputs")),
+        Expect(K.UNFUSED_EPILOGUE, f"f32[{FEATURES},{HIDDEN}]", "dense1", says="outputs:3",
+               why="weight gradient x^T @ dz1 read once by its adam fusion"),
+        Expect(K.UNFUSED_EPILOGUE, f"f32[{HIDDEN},{CLASSES}]", "logits", says="outputs:3",
+               why="weight gradient h2^T @ dlogits read once by its adam fusion"),
+        Expect(K.UNFUSED_EPILOGUE, _ACT, "logits", bytes=_MN4, why=(
+            "backward dlogits @ W2^T read once by the gelu-backward fusion")),
+        Expect(K.SEPARATE_REDUCTION, _ACT, "gelu2", bytes=_MN4 // 2, why=(
+            "gelu-backward dz2 re-read by the bias-gradient reduce (and by two "
+            "gemms)")),
+        Expect(K.SEPARATE_REDUCTION, _ACT, "relu1", bytes=_MN4 // 2, why=(
+            "relu-backward dz1 (the split-K sum of dz2 @ W1^T, masked) re-read by "
+            "the bias-gradient reduce")),
+        Expect(K.SEPARATE_REDUCTION, f"f32[{BATCH},{CLASSES}]", "loss", says="log_softmax",
+               why=("the logits, written with their row max by the split-K sum of the "
+                    "last gemm, re-read by the exp-sum and the loss reductions")),
+        Expect(K.SEPARATE_REDUCTION, f"f32[{BATCH},{CLASSES}]", "loss",
+               says="column_reduction", why=(
+                   "dlogits (the scatter's result, in place) re-read by the "
+                   "bias-gradient reduce")),
+        Expect(K.UNDONATED_ARGUMENT, None, "update", says="donat", why=(
+            "the step returns this state updated but does not donate it")),
+    ),
+    not_flagged=tuple(
+        NotFlagged("split-K partial sums belong to their gemm: the loop fusion "
+                   "summing them finishes the dot", shape=s) for s in _SPLIT_K) + (
+        NotFlagged("no layer norm here", says="layer_norm"),
+    ),
+)

@@ -127,3 +127,75 @@ TRUTH = ModelTruth(
                    "layout change", says="layout change", evidence="broadcast"),
     ),
 )
+
+# ------------------------------------------------------- ground truth, H200 --
+# Read off XLA:GPU's optimized HLO for an H200 (h200/lstm.hlo.gz, jax 0.12).
+# x is read time-major through a {2,0,1} layout (no copy). Forward loop (32
+# trips): x_t dynamic-sliced for the input gemm, whose result the recurrent
+# gemm adds in its epilogue; h, c and the cell input stored in place by
+# async dynamic-update-slice fusions; no carry copy. Backward loop (32
+# trips): three saved states sliced out by async fusions, both gate gemms
+# recomputed (remat, the four gate weights concatenated inside the gemm
+# fusions), one cell-backward fusion writing the four gate gradients, [x_t,
+# h] and the gate gradients concatenated for the dW gemm and the dh gemm,
+# the recurrent weights concatenated again every step for the dh gemm.
+TRUTH_H200 = ModelTruth(
+    expect=(
+        Expect(K.UNFUSED_EPILOGUE, f"f32[{FEATURES + HIDDEN},{_G}]", "rnn", says="split:8",
+               bytes=2 * (FEATURES + HIDDEN) * _G * 4 * STEPS, why=(
+                   "the per-step dW gemm ([x_t, h]^T @ dgates) read through eight "
+                   "column blocks by eight accumulate kernels")),
+        Expect(K.UNFUSED_EPILOGUE, f"f32[{BATCH},{_G}]", "rnn", says="sigmoid+tanh", count=3,
+               bytes=2 * BATCH * _G * 4 * STEPS, why=(
+                   "the gate gemms (forward x_t @ W_i + h @ W_h + b; the remat's two) "
+                   "each read once by the cell (forward) or cell-backward fusion "
+                   "through four column slices: one epilogue could apply the gates")),
+        Expect(K.SEPARATE_REDUCTION, _STATE, "rnn", says="column_reduction", count=4, why=(
+            "each gate's gradient, written by the cell-backward fusion, re-read by "
+            "the bias-gradient accumulate kernel each step")),
+        Expect(K.MATERIALIZED_SLICE, f"f32[{BATCH},{_G}]", "rnn", says="concatenate", why=(
+            "the four gate gradients concatenated only for the dh gemm, each step")),
+        Expect(K.MATERIALIZED_SLICE, f"f32[{BATCH},{FEATURES + HIDDEN}]", "rnn",
+               says="concatenate", why="[x_t, h] concatenated only for the dW gemm"),
+        Expect(K.MATERIALIZED_SLICE, f"f32[1,{BATCH},{HIDDEN}]", "rnn", says="dynamic-slice",
+               count=2, why=("two saved states sliced out of their stacks for the "
+                             "cell-backward fusion alone, each step")),
+        Expect(K.MATERIALIZED_SLICE, f"f32[{HIDDEN},{_G}]", None, why=(
+            "the four recurrent weights concatenated for the forward loop's gemm")),
+        Expect(K.MATERIALIZED_SLICE, f"f32[{FEATURES},{_G}]", None, why=(
+            "the four input weights concatenated for the forward loop's gemm")),
+        Expect(K.MATERIALIZED_SLICE, f"f32[{_G}]", None, why=(
+            "the four biases concatenated for the forward loop's gemm")),
+        Expect(K.LOOP_INVARIANT, f"f32[{HIDDEN},{_G}]", "rnn", says="hoist", why=(
+            "the backward body concatenates the four loop-invariant recurrent "
+            "weights into [128,512] on each of 32 steps")),
+        Expect(K.UNFUSED_PROLOGUE, f"f32[{BATCH},1,{FEATURES}]", "rnn",
+               says="dynamic-slice", count=2, why=(
+                   "x_t dynamic-sliced into its own buffer for the input gemm "
+                   "(forward), and for the remat gemm and the [x_t, h] concatenate "
+                   "feeding dW (backward)")),
+        Expect(K.UNFUSED_PROLOGUE, f"f32[1,{BATCH},{HIDDEN}]", "rnn", says="dynamic-slice",
+               why="saved h_t sliced out for the remat gemm and the concatenate for dW"),
+        Expect(K.UNFUSED_PROLOGUE, f"f32[1,{BATCH},{HIDDEN}]", "head", says="slice", why=(
+            "h[:, -1] sliced out of the stacked states for the head's gemm and its "
+            "weight-gradient gemm")),
+        Expect(K.UNFUSED_EPILOGUE, _STATE, "head", says="store into slice", why=(
+            "dlogits @ W^T written, then copied by a pad kernel into the zero "
+            "[32,16,128] gradient stack the backward loop reads: the gemm could "
+            "store into it")),
+        Expect(K.UNFUSED_EPILOGUE, f"f32[{HIDDEN},{CLASSES}]", "head", says="outputs:3",
+               why="the head's weight gradient read once by its adam fusion"),
+        Expect(K.COSTLY_REMAT, "2 recomputed dots", "rnn", why=(
+            "the remat recomputes both gate gemms in the backward loop")),
+        Expect(K.UNDONATED_ARGUMENT, None, "optax", says="donat", why=(
+            "the optimizer state is returned updated but not donated")),
+        Expect(K.UNDONATED_ARGUMENT, None, None, says="donat", why=(
+            "params are returned updated but not donated")),
+    ),
+    not_flagged=(
+        NotFlagged("a zero loop initial state is no layout change", says="layout change"),
+        NotFlagged("the cell's activations are sigmoid and tanh: no gelu", says="gelu"),
+        NotFlagged("x is read time-major through its layout: no copy",
+                   kind=K.STANDALONE_COPY),
+    ),
+)

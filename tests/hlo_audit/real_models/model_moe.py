@@ -130,3 +130,64 @@ TRUTH = ModelTruth(
         NotFlagged("no norm in this model", says="norm"),
     ),
 )
+
+# ------------------------------------------------------- ground truth, H200 --
+# Read off XLA:GPU's optimized HLO for an H200 (h200/moe.hlo.gz, jax 0.12).
+# The router's softmax is XLA's one-kernel Triton softmax; top_k is a sort
+# writing sorted values and indices; each reader rebuilds the one-hot
+# dispatch from the indices. Experts are gemms in expert-major layouts
+# ([8,64,256]: experts, features, tokens); the combine ("ted,te->td") and the
+# last Dense(1) run as multiply + reduce, not as dots.
+TRUTH_H200 = ModelTruth(
+    expect=(
+        Expect(K.UNFUSED_EPILOGUE, f"f32[{EXPERTS},{TOKENS},{HIDDEN}]", "expert_out", why=(
+            "dy @ w_out^T per expert read once by the gelu backward")),
+        Expect(K.UNFUSED_EPILOGUE, f"f32[{TOKENS},{EXPERTS * HIDDEN}]", "expert_in",
+               says="gelu", why=("x @ w_in read back by gelu, and by the gelu "
+                                 "backward")),
+        Expect(K.UNFUSED_EPILOGUE, f"f32[{DIM},{EXPERTS}]", "router", says="outputs:3",
+               why="the router's weight gradient read once by its adamw fusion"),
+        Expect(K.SEPARATE_REDUCTION, f"f32[{EXPERTS},{DIM},{TOKENS}]", "expert_out",
+               says="contraction", why=(
+                   "the experts' outputs re-read by the combine, which multiplies "
+                   "them by the routing weights and sums over the experts")),
+        Expect(K.SEPARATE_REDUCTION, f"f32[{EXPERTS},{TOKENS}]", "combine",
+               says="contraction", why="the routing weights re-read by the same combine"),
+        Expect(K.SEPARATE_REDUCTION, f"f32[{DIM},{TOKENS}]", "mix", says="contraction", why=(
+            "the layer's output re-read by the head, a Dense(1) XLA runs as "
+            "multiply + reduce")),
+        Expect(K.SEPARATE_REDUCTION, f"f32[{DIM},{TOKENS}]", "out", says="contraction", why=(
+            "the head's input gradient written only for the kernel summing it "
+            "against the experts' outputs (dcombine), over the features")),
+        Expect(K.SEPARATE_REDUCTION, f"f32[{TOKENS},{DIM}]", "out", says="column_reduction",
+               why=("the head's weight-gradient terms written only for their sum "
+                    "over the tokens")),
+        Expect(K.SEPARATE_REDUCTION, f"f32[{TOKENS},{DIM}]", "router",
+               says="column_reduction", why=(
+                   "the gradient into the first Dense's output re-read by its "
+                   "bias-gradient reduce")),
+        Expect(K.SEPARATE_REDUCTION, f"f32[{TOKENS},{EXPERTS}]", "probs",
+               says="column_reduction", why=(
+                   "the router's probabilities re-read by their mean over tokens "
+                   "(the auxiliary loss)")),
+        Expect(K.SEPARATE_REDUCTION, f"f32[{TOKENS},{EXPERTS}]", "topk", says="reduce", why=(
+            "the sorted top-k values re-read by the combine's sum over the top-k "
+            "axis")),
+        Expect(K.SEPARATE_REDUCTION, f"s32[{TOKENS},{EXPERTS}]", "topk", says="reduce", why=(
+            "the sorted indices re-read by the combine and by the routing counts' "
+            "sum, each rebuilding the one-hot dispatch")),
+        Expect(K.UNDONATED_ARGUMENT, None, None, says="donat", count=2, why=(
+            "params and the optimizer state are returned updated but not donated")),
+    ),
+    not_flagged=(
+        NotFlagged("the combine's sum over the experts is no sum over the batch",
+                   evidence="sum or mean over the batch", shape=f"f32[{EXPERTS},{DIM},{TOKENS}]"),
+        NotFlagged("axis 0 of the expert-major buffers is the experts, not the batch",
+                   evidence="batch axis", shape=f"f32[{EXPERTS},{DIM},{TOKENS}]"),
+        NotFlagged("the aux-loss gradient broadcast is the scatter's destination, "
+                   "updated in place, not re-read by a reduction",
+                   kind=K.SEPARATE_REDUCTION, boundary="loop_broadcast_fusion"),
+        NotFlagged("XLA's Triton softmax is one kernel", says="pallas_kernels.softmax"),
+        NotFlagged("no norm in this model", says="norm"),
+    ),
+)

@@ -188,3 +188,88 @@ TRUTH = ModelTruth(
         NotFlagged("the HLO's epsilon is 1e-05", says="eps=1e-06"),
     ),
 )
+
+# ------------------------------------------------------- ground truth, H200 --
+# Read off XLA:GPU's optimized HLO for an H200 (h200/nnx_vit.hlo.gz, jax
+# 0.12). Dots are Triton gemm fusions, most split-K; the LayerNorms' applies
+# and biases run as the gemms' prologues, and the residual stream is never
+# written: each reader recomputes embed + pos + attention out. Attention is
+# gemm -> XLA's Triton softmax (one kernel) -> gemm, forward and backward.
+# The LayerNorms' statistics: norm1's re-read the embedding gemm's result,
+# norm2's the attention output gemm's split-K partial sums (which the
+# statistics and the apply each sum again), the final norm's are computed in
+# the kernel that finishes fc2.
+_TOK = f"f32[{BATCH},{PATCHES},{DIM}]"
+_HEADS = f"f32[{BATCH * HEADS},{PATCHES},{PATCHES}]"  # per-head scores
+
+TRUTH_H200 = ModelTruth(
+    expect=(
+        Expect(K.SEPARATE_REDUCTION, _HEADS, "attn", says="dot_product_attention",
+               bytes=4 * BATCH * HEADS * PATCHES * PATCHES * 4, why=(
+                   "scores (q @ k^T) written, the Triton softmax writes the "
+                   "probabilities, the PV gemm reads them: gemm -> softmax -> gemm, "
+                   "which only a fused attention kernel keeps on chip")),
+        Expect(K.SEPARATE_REDUCTION, _HEADS, "attn", says="attention", why=(
+            "backward: dP (dO @ v^T) written, the Triton softmax backward writes "
+            "dS, the dQ and dK gemms read it")),
+        Expect(K.SEPARATE_REDUCTION, _R, "embed", says="layer_norm", why=(
+            "the embedding gemm's result re-read by norm1's mean and "
+            "mean-of-squares reduce (with pos added on load)")),
+        Expect(K.SEPARATE_REDUCTION, f"f32[4,{BATCH * PATCHES},{DIM}]", "attn",
+               says="layer_norm", why=(
+                   "the attention output gemm's split-K partial sums re-read by "
+                   "norm2's statistics, which sum them again (as its apply does)")),
+        Expect(K.SEPARATE_REDUCTION, f"f32[{BATCH},{PATCHES},{4 * DIM}]", "mlp1",
+               says="column_reduction", why=(
+                   "gelu-backward dz re-read by fc1's bias-gradient reduce")),
+        Expect(K.SEPARATE_REDUCTION, _TOK, None, says="column_reduction", count=6, why=(
+            "LayerNorm backward terms written beside their row reductions and "
+            "re-read by the gamma-gradient reduces over the tokens (norm1, norm2, "
+            "the final norm); the norms' input gradients re-read by the bias "
+            "gradients of the gemm before them (fc2, the attention output) and, "
+            "for norm1, by the pos and embedding bias gradients")),
+        Expect(K.SEPARATE_REDUCTION, _R, None, says="column_reduction", count=2, why=(
+            "a LayerNorm's dy (the split-K sum of the input gradients) written "
+            "by its row-reduction kernel and re-read by the beta-gradient "
+            "reduce")),
+        Expect(K.SEPARATE_REDUCTION, _TOK, "pool", says="dims {1} of [8,16,64]", why=(
+            "the final norm's apply written only for the mean-pool over tokens")),
+        Expect(K.SEPARATE_REDUCTION, _HEADS, "attn", says="dims {0,2} of [8,4,16,16]",
+               count=2, why=(
+                   "dQ and dK re-read by the query and key bias-gradient reduces "
+                   "over batch and tokens")),
+        Expect(K.SEPARATE_REDUCTION, _HEADS, "attn", says="dims {0,3} of [8,4,16,16]",
+               why="dV (transposed) re-read by the value bias-gradient reduce"),
+        Expect(K.SEPARATE_REDUCTION, f"f32[{BATCH},{DIM}]", "head", says="norm_backward",
+               why=("the pooled gradient re-read by the final norm's backward "
+                    "row sums and its beta-gradient reduce")),
+        Expect(K.UNFUSED_EPILOGUE, f"f32[{BATCH * PATCHES},{4 * DIM}]", "mlp2",
+               bytes=2 * BATCH * PATCHES * 4 * DIM * 4,
+               why="fc2's input gradient read once by the gelu backward"),
+        Expect(K.UNFUSED_EPILOGUE, f"f32[{BATCH * PATCHES},{4 * DIM}]", "mlp1",
+               says="gelu", why=(
+                   "fc1 (norm2's apply and the bias as its prologue) read back by "
+                   "gelu, and by the gelu backward")),
+        Expect(K.UNFUSED_EPILOGUE, f"f32[{DIM},{CLASSES}]", "head", says="outputs:3",
+               why="the head's weight gradient read once by its adamw fusion"),
+        Expect(K.UNFUSED_PROLOGUE, _TOK, "attn", says="affine", why=(
+            "norm1's apply written only for the QKV gemm and its weight-gradient "
+            "gemm")),
+        Expect(K.LAYOUT_CONFLICT, f"f32[{HEADS},{DIM // HEADS},{BATCH},{PATCHES}]", "attn",
+               count=3, why=(
+                   "dQ, dK and dV transposed to [heads, dim, batch, tokens] only for "
+                   "the QKV weight-gradient gemm, which contracts batch and tokens")),
+        Expect(K.UNDONATED_ARGUMENT, None, "update", says="donat", why=(
+            "the step returns this state updated but does not donate it")),
+    ),
+    not_flagged=(
+        NotFlagged("XLA's Triton softmax is one kernel: a softmax kernel removes "
+                   "nothing", says="pallas_kernels.softmax"),
+        NotFlagged("a LayerNorm's variance clamp max(E[x^2] - E[x]^2, 0) is no relu",
+                   says="activation:relu"),
+        NotFlagged("no RMS norm in this model", says="rms_norm"),
+        NotFlagged("the HLO's epsilon is 1e-05", says="eps=1e-06"),
+        NotFlagged("a split-K sum is part of its gemm: no reduction over 4 partial "
+                   "sums", evidence="(4 elements each)"),
+    ),
+)

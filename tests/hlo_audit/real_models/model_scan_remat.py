@@ -99,3 +99,46 @@ TRUTH = ModelTruth(
                    "in place, not expanded broadcasts", kind=K.EXPANDED_BROADCAST),
     ),
 )
+
+# ------------------------------------------------------- ground truth, H200 --
+# Read off XLA:GPU's optimized HLO for an H200 (h200/scan_remat.hlo.gz, jax
+# 0.12). Forward loop (trip 4): the layer's weight is dynamic-sliced by an
+# async fusion for a split-K gemm whose sum fuses bias, tanh and the
+# residual; the carry needs no copy. Backward loop (trip 4): weight, saved
+# input and bias sliced out of their stacks, the forward gemm recomputed
+# (remat), dX and dW gemms, dW's split-K sum stored straight into the
+# gradient stack. The head, a Dense(1), runs as multiply + reduce.
+TRUTH_H200 = ModelTruth(
+    expect=(
+        Expect(K.STANDALONE_COPY, _X, "stack", says="loop-init copy", why=(
+            "entry copy(x) into the forward loop's initial state (x is not donated)")),
+        Expect(K.UNFUSED_PROLOGUE, f"f32[1,{DIM},{DIM}]", "stack", says="dynamic-slice",
+               count=2, why=("the layer's weight dynamic-sliced into its own buffer each "
+                             "trip for its gemms (forward; backward remat and dX)")),
+        Expect(K.UNFUSED_PROLOGUE, f"f32[1,{BATCH},{DIM}]", "stack", says="dynamic-slice",
+               why=("the saved layer input sliced out of the residual stack each "
+                    "backward trip for the remat and dW gemms")),
+        Expect((K.UNFUSED_PROLOGUE, K.MATERIALIZED_SLICE), f"f32[1,{DIM}]", "stack",
+               says="dynamic-slice", why=(
+                   "the layer's bias sliced out of its stack for the kernel that "
+                   "finishes the remat gemm (its split-K sum adds the bias)")),
+        Expect(K.SEPARATE_REDUCTION, _X, "layer_act", bytes=_PER_RUN // 2, why=(
+            "tanh-backward dz re-read by the bias-gradient reduce each trip")),
+        Expect(K.SEPARATE_REDUCTION, _X, "out", says="column_reduction", why=(
+            "the head's weight-gradient terms (dpred * x) written only for their "
+            "sum over the batch: the Dense(1) gradient XLA runs as multiply + "
+            "reduce")),
+        Expect(K.UNDONATED_ARGUMENT, None, "apply_updates", says="donat", count=2, why=(
+            "params and the optimizer state are returned updated but not donated")),
+        Expect(K.COSTLY_REMAT, "1 recomputed dots", "layer_dense", why=(
+            "the backward loop recomputes the layer's forward gemm: a quarter of "
+            "the step's dot flops (the Dense(1) head is no dot here)")),
+    ),
+    not_flagged=(
+        NotFlagged("the loop carry keeps layout {1,0}: no layout change", shape=_X,
+                   says="layout change"),
+        NotFlagged("no transpose anywhere", kind=K.LAYOUT_CONFLICT),
+        NotFlagged("the zero stacks are update destinations written in place",
+                   kind=K.EXPANDED_BROADCAST),
+    ),
+)

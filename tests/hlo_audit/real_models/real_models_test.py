@@ -22,6 +22,9 @@ def _truth(name: str) -> truth.ModelTruth:
   missing = truth.missing_library(name)
   if missing:
     pytest.skip(f"not installed: pip install '{missing}'")
+  unread = truth.cpu_truth_unread(name)
+  if unread:
+    pytest.skip(unread)
   return truth.model(name).TRUTH
 
 
