@@ -22,6 +22,7 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import fnmatch
 import json
 import math
 import os
@@ -40,6 +41,9 @@ _GROUPS = flags.DEFINE_list("groups", "analysis,kernels,swap", "Module groups to
 _SAMPLE = flags.DEFINE_integer("sample", 80, "Mutants run per group (0: all of them).")
 _SEED = flags.DEFINE_integer("seed", 0, "Seed of the sample.")
 _CHILDREN = flags.DEFINE_integer("max_children", 2, "Mutants run at once.")
+_MUTANTS = flags.DEFINE_list(
+    "mutants", [], "Run these mutants (names as survivors.md gives them, fnmatch patterns "
+    "allowed) instead of a sample: to check that new tests kill earlier survivors.")
 _OUT = flags.DEFINE_string("out", None, "Folder for results.json and survivors.md.")
 _KEEP = flags.DEFINE_bool("keep", False, "Keep the scratch copy (its mutants/ folder).")
 
@@ -131,7 +135,8 @@ def _wilson(k: int, n: int) -> tuple[float, float]:
   return max(0.0, c - h), min(1.0, c + h)
 
 
-def run_group(group: Group, sample: int, seed: int, children: int, keep: bool) -> dict:
+def run_group(group: Group, sample: int, seed: int, children: int, keep: bool,
+              only: tuple[str, ...] = ()) -> dict:
   work = tempfile.mkdtemp(prefix=f"mutation-{group.name}-")
   try:
     _copy_project(work)
@@ -144,8 +149,16 @@ def run_group(group: Group, sample: int, seed: int, children: int, keep: bool) -
     if not names:
       raise RuntimeError(f"mutmut listed no mutants for {group.name}:\n"
                          f"{listed.stdout[-2000:]}\n{listed.stderr[-2000:]}")
-    chosen = names if not sample or sample >= len(names) else sorted(
-        random.Random(seed).sample(names, sample))
+    if only:
+      chosen = [n for n in names if any(fnmatch.fnmatchcase(n, p) for p in only)]
+    elif not sample or sample >= len(names):
+      chosen = names
+    else:
+      chosen = sorted(random.Random(seed).sample(names, sample))
+    if not chosen:
+      return {"group": group.name, "mutants": len(names), "sampled": 0, "counts": {},
+              "killed": 0, "judged": 0, "score": None, "interval": [0.0, 1.0],
+              "seconds": time.perf_counter() - t0, "survivors": []}
     _mutmut(work, "run", "--max-children", str(children), *chosen)
     codes = _exit_codes(work)
     from mutmut.stats import status_by_exit_code  # mutmut's own reading of them
@@ -184,7 +197,8 @@ def main(argv):
     raise app.UsageError(f"unknown groups {unknown}; known: {', '.join(GROUPS)}")
   results = []
   for name in _GROUPS.value:
-    r = run_group(GROUPS[name], _SAMPLE.value, _SEED.value, _CHILDREN.value, _KEEP.value)
+    r = run_group(GROUPS[name], _SAMPLE.value, _SEED.value, _CHILDREN.value, _KEEP.value,
+                  tuple(_MUTANTS.value))
     results.append(r)
     lo, hi = r["interval"]
     print(f"{name:9s} {r['killed']:4d}/{r['judged']:<4d} killed "
