@@ -12,7 +12,8 @@ Every mutant of a module is listed, then a seeded sample of each group is run
 (a full run of thousands of mutants takes hours on two cores): the score is
 killed / (killed + survived + not covered) of the sample, with a 95% interval.
 The work happens in a scratch copy, so the checkout gets no `mutants/` folder.
-Survivors are written out with their diffs: each is a test to write.
+Survivors are written out with their diffs: each is a test to write (or an
+equivalent mutant: a change no test can see, listed in DO_NOT_MUTATE with why).
 
 Example:
   pip install -e '.[mutation]'
@@ -89,6 +90,15 @@ def _copy_project(dest: str) -> None:
     shutil.copy2(src, os.path.join(dest, rel))
 
 
+#: Source lines mutmut leaves alone (a regex over each line, and why): each
+#: makes only equivalent mutants, which no test can tell from the original.
+DO_NOT_MUTATE = (
+    # swap/probe.py `_within`: `<` differs from `<=` only when a float error
+    # equals its tolerance exactly.
+    r"^  return err <= tol$",
+)
+
+
 def _configure(work: str, group: Group) -> None:
   with open(os.path.join(work, "pyproject.toml"), "a") as f:
     f.write("\n[tool.mutmut]\n"
@@ -96,6 +106,7 @@ def _configure(work: str, group: Group) -> None:
             f"pytest_add_cli_args_test_selection = {json.dumps(list(group.tests))}\n"
             'also_copy = ["hlo_audit", "pallas_kernels", "tests", "pyproject.toml"]\n'
             "mutate_only_covered_lines = true\n"
+            f"do_not_mutate_patterns = {json.dumps(list(DO_NOT_MUTATE))}\n"
             # JAX starts threads once it imports or computes: a worker forked
             # from a process that did can deadlock, so workers fork from a
             # server that imported neither JAX nor the tests.

@@ -3,6 +3,8 @@ and one trace per input signature."""
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 
@@ -84,7 +86,20 @@ def test_one_trace_per_signature_and_the_report_of_the_last_one():
   other = swapped.report(jax.ShapeDtypeStruct((4, 16), jnp.float32), _F32[1])
   assert len(traces) == 2 and other.sites[0].output == "f32[4,24]"
   assert swapped.last_report is other
+  # So is the dtype.
+  bf16 = swapped.report(jax.ShapeDtypeStruct((8, 16), jnp.bfloat16),
+                        jax.ShapeDtypeStruct((16, 24), jnp.bfloat16))
+  assert len(traces) == 3 and bf16.sites[0].output == "bf16[8,24]"
   # A static (non-array) argument is part of the signature.
   g = pallas_kernels.swap(lambda x, w, k: jnp.tanh(x @ w) * k)
   assert g.report(*_F32, 2.0) is g.report(*_F32, 2.0)
   assert g.report(*_F32, 2.0) is not g.report(*_F32, 3.0)
+
+
+def test_a_partial_is_reported_by_its_function_name():
+  def dense(x, w, scale):
+    return jnp.tanh(x @ w) * scale
+
+  report = pallas_kernels.swap(functools.partial(dense, scale=2.0)).report(*_F32)
+  assert report.function == "test_a_partial_is_reported_by_its_function_name.<locals>.dense"
+  assert str(report).startswith(f"swap({report.function}): 1 replaced")
