@@ -68,6 +68,17 @@ _EPILOGUES = {
         lambda x, w, b, r: jnp.minimum(jax.nn.gelu(x @ w), 1.0),
         "dot_general + activation:gelu_tanh + clamp",
         "matmul(x=f32[8,16], w=f32[16,24], activation='gelu_tanh', clamp=(None, 1.0))"),
+    "relu then a cap (relu6)": (
+        lambda x, w, b, r: jnp.minimum(jax.nn.relu(x @ w), 6.0),
+        "dot_general + activation:relu + clamp",
+        "matmul(x=f32[8,16], w=f32[16,24], activation='relu', clamp=(None, 6.0))"),
+    "tanh clipped both ways": (
+        lambda x, w, b, r: jnp.clip(jnp.tanh(x @ w), -0.5, 0.5),
+        "dot_general + activation:tanh + clamp",
+        "matmul(x=f32[8,16], w=f32[16,24], activation='tanh', clamp=(-0.5, 0.5))"),
+    "a column multiply after the activation stays XLA's": (
+        lambda x, w, b, r: jnp.tanh(x @ w) * jnp.arange(24.0),
+        "dot_general + activation:tanh", "matmul(x=f32[8,16], w=f32[16,24], activation='tanh')"),
     "sigmoid": (
         lambda x, w, b, r: jax.nn.sigmoid(x @ w),
         "dot_general + activation:sigmoid",
@@ -102,26 +113,25 @@ def test_matmul_epilogue_report(name):
 
 
 def test_epilogue_operands_are_transformed_with_their_values():
-  """A subtracted vector is negated, a divisor inverted, a literal bias
-  filled to [N] and a [1, N] bias reshaped: one kernel each, XLA's values."""
+  """A divisor vector is inverted and a subtracted one negated, a literal
+  divisor inverted and a literal bias filled to [N], a traced scalar scale
+  and a [1, N] bias reshaped: one kernel each, XLA's values."""
   k = jax.random.split(jax.random.key(3), 4)
   x, w = jax.random.normal(k[0], (8, 16)), jax.random.normal(k[1], (16, 24)) / 4
   b, s = jax.random.uniform(k[2], (24,), minval=0.5, maxval=2.0), jnp.float32(0.5)
 
   def f(x, w, b, s):
-    return (lax.sub(x @ w, _bias(x @ w, b)),
-            lax.div(x @ w, _bias(x @ w, b)),
-            x @ w / 4.0,
-            x @ w + 2.0,
+    y = x @ w
+    return (lax.sub(lax.div(y, _bias(y, b)), _bias(y, b)),
+            x @ w / 4.0 + 2.0,
             (x @ w) * s + b[None, :])
 
   swapped = pallas_kernels.swap(f)
   sites = swapped.report(x, w, b, s).sites
-  assert [(s.pattern, s.replaced) for s in sites] == [
-      ("dot_general + bias", True), ("dot_general + scale", True),
-      ("dot_general + scale", True), ("dot_general + bias", True),
-      ("dot_general + scale + bias", True)]
-  assert "scale=f32[]" in sites[4].call
+  assert [(s.pattern, s.replaced) for s in sites] == [("dot_general + scale + bias", True)] * 3
+  assert [s.call.removeprefix("matmul(x=f32[8,16], w=f32[16,24], ") for s in sites] == [
+      "bias=f32[24], scale=f32[24])", "bias=f32[24], scale=0.25)",
+      "bias=f32[24], scale=f32[])"]
   for out, ref in zip(jax.jit(swapped)(x, w, b, s), f(x, w, b, s)):
     assert relative_error(out, ref) <= tolerance(ref.dtype), (out, ref)
 
@@ -175,6 +185,21 @@ def test_nothing_to_fuse_is_no_site():
                   (lambda x, w, c: x @ w + jnp.broadcast_to(c[:, None], (8, 24)),
                    (_X, _W, _sds(8)))]:
     assert pallas_kernels.swap(f).report(*args).sites == ()
+
+
+def test_an_activation_the_kernel_lacks_is_no_site():
+  leaky = lambda x, w: jax.nn.leaky_relu(x @ w)
+  assert pallas_kernels.swap(leaky).report(_X, _W).sites == ()
+
+
+def test_bf16_activations_are_told_apart_within_bf16_rounding():
+  x, w = _sds(8, 16, dtype=jnp.bfloat16), _sds(16, 24, dtype=jnp.bfloat16)
+  for act, name in [(jax.nn.silu, "silu"),
+                    (lambda y: jax.nn.gelu(y, approximate=False), "gelu"),
+                    (lambda y: jax.nn.gelu(y, approximate=True), "gelu_tanh")]:
+    site = _only_site(lambda x, w: act(x @ w), x, w)
+    assert site.pattern == f"dot_general + activation:{name}"
+    assert site.output == "bf16[8,24]"
 
 
 # ------------------------------------------------------- matmul prologue ----
@@ -247,6 +272,19 @@ _SOFTMAX = {
     "a cast after the softmax": (
         lambda s: jax.nn.softmax(s * 2.0).astype(jnp.bfloat16), "softmax + scale",
         "softmax(x=f32[2,8,16], scale=2.0)"),
+    "a mask broadcast over the queries": (
+        lambda s, m: jax.nn.softmax(s + m[:, None, :]), "softmax + mask",
+        "softmax(x=f32[2,8,16], mask=f32[2,1,16])", _sds(2, 16)),
+    "a full additive mask": (
+        lambda s, m: jax.nn.softmax(s + m), "softmax + mask",
+        "softmax(x=f32[2,8,16], mask=f32[2,8,16])", _S),
+    "a division by zero is no scale": (
+        lambda s: jax.nn.softmax(s / 0.0), "softmax", "softmax(x=f32[2,8,16])"),
+    "a traced scale is no scale": (
+        lambda s, g: jax.nn.softmax(s * g[0]), "softmax", "softmax(x=f32[2,8,16])", _sds(16)),
+    "converts around the softmax": (
+        lambda s: jax.nn.softmax(s.astype(jnp.float32)).astype(jnp.bfloat16), "softmax",
+        "softmax(x=bf16[2,8,16])"),
     "softmax spelled out": (
         lambda s: (lambda e: e / e.sum(-1, keepdims=True))(jnp.exp(s - s.max(-1, keepdims=True))),
         "softmax", "softmax(x=f32[2,8,16])"),
@@ -255,8 +293,9 @@ _SOFTMAX = {
 
 @pytest.mark.parametrize("name", list(_SOFTMAX))
 def test_softmax_prologue_report(name):
-  f, pattern, call = _SOFTMAX[name]
-  site = _only_site(f, _S)
+  f, pattern, call, *others = _SOFTMAX[name]
+  dtype = jnp.bfloat16 if "bf16" in call else jnp.float32
+  site = _only_site(f, _sds(2, 8, 16, dtype=dtype), *others)
   assert site.replaced, site.reason
   assert (site.pattern, site.call) == (pattern, call)
 
@@ -265,13 +304,12 @@ def test_softmax_masks_and_scales_keep_xlas_values():
   s = jax.random.normal(jax.random.key(4), (2, 8, 16))
 
   def f(s):
-    return (jax.nn.softmax(jnp.where(_KEEP, s, 0.0)),
-            jax.nn.softmax(jnp.where(_KEEP, s / 4.0, -1e9)),
-            jax.nn.softmax(jnp.where(_causal(8), s, -jnp.inf)),
-            *(lambda y: (jax.nn.softmax(y), y))(s * 0.5))
+    return (jax.nn.softmax(jnp.where(_KEEP, s / 4.0, -1e9)),
+            jax.nn.softmax(jnp.where(_causal(8), s, -jnp.inf)))
 
   swapped = pallas_kernels.swap(f)
-  assert len(swapped.report(s).replaced) == 4
+  assert [s.pattern for s in swapped.report(s).replaced] == [
+      "softmax + mask + scale", "softmax + causal mask"]
   for out, ref in zip(jax.jit(swapped)(s), f(s)):
     assert relative_error(out, ref) <= tolerance(ref.dtype)
 
@@ -290,6 +328,43 @@ def test_rms_norm_spellings_with_their_eps_gamma_and_residual():
   assert res.call == ("rms_norm(x=f32[2,8,16], gamma=f32[16], residual=f32[2,8,16], "
                       "eps=1e-06)")
   assert res.output == "f32[2,8,16], f32[2,8,16]"
+
+
+def _x_hat(x, eps=1e-5):
+  m = x.mean(-1, keepdims=True)
+  return (x - m) * lax.rsqrt(((x - m) ** 2).mean(-1, keepdims=True) + eps)
+
+
+_NORMS = {
+    "a gamma of shape [1, 1, N]": (
+        lambda x, g: x * lax.rsqrt((x * x).mean(-1, keepdims=True) + 1e-6) * g, _sds(1, 1, 16),
+        "rms_norm(x=f32[2,8,16], gamma=f32[16], eps=1e-06)"),
+    "a layer norm with gamma only": (
+        lambda x, g: _x_hat(x) * g, _sds(16),
+        "layer_norm(x=f32[2,8,16], gamma=f32[16], beta=constant f32[16], eps=1e-05)"),
+    "a layer norm with beta only": (
+        lambda x, b: _x_hat(x, 1e-3) + b, _sds(16),
+        "layer_norm(x=f32[2,8,16], gamma=constant f32[16], beta=f32[16], eps=0.001)"),
+    "a beta computed from another parameter": (
+        lambda x, g: _x_hat(x) * g + g * g, _sds(16),
+        "layer_norm(x=f32[2,8,16], gamma=f32[16], beta=f32[16], eps=1e-05)"),
+}
+
+
+@pytest.mark.parametrize("name", list(_NORMS))
+def test_norm_parameters_report(name):
+  f, param, call = _NORMS[name]
+  site = _only_site(f, _S, param)
+  assert site.replaced and site.call == call
+
+
+def test_what_is_no_row_norm_is_no_site():
+  """A traced eps (kernels take Python scalars), a softmax over another
+  axis and rows of one element are left alone."""
+  for f, args in [(lambda x, e: _x_hat(x, e), (_S, _sds())),
+                  (lambda x: jax.nn.softmax(x, axis=0), (_S,)),
+                  (lambda x: jax.nn.softmax(x), (_sds(8, 1),))]:
+    assert pallas_kernels.swap(f).report(*args).sites == ()
 
 
 def test_norms_compute_xlas_values():
