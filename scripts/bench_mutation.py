@@ -12,7 +12,8 @@ Every mutant of a module is listed, then a seeded sample of each group is run
 (a full run of thousands of mutants takes hours on two cores): the score is
 killed / (killed + survived + not covered) of the sample, with a 95% interval.
 The work happens in a scratch copy, so the checkout gets no `mutants/` folder.
-Survivors are written out with their diffs: each is a test to write.
+Survivors are written out with their diffs: each is a test to write (or an
+equivalent mutant: a change no test can see, listed in DO_NOT_MUTATE with why).
 
 Example:
   pip install -e '.[mutation]'
@@ -22,6 +23,7 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import fnmatch
 import json
 import math
 import os
@@ -40,6 +42,9 @@ _GROUPS = flags.DEFINE_list("groups", "analysis,kernels,swap", "Module groups to
 _SAMPLE = flags.DEFINE_integer("sample", 80, "Mutants run per group (0: all of them).")
 _SEED = flags.DEFINE_integer("seed", 0, "Seed of the sample.")
 _CHILDREN = flags.DEFINE_integer("max_children", 2, "Mutants run at once.")
+_MUTANTS = flags.DEFINE_list(
+    "mutants", [], "Run these mutants (names as survivors.md gives them, fnmatch patterns "
+    "allowed) instead of a sample: to check that new tests kill earlier survivors.")
 _OUT = flags.DEFINE_string("out", None, "Folder for results.json and survivors.md.")
 _KEEP = flags.DEFINE_bool("keep", False, "Keep the scratch copy (its mutants/ folder).")
 
@@ -85,6 +90,15 @@ def _copy_project(dest: str) -> None:
     shutil.copy2(src, os.path.join(dest, rel))
 
 
+#: Source lines mutmut leaves alone (a regex over each line, and why): each
+#: makes only equivalent mutants, which no test can tell from the original.
+DO_NOT_MUTATE = (
+    # swap/probe.py `_within`: `<` differs from `<=` only when a float error
+    # equals its tolerance exactly.
+    r"^  return err <= tol$",
+)
+
+
 def _configure(work: str, group: Group) -> None:
   with open(os.path.join(work, "pyproject.toml"), "a") as f:
     f.write("\n[tool.mutmut]\n"
@@ -92,6 +106,7 @@ def _configure(work: str, group: Group) -> None:
             f"pytest_add_cli_args_test_selection = {json.dumps(list(group.tests))}\n"
             'also_copy = ["hlo_audit", "pallas_kernels", "tests", "pyproject.toml"]\n'
             "mutate_only_covered_lines = true\n"
+            f"do_not_mutate_patterns = {json.dumps(list(DO_NOT_MUTATE))}\n"
             # JAX starts threads once it imports or computes: a worker forked
             # from a process that did can deadlock, so workers fork from a
             # server that imported neither JAX nor the tests.
@@ -131,7 +146,8 @@ def _wilson(k: int, n: int) -> tuple[float, float]:
   return max(0.0, c - h), min(1.0, c + h)
 
 
-def run_group(group: Group, sample: int, seed: int, children: int, keep: bool) -> dict:
+def run_group(group: Group, sample: int, seed: int, children: int, keep: bool,
+              only: tuple[str, ...] = ()) -> dict:
   work = tempfile.mkdtemp(prefix=f"mutation-{group.name}-")
   try:
     _copy_project(work)
@@ -144,8 +160,16 @@ def run_group(group: Group, sample: int, seed: int, children: int, keep: bool) -
     if not names:
       raise RuntimeError(f"mutmut listed no mutants for {group.name}:\n"
                          f"{listed.stdout[-2000:]}\n{listed.stderr[-2000:]}")
-    chosen = names if not sample or sample >= len(names) else sorted(
-        random.Random(seed).sample(names, sample))
+    if only:
+      chosen = [n for n in names if any(fnmatch.fnmatchcase(n, p) for p in only)]
+    elif not sample or sample >= len(names):
+      chosen = names
+    else:
+      chosen = sorted(random.Random(seed).sample(names, sample))
+    if not chosen:
+      return {"group": group.name, "mutants": len(names), "sampled": 0, "counts": {},
+              "killed": 0, "judged": 0, "score": None, "interval": [0.0, 1.0],
+              "seconds": time.perf_counter() - t0, "survivors": []}
     _mutmut(work, "run", "--max-children", str(children), *chosen)
     codes = _exit_codes(work)
     from mutmut.stats import status_by_exit_code  # mutmut's own reading of them
@@ -184,7 +208,8 @@ def main(argv):
     raise app.UsageError(f"unknown groups {unknown}; known: {', '.join(GROUPS)}")
   results = []
   for name in _GROUPS.value:
-    r = run_group(GROUPS[name], _SAMPLE.value, _SEED.value, _CHILDREN.value, _KEEP.value)
+    r = run_group(GROUPS[name], _SAMPLE.value, _SEED.value, _CHILDREN.value, _KEEP.value,
+                  tuple(_MUTANTS.value))
     results.append(r)
     lo, hi = r["interval"]
     print(f"{name:9s} {r['killed']:4d}/{r['judged']:<4d} killed "

@@ -222,12 +222,9 @@ def _jaxpr_kinds(jaxpr, geo: Geometry, kinds: dict, elementwise_only: bool) -> N
   for v in jaxpr.constvars:
     kinds[v] = geo.kind_of(tuple(v.aval.shape), False)
   for eqn in jaxpr.eqns:
-    in_kinds = []
-    for v in eqn.invars:
-      if isinstance(v, jex_core.Literal):
-        in_kinds.append(geo.kind_of(tuple(np.shape(v.val)), False))
-      else:
-        in_kinds.append(kinds[v])
+    # A literal is a scalar (jaxprs hold no array literals).
+    in_kinds = [Kind.SCALAR if isinstance(v, jex_core.Literal) else kinds[v]
+                for v in eqn.invars]
     row = any(k in (Kind.FULL, Kind.KEEP, Kind.STAT) for k in in_kinds)
     prim = eqn.primitive.name
     if prim in ELEMENTWISE or prim in SHAPE_OPS:
@@ -404,6 +401,15 @@ def _rel_err(out, ref) -> float:
   return float(np.linalg.norm(out - ref) / max(np.linalg.norm(ref), 1e-30))
 
 
+def _within(err: float, tol: float) -> bool:
+  return err <= tol
+
+
+def _agrees(out, ref, tol: float) -> bool:
+  """`out` is `ref` within relative error `tol` (and finite)."""
+  return _within(_rel_err(out, ref), tol)
+
+
 #: Probes agree with a reference within this relative error (float32 math;
 #: reductions reassociate).
 ROW_TOL = 2e-5
@@ -468,7 +474,7 @@ class RowProbe:
       return None
     outs = [o.reshape(-1) for o in outs]
     rows = [r.astype(np.float64) for r in self.rows]
-    if all(_rel_err(o, _softmax(r)) <= ROW_TOL for o, r in zip(outs, rows)):
+    if all(_agrees(o, _softmax(r), ROW_TOL) for o, r in zip(outs, rows)):
       return RowOp("softmax")
     n = self.region.geometry.n
     ones, zeros = np.ones(n), np.zeros(n)
@@ -493,10 +499,10 @@ class RowProbe:
         probes.append((tiny_out.reshape(-1), tiny.astype(np.float64)))
       for g, b in ln_assign:
         bv = zeros if b is None else vec(b)
-        if all(_rel_err(o, _layer_norm(r, vec(g), bv, eps)) <= ROW_TOL for o, r in probes):
+        if all(_agrees(o, _layer_norm(r, vec(g), bv, eps), ROW_TOL) for o, r in probes):
           return RowOp("layer_norm", eps=eps, gamma=g, beta=b)
       for g in rms_assign:
-        if all(_rel_err(o, _rms_norm(r, vec(g), eps)) <= ROW_TOL for o, r in probes):
+        if all(_agrees(o, _rms_norm(r, vec(g), eps), ROW_TOL) for o, r in probes):
           return RowOp("rms_norm", eps=eps, gamma=g)
     return None
 
@@ -563,21 +569,19 @@ class PointProbe:
     # Low-precision regions round their constants too (bf16 GELU's 0.044715).
     tol = max([ELEMENTWISE_TOL] + [_precision(program.avals[o].dtype)
                                    for i in nodes for o in program.nodes[i].outs])
-    best = None
-    for name, fn in _ACTIVATIONS.items():
-      err = _rel_err(y, fn(x64))
-      if err <= tol and (best is None or err < best[0]):
-        best = (err, PointOp(activation=name))
-    if best is not None:
-      return best[1]
+    # The closest activation (tanh-GELU and exact GELU may both agree in bf16).
+    errors = {name: _rel_err(y, fn(x64)) for name, fn in _ACTIVATIONS.items()}
+    closest = min(errors, key=errors.__getitem__)
+    if _within(errors[closest], tol):
+      return PointOp(activation=closest)
     bounds = [None] + [c for c in consts if np.isfinite(c)]
     for lo in bounds:
       for hi in bounds:
         if (lo is None and hi is None) or (lo is not None and hi is not None and lo > hi):
           continue
-        if _rel_err(y, np.clip(x64, lo, hi)) <= tol:
+        if _agrees(y, np.clip(x64, lo, hi), tol):
           return PointOp(clamp=(lo, hi))
         for name, fn in _ACTIVATIONS.items():
-          if _rel_err(y, np.clip(fn(x64), lo, hi)) <= tol:
+          if _agrees(y, np.clip(fn(x64), lo, hi), tol):
             return PointOp(activation=name, clamp=(lo, hi))
     return None

@@ -265,7 +265,7 @@ def _plan_bodies(node, options: _Options, where: str,
       return list(jax.lax.switch(invals[0], fns, *invals[1:]))
 
     return run_cond
-  if prim in ("remat2", "checkpoint", "remat"):
+  if prim == "remat2":  # jax.checkpoint's primitive on every supported jax
     sub = _subplan(p["jaxpr"], options, label + "checkpoint body", sites)
     if sub is None:
       return None
@@ -280,7 +280,9 @@ def _plan_bodies(node, options: _Options, where: str,
   if prim in ("custom_jvp_call", "custom_vjp_call") and \
       isinstance(p.get("call_jaxpr"), jex_core.ClosedJaxpr):
     closed = p["call_jaxpr"]
-    sub = _subplan(closed, options, f"{label}{prim} {p.get('name', '')}".strip(), sites)
+    # The decorated function's name (the equation has no `name` param).
+    name = closed.jaxpr.debug_info.func_name
+    sub = _subplan(closed, options, f"{label}{prim} {name}", sites)
     if sub is None:
       return None
     prog, plan = sub

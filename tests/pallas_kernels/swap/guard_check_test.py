@@ -46,3 +46,19 @@ def test_bad_questions_raise():
     pallas_kernels.check_guard("matmull", _sds((2, 2)), _sds((2, 2)))
   with pytest.raises(ValueError, match="drop implementation="):
     pallas_kernels.check_guard("softmax", _sds((2, 2)), implementation="xla")
+
+
+def test_answers_are_per_shape_dtype_and_option():
+  """Each question is answered for its own shapes, dtypes and options (the
+  answers are cached: a cache too coarse would repeat an earlier answer)."""
+  ask = lambda dtype, n=512, **kw: pallas_kernels.check_guard(
+      "matmul", _sds((64, 256), dtype), _sds((256, n), dtype), **kw)
+  assert ask("float32").runs and not ask("int32").runs and ask("float32").runs
+  assert ask("float32", n=255).runs and ask("float32", n=255).reason is None
+  assert ask("float32", activation="relu").runs
+  assert ask("float32", activation="nope").reason.startswith("invalid call: ")
+  assert ask("float32", bias=_sds((512,))).runs
+  assert ask("float32", bias=_sds((511,))).reason.startswith("invalid call: ")
+  # A scalar keyword is a value, part of the question as well.
+  assert pallas_kernels.check_guard("softmax", _sds((8, 128)), scale=0.5).runs
+  assert pallas_kernels.check_guard("softmax", _sds((8, 128)), scale=0.5, causal=True).runs

@@ -239,3 +239,38 @@ def test_checkpoint_body_is_swapped_with_gradients(mlp_args):
   _close(jax.jit(swapped)(x, w), f(x, w))
   loss = lambda g: jax.jit(jax.grad(lambda x, w: (g(x, w) ** 2).sum(), argnums=(0, 1)))
   _close(loss(swapped)(x, w), loss(f)(x, w), grad=True)
+
+
+@jax.custom_jvp
+def _dense_jvp(x, w):
+  return jnp.tanh(x @ w)
+
+
+@_dense_jvp.defjvp
+def _dense_jvp_rule(primals, tangents):
+  (x, w), (dx, dw) = primals, tangents
+  y = _dense_jvp(x, w)
+  return y, (1 - y * y) * (dx @ w + x @ dw) * 2.0  # not tanh's: the user's rule
+
+
+@jax.custom_vjp
+def _dense_vjp(x, w):
+  return jax.nn.sigmoid(x @ w)
+
+
+_dense_vjp.defvjp(lambda x, w: (_dense_vjp(x, w), (x, w)),
+                  lambda res, g: (g @ res[1].T * 3.0, res[0].T @ g))
+
+
+def test_custom_derivative_bodies_are_swapped_and_keep_the_users_rules(mlp_args):
+  x, w, _ = mlp_args
+  f = lambda x, w: (_dense_jvp(x, w) ** 2).sum() + _dense_vjp(x, w).sum()
+  swapped = pallas_kernels.swap(f)
+  sites = swapped.report(x, w).sites
+  assert [(s.where, s.pattern) for s in sites] == [
+      ("custom_jvp_call _dense_jvp", "dot_general + activation:tanh"),
+      ("custom_vjp_call _dense_vjp", "dot_general + activation:sigmoid")]
+  assert all(s.replaced for s in sites) and _pallas_calls(swapped, x, w) == 2
+  _close(jax.jit(swapped)(x, w), f(x, w))
+  grad = lambda g: jax.jit(jax.grad(g, argnums=(0, 1)))
+  _close(grad(swapped)(x, w), grad(f)(x, w), grad=True)
