@@ -26,6 +26,7 @@ from hlo_audit._src.analysis.schedule import Schedule
 from hlo_audit._src.errors import HloAuditError
 from hlo_audit._src.hlo.ir import Computation, HloModule, Instruction
 
+
 class WhatIfError(HloAuditError, ValueError):
   """A what-if naming a buffer, argument or finding the program lacks."""
 
@@ -53,7 +54,7 @@ class Tables:
   primitives: dict[str, frozenset[str]] = dataclasses.field(default_factory=dict)
   #: computation -> instruction name -> its users, in text order.
   users: dict[str, dict[str, list[Instruction]]] = dataclasses.field(default_factory=dict)
-  #: kernel name -> "dot", "convolution" or None (`detectors.common.anchor`).
+  #: kernel name -> "dot", "convolution" or None (`detectors.common.anchor_of`).
   anchors: dict[str, str | None] = dataclasses.field(default_factory=dict)
   #: kernel name -> for each operand, the kernels whose outputs it holds.
   inputs: dict[str, tuple[tuple[str, ...], ...]] = dataclasses.field(default_factory=dict)
@@ -62,7 +63,7 @@ class Tables:
   #: (dims, broadcast dims) -> {kernel name: source dims}
   #: (`detectors.reductions`; None until asked).
   scales: dict | None = None
-  #: The program's collectives (`collectives.collectives_of`; None until asked).
+  #: The program's collectives (`collectives.find_collectives`; None until asked).
   collectives: tuple | None = None
 
   def clear(self) -> None:
@@ -75,8 +76,9 @@ class Tables:
 @dataclasses.dataclass(frozen=True, slots=True)
 class Program:
   """The audited program and the audit's settings, as every finder and
-  replay reads them. The fields are fixed; `tables` and `cache` fill as the
-  finders and replays ask."""
+  replay reads them. The fields are fixed, and the tables derived from them
+  (`comps`, `writes`, `loop_of`, `has_backward`) made once; `tables` and
+  `cache` fill as the finders and replays ask."""
 
   module: HloModule
   schedule: Schedule
@@ -112,6 +114,7 @@ class Program:
   has_backward: bool = dataclasses.field(init=False, compare=False, repr=False)
 
   def __post_init__(self) -> None:
+    """Derives the tables every finder reads."""
     module, set_ = self.module, object.__setattr__
     by_kernel: dict[str, list[Buffer]] = {}
     for b in self.buffers.values():

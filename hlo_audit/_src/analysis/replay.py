@@ -295,6 +295,8 @@ def remat_split(dataflow: Dataflow, schedule: Schedule,
   return points[i], points[i + 1], max(end, times[-1])
 
 
+# --------------------------------------------------------------- budget ----
+
 #: Work one audit may spend on full replays of per-finding peaks, in
 #: `full_replay_cost` units, per instruction of the module. A unit costs
 #: ~7-10 us on one core, the rest of the audit ~12-20 us an instruction, so
