@@ -44,5 +44,5 @@ from hlo_audit._src.report.units import fmt_delta_bytes as format_bytes_delta
 from hlo_audit._src.report.units import fmt_source as format_source
 from hlo_audit._src.report.report import AuditReport as AuditReport
 from hlo_audit._src.analysis.collectives import Collective as Collective
-from hlo_audit._src.analysis.what_if import WhatIf as WhatIf
-from hlo_audit._src.analysis.what_if import WhatIfError as WhatIfError
+from hlo_audit._src.analysis.replay import WhatIf as WhatIf
+from hlo_audit._src.analysis.program import WhatIfError as WhatIfError

@@ -353,7 +353,7 @@ def corpus_table(repeats: int) -> None:
   """Table 4: audit_hlo of large third-party modules against their parse."""
   import hlo_audit
   from hlo_audit._src import audit as audit_mod
-  from hlo_audit._src.analysis import collectives, memory_findings
+  from hlo_audit._src.analysis import collectives, detectors, memory_findings
 
   root = os.environ.get("HLO_CORPUS") or os.path.join(
       os.path.dirname(os.path.abspath(__file__)), "..", "..", "shared", "hlo_corpus")
@@ -378,9 +378,10 @@ def corpus_table(repeats: int) -> None:
           spent[0] += time.perf_counter() - start
     return wrapper
 
-  for mod, name in ((audit_mod, "peak_after_fusions"), (audit_mod, "exact_peaks"),
-                    (collectives, "peak_after_fusions"), (memory_findings, "replay")):
-    if hasattr(mod, name):  # (older trees, for before/after runs)
+  for mod, name in ((detectors, "peak_after_fusions"), (audit_mod, "exact_peaks"),
+                    (collectives, "peak_after_fusions"), (memory_findings, "replay"),
+                    (audit_mod, "peak_after_fusions")):
+    if hasattr(mod, name):  # (older trees too, for before/after runs)
       setattr(mod, name, timed(getattr(mod, name)))
   hlo_audit.audit_hlo(_SMALL)  # warm-up: imports
   print(f"\n4. audit_hlo of third-party modules against their parse (median of "

@@ -11,35 +11,36 @@ import dataclasses
 import os
 from typing import Any
 
-from hlo_audit._src.analysis import custom_calls
+from hlo_audit._src.analysis import collectives, custom_calls, detectors, memory_findings
+from hlo_audit._src.analysis import source as source_mod
 from hlo_audit._src.analysis.buffer_sharing import infer_platform
 from hlo_audit._src.analysis.buffers import find_buffers
-from hlo_audit._src.analysis.collectives import find_collective_findings, find_collectives
 from hlo_audit._src.analysis.dataflow import analyze_dataflow
-from hlo_audit._src.analysis import source as source_mod
-from hlo_audit._src.analysis.detectors import find_findings
 from hlo_audit._src.analysis.kernel_library import installed_libraries
-from hlo_audit._src.analysis.options import AuditOptions
-from hlo_audit._src.analysis.records import Verdict
 from hlo_audit._src.analysis.kernels import find_kernels
 from hlo_audit._src.analysis.liveness import analyze_liveness
-from hlo_audit._src.analysis.memory_findings import (exact_peaks, find_memory_findings,
-                                                     with_peaks)
+from hlo_audit._src.analysis.options import AuditOptions
+from hlo_audit._src.analysis.program import Program, arguments_of
+from hlo_audit._src.analysis.records import FusionDecisionRecord
+from hlo_audit._src.analysis.replay import exact_peaks
 from hlo_audit._src.analysis.schedule import flatten_schedule
 from hlo_audit._src.analysis.source import release_tables
-from hlo_audit._src.analysis.suggestions import add_suggestions
-from hlo_audit._src.analysis.what_if import Program, arguments_of, peak_after_fusions
 from hlo_audit._src.capture.capture import Capture, capture, capture_text
 from hlo_audit._src.capture.dump import load_dump
 from hlo_audit._src.errors import HloAuditError
 from hlo_audit._src.gc_pause import paused_gc
 from hlo_audit._src.hlo.ir import HloModule
-from hlo_audit._src.hlo.parser import parse_hlo
 from hlo_audit._src.report.report import AuditReport, ModuleInfo
 from hlo_audit._src.target.target import Target
 
 #: Our peak and XLA's are expected to agree this closely.
 PEAK_TOLERANCE = 0.01
+
+#: What the audit looks for, in report order: the fusion boundaries XLA
+#: left (one detector per class), then memory (donation, remat), then
+#: collectives. Each finder takes the program and returns its records, each
+#: with the peak after its change where it has one.
+FINDERS = (detectors.find, memory_findings.find, collectives.find)
 
 
 def audit(fn: Any, *args: Any, xla_reports: bool = False,
@@ -132,38 +133,23 @@ def _audit_capture(cap: Capture, options: AuditOptions) -> AuditReport:
            "user_paths": options.user_paths}
   kernels = find_kernels(module, schedule, dataflow, scopes=libraries.scopes, **paths)
   buffers = find_buffers(module, schedule, dataflow, liveness, kernels, **paths)
-  optimized = is_optimized(module)
-  # Fusion findings judge XLA's decisions: a module XLA has not optimized
-  # holds none yet (every op would read as a boundary left unfused).
-  findings = find_findings(module, schedule, dataflow, kernels, buffers,
-                           liveness.peak_bytes, options, libraries) if optimized else ()
-  stacks = _source_stacks(findings, kernels, buffers)  # set with the peaks
-  findings = add_suggestions(findings, module, libraries)
   program = Program(module=module, schedule=schedule, dataflow=dataflow,
-                    liveness=liveness,
-                    arguments=arguments_of(module, cap.argument_names), cache=cache,
-                    platform=platform)
-  # Every finding's peak after its change alone (what_if.py), then the
-  # memory findings, which carry their own.
-  fusions = [(f.boundary, f.producer, f.consumers)
-             if f.boundary and f.verdict is not Verdict.KEEP and not f.boundary_kept
-             else None for f in findings]
-  peaks = peak_after_fusions(program, fusions)
-  peaks = [(liveness.peak_bytes, True) if f.boundary_kept else p
-           for f, p in zip(findings, peaks)]
-  findings = with_peaks(findings, peaks, liveness.peak_bytes, stacks)
-  collectives = find_collectives(module, program, kernels)
-  extra = [*find_memory_findings(program, kernels, buffers, cap.argument_names,
-                                 min_peak_saved=options.min_bytes_saved),
-           *find_collective_findings(program, kernels, buffers, collectives,
-                                     _parameter_shardings(cap))] if optimized else []
+                    liveness=liveness, kernels={k.name: k for k in kernels},
+                    buffers={b.name: b for b in buffers},
+                    arguments=arguments_of(module, cap.argument_names),
+                    platform=platform, options=options, libraries=libraries,
+                    pre_optimization_text=cap.pre_optimization_text or "", cache=cache)
+  optimized = is_optimized(module)
+  # The findings judge XLA's decisions: a module XLA has not optimized holds
+  # none yet (every op would read as a boundary left unfused).
+  found = [f for find in FINDERS for f in find(program)] if optimized else []
   # Full replays for the estimated peaks that can move, the largest first,
   # within one budget for the whole audit (donation took its share first).
-  everything = exact_peaks(program, [*findings, *extra],
-                           min_peak_saved=options.min_bytes_saved)
-  findings = _merged([f for f in everything[:len(findings)] if f is not None],
-                     [f for f in everything[len(findings):] if f is not None])
+  found = exact_peaks(program, found, min_peak_saved=options.min_bytes_saved)
+  findings = _one_per_boundary([f for f in found if f is not None])
   release_tables(module)  # every finding has its source by now
+  program_collectives = collectives.find_collectives(program)
+  program.tables.clear()  # the report keeps the program, not the finders' tables
   xla_peak = _xla_peak(cap)
   notes = list(cap.notes) + list(libraries.notes)
   if not optimized:
@@ -202,7 +188,7 @@ def _audit_capture(cap: Capture, options: AuditOptions) -> AuditReport:
       timeline=liveness.timeline,
       live_at_peak=tuple(names[b] for b in liveness.live_at_peak),
       cost_analysis=cap.cost_analysis, notes=tuple(notes), options=options,
-      collectives=collectives, program=program,
+      collectives=program_collectives, program=program,
       kernel_libraries=tuple(lib.name for lib in libraries.libraries))
 
 
@@ -233,13 +219,14 @@ def is_optimized(module: HloModule) -> bool:
   return False
 
 
-def _merged(findings, extra) -> tuple:
-  """`findings` and `extra`, one record per boundary: an extra record whose
-  boundary a finding already names becomes a note on it (the first record's
-  verdict stands; its peak is filled from the extra when it had none)."""
-  out = list(findings)
-  at = {(f.computation, f.boundary): i for i, f in enumerate(out) if f.boundary}
-  for f in extra:
+def _one_per_boundary(findings: list[FusionDecisionRecord]) -> tuple:
+  """`findings`, one record per boundary: a later finder's record on a
+  boundary an earlier record names becomes a note on it (the first record's
+  verdict stands; its peak is filled from the later one when it had none).
+  The detectors' records are one per boundary already."""
+  out: list[FusionDecisionRecord] = []
+  at: dict[tuple[str, str], int] = {}
+  for f in findings:
     i = at.get((f.computation, f.boundary)) if f.boundary else None
     if i is None:
       if f.boundary:
@@ -254,33 +241,6 @@ def _merged(findings, extra) -> tuple:
         peak_saved=first.peak_saved if first.peak_after is not None else f.peak_saved,
         peak_exact=first.peak_exact if first.peak_after is not None else f.peak_exact)
   return tuple(out)
-
-
-def _parameter_shardings(cap: Capture) -> dict[int, str]:
-  """Entry parameter number -> sharding, for a partitioned module whose
-  optimized parameters lost theirs (newer XLA): from the HLO before
-  optimization, which keeps them."""
-  module = cap.module
-  if module.attributes.get("num_partitions", "1") in ("0", "1") or not \
-      cap.pre_optimization_text or all(p.sharding for p in module.entry.parameters):
-    return {}
-  try:
-    pre = parse_hlo(cap.pre_optimization_text)
-  except HloAuditError:
-    return {}
-  return {p.parameter_number: p.sharding for p in pre.entry.parameters if p.sharding}
-
-
-def _source_stacks(findings, kernels, buffers) -> list[tuple]:
-  """Each finding's stack: that of the buffer or kernel it names whose
-  `source` it took (detectors copy `source` only)."""
-  stacks = {}
-  for row in tuple(kernels) + tuple(buffers):
-    if row.source is not None:
-      stacks.setdefault((row.name, row.source), row.source_stack)
-  return [next((stacks[(n, f.source)] for n in (f.boundary, f.producer, *f.consumers)
-                if (n, f.source) in stacks), (f.source,) if f.source else ())
-          for f in findings]
 
 
 def _xla_peak(cap: Capture) -> int | None:

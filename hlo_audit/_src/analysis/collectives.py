@@ -21,16 +21,19 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 
-from hlo_audit._src.analysis.buffers import Buffer, is_layout_conversion
+from hlo_audit._src.analysis.buffers import is_layout_conversion
 from hlo_audit._src.analysis.kernels import Kernel
-from hlo_audit._src.analysis.source import attribute
+from hlo_audit._src.analysis.program import Program
 from hlo_audit._src.analysis.records import (FindingKind, FusionDecisionRecord,
                                              NumericalClass, Verdict)
-from hlo_audit._src.analysis.what_if import Program, peak_after_fusions
+from hlo_audit._src.analysis.replay import peak_after_fusions
+from hlo_audit._src.analysis.source import attribute
+from hlo_audit._src.errors import HloAuditError
 from hlo_audit._src.hlo import opcodes
 from hlo_audit._src.hlo.ir import Computation, HloModule, Instruction
+from hlo_audit._src.hlo.parser import parse_hlo
 
 #: Start halves and the collective they begin.
 _STARTS = {"all-gather-start": "all-gather", "all-reduce-start": "all-reduce",
@@ -133,10 +136,17 @@ def _bytes(shape) -> int:
   return shape.byte_size
 
 
-def find_collectives(module: HloModule, program: Program,
-                     kernels: Sequence[Kernel]) -> tuple[Collective, ...]:
-  """Every collective in schedule order, async halves paired."""
-  schedule = program.schedule
+def find_collectives(program: Program) -> tuple[Collective, ...]:
+  """Every collective in schedule order, async halves paired (found once
+  per audit: the report lists them, the findings read them)."""
+  if program.tables.collectives is None:
+    program.tables.collectives = _collectives(program)
+  return program.tables.collectives
+
+
+def _collectives(program: Program) -> tuple[Collective, ...]:
+  module, schedule = program.module, program.schedule
+  kernels = program.kernels.values()
   time = schedule.time
   trip = {k.name: k.trip_count for k in kernels}
   by_comp: dict[str, list[Kernel]] = {}
@@ -208,19 +218,12 @@ def _collective_opcode(module: HloModule, inst: Instruction) -> str | None:
 # ------------------------------------------------------------- findings ----
 
 
-def find_collective_findings(program: Program, kernels: Sequence[Kernel],
-                             buffers: Sequence[Buffer],
-                             collectives: Sequence[Collective],
-                             parameter_shardings: Mapping[int, str] | None = None
-                             ) -> list[FusionDecisionRecord]:
+def find(program: Program) -> tuple[FusionDecisionRecord, ...]:
   """Exposed communication, resharding copies, collective-matmul candidates
-  and replicated parameters of a partitioned program. `parameter_shardings`
-  (entry parameter number -> sharding text) stands in for the parameters'
-  own `sharding=`, which newer XLA drops from optimized HLO."""
+  and replicated parameters of a partitioned program."""
   module = program.module
   found: list[FusionDecisionRecord] = []
-  users = _users(module, program)
-  kernels_by_name = {k.name: k for k in kernels}
+  collectives = find_collectives(program)
   for c in collectives:
     comp = module.computation(c.computation)
     inst = comp.instruction(c.name)
@@ -242,7 +245,7 @@ def find_collective_findings(program: Program, kernels: Sequence[Kernel],
     result = c.done or c.name
 
     def reshard(copy: Instruction, what: str, reason: str, suggestion: str):
-      k = kernels_by_name.get(copy.name)
+      k = program.kernels.get(copy.name)
       found.append(_record(
           FindingKind.RESHARD_AROUND_COLLECTIVE, c, boundary=copy.name,
           shape=copy.shape.dtype_str if copy.shape is not None else "",
@@ -252,7 +255,7 @@ def find_collective_findings(program: Program, kernels: Sequence[Kernel],
           risks=("the layout may be forced by a custom call or an output",),
           suggestion=suggestion, loc=loc, program=program))
 
-    for reader in _readers(users, comp, result):
+    for reader in _readers(program, comp, result):
       if is_layout_conversion(module, reader):
         reshard(reader, "result",
                 "the layout after the collective differs from what its reader wants",
@@ -262,12 +265,12 @@ def find_collective_findings(program: Program, kernels: Sequence[Kernel],
       if operand in comp:
         src = comp.instruction(operand)
         if is_layout_conversion(module, src) and [
-            r.name for r in _readers(users, comp, src.name)] == [c.name]:
+            r.name for r in _readers(program, comp, src.name)] == [c.name]:
           reshard(src, "operand", "a layout change made only to feed the collective",
                   "shard along the dimension the producer writes, or let "
                   "the collective take the producer's layout")
     if c.opcode == "all-gather":
-      readers = _readers(users, comp, result, through_layout=True, module=module)
+      readers = _readers(program, comp, result, through_layout=True)
       if readers and all(_is_dot(module, r) for r in readers):
         found.append(_record(
             FindingKind.COLLECTIVE_MATMUL, c, boundary=result,
@@ -282,8 +285,8 @@ def find_collective_findings(program: Program, kernels: Sequence[Kernel],
             loc=loc, program=program, drop=(result,)))
   # Headers without num_partitions: the widest collective group tells.
   widest = max((c.group_size or 0 for c in collectives), default=0)
-  found += _replicated(program, parameter_shardings or {}, widest)
-  return found
+  found += _replicated(program, _parameter_shardings(program), widest)
+  return tuple(found)
 
 
 def _record(kind, c: Collective, *, boundary, shape, bytes_saved, evidence, reasons,
@@ -292,7 +295,7 @@ def _record(kind, c: Collective, *, boundary, shape, bytes_saved, evidence, reas
   exact = True
   if drop:
     # Dropping the gathered buffer is fusing it away with no inputs kept (the
-    # quick estimate where it can move the peak: memory_findings.exact_peaks).
+    # quick estimate where it can move the peak: replay.exact_peaks).
     (peak,) = peak_after_fusions(program, [(drop[0], "", ())])
     if peak is not None:
       peak_after, exact = peak
@@ -320,30 +323,20 @@ def _shape(comp: Computation, c: Collective) -> str:
   return shape.dtype_str if shape is not None and not shape.is_tuple else ""
 
 
-def _users(module: HloModule, program: Program) -> dict[tuple[str, str], list[Instruction]]:
-  out: dict[tuple[str, str], list[Instruction]] = {}
-  for comp_name in program.schedule.span:
-    comp = module.computation(comp_name)
-    for inst in comp.instructions:
-      for o in inst.operands:
-        out.setdefault((comp_name, o), []).append(inst)
-  return out
-
-
-def _readers(users, comp: Computation, name: str, through_layout: bool = False,
-             module: HloModule | None = None) -> list[Instruction]:
-  """Instructions reading `name`, seen through bitcasts, tuples and
+def _readers(program: Program, comp: Computation, name: str,
+             through_layout: bool = False) -> list[Instruction]:
+  """Instructions of `comp` reading `name`, seen through bitcasts, tuples and
   get-tuple-element (and layout conversions when `through_layout`)."""
   out: list[Instruction] = []
   stack = [name]
   seen = set()
   while stack:
     cur = stack.pop()
-    for u in users.get((comp.name, cur), ()):
+    for u in program.users(comp, cur):
       if u.name in seen:
         continue
       seen.add(u.name)
-      if u.opcode in _PASS or (through_layout and is_layout_conversion(module, u)):
+      if u.opcode in _PASS or (through_layout and is_layout_conversion(program.module, u)):
         stack.append(u.name)
       else:
         out.append(u)
@@ -402,3 +395,18 @@ def _replicated(program: Program, shardings: Mapping[int, str],
         suggestion=f"NamedSharding(mesh, P({spec})) for {path}",
         peak_after=peak - wasted, peak_saved=wasted))
   return found
+
+
+def _parameter_shardings(program: Program) -> Mapping[int, str]:
+  """Entry parameter number -> sharding, for a partitioned module whose
+  optimized parameters lost theirs (newer XLA): from the HLO before
+  optimization, which keeps them."""
+  module = program.module
+  if module.attributes.get("num_partitions", "1") in ("0", "1") or not \
+      program.pre_optimization_text or all(p.sharding for p in module.entry.parameters):
+    return {}
+  try:
+    pre = parse_hlo(program.pre_optimization_text)
+  except HloAuditError:
+    return {}
+  return {p.parameter_number: p.sharding for p in pre.entry.parameters if p.sharding}

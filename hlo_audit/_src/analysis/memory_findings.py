@@ -1,7 +1,7 @@
 """Findings that lower the peak: arguments not donated, and remat choices.
 
 Each finding carries `peak_after`/`peak_saved` from a what-if replay of the
-change it proposes (what_if.py), so that the report ranks them by what they
+change it proposes (replay.py), so that the report ranks them by what they
 take off the peak.
 
 - Undonated argument: an entry parameter not in `input_output_alias` whose
@@ -21,19 +21,16 @@ take off the peak.
 
 from __future__ import annotations
 
-import dataclasses
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 
-from hlo_audit._src.analysis.buffers import Buffer, Lifetime
-from hlo_audit._src.analysis.kernels import Kernel
-from hlo_audit._src.analysis.source import attribute
+from hlo_audit._src.analysis.buffers import Lifetime
+from hlo_audit._src.analysis.donation import donation_aliases
+from hlo_audit._src.analysis.program import Program, WhatIfError, parameter_paths
 from hlo_audit._src.analysis.records import (FindingKind, FusionDecisionRecord,
                                              NumericalClass, Verdict)
-from hlo_audit._src.analysis.what_if import (Program, WhatIfError, arguments_of,
-                                             buffer_name, donation_aliases,
-                                             parameter_paths, peak_mover_bytes,
-                                             remat_split, replay, take_full_replay)
+from hlo_audit._src.analysis.replay import remat_split, replay, take_full_replay
+from hlo_audit._src.analysis.source import attribute
 from hlo_audit._src.hlo import opcodes
 from hlo_audit._src.hlo.ir import Computation, HloModule, Instruction
 
@@ -61,14 +58,9 @@ def _under_remat(op_name: str) -> bool:
   return False
 
 
-def find_memory_findings(program: Program, kernels: Sequence[Kernel],
-                         buffers: Sequence[Buffer], argument_names: Sequence[str] = (),
-                         min_peak_saved: int = 1) -> list[FusionDecisionRecord]:
+def find(program: Program) -> tuple[FusionDecisionRecord, ...]:
   """Donation and remat findings with their replayed peaks."""
-  found = _undonated(program, argument_names)
-  found += _remat_candidates(program, kernels, buffers, min_peak_saved)
-  found += _costly_remats(program, kernels)
-  return found
+  return (*_undonated(program), *_remat_candidates(program), *_costly_remats(program))
 
 
 # ------------------------------------------------------------- donation ----
@@ -82,7 +74,7 @@ def _function_name(module: HloModule) -> str:
   return name or "f"
 
 
-def _undonated(program: Program, argument_names: Sequence[str]) -> list[FusionDecisionRecord]:
+def _undonated(program: Program) -> list[FusionDecisionRecord]:
   module, dataflow, schedule = program.module, program.dataflow, program.schedule
   entry = module.entry
   donated = {a.parameter for a in module.input_output_alias}
@@ -94,7 +86,7 @@ def _undonated(program: Program, argument_names: Sequence[str]) -> list[FusionDe
   root = entry.instruction(entry.root_name)
   out_value = dict(dataflow.holds.get(root.name, ()))
   time = schedule.time
-  args = {a.parameter: a for a in arguments_of(module, argument_names)}
+  args = {a.parameter: a for a in program.arguments}
   groups: dict[tuple, list[tuple[int, tuple[int, ...], int, int]]] = {}
   for index, n in pairs:
     p = by_number[n]
@@ -181,16 +173,14 @@ def _elementwise_cost(module: HloModule, inst: Instruction) -> tuple[bool, int]:
   return cheap, flops
 
 
-def _remat_candidates(program: Program, kernels: Sequence[Kernel],
-                      buffers: Sequence[Buffer], min_peak_saved: int
-                      ) -> list[FusionDecisionRecord]:
+def _remat_candidates(program: Program) -> list[FusionDecisionRecord]:
   module, dataflow, schedule, live = (program.module, program.dataflow,
                                       program.schedule, program.liveness)
-  kernel_by_name = {k.name: k for k in kernels}
+  min_peak_saved = program.options.min_bytes_saved
   at_peak = set(live.live_at_peak)
   found = []
   replays = 0
-  for b in buffers:  # largest first
+  for b in program.buffers.values():  # largest first
     if b.lifetime in (Lifetime.INPUT, Lifetime.EXTERNAL_OUTPUT, Lifetime.COMMUNICATION) \
         or b.internal or not b.producer:
       continue
@@ -198,8 +188,8 @@ def _remat_candidates(program: Program, kernels: Sequence[Kernel],
     buf = dataflow.buffer_of.get(vid)
     if buf is None or buf not in at_peak or len(dataflow.buffers[buf]) != 1:
       continue
-    producer = kernel_by_name.get(b.producer)
-    inst = _defining(module, schedule, b.instruction)
+    producer = program.kernels.get(b.producer)
+    inst = program.find_instruction(b.instruction)
     if producer is None or inst is None:
       continue
     cheap, flops = _elementwise_cost(module, inst)
@@ -253,14 +243,6 @@ def _remat_candidates(program: Program, kernels: Sequence[Kernel],
   return found
 
 
-def _defining(module: HloModule, schedule, name: str) -> Instruction | None:
-  for comp_name in schedule.span:
-    comp = module.computation(comp_name)
-    if name in comp:
-      return comp.instruction(name)
-  return None
-
-
 def _dot_flops(module: HloModule, comp: Computation, inst: Instruction) -> int:
   """2 * output elements * contracted size, summed over `inst`'s dots (`comp`
   defines `inst`)."""
@@ -287,8 +269,9 @@ def _dot_flops(module: HloModule, comp: Computation, inst: Instruction) -> int:
   return total
 
 
-def _costly_remats(program: Program, kernels: Sequence[Kernel]) -> list[FusionDecisionRecord]:
+def _costly_remats(program: Program) -> list[FusionDecisionRecord]:
   module = program.module
+  kernels = program.kernels.values()
   flops = {}
   for k in kernels:
     comp = module.computation(k.computation) if k.computation in module else None
@@ -327,73 +310,3 @@ def _costly_remats(program: Program, kernels: Sequence[Kernel]) -> list[FusionDe
       suggestion=("jax.checkpoint(f, policy=jax.checkpoint_policies.dots_saveable) "
                   "(or dots_with_no_batch_dims_saveable): save the matmuls, "
                   "recompute only the elementwise"))]
-
-
-def with_peaks(findings: Sequence[FusionDecisionRecord],
-               peaks: Sequence[tuple[int, bool] | None], baseline: int,
-               source_stacks: Sequence[tuple] | None = None
-               ) -> list[FusionDecisionRecord]:
-  """Findings with `peak_after`/`peak_saved`/`peak_exact` filled from
-  replayed (peak, exact) pairs, and `source_stack` set from `source_stacks`
-  if given (in the same copy: copying a record is a measurable share of an
-  audit)."""
-  out = []
-  for i, (f, p) in enumerate(zip(findings, peaks)):
-    changes = {}
-    if source_stacks is not None and source_stacks[i] != f.source_stack:
-      changes["source_stack"] = source_stacks[i]
-    if p is not None and f.peak_after is None:
-      changes.update(peak_after=p[0], peak_saved=baseline - p[0], peak_exact=p[1])
-    out.append(dataclasses.replace(f, **changes) if changes else f)
-  return out
-
-
-def _full_replay_of(f: FusionDecisionRecord) -> dict | None:
-  """The `replay` arguments of a finding's change (None: it has none)."""
-  if not f.boundary:
-    return None
-  if f.kind is FindingKind.REMAT_CANDIDATE:
-    return {"remat": [f.boundary]}
-  if f.kind is FindingKind.COLLECTIVE_MATMUL:
-    return {"fuse": [(f.boundary, "", ())]}  # the gathered buffer, dropped
-  if f.kind in (FindingKind.UNDONATED_ARGUMENT, FindingKind.REPLICATED_BUFFER):
-    return None  # replayed in full, or exact by construction
-  return {"fuse": [(f.boundary, f.producer, f.consumers)]}
-
-
-def exact_peaks(program: Program, findings: Sequence[FusionDecisionRecord],
-                min_peak_saved: int = 1) -> list[FusionDecisionRecord | None]:
-  """Findings whose peak is the quick estimate and whose change can move the
-  peak (`peak_mover_bytes`), replayed in full, the largest boundary first,
-  while the audit's budget lasts (`take_full_replay`, shared with every
-  other replay of the audit); the rest keep the estimate (`peak_exact`
-  False). A remat candidate the full replay shows saving less than
-  `min_peak_saved` becomes None (dropped, as the quick one would have been);
-  the rest keep their places."""
-  wanted = []
-  for k, f in enumerate(findings):
-    if f.peak_after is None or f.peak_exact:
-      continue
-    spec = _full_replay_of(f)
-    if spec is None:
-      continue
-    fuse = spec.get("fuse")
-    size = (peak_mover_bytes(program, *fuse[0]) if fuse else
-            peak_mover_bytes(program, spec["remat"][0]))
-    if size:
-      wanted.append((-size, k, spec))
-  out: list[FusionDecisionRecord | None] = list(findings)
-  for _, k, spec in sorted(wanted, key=lambda w: w[:2]):
-    if not take_full_replay(program):
-      break
-    what = replay(program, **spec)
-    f = out[k]
-    if f.kind is FindingKind.REMAT_CANDIDATE and what.peak_saved < min_peak_saved:
-      out[k] = None
-      continue
-    out[k] = dataclasses.replace(f, peak_after=what.peak_bytes,
-                                 peak_saved=what.peak_saved, peak_exact=True)
-  return out
-
-
-__all__ = ["find_memory_findings", "with_peaks", "exact_peaks", "buffer_name"]

@@ -232,7 +232,7 @@ class FusionDecisionRecord:
   peak_saved: int | None = None
   #: Whether `peak_after` is a full replay's (or provably the audited peak):
   #: False where the audit's replay budget left it the quick estimate, which
-  #: keeps the audited buffer assignment (what_if.replay_budget).
+  #: keeps the audited buffer assignment (replay.replay_budget).
   peak_exact: bool = True
   #: What a fused kernel must compute to close the finding (None: no kernel
   #: applies, e.g. a change to the program); kernel libraries answer it with

@@ -321,7 +321,7 @@ def _collective(c: dict):
 def _what_if(d: dict | None):
   if not d:
     return None
-  from hlo_audit._src.analysis.what_if import WhatIf
+  from hlo_audit._src.analysis.replay import WhatIf
 
   return WhatIf(changes=tuple(d["changes"]), baseline_peak_bytes=d["baseline_peak_bytes"],
                 peak_bytes=d["peak_bytes"], peak_time=d["peak_time"],

@@ -112,7 +112,8 @@ class AuditReport:
     Raises:
       WhatIfError: for a name the program lacks, or a report read from JSON.
     """
-    from hlo_audit._src.analysis.what_if import WhatIfError, replay
+    from hlo_audit._src.analysis.program import WhatIfError
+    from hlo_audit._src.analysis.replay import replay
 
     if self.program is None:
       raise WhatIfError("this report carries no program to replay (read from JSON?); "

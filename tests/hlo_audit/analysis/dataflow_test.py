@@ -15,8 +15,8 @@ import pytest
 import hlo_audit
 from hlo_audit._src.analysis import liveness
 from hlo_audit._src.analysis.dataflow import analyze_dataflow, with_output_aliases
+from hlo_audit._src.analysis.donation import donation_aliases, with_donation
 from hlo_audit._src.analysis.schedule import flatten_schedule
-from hlo_audit._src.analysis.what_if import donation_aliases, with_donation
 from tests.hlo_audit.hlo.hlo_corpus import corpus_path
 
 S = jax.ShapeDtypeStruct

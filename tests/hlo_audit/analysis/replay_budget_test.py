@@ -14,7 +14,7 @@ import jax.numpy as jnp
 
 import hlo_audit
 from hlo_audit import FindingKind
-from hlo_audit._src.analysis import memory_findings, what_if
+from hlo_audit._src.analysis import replay
 from hlo_audit._src.report.json_report import report_from_dict
 from hlo_audit._src.report.text import record_fields
 
@@ -54,24 +54,24 @@ def step_capture() -> hlo_audit.Capture:
 
 def audit_counting(monkeypatch, cap, replays: int | None = None):
   """The audit of `cap` and its full replays (liveness runs of
-  what_if.replay, counted); with `replays`, a budget worth exactly that many
+  replay.replay, counted); with `replays`, a budget worth exactly that many
   plain replays."""
   if replays is not None:
     plain = hlo_audit.audit(cap)
-    cost = what_if.full_replay_cost(plain.program)
-    monkeypatch.setattr(what_if, "FULL_REPLAY_WORK_PER_INSTRUCTION", fractions.Fraction(
+    cost = replay.full_replay_cost(plain.program)
+    monkeypatch.setattr(replay, "FULL_REPLAY_WORK_PER_INSTRUCTION", fractions.Fraction(
         replays * cost, plain.module.instruction_count))
-    monkeypatch.setattr(what_if, "MIN_FULL_REPLAY_WORK", 0)
+    monkeypatch.setattr(replay, "MIN_FULL_REPLAY_WORK", 0)
   calls = []
-  real = what_if.analyze_liveness
+  real = replay.analyze_liveness
 
   def counting(*args, **kwargs):
     calls.append(args[3])  # the edits
     return real(*args, **kwargs)
 
-  monkeypatch.setattr(what_if, "analyze_liveness", counting)
+  monkeypatch.setattr(replay, "analyze_liveness", counting)
   report = hlo_audit.audit(cap)
-  monkeypatch.setattr(what_if, "analyze_liveness", real)
+  monkeypatch.setattr(replay, "analyze_liveness", real)
   return report, len(calls)
 
 
@@ -80,13 +80,13 @@ def movers(report) -> list:
   that keeps its boundary (another reader needs it) leaves the peak as is."""
   out = []
   for f in report.findings:
-    spec = (memory_findings._full_replay_of(f)
+    spec = (replay._full_replay_of(f)
             if f.peak_after is not None and not f.boundary_kept else None)
     if spec is None:
       continue
     fuse = spec.get("fuse")
-    size = (what_if.peak_mover_bytes(report.program, *fuse[0]) if fuse else
-            what_if.peak_mover_bytes(report.program, spec["remat"][0]))
+    size = (replay.peak_mover_bytes(report.program, *fuse[0]) if fuse else
+            replay.peak_mover_bytes(report.program, spec["remat"][0]))
     if size:
       out.append((size, f))
   return out
@@ -165,11 +165,11 @@ def test_a_replay_on_the_shared_tables_is_a_fresh_replay():
   assert "liveness_tables" in r.program.cache  # the baseline run made them
   for f in [*(f for _, f in movers(r)), *r.findings_of(FindingKind.UNDONATED_ARGUMENT)]:
     kwargs = ({"donate": list(f.ops)} if f.kind is FindingKind.UNDONATED_ARGUMENT
-              else memory_findings._full_replay_of(f))
-    shared = what_if.replay(r.program, **kwargs)
+              else replay._full_replay_of(f))
+    shared = replay.replay(r.program, **kwargs)
     tables = r.program.cache.pop("liveness_tables")
-    fresh = what_if.replay(r.program, **kwargs)
+    fresh = replay.replay(r.program, **kwargs)
     r.program.cache["liveness_tables"] = tables
     assert shared == fresh
   # Edits never change the tables.
-  assert what_if.replay(r.program, drop=[]).timeline == r.timeline
+  assert replay.replay(r.program, drop=[]).timeline == r.timeline

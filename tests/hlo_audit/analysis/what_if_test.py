@@ -101,7 +101,7 @@ def test_drop_and_fuse_replays():
   assert fusible
   # A quick replay of no change is the audited peak.
   from hlo_audit._src.analysis.liveness import LivenessEdits
-  from hlo_audit._src.analysis.what_if import quick_peak
+  from hlo_audit._src.analysis.replay import quick_peak
   assert quick_peak(r.program, LivenessEdits()) == r.peak_bytes
   for f in fusible:  # the quick replay keeps the assignment; the full one redoes it
     full = r.what_if(fuse=[f]).peak_bytes
@@ -110,7 +110,7 @@ def test_drop_and_fuse_replays():
 
 def test_a_quick_drop_shrinks_an_allocation_to_its_largest_member_left():
   from hlo_audit._src.analysis.liveness import LivenessEdits
-  from hlo_audit._src.analysis.what_if import quick_peak
+  from hlo_audit._src.analysis.replay import quick_peak
   program = report().program
   base = program.liveness
   members: dict[int, list] = {}
@@ -259,10 +259,10 @@ def test_a_fusion_that_keeps_a_big_input_longer_is_not_called_exact():
   `c0` keeps its 20 MB input `x` live over `y`: the peak rises to 44 MB. The
   shortcut "a heap boundary away from the peak leaves it unchanged" must not
   claim the old peak as exact."""
-  from hlo_audit._src.analysis import what_if as W
+  from hlo_audit._src.analysis import replay
   p = hlo_audit.audit_hlo(_KEPT_INPUT).program
   fusion = ("b", "b", ("c0",))
-  full = W.replay(p, fuse=[fusion]).peak_bytes
+  full = replay.replay(p, fuse=[fusion]).peak_bytes
   assert full > p.liveness.peak_bytes + 3_000_000
-  ((peak, exact),) = W.peak_after_fusions(p, [fusion])
+  ((peak, exact),) = replay.peak_after_fusions(p, [fusion])
   assert not exact and peak >= full

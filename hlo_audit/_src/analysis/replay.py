@@ -7,47 +7,33 @@ original's buffers rather than by recompiling:
 - fuse a finding: its boundary buffer is never written; the fused kernel runs
   where the last consumer ran, so the producer's inputs live until then.
 - donate an argument: the module gains the `input_output_alias` entries JAX
-  would add (each donated leaf aliased to the first free output of the same
-  shape and dtype, in order), and dataflow and liveness run on that module.
+  would add (donation.py), and dataflow and liveness run on that module.
 - remat a buffer: it is kept until its first group of uses only; before the
   later group (the backward pass) it is recomputed, a temporary living from
   the first of those uses to the last, and its producer's inputs stay live
   until then (as `jax.checkpoint` would do).
 - drop a buffer: it is gone (an upper bound on what removing it can give).
+
+A quick replay keeps the audited buffer assignment and sums the heap again;
+a full one assigns every buffer again. Each finding gets the quick estimate,
+and full replays go to those that can move the peak, the largest first,
+within one budget per audit.
 """
 
 from __future__ import annotations
 
-import bisect
 import dataclasses
-import difflib
-import re
 import types
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 from hlo_audit._src.analysis.dataflow import Dataflow, ValueId, with_output_aliases
-from hlo_audit._src.analysis.liveness import Liveness, LivenessEdits, analyze_liveness
+from hlo_audit._src.analysis.donation import aliasing_copies, donation_aliases, with_donation
+from hlo_audit._src.analysis.liveness import LivenessEdits, analyze_liveness
+from hlo_audit._src.analysis.program import (Program, WhatIfError, buffer_name, find_buffer,
+                                             parameter_paths, resolve_arguments,
+                                             resolve_buffer)
+from hlo_audit._src.analysis.records import FindingKind, FusionDecisionRecord
 from hlo_audit._src.analysis.schedule import Schedule
-from hlo_audit._src.errors import HloAuditError
-from hlo_audit._src.hlo.ir import HloModule, Instruction, ModuleAlias
-
-
-class WhatIfError(HloAuditError, ValueError):
-  """A what-if naming a buffer, argument or finding the program lacks."""
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Argument:
-  """One array leaf of a jitted function's arguments, as JAX passes it."""
-
-  #: Entry parameter number in the HLO.
-  parameter: int
-  #: Pytree path, e.g. "params['dense']['kernel']".
-  path: str
-  #: Positional argument it belongs to (None: keyword-only or unknown).
-  argnum: int | None = None
-  #: Name of that argument in the function's signature, when known.
-  argname: str | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -82,261 +68,6 @@ class WhatIf:
     from hlo_audit._src.report.what_if_text import render_what_if
 
     return render_what_if(self)
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Program:
-  """What a replay needs of the audited program."""
-
-  module: HloModule
-  schedule: Schedule
-  dataflow: Dataflow
-  liveness: Liveness
-  arguments: tuple[Argument, ...] = ()
-  #: Tables quick replays share (filled on first use).
-  cache: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)
-  #: The backend that compiled it ("gpu", "cpu", ""): whose buffer-sharing
-  #: rules replays follow.
-  platform: str = ""
-
-
-# ---------------------------------------------------------------- naming ----
-
-
-def arguments_of(module: HloModule, argument_names: Sequence[str]) -> tuple[Argument, ...]:
-  """The entry parameters as the user's arguments: the pytree path JAX writes
-  in each parameter's `op_name`, and the argument number its leading name has
-  in the function's signature (`argument_names`, "*args" for var-positional)."""
-  out = []
-  star = next((i for i, n in enumerate(argument_names) if n.startswith("*")), None)
-  for p in module.entry.parameters:
-    path = p.metadata.op_name or p.name
-    head = re.match(r"[A-Za-z_][A-Za-z_0-9]*", path)
-    name = head.group(0) if head else None
-    argnum = None
-    if name is not None and name in argument_names:
-      argnum = argument_names.index(name)
-    elif star is not None and name == argument_names[star][1:]:
-      index = re.match(r"\[(\d+)\]", path[len(name):])
-      if index:
-        argnum, name = star + int(index.group(1)), None
-    out.append(Argument(parameter=p.parameter_number, path=path, argnum=argnum,
-                        argname=name if argnum is not None else None))
-  return tuple(out)
-
-
-def buffer_name(vid: ValueId) -> str:
-  """A buffer's display name, as the report's Buffer rows spell it."""
-  return vid[0] + ("{" + ",".join(map(str, vid[1])) + "}" if vid[1] else "")
-
-
-def _parse_buffer_name(name: str) -> ValueId:
-  if name.endswith("}") and "{" in name:
-    inst, _, idx = name[:-1].partition("{")
-    try:
-      return inst, tuple(int(i) for i in idx.split(",") if i.strip())
-    except ValueError:
-      raise WhatIfError(f"bad buffer name {name!r}: expected NAME or NAME{{i,j}}") from None
-  return name, ()
-
-
-def find_buffer(dataflow: Dataflow, name: str) -> ValueId | None:
-  """The buffer holding the value `name` ("fusion.3" or "fusion.3{1}"), or
-  None (a tuple-shaped instruction named without its index: its only leaf)."""
-  try:
-    vid = _parse_buffer_name(name)
-  except WhatIfError:
-    return None
-  if vid not in dataflow.values:
-    if vid[1]:
-      return None
-    leaves = [i for i, _ in dataflow.holds.get(vid[0], ()) if i != ()]
-    if len(leaves) != 1 or (vid[0], leaves[0]) not in dataflow.values:
-      return None
-    vid = (vid[0], leaves[0])
-  return dataflow.buffer_of[vid]
-
-
-def resolve_buffer(dataflow: Dataflow, name: str) -> ValueId:
-  """`find_buffer`, or an error naming the closest buffers.
-
-  Raises:
-    WhatIfError: when the program has no such value.
-  """
-  _parse_buffer_name(name)  # a malformed name says so
-  found = find_buffer(dataflow, name)
-  if found is None:
-    names = [buffer_name(b) for b in dataflow.buffers]
-    close = difflib.get_close_matches(name, names, n=3)
-    hint = f"; did you mean {', '.join(close)}?" if close else ""
-    raise WhatIfError(f"no buffer {name!r} in the program{hint}")
-  return found
-
-
-def parameter_paths(module: HloModule) -> Mapping[int, str]:
-  """Entry parameter number -> the argument path JAX wrote in its metadata
-  (`op_name`), or the parameter's name when there is none."""
-  return module._cached("parameter_paths", lambda: types.MappingProxyType({
-      p.parameter_number: (p.metadata.op_name or p.name)
-      for p in module.entry.parameters}))
-
-
-def _under_path(module: HloModule, spec: str) -> list[int]:
-  """Parameters whose path is `spec` or lies under it (`spec[...]`,
-  `spec.x`), in path order: a bisection of the sorted paths, since a
-  donation replay resolves every leaf's path by itself."""
-  ordered = module._cached("sorted_parameter_paths", lambda: sorted(
-      (path, n) for n, path in parameter_paths(module).items()))
-  found = []
-  for prefix, whole in ((spec, True), (spec + "[", False), (spec + ".", False)):
-    i = bisect.bisect_left(ordered, (prefix,))
-    while i < len(ordered) and (ordered[i][0] == prefix if whole
-                                else ordered[i][0].startswith(prefix)):
-      found.append(ordered[i][1])
-      i += 1
-  return found
-
-
-def resolve_arguments(program: Program, specs: Iterable[int | str]) -> list[int]:
-  """Entry parameter numbers named by `specs`: argument numbers (when the
-  capture knows them), argument names or pytree paths (a prefix path names
-  every leaf under it, e.g. "params" or "params['dense']"), or HLO parameter
-  names.
-
-  Raises:
-    WhatIfError: for a spec naming no parameter.
-  """
-  paths = parameter_paths(program.module)
-  names = program.module._cached("parameter_numbers", lambda: {
-      p.name: p.parameter_number for p in program.module.entry.parameters})
-  out: list[int] = []
-  for spec in specs:
-    found: list[int] = []
-    if isinstance(spec, int) or (isinstance(spec, str) and spec.strip().isdigit()):
-      n = int(spec)
-      if not program.arguments:
-        raise WhatIfError(
-            f"donate={n}: argument numbers need the jitted function's arguments "
-            "(audit(fn, *args)); name the argument or its path instead, e.g. "
-            + ", ".join(repr(p) for p in list(paths.values())[:3]))
-      found = [a.parameter for a in program.arguments if a.argnum == n]
-    else:
-      spec = spec.strip()
-      if spec in names:
-        found = [names[spec]]
-      else:
-        found = _under_path(program.module, spec)
-        found += [a.parameter for a in program.arguments
-                  if a.argname == spec and a.parameter not in found]
-    if not found:
-      heads = {re.split(r"[\[.]", p, maxsplit=1)[0] for p in paths.values()}
-      close = difflib.get_close_matches(str(spec), sorted(heads) + list(paths.values()), n=3)
-      hint = f"; did you mean {', '.join(repr(c) for c in close)}?" if close else ""
-      raise WhatIfError(f"donate: no argument {spec!r} in the program{hint}")
-    out.extend(n for n in sorted(found) if n not in out)
-  return out
-
-
-# ------------------------------------------------------------- donation ----
-
-
-def donation_aliases(module: HloModule, dataflow: Dataflow,
-                     parameters: Sequence[int]) -> list[tuple[tuple[int, ...], int]]:
-  """(output index, parameter) pairs JAX's donation would add: each donated
-  parameter, in order, takes the first output of its shape and dtype not
-  aliased already and not itself a parameter passed through."""
-  entry = module.entry
-  root = entry.instruction(entry.root_name)
-  taken = {a.output_index for a in module.input_output_alias}
-  already = {a.parameter for a in module.input_output_alias}
-  params = {p.parameter_number: p for p in entry.parameters}
-  outputs = []
-  for index, vid in dataflow.holds.get(root.name, ()):
-    inst = entry.instruction(vid[0]) if vid[0] in entry else None
-    if inst is not None and inst.opcode == "parameter":
-      continue  # an argument returned as is: JAX does not alias it
-    leaf = root.shape.subshape(index)
-    outputs.append((index, (leaf.element_type, tuple(leaf.dims))))
-  pairs = []
-  for n in parameters:
-    p = params[n]
-    if n in already or p.shape is None or p.shape.is_tuple:
-      continue
-    key = (p.shape.element_type, tuple(p.shape.dims))
-    for index, okey in outputs:
-      if okey == key and index not in taken:
-        taken.add(index)
-        pairs.append((index, n))
-        break
-  return pairs
-
-
-def with_donation(module: HloModule, pairs: Sequence[tuple[tuple[int, ...], int]]) -> HloModule:
-  """`module` with `input_output_alias` entries for `pairs` added."""
-  entries = [f"{{{','.join(map(str, a.output_index))}}}: ({a.parameter}, "
-             f"{{{','.join(map(str, a.parameter_index))}}}, "
-             f"{'must-alias' if a.must_alias else 'may-alias'})"
-             for a in module.input_output_alias]
-  entries += [f"{{{','.join(map(str, index))}}}: ({n}, {{}}, may-alias)"
-              for index, n in pairs]
-  attributes = dict(module.attributes)
-  attributes["input_output_alias"] = "{ " + ", ".join(entries) + " }"
-  donated = dataclasses.replace(module, attributes=types.MappingProxyType(attributes))
-  # The entries as parsed, so that no reader lexes the text just written.
-  aliases = module.input_output_alias + tuple(
-      ModuleAlias(output_index=tuple(index), parameter=n, parameter_index=())
-      for index, n in pairs)
-  donated._cached("input_output_alias", lambda: aliases)
-  return donated
-
-
-def aliasing_copies(module: HloModule, dataflow: Dataflow, schedule: Schedule,
-                    pairs: Sequence[tuple[tuple[int, ...], int]]
-                    ) -> list[tuple[int, int, int, int]]:
-  """The copies XLA's copy insertion adds for donated parameters, as
-  (parameter, first, last, bytes): a donated parameter read by an instruction
-  that is neither the aliased output's writer nor one of its dataflow
-  ancestors may run after the output overwrote it, so XLA copies the
-  parameter and every read takes the copy. The scheduler puts such copies
-  first, so a copy lives from the entry's first step after its parameters
-  and constants to the parameter's last read, and the parameter itself only
-  until the copy."""
-  entry = module.entry
-  root = entry.instruction(entry.root_name)
-  out_value = dict(dataflow.holds.get(root.name, ()))
-  params = {p.parameter_number: p for p in entry.parameters}
-  time = schedule.time
-  readers_of = {n: [u for u, _ in dataflow.uses.get((params[n].name, ()), ())]
-                for _, n in pairs if n in params}
-  # Which of those readers each instruction depends on, as bits: one pass in
-  # text order (operands and control predecessors come first), not a search
-  # of the entry per output.
-  bit = {u: 1 << k for k, u in enumerate(dict.fromkeys(
-      u for readers in readers_of.values() for u in readers if u in entry))}
-  reach: dict[str, int] = {}
-  if bit:
-    for inst in entry.instructions:
-      found = 0
-      for o in (*inst.operands, *inst.control_predecessors):
-        found |= reach.get(o, 0) | bit.get(o, 0)
-      reach[inst.name] = found
-  first = min((time[i.name] for i in entry.instructions
-                if i.opcode not in ("parameter", "constant") and i.name in time),
-               default=0)
-  out = []
-  for index, n in pairs:
-    p = params[n]
-    writer = out_value[index][0]
-    if writer not in entry:
-      continue
-    readers = readers_of[n]
-    before = reach.get(writer, 0)
-    if all(u in entry and (u == writer or bit[u] & before) for u in readers):
-      continue
-    times = [time[u] for u in readers if u in time]
-    if times:
-      out.append((n, min(first, min(times)), max(times), p.shape.byte_size))
-  return out
 
 
 # --------------------------------------------------------------- replay ----
@@ -405,7 +136,7 @@ def replay(program: Program, *, fuse: Sequence[tuple[str, str, Sequence[str]]] =
     return ranges.get(v, base_ranges[v])
 
   def keep_inputs_until(inst_name: str, t: int) -> None:
-    inst = _instruction(module, schedule, inst_name)
+    inst = program.find_instruction(inst_name)
     if inst is None:
       return
     for operand in inst.operands:
@@ -564,13 +295,7 @@ def remat_split(dataflow: Dataflow, schedule: Schedule,
   return points[i], points[i + 1], max(end, times[-1])
 
 
-def _instruction(module: HloModule, schedule: Schedule, name: str) -> Instruction | None:
-  for comp_name in schedule.span:
-    comp = module.computation(comp_name)
-    if name in comp:
-      return comp.instruction(name)
-  return None
-
+# --------------------------------------------------------------- budget ----
 
 #: Work one audit may spend on full replays of per-finding peaks, in
 #: `full_replay_cost` units, per instruction of the module. A unit costs
@@ -657,7 +382,7 @@ def _inputs_may_raise_peak(program: Program, boundary: str, producer: str = "",
   input's group added over the window it is extended by reaches the peak."""
   time = program.schedule.time
   last = max((time[c] for c in consumers if c in time), default=None)
-  inst = _instruction(program.module, program.schedule, producer) if producer else None
+  inst = program.find_instruction(producer) if producer else None
   if last is None or inst is None:
     return False
   base, dataflow = program.liveness, program.dataflow
@@ -687,7 +412,7 @@ def peak_after_fusions(program: Program,
   kept no longer can neither lower nor raise the peak (exact); the others
   get the quick replay (not exact): those that can move the peak get a full
   one later, the largest first, while the audit's budget lasts
-  (`memory_findings.exact_peaks`)."""
+  (`exact_peaks`)."""
   base = program.liveness
   out: list[tuple[int, bool] | None] = [None] * len(fusions)
   for k, fusion in enumerate(fusions):
@@ -701,4 +426,74 @@ def peak_after_fusions(program: Program,
       out[k] = (base.peak_bytes, True)
     else:
       out[k] = (replay(program, fuse=[fusion], quick=True), False)
+  return out
+
+
+# ------------------------------------------------------ findings' peaks ----
+
+
+def with_peaks(findings: Sequence[FusionDecisionRecord],
+               peaks: Sequence[tuple[int, bool] | None], baseline: int,
+               source_stacks: Sequence[tuple] | None = None
+               ) -> list[FusionDecisionRecord]:
+  """Findings with `peak_after`/`peak_saved`/`peak_exact` filled from
+  replayed (peak, exact) pairs, and `source_stack` set from `source_stacks`
+  if given (in the same copy: copying a record is a measurable share of an
+  audit)."""
+  out = []
+  for i, (f, p) in enumerate(zip(findings, peaks)):
+    changes = {}
+    if source_stacks is not None and source_stacks[i] != f.source_stack:
+      changes["source_stack"] = source_stacks[i]
+    if p is not None and f.peak_after is None:
+      changes.update(peak_after=p[0], peak_saved=baseline - p[0], peak_exact=p[1])
+    out.append(dataclasses.replace(f, **changes) if changes else f)
+  return out
+
+
+def _full_replay_of(f: FusionDecisionRecord) -> dict | None:
+  """The `replay` arguments of a finding's change (None: it has none)."""
+  if not f.boundary:
+    return None
+  if f.kind is FindingKind.REMAT_CANDIDATE:
+    return {"remat": [f.boundary]}
+  if f.kind is FindingKind.COLLECTIVE_MATMUL:
+    return {"fuse": [(f.boundary, "", ())]}  # the gathered buffer, dropped
+  if f.kind in (FindingKind.UNDONATED_ARGUMENT, FindingKind.REPLICATED_BUFFER):
+    return None  # replayed in full, or exact by construction
+  return {"fuse": [(f.boundary, f.producer, f.consumers)]}
+
+
+def exact_peaks(program: Program, findings: Sequence[FusionDecisionRecord],
+                min_peak_saved: int = 1) -> list[FusionDecisionRecord | None]:
+  """Findings whose peak is the quick estimate and whose change can move the
+  peak (`peak_mover_bytes`), replayed in full, the largest boundary first,
+  while the audit's budget lasts (`take_full_replay`, shared with every
+  other replay of the audit); the rest keep the estimate (`peak_exact`
+  False). A remat candidate the full replay shows saving less than
+  `min_peak_saved` becomes None (dropped, as the quick one would have been);
+  the rest keep their places."""
+  wanted = []
+  for k, f in enumerate(findings):
+    if f.peak_after is None or f.peak_exact:
+      continue
+    spec = _full_replay_of(f)
+    if spec is None:
+      continue
+    fuse = spec.get("fuse")
+    size = (peak_mover_bytes(program, *fuse[0]) if fuse else
+            peak_mover_bytes(program, spec["remat"][0]))
+    if size:
+      wanted.append((-size, k, spec))
+  out: list[FusionDecisionRecord | None] = list(findings)
+  for _, k, spec in sorted(wanted, key=lambda w: w[:2]):
+    if not take_full_replay(program):
+      break
+    what = replay(program, **spec)
+    f = out[k]
+    if f.kind is FindingKind.REMAT_CANDIDATE and what.peak_saved < min_peak_saved:
+      out[k] = None
+      continue
+    out[k] = dataclasses.replace(f, peak_after=what.peak_bytes,
+                                 peak_saved=what.peak_saved, peak_exact=True)
   return out

@@ -1,0 +1,250 @@
+"""What the detectors share: anchors, fused computations, operands, descriptions.
+
+Each detector module reads the program through these: which kernels are
+matmul anchors (memoized: every reader asks), the computation a fusion runs
+and the JAX primitives in it, which operand of a kernel a buffer is and
+which kernels wrote each operand, walks through data movement, the
+activations elementwise work computes, and how a kernel is named in the
+evidence.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from hlo_audit._src.analysis import backend_traits as bt
+from hlo_audit._src.analysis.backend_traits import KernelKind
+from hlo_audit._src.analysis.buffers import Buffer
+from hlo_audit._src.analysis.kernels import Kernel
+from hlo_audit._src.analysis.program import Program
+from hlo_audit._src.hlo import opcodes
+from hlo_audit._src.hlo.ir import Computation, Instruction, op_names
+
+#: Risks every fusion carries.
+COMMON_RISKS = ("compile time: a larger kernel compiles slower",
+                "debuggability: one fused kernel is harder to inspect")
+
+
+def times(n: int, trip: int | None) -> int:
+  """`n` per run of a kernel that runs `trip` times (None: once)."""
+  return n * (trip if trip is not None else 1)
+
+
+def consumer_kernels(program: Program, buf: Buffer) -> list[Kernel]:
+  """The kernels that read `buf`."""
+  return [program.kernels[c] for c in buf.consumers if c in program.kernels]
+
+
+def anchor_of(program: Program, k: Kernel) -> str | None:
+  """"dot" or "convolution" when the kernel is a matrix-multiply anchor."""
+  try:
+    return program.tables.anchors[k.name]
+  except KeyError:
+    found = program.tables.anchors[k.name] = _find_anchor(program, k)
+    return found
+
+
+def _find_anchor(program: Program, k: Kernel) -> str | None:
+  inst = program.inst(k)
+  if k.kind is KernelKind.PALLAS:
+    return None
+  if inst.opcode in ("dot", "ragged-dot", "scaled-dot") or bt.is_gemm_call(inst):
+    return "dot"
+  if inst.opcode == "convolution" or bt.is_conv_call(inst):
+    return "convolution"
+  if inst.opcode == "fusion":
+    ops = k.fused_ops
+    if "dot" in ops or "scaled-dot" in ops:
+      return "dot"
+    if "convolution" in ops:
+      return "convolution"
+    if split_k_site(program, k) is not None:
+      return "dot"  # it sums a gemm's split-K partial sums: it finishes the dot
+  return None
+
+
+def split_k_site(program: Program, k: Kernel) -> Instruction | None:
+  """The reduce summing a Triton gemm's split-K partial sums (f32[k,M,N]
+  over dimension 0), when kernel `k` runs one."""
+  if "reduce" not in k.fused_ops:
+    return None
+  fused = fused_computation(program, k)
+  if fused is None:
+    return None
+  return next((i for i in fused.instructions if bt.is_split_k_reduce(i)), None)
+
+
+def primitive(inst: Instruction) -> str:
+  """The JAX primitive behind an instruction (from op_name), else opcode."""
+  return inst.op_name.rpartition("/")[2] or inst.opcode
+
+
+def primitives(program: Program, k: Kernel) -> frozenset[str]:
+  """JAX primitives (or opcodes) a kernel runs, fused ones included."""
+  found = program.tables.primitives.get(k.name)
+  if found is None:
+    fused = fused_computation(program, k)
+    insts = fused.instructions if fused is not None else (program.inst(k),)
+    found = program.tables.primitives[k.name] = _primitive_names(insts)
+  return found
+
+
+def _primitive_names(insts: Sequence[Instruction]) -> frozenset[str]:
+  """`primitive` of each of `insts` (op names read in one pass)."""
+  return frozenset(name.rpartition("/")[2] or inst.opcode
+                   for name, inst in zip(op_names(insts), insts))
+
+
+def fused_computation(program: Program, k: Kernel) -> Computation | None:
+  """The computation fusion kernel `k` runs (None for other kernels)."""
+  inst = program.inst(k)
+  calls = inst.called_computations.get("calls", ())
+  if inst.opcode != "fusion" or not calls or calls[0] not in program.module:
+    return None
+  return program.module.computation(calls[0])
+
+
+def operand_number(program: Program, consumer: Kernel, buf: Buffer) -> int | None:
+  """Which operand of `consumer` holds `buf` (None: none does)."""
+  inst = program.inst(consumer)
+  for k, operand in enumerate(inst.operands):
+    for idx, vid in program.dataflow.holds.get(operand, ()):
+      if vid == (buf.instruction, buf.index):
+        return k
+  return None
+
+
+def operand_producers(program: Program, k: Kernel) -> tuple[tuple[str, ...], ...]:
+  """For each operand of `k`, the kernels whose outputs it holds."""
+  found = program.tables.inputs.get(k.name)
+  if found is None:
+    holds, kernels = program.dataflow.holds, program.kernels
+    found = program.tables.inputs[k.name] = tuple(
+        tuple(vid[0] for _, vid in holds.get(o, ()) if vid[0] in kernels)
+        for o in program.inst(k).operands)
+  return found
+
+
+def kernel_desc(k: Kernel) -> str:
+  """A kernel as the evidence names it, e.g. "loop fusion fusion.3"."""
+  return f"{k.kind.value} {k.name}" + (f" ({k.detail})" if k.detail and k.detail != k.opcode else "")
+
+
+def through_bitcasts(comp: Computation, name: str) -> Instruction | None:
+  """The instruction behind `name`, through bitcasts and reshapes."""
+  inst = comp.instruction(name) if name in comp else None
+  while inst is not None and inst.opcode in ("bitcast", "reshape") and inst.operands:
+    inst = comp.instruction(inst.operands[0]) if inst.operands[0] in comp else None
+  return inst
+
+
+def through_moves(comp: Computation, name: str) -> Instruction | None:
+  """The instruction behind `name`, through reshapes, bitcasts, copies and
+  transposes (data movement that keeps values)."""
+  inst = comp.instruction(name) if name in comp else None
+  while inst is not None and inst.opcode in ("bitcast", "reshape", "copy", "transpose") \
+      and inst.operands:
+    inst = comp.instruction(inst.operands[0]) if inst.operands[0] in comp else None
+  return inst
+
+
+def product(dims) -> int:
+  """The number of elements of `dims` (a negative dim counts as 0)."""
+  n = 1
+  for d in dims:
+    n *= max(d, 0)
+  return n
+
+
+def activation_of(names: set[str], ops: set[str], comp: Computation,
+                  chain: list[Instruction]) -> str | None:
+  """The activation elementwise work `chain` of `comp` computes ("gelu",
+  "gelu_tanh", "tanh", "sigmoid+tanh", "silu", "sigmoid", "relu"), judged
+  by its primitive `names` and `ops`; None for none."""
+  if names & {"erf", "erfc"} or "erf" in ops:
+    return "gelu"
+  if "tanh" in names or "tanh" in ops:
+    if names & {"integer_pow", "pow"} or _cubes(chain):
+      return "gelu_tanh"  # tanh(sqrt(2 / pi) * (x + 0.044715 * x^3))
+    if _sigmoid_input(comp, chain) is not None:
+      return "sigmoid+tanh"  # a recurrent cell's gates (LSTM, GRU)
+    return "tanh"
+  sigmoid = _sigmoid_input(comp, chain)
+  if sigmoid is not None:
+    by_name = {i.name: i for i in chain}
+    gated = any(i.opcode == "multiply" and sigmoid[0] in i.operands
+                and sigmoid[1] in i.operands for i in by_name.values())
+    return "silu" if gated else "sigmoid"
+  # A relu acts on the data itself: a maximum with zero on a smaller value
+  # is a clamp of statistics (a norm's variance, max(E[x^2] - E[x]^2, 0)).
+  widest = max((i.shape.num_elements for i in chain if i.opcode in opcodes.ELEMENTWISE
+                and i.shape is not None and i.shape.is_array), default=0)
+  for i in chain:
+    if i.opcode == "maximum" and i.shape is not None and i.shape.is_array and \
+        i.shape.num_elements == widest:
+      for o in i.operands:
+        if o in comp and _is_zero(comp, comp.instruction(o)):
+          return "relu"
+  return None
+
+
+def _cubes(chain: list[Instruction]) -> bool:
+  """Whether the chain multiplies a value by its own square (x * (x * x))."""
+  squares = {i.name: i.operands[0] for i in chain
+             if i.opcode == "multiply" and len(i.operands) == 2 and
+             i.operands[0] == i.operands[1]}
+  return any(i.opcode == "multiply" and len(i.operands) == 2 and
+             any(squares.get(a) == b for a, b in (i.operands, i.operands[::-1]))
+             for i in chain)
+
+
+def _sigmoid_input(comp: Computation,
+                   chain: list[Instruction]) -> tuple[str, str] | None:
+  """(x, sigmoid(x)) when the chain computes a sigmoid: `logistic(x)`, or
+  JAX's `1 / (1 + exp(-x))` as jax.nn.silu lowers it."""
+  def base(name: str) -> Instruction | None:
+    inst = comp.instruction(name) if name in comp else None
+    while inst is not None and inst.opcode in ("bitcast", "reshape") and inst.operands:
+      inst = comp.instruction(inst.operands[0]) if inst.operands[0] in comp else None
+    return inst
+
+  for i in chain:
+    if i.opcode == "logistic" and i.operands:
+      return i.operands[0], i.name
+    if i.opcode != "divide" or len(i.operands) != 2:
+      continue
+    den = base(i.operands[1])
+    if den is None or den.opcode != "add":
+      continue
+    for o in den.operands:
+      e = base(o)
+      if e is not None and e.opcode == "exponential" and e.operands:
+        n = base(e.operands[0])
+        if n is not None and n.opcode == "negate" and n.operands:
+          return n.operands[0], i.name
+  return None
+
+
+def _is_zero(comp: Computation, inst: Instruction) -> bool:
+  """Whether `inst` is a zero constant (or a broadcast of one)."""
+  while inst.opcode in ("broadcast", "bitcast") and inst.operands:
+    inst = comp.instruction(inst.operands[0])
+  return inst.opcode == "constant" and (inst.literal or "").strip() in ("0", "-0", "0.0")
+
+
+#: Ops of a kernel that only cuts or joins data...
+SLICE_OPS = frozenset({"slice", "dynamic-slice", "concatenate"})
+#: ...and what it may run beside them.
+SLICE_GLUE = frozenset({"bitcast", "reshape", "copy", "parameter", "constant",
+                        "broadcast", "tuple", "convert"})
+
+
+def scalar_ops(program: Program, k: Kernel) -> set[str]:
+  """Opcodes a fusion runs only on scalars (a dynamic-slice's index
+  arithmetic, e.g. a reversed scan's `n - 1 - i`)."""
+  fused = fused_computation(program, k)
+  if fused is None:
+    return set()
+  ranked = {i.opcode for i in fused.instructions
+            if i.shape is not None and i.shape.is_array and i.shape.dims}
+  return {i.opcode for i in fused.instructions} - ranked

@@ -1,0 +1,462 @@
+"""Unfused epilogues: matmul results written for work the matmul's store could do.
+
+One reader applying bias, activation, residual, scale, cast or quantization
+to the result, or several readers each reading it elementwise or a slice of
+it (an LSTM's gate split, an optimizer's moment updates): one epilogue could
+write every reader's result and the matmul's output is never stored. Work
+that needs the whole result first (statistics, gradients) is not epilogue.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Mapping, Sequence
+
+from hlo_audit._src.analysis import backend_traits as bt
+from hlo_audit._src.analysis.backend_traits import KernelKind
+from hlo_audit._src.analysis.buffers import Buffer, Lifetime
+from hlo_audit._src.analysis.detectors.common import (COMMON_RISKS, activation_of,
+                                                      anchor_of, consumer_kernels,
+                                                      fused_computation, kernel_desc,
+                                                      operand_number, operand_producers,
+                                                      primitive, product,
+                                                      through_bitcasts, times)
+from hlo_audit._src.analysis.kernels import Kernel
+from hlo_audit._src.analysis.program import Program
+from hlo_audit._src.analysis.records import (FindingKind, FusionDecisionRecord,
+                                             KernelNeed, NumericalClass, Verdict)
+from hlo_audit._src.hlo import dtypes, opcodes
+from hlo_audit._src.hlo.ir import Computation, Instruction
+
+
+def find(program: Program) -> tuple[FusionDecisionRecord, ...]:
+  """Matmul results written to memory for elementwise work a matmul's
+  epilogue could do: one reader applying it, or several readers each
+  reading the result elementwise or a slice of it."""
+  out: list[FusionDecisionRecord] = []
+  for k in program.kernels.values():
+    anchor = anchor_of(program, k)
+    if anchor is None:
+      continue
+    inst = program.inst(k)
+    for buf in program.writes.get(k.name, ()):
+      if buf.lifetime in (Lifetime.EXTERNAL_OUTPUT, Lifetime.WORKSPACE) or buf.internal:
+        continue
+      consumers = consumer_kernels(program, buf)
+      if len(consumers) > 1:
+        multi = _multi_epilogue(program, k, anchor, buf, consumers)
+        if multi is not None:
+          out.append(multi)
+        continue
+      if len(consumers) != 1:
+        continue
+      consumer = consumers[0]
+      operand = operand_number(program, consumer, buf)
+      if operand is None:
+        continue
+      if _depends_on(program, consumer, k.name, operand):
+        continue  # needs statistics of the whole result: not an epilogue
+      work = _epilogue_work(program, consumer, operand, buf)
+      if work is None and _store_into_slice(program, consumer, buf):
+        work = ("store into slice",)
+      if work is None:
+        work = _epilogue_work(program, consumer, operand, buf, slices=True)
+      if work is None:
+        continue
+      low_precision = buf.dtype in ("bf16", "f16") or buf.dtype.startswith("f8")
+      epilogue = bt.gemm_epilogue(inst)
+      evidence = (f"{kernel_desc(k)} writes its {anchor} result {buf.shape} to memory; "
+                  f"{kernel_desc(consumer)} reads it once to apply "
+                  f"{', '.join(work)}")
+      if epilogue is not None:
+        evidence += f"; the library call's epilogue is {epilogue}"
+      elif k.kind is KernelKind.CPU_LIBRARY_FUSION:
+        evidence += "; the CPU library fusion (XNNPACK/oneDNN) takes the matmul alone"
+      reasons = ["current element only (elementwise epilogue)"]
+      if "bias" in work or "scale" in work:
+        reasons.append("broadcast scalars or vectors (row/column parameters)")
+      if "residual" in work:
+        reasons.append("same-index tensors (the residual)")
+      verdict = Verdict.SAFE
+      if any(w.startswith("quantize") for w in work):
+        reasons.append("per-row quantization scales need a full-row reduction "
+                       "across output tiles (cross-tile communication)")
+        verdict = Verdict.RISKY
+      risks = ["register count: the epilogue's live values add to the accumulator's"]
+      if any(w.startswith("activation") for w in work):
+        risks.append("register spills: erf/tanh polynomials are long; check SASS")
+      risks.append("store coalescing: the fused store must stay vectorized")
+      if program.has_backward:
+        risks.append("backward complexity: the fused op needs a custom VJP "
+                     "(dAct fused with the bias gradient)")
+      risks += list(COMMON_RISKS)
+      out.append(FusionDecisionRecord(
+          kind=FindingKind.UNFUSED_EPILOGUE, producer=k.name,
+          consumers=(consumer.name,), boundary=buf.name, boundary_shape=buf.shape,
+          bytes_saved=times(2 * buf.bytes, k.trip_count),
+          launches_removed=times(1, k.trip_count),
+          extra_arithmetic="none: the epilogue's elementwise ops move into the "
+                           "matmul's store",
+          extra_resources=_resources(work),
+          numerical_class=(NumericalClass.MORE_PRECISE if low_precision
+                           else NumericalClass.SAME_OPS),
+          guard="no kernel covers all of this epilogue",
+          layout_effect=f"none: the result keeps layout {str(inst.shape.layout) if inst.shape is not None and inst.shape.layout else '{}'}",
+          evidence=evidence, verdict=verdict, reasons=tuple(reasons),
+          risks=tuple(risks), ops=work, trip_count=k.trip_count,
+          source=buf.source, computation=k.computation,
+          need=KernelNeed(FindingKind.UNFUSED_EPILOGUE, anchor, work,
+                          outputs=_outputs_of(work))))
+  return tuple(out)
+
+
+#: Ops a kernel may run and still be same-index work (an epilogue chain).
+_SAME_INDEX_OPS = opcodes.ELEMENTWISE | {"bitcast", "broadcast", "reshape", "constant",
+                                         "parameter", "iota", "tuple", "get-tuple-element"}
+
+
+def _same_index(program: Program, k: Kernel) -> bool:
+  found = program.tables.same_index.get(k.name)
+  if found is None:
+    inst = program.inst(k)
+    if inst.opcode == "fusion":
+      found = k.kind is KernelKind.LOOP_FUSION and set(k.fused_ops) <= _SAME_INDEX_OPS
+    else:
+      found = inst.opcode in opcodes.ELEMENTWISE
+    program.tables.same_index[k.name] = found
+  return found
+
+
+def _depends_on(program: Program, consumer: Kernel, anchor: str, operand: int,
+                depth: int = 8) -> bool:
+  """Whether an operand of `consumer` other than `operand` is computed from
+  `anchor`'s output through a kernel that mixes elements (a BatchNorm apply
+  reads the conv output and its batch statistics, reductions of that
+  output; an activation's backward reads the incoming gradient): such work
+  needs the whole result first and cannot be an epilogue. A path through
+  elementwise kernels only (GELU split over two fusions) is same-index work
+  one epilogue can do."""
+  if "transpose(" in consumer.op_name and anchor in program.kernels and \
+      "transpose(" not in program.kernels[anchor].op_name:
+    return True  # a backward reader of a forward result needs the gradients
+  # (kernel, whether the path from it back to here mixed elements)
+  frontier: set[tuple[str, bool]] = {
+      (p, False) for i, producers in enumerate(operand_producers(program, consumer))
+      if i != operand for p in producers}
+  seen: set[tuple[str, bool]] = set()
+  for _ in range(depth):
+    if (anchor, True) in frontier:
+      return True
+    nxt = set()
+    for name, mixed in frontier - seen:
+      seen.add((name, mixed))
+      if name == anchor:
+        continue
+      k = program.kernels[name]
+      mixed = mixed or not _same_index(program, k)
+      for producers in operand_producers(program, k):
+        for p in producers:
+          if (p, mixed) not in seen:
+            nxt.add((p, mixed))
+    if not nxt:
+      return False
+    frontier = nxt
+  return (anchor, True) in frontier
+
+
+def _epilogue_work(program: Program, consumer: Kernel, operand: int,
+                   anchor_buf: Buffer, slices: bool = False) -> tuple[str, ...] | None:
+  """What `consumer` does to its operand `operand` (the anchor's output), as
+  epilogue items ("bias", "activation:gelu", "residual", "cast:bf16", ...);
+  None when it does more than elementwise work on it. With `slices`, a
+  slice is elementwise work too ("slice": the anchor stores that part; a
+  convolution's input gradient padded as its forward input was)."""
+  inst = program.inst(consumer)
+  if inst.opcode in opcodes.ELEMENTWISE and inst.opcode != "copy":
+    comp = program.comps[consumer.computation]
+    return _classify_elementwise(comp, [inst], {}, anchor_buf)
+  fused = fused_computation(program, consumer)
+  # XLA:GPU runs elementwise work that transposes as an input fusion (the
+  # transpose emitter): an epilogue too, where it reduces and scatters nothing.
+  if fused is None or not (consumer.kind is KernelKind.LOOP_FUSION or (
+      consumer.kind is KernelKind.INPUT_FUSION and
+      not {"reduce", "reduce-window", "scatter"} & set(consumer.fused_ops))):
+    return None
+  params = {p.parameter_number: p for p in fused.parameters}
+  if operand not in params:
+    return None
+  # Everything reachable from the anchor's parameter must be elementwise (or
+  # shape-only: bitcast/reshape/broadcast of other operands is fine).
+  users: dict[str, list[Instruction]] = {}
+  for i in fused.instructions:
+    for o in i.operands:
+      users.setdefault(o, []).append(i)
+  chain: list[Instruction] = []
+  stack = [params[operand].name]
+  seen = set()
+  while stack:
+    name = stack.pop()
+    for u in users.get(name, ()):
+      if u.name in seen:
+        continue
+      seen.add(u.name)
+      if u.opcode in opcodes.ELEMENTWISE or u.opcode in (
+          "bitcast", "reshape", "tuple", "transpose") or (slices and u.opcode == "slice"):
+        chain.append(u)
+        stack.append(u.name)
+      else:
+        return None
+  work = _classify_elementwise(fused, chain, params, anchor_buf,
+                               anchor_param=params[operand].name)
+  if any(u.opcode == "slice" for u in chain):
+    work = ("slice",) + tuple(w for w in work if w != "elementwise")
+  # A reader writing several results of the value (adam's parameter and both
+  # moments) needs an epilogue that writes them all.
+  root = fused.root
+  outputs = sum(o in seen for o in root.operands) if root.opcode == "tuple" else 1
+  return ((f"outputs:{outputs}",) + work) if outputs > 1 else work
+
+
+def _outputs_of(work: Sequence[str]) -> int:
+  """The outputs an epilogue's work writes ("outputs:3" -> 3; else 1)."""
+  return next((int(w.partition(":")[2]) for w in work if w.startswith("outputs:")), 1)
+
+
+def _classify_elementwise(comp: Computation, chain: list[Instruction],
+                          params: Mapping[int, Instruction],
+                          anchor_buf: Buffer, anchor_param: str = "") -> tuple[str, ...]:
+  names = {primitive(i) for i in chain}
+  opcodes_ = {i.opcode for i in chain}
+  items: list[str] = []
+  # The anchor's own value and everything computed from it are not "other"
+  # operands (a bias or residual comes from elsewhere).
+  chain_names = {i.name for i in chain} | {anchor_param}
+  out_dims = anchor_buf.dims
+  # Bias, residual and scale act on the anchor's value itself (or on a bias
+  # or scale of it) as that value's only use, with an operand from outside
+  # the chain. Ops past a value used twice belong to the activation: GELU's
+  # x * 0.7071 and 0.5 * x * erf(..) are not scales.
+  chain_uses: dict[str, int] = collections.Counter(
+      o for i in chain for o in set(i.operands))
+  direct = {anchor_param}
+  changed = True
+  while changed:
+    changed = False
+    for i in chain:
+      if i.name in direct or i.opcode not in (
+          "add", "subtract", "multiply", "bitcast", "reshape", "convert"):
+        continue
+      inputs = [o for o in i.operands if o in chain_names]
+      if len(inputs) == 1 and inputs[0] in direct and chain_uses[inputs[0]] == 1:
+        direct.add(i.name)
+        changed = True
+  # Bias / residual: an add whose other operand does not come from the chain.
+  for i in chain:
+    if i.opcode not in ("add", "subtract") or i.name not in direct:
+      continue
+    for o in i.operands:
+      if o in chain_names or o not in comp:
+        continue
+      # (A bias kept in f32 is cast to the matmul's bf16 before or after
+      # its broadcast.)
+      other = _through_converts(comp, comp.instruction(o))
+      if other.opcode == "broadcast" and other.operands:
+        src = comp.instruction(other.operands[0]) if other.operands[0] in comp else None
+        src = _through_converts(comp, src) if src is not None else None
+        if src is not None and src.opcode in ("parameter", "constant") and \
+            src.shape is not None and src.shape.num_elements < max(1, product(out_dims)):
+          items.append("bias")
+      elif other.opcode == "constant":
+        items.append("bias")
+      elif other.opcode == "parameter" and other.shape is not None and \
+          other.shape.num_elements == product(out_dims):
+        items.append("residual")
+  # Scale: a multiply by a non-constant scalar or vector operand; a product
+  # with another full-size tensor is not an epilogue a matmul kernel takes.
+  for i in chain:
+    if i.opcode != "multiply" or i.name not in direct:
+      continue
+    for o in i.operands:
+      if o in chain_names or o not in comp:
+        continue
+      other = comp.instruction(o)
+      base = other
+      while base.opcode in ("broadcast", "bitcast", "reshape") and base.operands:
+        base = comp.instruction(base.operands[0])
+      if base.opcode == "constant":
+        items.append("scale")
+      elif base.opcode == "parameter" and base.shape is not None:
+        if base.shape.num_elements < product(out_dims):
+          items.append("scale")
+        else:
+          items.append("product")
+  activation = activation_of(names, opcodes_, comp, chain)
+  if activation:
+    items.append(f"activation:{activation}")
+  if "clamp" in opcodes_ or ("maximum" in opcodes_ and "minimum" in opcodes_):
+    items.append("clamp")
+  # A mask selects by a predicate computed elsewhere (ReLU's backward:
+  # select(x > 0, g, 0) with x from the forward pass); a select on the
+  # anchor's own value belongs to the activation (XLA's erf expansion).
+  if any(i.opcode == "select" and i.operands and i.operands[0] not in chain_names
+         for i in chain):
+    items.append("mask")
+  if "transpose" in opcodes_:
+    items.append("transpose")
+  converts = [i for i in chain if i.opcode == "convert" and i.shape is not None]
+  for c in converts:
+    t = c.shape.element_type
+    if dtypes.is_integral(t) or t.startswith("f8"):
+      items.append(f"quantize:{t}")
+    elif t != anchor_buf.dtype:
+      items.append(f"cast:{t}")
+  return tuple(dict.fromkeys(items)) or ("elementwise",)
+
+
+def _through_converts(comp: Computation, inst: Instruction) -> Instruction:
+  while inst.opcode == "convert" and inst.operands and inst.operands[0] in comp:
+    inst = comp.instruction(inst.operands[0])
+  return inst
+
+
+def _slice_read(program: Program, consumer: Kernel, buf: Buffer) -> int | None:
+  """Bytes `consumer` reads of `buf` when it reads it only through slices
+  (possibly after elementwise work on the whole, e.g. a gate fusion adding
+  the bias before splitting the gates), else None."""
+  operand = operand_number(program, consumer, buf)
+  fused = fused_computation(program, consumer)
+  if operand is None or fused is None:
+    return None
+  params = {p.parameter_number: p for p in fused.parameters}
+  if operand not in params:
+    return None
+  users: dict[str, list[Instruction]] = {}
+  for i in fused.instructions:
+    for o in dict.fromkeys(i.operands):
+      users.setdefault(o, []).append(i)
+  total, stack, seen = 0, [params[operand].name], set()
+  while stack:
+    name = stack.pop()
+    if not users.get(name):
+      return None  # the whole value reaches the output unsliced
+    for u in users[name]:
+      if u.name in seen:
+        continue
+      seen.add(u.name)
+      if u.opcode == "slice" and u.shape is not None:
+        total += u.shape.byte_size
+      elif u.opcode == "bitcast" or (u.opcode in opcodes.ELEMENTWISE and
+                                     u.shape is not None and u.shape.dims == buf.dims):
+        stack.append(u.name)
+      else:
+        return None
+  return total
+
+
+def _store_into_slice(program: Program, consumer: Kernel, buf: Buffer) -> bool:
+  """Whether `consumer` only copies `buf` into a slice of another buffer
+  (a dynamic-update-slice whose update is `buf`): the anchor could store
+  there directly."""
+  inst = program.inst(consumer)
+  operand = operand_number(program, consumer, buf)
+  if operand is None:
+    return False
+  if inst.opcode == "dynamic-update-slice":
+    return operand == 1
+  fused = fused_computation(program, consumer)
+  if fused is None:
+    return False
+  root = fused.root
+  while root.opcode == "bitcast" and root.operands:
+    root = fused.instruction(root.operands[0])
+  if root.opcode == "pad" and root.operands:
+    # Copied into a zero-padded buffer: the anchor could store into it.
+    src = through_bitcasts(fused, root.operands[0])
+    return src is not None and src.opcode == "parameter" and \
+        src.parameter_number == operand
+  if root.opcode != "dynamic-update-slice" or len(root.operands) < 2:
+    return False
+  update = through_bitcasts(fused, root.operands[1])
+  return update is not None and update.opcode == "parameter" and \
+      update.parameter_number == operand
+
+
+def _multi_epilogue(program: Program, k: Kernel, anchor: str, buf: Buffer,
+                    consumers: list[Kernel]) -> FusionDecisionRecord | None:
+  """A matmul result that several kernels read, each elementwise or through
+  a slice (an LSTM's gate split, a fused QKV projection, a weight gradient
+  read by an optimizer's two moment updates, bias+activation beside the
+  activation's backward mask): one epilogue could write every reader's
+  result, and the matmul's output is never stored. None when a reader does
+  more than elementwise work on it (another matmul, a reduction: reuse)."""
+  works: list[tuple[str, ...]] = []
+  fused: list[Kernel] = []
+  later: list[Kernel] = []
+  read = 0
+  for c in consumers:
+    operand = operand_number(program, c, buf)
+    work = _epilogue_work(program, c, operand, buf) if operand is not None else None
+    sliced = _slice_read(program, c, buf) if work is None else None
+    if work is None and sliced is None:
+      return None  # another matmul, a reduction: reuse the stored result
+    if _depends_on(program, c, k.name, operand):
+      later.append(c)  # elementwise, but with values computed from the result
+      continue
+    fused.append(c)
+    works.append(work if work is not None else ("slice",))
+    read += buf.bytes if work is not None else sliced
+  if not fused or (len(fused) == 1 and not later):
+    return None
+  n = len(fused)
+  stored = bool(later)
+  if all(w == ("slice",) for w in works) and read <= buf.bytes and not stored:
+    ops: tuple[str, ...] = (f"split:{n}",)
+    what = (f"{n} kernels ({', '.join(c.name for c in fused)}) each read a "
+            "disjoint slice of it (column blocks)")
+  else:
+    items = dict.fromkeys(w for work in works for w in work
+                          if w != "slice" and not w.startswith("outputs:"))
+    ops = (f"outputs:{sum(_outputs_of(w) for w in works)}",) + tuple(items)
+    what = (f"{n} kernel{'s' if n > 1 else ''} read it elementwise ("
+            + "; ".join(f"{c.name}: {', '.join(w)}" for c, w in zip(fused, works))
+            + ")")
+  if stored:
+    what += (f"; {', '.join(c.name for c in later)} also read{'s' if len(later) == 1 else ''}"
+             " it with values computed from the whole result (statistics, "
+             "gradients), so the result stays stored: the saving is the "
+             "fused readers' reads")
+  saved = read + (0 if stored else buf.bytes)
+  consumers = fused
+  return FusionDecisionRecord(
+      kind=FindingKind.UNFUSED_EPILOGUE, producer=k.name,
+      consumers=tuple(c.name for c in consumers), boundary=buf.name,
+      boundary_shape=buf.shape, bytes_saved=times(saved, k.trip_count),
+      launches_removed=times(n, k.trip_count),
+      extra_arithmetic=f"the {n} readers' elementwise work moves into the matmul's store",
+      extra_resources=f"{n} output tiles per accumulator tile",
+      numerical_class=NumericalClass.SAME_OPS,
+      guard="no kernel yet: no kernel writes several outputs",
+      layout_effect=f"the {anchor} writes {n} outputs instead of one",
+      evidence=f"{kernel_desc(k)} writes its {anchor} result {buf.shape}; {what}",
+      verdict=Verdict.SAFE,
+      reasons=("current element only: each output element depends on one "
+               "accumulator element",),
+      risks=("register count: several epilogues' live values per tile",
+             "store coalescing: each output's store must stay vectorized",
+             "cache reuse: the readers no longer share one stored result") + COMMON_RISKS,
+      ops=ops, kernel=None, trip_count=k.trip_count, source=buf.source,
+      computation=k.computation, boundary_kept=stored,
+      need=KernelNeed(FindingKind.UNFUSED_EPILOGUE, anchor, ops, outputs=_outputs_of(ops)))
+
+
+def _resources(work: tuple[str, ...]) -> str:
+  parts = []
+  if "bias" in work:
+    parts.append("one bias vector tile")
+  if "scale" in work:
+    parts.append("the scale tile")
+  if "residual" in work:
+    parts.append("one residual tile read in the epilogue")
+  if any(w.startswith("activation") for w in work):
+    parts.append("activation temporaries per element")
+  return ", ".join(parts) or "none expected"

@@ -1,0 +1,726 @@
+"""Separate reductions: a reduction kernel re-reading a buffer its producer wrote.
+
+One record per buffer, naming every reduction that reads it, with what the
+reduction computes (a layer or RMS norm's statistics, a softmax, batch or
+group statistics, a contraction XLA runs as multiply + reduce, a column
+reduction) and over which axes; a gemm -> softmax -> gemm chain is an
+attention kernel's business, and x_hat saved for one backward reduction can
+be recomputed there. Reductions split in two kernels (tree stages), a gemm's
+own split-K sums and reductions that need values computed later are not
+separate reductions.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+from hlo_audit._src.analysis import backend_traits as bt
+from hlo_audit._src.analysis.backend_traits import KernelKind
+from hlo_audit._src.analysis.buffers import Buffer, Lifetime, fused_root
+from hlo_audit._src.analysis.dataflow import ValueId
+from hlo_audit._src.analysis.detectors.common import (COMMON_RISKS, anchor_of,
+                                                      consumer_kernels, fused_computation,
+                                                      kernel_desc, operand_number,
+                                                      operand_producers, primitives,
+                                                      product, split_k_site,
+                                                      through_bitcasts, through_moves,
+                                                      times)
+from hlo_audit._src.analysis.kernels import Kernel
+from hlo_audit._src.analysis.program import Program
+from hlo_audit._src.analysis.records import (FindingKind, FusionDecisionRecord,
+                                             KernelNeed, NumericalClass, Statistics,
+                                             Verdict)
+from hlo_audit._src.hlo import opcodes
+from hlo_audit._src.hlo.ir import Computation, Instruction
+
+
+def find(program: Program) -> tuple[FusionDecisionRecord, ...]:
+  """Buffers a separate reduction kernel re-reads: one record per buffer,
+  naming every reduction that reads it."""
+  # vid -> its reductions by name (names are unique: equal kernels are one
+  # kernel, and comparing names avoids the dataclass's field-by-field __eq__).
+  readers: dict[ValueId, dict[str, Kernel]] = {}
+  # Values read as a gemm's split-K partial sums (each reader sums them).
+  partials: set[ValueId] = set()
+  for r in program.kernels.values():
+    if not _is_reduction_kernel(program, r):
+      continue
+    for n, operand in enumerate(program.inst(r).operands):
+      if not _feeds_reduce(program, r, n):
+        continue  # read beside the reduction, or a gemm's partial sums summed alone
+      for _, vid in program.dataflow.holds.get(operand, ()):
+        readers.setdefault(vid, {}).setdefault(r.name, r)
+        if _sums_partials(program, r, n):
+          partials.add(vid)
+  out = []
+  for vid, by_name in readers.items():
+    reductions = list(by_name.values())
+    bid = program.dataflow.buffer_of.get(vid)
+    if bid is None:
+      continue
+    buf = program.buffers.get(bid[0] + ("{" + ",".join(map(str, bid[1])) + "}" if bid[1] else ""))
+    if buf is None or not buf.producer or buf.internal or buf.lifetime is Lifetime.INPUT:
+      continue
+    if vid in partials and len(buf.consumers) == 1:
+      continue  # the one kernel finishing a split-K gemm reduces its result too
+    # The kernel that wrote the value read: for a buffer updated in place
+    # (a scatter-add into zeros) that is the last writer, not the first.
+    producer = program.kernels.get(vid[0]) or program.kernels.get(buf.producer)
+    if producer is None or producer.name in by_name:
+      continue
+    if all(_tree_stage(program, producer, buf, r) for r in reductions):
+      continue  # XLA's reduction split in two kernels: one reduction
+    others = [c for c in buf.consumers if c not in by_name and c != producer.name]
+    if "transpose(" not in producer.op_name and all(
+        "transpose(" in r.op_name for r in reductions):
+      # Saved for backward: a backward reduction (dgamma = sum(dy * x_hat))
+      # needs values the forward producer does not have yet; what can go is
+      # the saved buffer itself, when the reduction can recompute it.
+      saved = _saved_normalized(program, buf, producer, reductions, others)
+      if saved is not None:
+        out.append(saved)
+      continue
+    # A reduction that also reads values computed from this one (the next
+    # layer's residual stream, the gradients) cannot run in the producer:
+    # it reads the buffer as any later kernel does.
+    # (A sibling statistic that itself needs later values makes its readers
+    # later too: iterate to the fixpoint.)
+    later: set[str] = set()
+    while True:
+      ready = frozenset(by_name) - later
+      more = {r.name for r in reductions if r.name not in later and
+              _needs_later_values(program, r, buf, producer, ready)}
+      if not more:
+        break
+      later |= more
+    if later:
+      reductions = [r for r in reductions if r.name not in later]
+      others = [c for c in buf.consumers if c not in by_name or c in later]
+      others = [c for c in others if c != producer.name]
+      if not reductions:
+        continue
+    whole = [r for r in reductions if _whole_normalization(program, r, buf)]
+    if len(whole) == len(reductions):
+      # XLA's own Triton softmax or norm: already one kernel. Only a fused
+      # attention kernel removes the boundary, where a gemm feeds it and a
+      # gemm reads it.
+      chain = _attention_chain(program, buf, producer, reductions)
+      if chain is not None:
+        out.append(chain)
+      continue
+    if whole:  # read beside the others, as any reader (a norm's backward in one kernel)
+      reductions = [r for r in reductions if r not in whole]
+      others = others + [r.name for r in whole]
+    only = not others and len(reductions) == 1
+    stats = None
+    pattern = None
+    for r in reductions:
+      stats = stats or _statistics(program, r, buf)
+      pattern = pattern or _reduction_pattern(program, r, producer, stats, buf)
+    if pattern == "contraction" and stats is not None:
+      stats = dataclasses.replace(stats, affine=None)  # a weight, not a norm's scale
+    # A pattern some kernel could compute asks the libraries; a norm's
+    # backward pass is its forward kernel's business.
+    need = (KernelNeed(FindingKind.SEPARATE_REDUCTION, pattern, statistics=stats)
+            if pattern in _KERNEL_PATTERNS else None)
+    trip = producer.trip_count
+    saved = 2 * buf.bytes if only else buf.bytes * len(reductions)
+    what = _reduction_text(pattern, stats, buf, any(
+        "transpose(" in k.op_name for k in (producer, *reductions)))
+    out.append(FusionDecisionRecord(
+        kind=FindingKind.SEPARATE_REDUCTION, producer=producer.name,
+        consumers=tuple(r.name for r in reductions) + tuple(others),
+        boundary=buf.name, boundary_shape=buf.shape,
+        bytes_saved=times(saved, trip),
+        launches_removed=times(1 if only else 0, trip),
+        extra_arithmetic="per-tile partial reductions in the producer, and a "
+                         "small final combine",
+        extra_resources="one partial-accumulator row per tile",
+        numerical_class=NumericalClass.REASSOCIATED,
+        guard="keep XLA's reduction when tiles cannot span the axis",
+        layout_effect="none",
+        evidence=(f"{', '.join(kernel_desc(r) for r in reductions)} re-read"
+                  f"{'s' if len(reductions) == 1 else ''} {buf.shape} written by "
+                  f"{kernel_desc(producer)}" +
+                  (f"; {len(others)} other kernel(s) read it too" if others else
+                   "; no other kernel reads it") +
+                  ("; it holds the gemm's split-K partial sums, which each reader sums "
+                   "again" if vid in partials else "") + (f"; {what}" if what else "")),
+        verdict=Verdict.SAFE if only else Verdict.RISKY,
+        reasons=(("tile-local partial reductions",) if only else
+                 ("tile-local partial reductions",
+                  "other readers keep the buffer: only the re-reads go")),
+        risks=("numerical: reassociated sums change the last bits",
+               "shared/local memory for partials may lower occupancy") + COMMON_RISKS,
+        ops=(pattern or "reduce",), trip_count=trip,
+        source=buf.source, computation=producer.computation, need=need))
+  return tuple(out)
+
+
+def _is_reduction_kernel(program: Program, r: Kernel) -> bool:
+  inst = program.inst(r)
+  if inst.opcode == "reduce" and bt.is_split_k_reduce(inst):
+    return False
+  if split_k_site(program, r) is not None and r.fused_ops.get("reduce", 0) == 1:
+    return False  # the gemm's own split-K sum (and its epilogue)
+  # XLA:CPU lowers some column sums (bias gradients) to reduce-window.
+  return inst.opcode in ("reduce", "reduce-window") or bool(
+      {"reduce", "reduce-window"} & set(r.fused_ops)
+      and not {"dot", "convolution"} & set(r.fused_ops)
+      and r.kind is not KernelKind.PALLAS)
+
+
+def _feeds_reduce(program: Program, r: Kernel, operand: int) -> bool:
+  """Whether reduction kernel `r`'s operand `operand` reaches one of its
+  reduces (not a scatter's destination, say, or an output written beside).
+  A split-K sum is its gemm's: partial sums count where what they sum is
+  reduced further (a norm's statistics over the gemm's result)."""
+  fused = fused_computation(program, r)
+  if fused is None:
+    return True
+  reached = _reached(program, fused, operand)
+  return any(i.opcode in ("reduce", "reduce-window") and i.name in reached and
+             not bt.is_split_k_reduce(i) for i in fused.instructions)
+
+
+def _sums_partials(program: Program, r: Kernel, operand: int) -> bool:
+  """Whether `r` reads its operand `operand` as a gemm's split-K partial
+  sums (only a split-K reduce reads it, through bitcasts)."""
+  fused = fused_computation(program, r)
+  param = next((p for p in fused.parameters if p.parameter_number == operand),
+               None) if fused is not None else None
+  if param is None:
+    return False
+  users, stack = [], [param.name]
+  while stack:
+    for u in program.users(fused, stack.pop()):
+      if u.opcode == "bitcast":
+        stack.append(u.name)
+      else:
+        users.append(u)
+  return bool(users) and all(bt.is_split_k_reduce(u) for u in users)
+
+
+def _tree_stage(program: Program, producer: Kernel, buf: Buffer, r: Kernel) -> bool:
+  """Whether `buf` holds partial results of one reduction XLA split over two
+  kernels (a tree reduction: `producer` reduces part of the axes, `r`
+  reduces the rest with the same reducer computation)."""
+  found = fused_root(program.module, program.inst(producer), buf.index)
+  if found is None:
+    return False
+  comp, root = found
+  root = through_bitcasts(comp, root.name) or root
+  if root.opcode != "reduce":
+    return False
+  reducer = root.called_computations.get("to_apply", ())
+  operand = operand_number(program, r, buf)
+  if not reducer or operand is None:
+    return False
+  # The second stage reduces the partial results themselves, with the same
+  # reducer (not a value computed from them, as a variance from a mean).
+  for where, i in _reduce_sites(program, r, operand):
+    src = through_moves(where, i.operands[0]) if i.operands else None
+    if i.called_computations.get("to_apply", ()) == reducer and src is not None and \
+        src.opcode == "parameter" and src.parameter_number == operand:
+      return True
+  return False
+
+
+def _needs_later_values(program: Program, r: Kernel, buf: Buffer, producer: Kernel,
+                        siblings: frozenset[str]) -> bool:
+  """Whether reduction `r` reads a value computed from `producer`'s output,
+  other than the results of the reductions in `siblings` read directly (the
+  other statistics of the same buffer, which one fused kernel computes too)."""
+  start = producer.time
+  inputs = _reduce_inputs(program, r, operand_number(program, r, buf))
+  frontier = {p for n, producers in enumerate(operand_producers(program, r))
+              if inputs is None or n in inputs
+              for p in producers if p != producer.name and p not in siblings}
+  seen: set[str] = set()
+  while frontier:
+    name = frontier.pop()
+    if name in seen:
+      continue
+    seen.add(name)
+    k = program.kernels[name]
+    if k.time <= start or k.computation != producer.computation:
+      continue  # ran before the producer (or elsewhere): not from its output
+    for producers in operand_producers(program, k):
+      for p in producers:
+        if p == producer.name:
+          return True
+        if p not in seen:
+          frontier.add(p)
+  return False
+
+
+def _reduce_inputs(program: Program, r: Kernel, operand: int | None) -> set[int] | None:
+  """The operands of fusion `r` the inputs of the reduces that its operand
+  `operand` reaches are computed from (not those applied to a reduced result
+  only, nor those of other reductions the kernel runs beside); None for an
+  unfused reduce."""
+  fused = fused_computation(program, r)
+  if fused is None:
+    return None
+  # The first reduces the operand reaches: what reduces their results is the
+  # small final combine, after the partial reductions.
+  mine = _reached(program, fused, operand, past_reduces=False) if operand is not None else \
+      {i.name for i in fused.instructions}
+  stack = [o for i in fused.instructions
+           if i.name in mine and i.opcode in ("reduce", "reduce-window")
+           and not bt.is_split_k_reduce(i)
+           for o in i.operands[:max(1, len(i.operands) // 2)]]
+  seen: set[str] = set()
+  found: set[int] = set()
+  while stack:
+    name = stack.pop()
+    if name in seen or name not in fused:
+      continue
+    seen.add(name)
+    inst = fused.instruction(name)
+    if inst.opcode == "parameter":
+      found.add(inst.parameter_number)
+    stack.extend(inst.operands)
+  return found
+
+
+def _whole_normalization(program: Program, r: Kernel, buf: Buffer) -> bool:
+  """Whether `r` is an XLA Triton fusion holding a whole softmax or norm
+  over `buf`: its reductions and the elementwise apply in one kernel, writing
+  a result of `buf`'s size."""
+  if r.kind is not KernelKind.TRITON_FUSION or "reduce" not in r.fused_ops:
+    return False
+  shape = program.inst(r).shape
+  return shape is not None and shape.is_array and \
+      shape.num_elements == product(buf.dims)
+
+
+#: The fused attention kernels a gemm -> softmax -> gemm chain needs.
+ATTENTION_KERNELS = ('jax.nn.dot_product_attention(q, k, v, implementation="cudnn") '
+                     "or a Pallas attention kernel")
+
+
+def _attention_chain(program: Program, buf: Buffer, producer: Kernel,
+                     softmaxes: list[Kernel]) -> FusionDecisionRecord | None:
+  """One finding for gemm -> (XLA's one-kernel softmax) -> gemm: the scores
+  and the probabilities are both written and read back; a fused attention
+  kernel keeps them on chip. None when no gemm sits on both sides."""
+  if anchor_of(program, producer) != "dot":
+    return None
+  probs = [b for r in softmaxes for b in program.writes.get(r.name, ())]
+  readers = [c for b in probs for c in consumer_kernels(program, b)]
+  if not probs or not readers or not all(anchor_of(program, c) == "dot" for c in readers):
+    return None
+  trip = producer.trip_count
+  saved = 2 * buf.bytes + sum(2 * b.bytes for b in probs)
+  backward = "transpose(" in producer.op_name
+  return FusionDecisionRecord(
+      kind=FindingKind.SEPARATE_REDUCTION, producer=producer.name,
+      consumers=tuple(r.name for r in softmaxes) + tuple(dict.fromkeys(c.name for c in readers)),
+      boundary=buf.name, boundary_shape=buf.shape, bytes_saved=times(saved, trip),
+      launches_removed=times(len(softmaxes) + 1, trip),
+      extra_arithmetic="online softmax: running max and sum per row, rescaling "
+                       "the accumulator",
+      extra_resources="a query tile, key/value tiles and the running statistics "
+                      "in shared memory and registers",
+      numerical_class=NumericalClass.REASSOCIATED,
+      guard="XLA's gemm, softmax and gemm where the fused kernel does not apply",
+      layout_effect="none",
+      evidence=(f"{kernel_desc(producer)} writes "
+                f"{'the gradient of the attention probabilities' if backward else 'the attention scores'} "
+                f"{buf.shape}; "
+                f"{', '.join(kernel_desc(r) for r in softmaxes)} "
+                f"{'computes' if len(softmaxes) == 1 else 'compute'} the whole "
+                f"softmax{' backward' if backward else ''} in one kernel (XLA's own "
+                f"Triton fusion, no separate reduction) and "
+                f"{', '.join(dict.fromkeys(c.name for c in readers))} "
+                f"{'reads' if len(readers) == 1 else 'read'} its result in a gemm: "
+                f"gemm -> softmax -> gemm, which only a fused attention kernel "
+                f"({ATTENTION_KERNELS}) keeps on chip"),
+      verdict=Verdict.RISKY,
+      reasons=("a separate algorithmic phase: the whole row of scores is needed, "
+               "which a fused attention kernel streams with running statistics",),
+      risks=("shared memory: key/value tiles and statistics lower occupancy",
+             "backward complexity: the fused kernel needs its own backward") + COMMON_RISKS,
+      ops=("attention",), trip_count=trip, source=buf.source,
+      computation=producer.computation,
+      need=KernelNeed(FindingKind.SEPARATE_REDUCTION, "attention"))
+
+
+def _reduce_sites(program: Program, r: Kernel,
+                  operand: int | None = None) -> list[tuple[Computation, Instruction]]:
+  """The reduce and reduce-window instructions a reduction kernel runs (a
+  split-K sum is its gemm's, not one of them); with `operand`, those its
+  operand `operand` reaches, where it reaches any."""
+  inst = program.inst(r)
+  comp = program.comps[r.computation]
+  sites = [(comp, inst)] if inst.opcode in ("reduce", "reduce-window") else []
+  fused = fused_computation(program, r)
+  if fused is not None:
+    sites += [(fused, i) for i in fused.instructions
+              if i.opcode in ("reduce", "reduce-window") and not bt.is_split_k_reduce(i)]
+    if operand is not None:
+      reached = _reached(program, fused, operand)
+      mine = [(c, i) for c, i in sites if i.name in reached]
+      sites = mine or sites
+  return sites
+
+
+def _reached(program: Program, fused: Computation, operand: int,
+             past_reduces: bool = True) -> set[str]:
+  """Instructions of `fused` computed from its parameter `operand`; without
+  `past_reduces`, up to the first reduces (a split-K sum is no stop: it
+  finishes a gemm) and not what is computed from their results."""
+  param = next((p for p in fused.parameters if p.parameter_number == operand), None)
+  if param is None:
+    return set()
+  seen: set[str] = set()
+  stack = [param.name]
+  while stack:
+    for u in program.users(fused, stack.pop()):
+      if u.name not in seen:
+        seen.add(u.name)
+        if past_reduces or u.opcode not in ("reduce", "reduce-window") or \
+            bt.is_split_k_reduce(u):
+          stack.append(u.name)
+  return seen
+
+
+def _reduced_dims(comp: Computation, inst: Instruction) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+  """(operand dims, reduced axes) of a reduce; for a reduce-window, the axes
+  its window spans. A reduce of another reduce's result in the same
+  computation (XLA reduces dims {0,2} as {2}, then {0}) counts as one,
+  over the first one's operand."""
+  if not inst.operands or inst.operands[0] not in comp:
+    return None
+  src = comp.instruction(inst.operands[0])
+  shape = src.shape
+  if shape is None or not shape.is_array:
+    return None
+  dims = tuple(shape.dims)
+  if inst.opcode == "reduce":
+    if inst.dimensions is None:
+      return None
+    axes = tuple(sorted(inst.dimensions))
+    inner = _through_same_shape(comp, src)
+    if inner is not None and inner.opcode == "reduce" and not bt.is_split_k_reduce(inner):
+      first = _reduced_dims(comp, inner)
+      if first is not None:
+        kept = [a for a in range(len(first[0])) if a not in first[1]]
+        if len(kept) == len(dims):
+          return first[0], tuple(sorted(set(first[1]) | {kept[a] for a in axes}))
+    return dims, axes
+  window = inst.window
+  if window is None or len(window) != len(dims):
+    return None
+  return dims, tuple(a for a, w in enumerate(window) if w.size > 1)
+
+
+def _through_same_shape(comp: Computation, inst: Instruction) -> Instruction:
+  """The instruction behind `inst` through elementwise ops of one operand
+  that keep its dims (a scale or negation between two reduces)."""
+  while inst.opcode in opcodes.ELEMENTWISE and inst.operands and inst.shape is not None:
+    srcs = [comp.instruction(o) for o in inst.operands if o in comp]
+    full = [s for s in srcs if s.shape is not None and s.shape.dims == inst.shape.dims
+            and s.opcode not in ("broadcast", "constant")]
+    if len(full) != 1:
+      break
+    inst = full[0]
+  return inst
+
+
+def _map_axes(src: tuple[int, ...], axes: tuple[int, ...],
+              dst: tuple[int, ...]) -> tuple[int, ...] | None:
+  """`axes` of `src` as axes of `dst`, a reshape of it, where the reduced
+  axes are a leading or trailing run whose element count `dst` splits the
+  same way (e.g. {1} of [128,64] is {2} of [8,16,64]); None otherwise."""
+  if src == dst:
+    return axes
+  if product(src) != product(dst) or not axes:
+    return None
+  n = product(src[a] for a in axes)
+  if axes == tuple(range(len(src) - len(axes), len(src))):
+    for k in range(len(dst), 0, -1):
+      if product(dst[k - 1:]) == n:
+        return tuple(range(k - 1, len(dst)))
+  elif axes == tuple(range(len(axes))):
+    for k in range(1, len(dst) + 1):
+      if product(dst[:k]) == n:
+        return tuple(range(k))
+  return None
+
+
+def _statistics(program: Program, r: Kernel, buf: Buffer) -> Statistics | None:
+  """What the reduction kernel's widest reduce of `buf` reduces (the widest
+  of all its reduces where none reads `buf`), in `buf`'s dims where the two
+  are reshapes of each other, with the scale applied beside."""
+  best = None
+  for comp, inst in _reduce_sites(program, r, operand_number(program, r, buf)):
+    found = _reduced_dims(comp, inst)
+    if found is not None and (best is None or (len(found[0]), len(found[1])) >
+                              (len(best[0]), len(best[1]))):
+      best = found
+  if best is None:
+    return None
+  dims, axes = best
+  mapped = _map_axes(dims, axes, tuple(buf.dims))
+  if mapped is not None:
+    dims, axes = tuple(buf.dims), mapped
+  return Statistics(dims, axes, _affine(program, r, buf, dims, axes))
+
+
+def _affine(program: Program, r: Kernel, buf: Buffer, dims: tuple[int, ...],
+            axes: tuple[int, ...]) -> tuple[int, ...] | None:
+  """The dims of a scale broadcast over exactly the reduced axes (gamma) in
+  the kernels around the reduction: the boundary's readers and the readers
+  of what the reduction writes."""
+  holders = _broadcast_scales(program).get((dims, axes))
+  if not holders:
+    return None
+  near = {c for c in buf.consumers} | {c for b in program.writes.get(r.name, ())
+                                       for c in b.consumers}
+  near |= {c for name in tuple(near) for b in program.writes.get(name, ())
+           for c in b.consumers}
+  found = [name for name in holders if name in near]
+  return holders[min(found)] if found else None
+
+
+def _broadcast_scales(program: Program) -> dict:
+  """(dims, broadcast dims) -> {kernel name: source dims} of the fusion
+  parameters each kernel broadcasts so (the first of each kind in a kernel,
+  in text order), built once per audit."""
+  if program.tables.scales is not None:
+    return program.tables.scales
+  table: dict = {}
+  for k in program.kernels.values():
+    fused = fused_computation(program, k)
+    for i in fused.instructions if fused is not None else ():
+      if i.opcode != "broadcast" or i.shape is None or not i.operands:
+        continue
+      by_kernel = table.setdefault((tuple(i.shape.dims), tuple(i.dimensions or ())), {})
+      if k.name in by_kernel:
+        continue
+      src = through_bitcasts(fused, i.operands[0])
+      if src is not None and src.opcode == "parameter":
+        by_kernel[k.name] = tuple(src.shape.dims)
+  program.tables.scales = table
+  return table
+
+
+def _reduction_pattern(program: Program, r: Kernel, producer: Kernel,
+                       stats: Statistics | None, buf: Buffer) -> str | None:
+  """What a reduction computes, judged by its axes first and its ops second:
+  "layer_norm", "rms_norm", "softmax" or "log_softmax" for a forward
+  reduction over trailing axes; "norm_backward" for such a reduction in the
+  backward pass; over other axes, "batch_norm_stats" (the batch axis
+  reduced, into an rsqrt), "group_norm_stats" (per sample: the batch axis
+  kept, into an rsqrt), "contraction" (a product of `buf` with a value that
+  varies along the reduced axes: an einsum XLA runs as multiply + reduce;
+  over the leading axes in the backward pass that is a gradient),
+  "column_reduction" (the leading axes: a bias or gamma gradient, a pooled
+  sum) or None (described by its axes alone)."""
+  # What reads the reduction's result: statistics feed an rsqrt there (the
+  # producer's own ops say nothing: x_hat holds an rsqrt too).
+  after = set(primitives(program, r))
+  for b in program.writes.get(r.name, ()):
+    for c in b.consumers:
+      if c in program.kernels:
+        after |= primitives(program, program.kernels[c])
+  names = after | primitives(program, producer)
+  backward = "transpose(" in r.op_name or "transpose(" in producer.op_name
+  if stats is not None:
+    rank, axes = len(stats.dims), stats.axes
+    trailing = bool(axes) and axes == tuple(range(rank - len(axes), rank)) and len(axes) < rank
+    if not trailing:
+      if "rsqrt" in after and not backward:
+        return "batch_norm_stats" if 0 in axes else "group_norm_stats"
+      leading = rank >= 2 and axes == tuple(range(len(axes)))
+      if (not leading or not backward) and _contracts(program, r, buf):
+        return "contraction"
+      if leading:
+        return "column_reduction"
+      return None
+  if backward:
+    return "norm_backward" if "rsqrt" in names else None
+  if "rsqrt" in names:
+    return "layer_norm" if names & {"sub", "subtract"} else "rms_norm"
+  if names & {"exp", "exponential"} and names & {"reduce_max", "max"}:
+    # log_softmax (cross-entropy) takes the log of the sum: not a softmax.
+    return "log_softmax" if names & {"log", "log_softmax"} else "softmax"
+  # A matrix-vector product XLA runs as multiply + reduce (a Dense(1)).
+  return "contraction" if _contracts(program, r, buf) else None
+
+
+def _contracts(program: Program, r: Kernel, buf: Buffer) -> bool:
+  """Whether `r` reduces a product of `buf` with another value that varies
+  along the reduced axes (an einsum contraction such as mixing experts'
+  outputs by their weights), not a sum or a scaled sum of `buf` alone."""
+  operand = operand_number(program, r, buf)
+  fused = fused_computation(program, r)
+  if operand is None or fused is None:
+    return False
+  reached = _reached(program, fused, operand, past_reduces=False)
+  for comp, red in _reduce_sites(program, r, operand):
+    if red.opcode != "reduce" or red.name not in reached or not red.dimensions:
+      continue
+    prod = through_moves(comp, red.operands[0])
+    if prod is None or prod.opcode != "multiply" or prod.shape is None or \
+        len(set(prod.operands)) != 2:
+      continue  # (x * x is a square: a sum of squares, no contraction)
+    axes = set(red.dimensions)
+    if all(_varies_along(comp, o, axes, prod.shape.dims) for o in prod.operands):
+      return True
+  return False
+
+
+def _varies_along(comp: Computation, name: str, axes: set[int],
+                  dims: Sequence[int]) -> bool:
+  """Whether operand `name` (of an instruction with `dims`) varies along any
+  of `axes`: a constant does not, nor a broadcast that maps no source axis
+  onto them."""
+  inst = comp.instruction(name) if name in comp else None
+  while inst is not None and inst.opcode in ("convert", "copy") and inst.operands:
+    inst = comp.instruction(inst.operands[0]) if inst.operands[0] in comp else None
+  if inst is None or inst.opcode == "constant":
+    return False
+  if inst.opcode == "broadcast" and inst.shape is not None and \
+      tuple(inst.shape.dims) == tuple(dims):
+    return bool(set(inst.dimensions or ()) & axes)
+  return True
+
+
+#: Patterns a kernel library may compute (the others have no kernel, by
+#: design: a backward pass is its forward kernel's business).
+_KERNEL_PATTERNS = frozenset({"layer_norm", "rms_norm", "softmax", "log_softmax",
+                              "attention",
+                              "batch_norm_stats", "group_norm_stats",
+                              "column_reduction"})
+
+
+#: What the reduction patterns are, for the evidence (the axes follow).
+_PATTERN_TEXT = {
+    "batch_norm_stats": "batch-norm statistics (the batch axis reduced, per channel)",
+    "group_norm_stats": ("per-sample statistics (the batch axis kept): a group or "
+                         "instance norm"),
+    "column_reduction": ("a reduction over the leading axes (a bias, gamma or weight "
+                         "gradient)"),
+    "column_reduction:forward": ("a reduction over the leading axes in the forward "
+                                 "pass (a sum or mean over the batch: routing "
+                                 "counts, a pooled mean)"),
+    "log_softmax": "a log-softmax (e.g. inside a cross-entropy loss)",
+    "contraction": ("a product summed over the reduced axes: an einsum contraction "
+                    "XLA runs as multiply + reduce (e.g. mixing experts' outputs by "
+                    "their routing weights)"),
+    "norm_backward": ("a normalization's backward pass; no kernel suggested: "
+                      "the forward op's kernel brings its own backward"),
+}
+
+
+def _reduction_text(pattern: str | None, stats: Statistics | None, buf: Buffer,
+                    backward: bool) -> str:
+  """What the HLO reduces, in words: the pattern (where one is known) and
+  the axes, e.g. "per-sample statistics ...: reduces dims {1,2,4} of
+  [8,32,32,8,4] (batch axis 0 kept; one result per index of axes 0,3)"."""
+  key = f"{pattern}:forward" if not backward and f"{pattern}:forward" in _PATTERN_TEXT \
+      else pattern
+  parts = [_PATTERN_TEXT[key]] if key in _PATTERN_TEXT else []
+  if stats is not None and pattern not in ("layer_norm", "rms_norm", "softmax"):
+    kept = stats.kept
+    # A contraction's axes are the einsum's (experts, heads): axis 0 need
+    # not be the batch.
+    batch = ("" if len(stats.dims) < 2 or pattern == "contraction" else
+             "batch axis 0 kept" if 0 in kept else "batch axis 0 reduced")
+    per = (f"one result per index of axes {_axes_text(kept)}" if kept else
+           "one result")
+    parts.append(f"reduces {stats.describe().replace(' per statistic', ' each')} "
+                 f"({', '.join(p for p in (batch, per) if p)})")
+  return ": ".join(parts)
+
+
+def _axes_text(axes: Sequence[int]) -> str:
+  return "{" + ",".join(map(str, axes)) + "}"
+
+
+def _saved_normalized(program: Program, buf: Buffer, producer: Kernel,
+                      reductions: list[Kernel],
+                      others: list[str]) -> FusionDecisionRecord | None:
+  """x_hat (or x - mean) written by the forward pass for one backward
+  reduction that multiplies it by the incoming gradient and reduces (a gamma
+  gradient, a norm's backward term): the reduction can recompute it from x
+  and the per-row statistics, so the buffer is never written or kept."""
+  if others or len(reductions) != 1:
+    return None
+  r = reductions[0]
+  if not _reads_statistics(program, producer, buf) or not _multiplies_then_reduces(program, r, buf):
+    return None
+  sole = len(program.writes.get(producer.name, ())) == 1
+  # The reader loads x instead of x_hat: where the producer runs on for its
+  # other outputs, that load is new traffic.
+  added = 0 if sole else max((_operand_bytes(program, producer, o)
+                              for o in range(len(program.inst(producer).operands))),
+                             default=0)
+  trip = producer.trip_count
+  stats = _statistics(program, r, buf)
+  axes = f" ({stats.describe()})" if stats is not None else ""
+  return FusionDecisionRecord(
+      kind=FindingKind.SEPARATE_REDUCTION, producer=producer.name,
+      consumers=(r.name,), boundary=buf.name, boundary_shape=buf.shape,
+      bytes_saved=times(max(0, 2 * buf.bytes - added), trip),
+      launches_removed=times(1 if sole else 0, trip),
+      extra_arithmetic="the reduction recomputes (x - mean) * rstd on load",
+      extra_resources="the per-row statistics tile",
+      numerical_class=NumericalClass.SAME_OPS,
+      guard="keep the saved buffer where x itself is not kept for the backward pass",
+      layout_effect="none",
+      evidence=(f"{kernel_desc(producer)} writes {buf.shape} in the forward pass from "
+                f"x and its statistics, and only {kernel_desc(r)} reads it, in the "
+                f"backward pass, multiplying it by the incoming gradient and reducing"
+                f"{axes}: a normalized input saved for one reduction"),
+      verdict=Verdict.SAFE,
+      reasons=("cheap recomputation: x_hat from x and compact statistics",
+               "tile-local partial reductions"),
+      risks=("peak: x must be kept for the backward pass instead",) + COMMON_RISKS,
+      ops=("norm_backward", "recompute x_hat"), trip_count=trip, source=buf.source,
+      computation=producer.computation)
+
+
+def _reads_statistics(program: Program, producer: Kernel, buf: Buffer) -> bool:
+  """Whether `producer` combines a full-size input with a smaller value a
+  reduction wrote (a mean, an rstd): how x_hat and x - mean are made."""
+  for producers in operand_producers(program, producer):
+    for p in producers:
+      k = program.kernels.get(p)
+      if k is None:
+        continue
+      small = any(b.bytes < buf.bytes for b in program.writes.get(p, ()))
+      if small and (_is_reduction_kernel(program, k) or "rsqrt" in primitives(program, k)):
+        return True
+  return False
+
+
+def _multiplies_then_reduces(program: Program, r: Kernel, buf: Buffer) -> bool:
+  """Whether the reduction multiplies `buf` by another full-size operand
+  (the incoming gradient) before reducing."""
+  fused = fused_computation(program, r)
+  operand = operand_number(program, r, buf)
+  if fused is None or operand is None:
+    return False
+  params = {p.parameter_number: p for p in fused.parameters}
+  if operand not in params:
+    return False
+  mine = params[operand].name
+  for i in fused.instructions:
+    if i.opcode != "multiply" or mine not in i.operands:
+      continue
+    other = [o for o in i.operands if o != mine]
+    src = through_bitcasts(fused, other[0]) if other else None
+    if src is not None and src.opcode == "parameter" and src.shape is not None and \
+        src.shape.num_elements == product(buf.dims):
+      return True
+  return False
+
+
+def _operand_bytes(program: Program, k: Kernel, operand: int) -> int:
+  name = program.inst(k).operands[operand]
+  return sum(program.dataflow.values[v].byte_size for _, v in program.dataflow.holds.get(name, ()))

@@ -1,0 +1,117 @@
+"""Donation: the aliases JAX would add for donated arguments, and XLA's copies.
+
+A donation what-if (`replay.replay(donate=...)`) gives the module the
+`input_output_alias` entries JAX would add (each donated leaf aliased to the
+first free output of the same shape and dtype, in order); dataflow and
+liveness then run on that module. The memory findings ask the same question
+of every argument not donated.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+from collections.abc import Sequence
+
+from hlo_audit._src.analysis.dataflow import Dataflow
+from hlo_audit._src.analysis.schedule import Schedule
+from hlo_audit._src.hlo.ir import HloModule, ModuleAlias
+
+
+def donation_aliases(module: HloModule, dataflow: Dataflow,
+                     parameters: Sequence[int]) -> list[tuple[tuple[int, ...], int]]:
+  """(output index, parameter) pairs JAX's donation would add: each donated
+  parameter, in order, takes the first output of its shape and dtype not
+  aliased already and not itself a parameter passed through."""
+  entry = module.entry
+  root = entry.instruction(entry.root_name)
+  taken = {a.output_index for a in module.input_output_alias}
+  already = {a.parameter for a in module.input_output_alias}
+  params = {p.parameter_number: p for p in entry.parameters}
+  outputs = []
+  for index, vid in dataflow.holds.get(root.name, ()):
+    inst = entry.instruction(vid[0]) if vid[0] in entry else None
+    if inst is not None and inst.opcode == "parameter":
+      continue  # an argument returned as is: JAX does not alias it
+    leaf = root.shape.subshape(index)
+    outputs.append((index, (leaf.element_type, tuple(leaf.dims))))
+  pairs = []
+  for n in parameters:
+    p = params[n]
+    if n in already or p.shape is None or p.shape.is_tuple:
+      continue
+    key = (p.shape.element_type, tuple(p.shape.dims))
+    for index, okey in outputs:
+      if okey == key and index not in taken:
+        taken.add(index)
+        pairs.append((index, n))
+        break
+  return pairs
+
+
+def with_donation(module: HloModule, pairs: Sequence[tuple[tuple[int, ...], int]]) -> HloModule:
+  """`module` with `input_output_alias` entries for `pairs` added."""
+  entries = [f"{{{','.join(map(str, a.output_index))}}}: ({a.parameter}, "
+             f"{{{','.join(map(str, a.parameter_index))}}}, "
+             f"{'must-alias' if a.must_alias else 'may-alias'})"
+             for a in module.input_output_alias]
+  entries += [f"{{{','.join(map(str, index))}}}: ({n}, {{}}, may-alias)"
+              for index, n in pairs]
+  attributes = dict(module.attributes)
+  attributes["input_output_alias"] = "{ " + ", ".join(entries) + " }"
+  donated = dataclasses.replace(module, attributes=types.MappingProxyType(attributes))
+  # The entries as parsed, so that no reader lexes the text just written.
+  aliases = module.input_output_alias + tuple(
+      ModuleAlias(output_index=tuple(index), parameter=n, parameter_index=())
+      for index, n in pairs)
+  donated._cached("input_output_alias", lambda: aliases)
+  return donated
+
+
+def aliasing_copies(module: HloModule, dataflow: Dataflow, schedule: Schedule,
+                    pairs: Sequence[tuple[tuple[int, ...], int]]
+                    ) -> list[tuple[int, int, int, int]]:
+  """The copies XLA's copy insertion adds for donated parameters, as
+  (parameter, first, last, bytes): a donated parameter read by an instruction
+  that is neither the aliased output's writer nor one of its dataflow
+  ancestors may run after the output overwrote it, so XLA copies the
+  parameter and every read takes the copy. The scheduler puts such copies
+  first, so a copy lives from the entry's first step after its parameters
+  and constants to the parameter's last read, and the parameter itself only
+  until the copy."""
+  entry = module.entry
+  root = entry.instruction(entry.root_name)
+  out_value = dict(dataflow.holds.get(root.name, ()))
+  params = {p.parameter_number: p for p in entry.parameters}
+  time = schedule.time
+  readers_of = {n: [u for u, _ in dataflow.uses.get((params[n].name, ()), ())]
+                for _, n in pairs if n in params}
+  # Which of those readers each instruction depends on, as bits: one pass in
+  # text order (operands and control predecessors come first), not a search
+  # of the entry per output.
+  bit = {u: 1 << k for k, u in enumerate(dict.fromkeys(
+      u for readers in readers_of.values() for u in readers if u in entry))}
+  reach: dict[str, int] = {}
+  if bit:
+    for inst in entry.instructions:
+      found = 0
+      for o in (*inst.operands, *inst.control_predecessors):
+        found |= reach.get(o, 0) | bit.get(o, 0)
+      reach[inst.name] = found
+  first = min((time[i.name] for i in entry.instructions
+                if i.opcode not in ("parameter", "constant") and i.name in time),
+               default=0)
+  out = []
+  for index, n in pairs:
+    p = params[n]
+    writer = out_value[index][0]
+    if writer not in entry:
+      continue
+    readers = readers_of[n]
+    before = reach.get(writer, 0)
+    if all(u in entry and (u == writer or bit[u] & before) for u in readers):
+      continue
+    times = [time[u] for u in readers if u in time]
+    if times:
+      out.append((n, min(first, min(times)), max(times), p.shape.byte_size))
+  return out

@@ -1,0 +1,169 @@
+"""One finder per finding class, each `find(program)` over the audit's program.
+
+The detectors package holds a module per fusion class (and the shared
+helpers and the merge); the memory and collective findings take the same
+program. Each finder reports only its own classes, together they cover every
+class once, and the modules import one way: a class module reads `common`,
+never another class module.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import functools
+import pathlib
+
+import pytest
+
+import hlo_audit
+from hlo_audit import FindingKind, NumericalClass, Verdict
+from hlo_audit._src import audit as audit_mod
+from hlo_audit._src.analysis import collectives, detectors, memory_findings
+from hlo_audit._src.analysis.detectors import (already_fused, broadcasts, copies, epilogues,
+                                               keep_reuse, loop_invariant, merge, prologues,
+                                               reductions, slices)
+from tests.hlo_audit.real_models.h200_support import fixture
+
+K = FindingKind
+#: Each finder and the classes it reports.
+CLASSES = {
+    copies.find: {K.STANDALONE_COPY, K.LAYOUT_CONFLICT},
+    broadcasts.find: {K.EXPANDED_BROADCAST},
+    epilogues.find: {K.UNFUSED_EPILOGUE},
+    already_fused.find: {K.ALREADY_FUSED},
+    prologues.find: {K.UNFUSED_PROLOGUE},
+    reductions.find: {K.SEPARATE_REDUCTION},
+    slices.find: {K.MATERIALIZED_SLICE},
+    loop_invariant.find: {K.LOOP_INVARIANT},
+    keep_reuse.find: {K.KEEP_REUSE},
+    memory_findings.find: {K.UNDONATED_ARGUMENT, K.REMAT_CANDIDATE, K.COSTLY_REMAT},
+    collectives.find: {K.EXPOSED_COLLECTIVE, K.RESHARD_AROUND_COLLECTIVE,
+                       K.COLLECTIVE_MATMUL, K.REPLICATED_BUFFER},
+}
+
+# An async all-gather with nothing to hide it, read only by a dot, and a
+# replicated parameter four partitions could split.
+_SHARDED = """
+HloModule sharded, is_scheduled=true, num_partitions=4
+
+ENTRY %main {
+  %x = f32[64,256]{1,0} parameter(0), sharding={replicated}
+  %w = f32[256,256]{1,0} parameter(1), sharding={replicated}
+  %ags = (f32[64,256]{1,0}, f32[256,256]{1,0}) all-gather-start(%x), channel_id=1, replica_groups=[1,4]<=[4], dimensions={0}, use_global_device_ids=true
+  %agd = f32[256,256]{1,0} all-gather-done(%ags)
+  ROOT %dot = f32[256,256]{1,0} dot(%agd, %w), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+}
+"""
+
+#: XLA:GPU's programs for an H200 (committed fixtures), and the program above.
+PROGRAMS = ("bert_mlm", "lstm", "scan_remat", "dp_mlp", "sharded")
+
+
+@functools.cache
+def report(name: str) -> hlo_audit.AuditReport:
+  return hlo_audit.audit_hlo(_SHARDED if name == "sharded" else fixture(name))
+
+
+def test_every_class_has_exactly_one_finder():
+  seen = [k for kinds in CLASSES.values() for k in kinds]
+  assert sorted(seen, key=list(K).index) == list(K)
+
+
+def test_the_audit_runs_the_detectors_then_memory_then_collectives():
+  assert audit_mod.FINDERS == (detectors.find, memory_findings.find, collectives.find)
+  assert detectors.DETECTORS == tuple(f for f in CLASSES if f.__module__.startswith(
+      detectors.__name__ + "."))
+
+
+@pytest.mark.parametrize("name", PROGRAMS)
+def test_each_finder_reports_its_own_classes_as_a_tuple(name):
+  program = report(name).program
+  for find, kinds in CLASSES.items():
+    found = find(program)
+    assert isinstance(found, tuple), find.__module__
+    assert {f.kind for f in found} <= kinds, find.__module__
+
+
+def test_across_the_programs_every_finder_finds_something():
+  found = {find for name in PROGRAMS for find in CLASSES
+           if find(report(name).program)}
+  # No fixture writes a broadcast at full size for its readers.
+  assert set(CLASSES) - found == {broadcasts.find}
+
+
+def test_the_package_finds_what_the_report_holds():
+  r = report("bert_mlm")
+  fusion = {(f.kind, f.boundary, f.producer) for f in detectors.decisions(r.program)}
+  reported = {(f.kind, f.boundary, f.producer) for f in r.findings
+              if f.kind in set().union(*(CLASSES[d] for d in detectors.DETECTORS))}
+  assert fusion == reported and fusion
+
+
+def test_the_report_keeps_the_program_but_not_the_finders_tables():
+  tables = hlo_audit.audit_hlo(fixture("lstm")).program.tables
+  assert tables == type(tables)()
+
+
+# ----------------------------------------------------------------- merge ----
+
+
+def record(kind, boundary, producer="p", consumers=("c",), verdict=Verdict.SAFE,
+           saved=100, **kwargs):
+  return hlo_audit.FusionDecisionRecord(
+      kind=kind, producer=producer, consumers=consumers, boundary=boundary,
+      boundary_shape="f32[8]", bytes_saved=saved, launches_removed=1,
+      extra_arithmetic="none", extra_resources="none",
+      numerical_class=NumericalClass.EXACT, guard="none", layout_effect="none",
+      evidence=f"{kind.slug} at {boundary}", verdict=verdict, reasons=(), risks=(),
+      **kwargs)
+
+
+def test_a_prologue_an_epilogue_reads_becomes_its_note():
+  epilogue = record(K.UNFUSED_EPILOGUE, "dot.1", producer="dot.1", consumers=("cast.2",))
+  prologue = record(K.UNFUSED_PROLOGUE, "cast.2", producer="cast.2",
+                    consumers=("dot.3",), ops=("cast",))
+  other = record(K.UNFUSED_PROLOGUE, "cast.4", producer="cast.4", consumers=("dot.5",))
+  out = merge.epilogue_or_prologue([epilogue, prologue, other])
+  assert [r.boundary for r in out] == ["dot.1", "cast.4"]
+  assert out[0].notes == ("alternatively a prologue of dot.3: cast.2 writes f32[8] "
+                          "(cast) only for matmuls",)
+  assert merge.epilogue_or_prologue([other]) == [other]
+
+
+def test_one_record_per_boundary_the_strongest_actionable_first():
+  keep = record(K.KEEP_REUSE, "b", verdict=Verdict.KEEP, saved=0)
+  copy = record(K.STANDALONE_COPY, "b", saved=50)
+  epilogue = record(K.UNFUSED_EPILOGUE, "b", verdict=Verdict.RISKY)
+  elsewhere = dataclasses.replace(copy, computation="body")
+  fused = record(K.ALREADY_FUSED, "")
+  out = merge.one_per_boundary([keep, copy, epilogue, elsewhere, fused])
+  assert [r.kind for r in out] == [K.ALREADY_FUSED, K.STANDALONE_COPY, K.STANDALONE_COPY]
+  assert out[1].notes == (f"also unfused epilogue (risky): {epilogue.evidence}",
+                          f"also multi-consumer buffer worth keeping (keep): "
+                          f"{keep.evidence}")
+  assert out[2] == elsewhere
+
+
+# --------------------------------------------------------------- imports ----
+
+PACKAGE = pathlib.Path(detectors.__file__).parent
+
+
+def _imports(path: pathlib.Path) -> set[str]:
+  """The modules of the detectors package `path` imports."""
+  out = set()
+  for node in ast.walk(ast.parse(path.read_text())):
+    if isinstance(node, ast.ImportFrom) and node.module:
+      names = [f"{node.module}.{a.name}" for a in node.names] + [node.module]
+      out |= {n for n in names if n.startswith(detectors.__name__)}
+  return {n.removeprefix(detectors.__name__).lstrip(".").partition(".")[0] or "detectors"
+          for n in out}
+
+
+def test_class_modules_import_common_only():
+  modules = {p.stem: _imports(p) for p in PACKAGE.glob("*.py")}
+  assert modules.pop("__init__") >= {f.__module__.rpartition(".")[2]
+                                     for f in detectors.DETECTORS}
+  assert modules.pop("common") == set() and modules.pop("merge") == set()
+  assert all(imported <= {"common"} for imported in modules.values()), modules
