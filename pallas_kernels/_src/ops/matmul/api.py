@@ -233,7 +233,8 @@ def matmul(x: jax.Array, w: jax.Array, *, bias: jax.Array | None = None,
         transpose_out=bool(transpose_out), x_scale_kind=x_kind, w_scale_kind=w_kind,
         group_size=group, config=cfg, interpret=interp, backend=target.backend,
         target=target, precision=prec)
-    if implementation == "xla":
+    impl = implementation or backend_lib.default_implementation(interpret)
+    if impl == "xla":
       return vjp.reference_call(static, *operands)
     reason = guard.unsupported_reason(
         x, w, out_dtype=odt, bias=bias, residual=residual, scale=scale,
@@ -245,8 +246,6 @@ def matmul(x: jax.Array, w: jax.Array, *, bias: jax.Array | None = None,
       return vjp.reference_call(static, *operands)
     return vjp.build(static)(*operands)
 
-  if implementation is None:
-    implementation = backend_lib.default_implementation(interpret)
   if implementation == "xla":
     return launch(backend_lib.resolve_interpret(interpret))
-  return backend_lib.per_platform(interpret, launch)
+  return backend_lib.dispatch(interpret, operands, launch)
