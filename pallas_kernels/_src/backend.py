@@ -210,6 +210,32 @@ def targeting(t: Target) -> Iterator[Target]:
     _override.target = prev
 
 
+#: Pallas backends our GPU kernels lower through.
+KERNEL_BACKENDS = ("mosaic_gpu", "triton")
+#: The compute capability Mosaic GPU kernels are written for (wgmma, TMA).
+MOSAIC_GPU_CAPABILITY = 90
+
+
+def preferred_kernel_backend(t: Target, interpret: bool) -> tuple[str, str]:
+  """(the Pallas backend an op's GPU kernel is built with for target `t`,
+  why not Mosaic GPU when it is Triton).
+
+  Mosaic GPU on Hopper (sm_90a: TMA and wgmma) with a JAX that can also
+  interpret it (>= 0.11); Triton on other GPUs, on older JAX, and when
+  interpreting on a CPU without a named GPU (what the Triton kernels were
+  validated in). Interpreting for a named Hopper builds Mosaic GPU.
+  """
+  reason = compat.mosaic_gpu_unavailable_reason()
+  if reason:
+    return "triton", reason
+  if t.backend is not Backend.GPU:
+    return "triton", "no GPU named: the Triton kernel is interpreted"
+  if t.compute_capability != MOSAIC_GPU_CAPABILITY:
+    return "triton", (f"{t.device_kind} (sm_{t.compute_capability}) has no wgmma; the Mosaic "
+                      f"GPU kernels are built for sm_90a")
+  return "mosaic_gpu", ""
+
+
 def current_backend() -> Backend:
   """The backend of the device the current trace is for (see `target`)."""
   return target().backend
@@ -224,11 +250,13 @@ class _Builds:
   primitive parameter)."""
 
   def __init__(self, count: int):
-    self.records: list[list[guard.Fallback]] = [[] for _ in range(count)]
+    self.records: list[guard.Records] = [guard.Records() for _ in range(count)]
 
   def record(self, index: int, where: str) -> None:
     for f in self.records[index]:
       guard.record_fallback(f.op, f"{where}{f.reason}" if where else f.reason, f.signature)
+    for c in self.records[index].choices:
+      guard.record_choice(c.op, c.backend, c.why, c.signature)
 
 
 def _nearest_deferred(cc: int | None) -> int:
@@ -301,6 +329,7 @@ def _collected(builds: _Builds, index: int, build: Callable[[], Any]) -> Any:
   with guard.collect_fallbacks() as records:
     out = build()
   builds.records[index].extend(records)
+  builds.records[index].choices.extend(records.choices)
   return out
 
 

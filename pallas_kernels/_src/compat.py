@@ -10,6 +10,8 @@ Sections:
   * Pallas Triton backend: its module and compiler params (absent -> None), the
     deprecation JAX 0.11 added (warned once by us, jax's per-lowering warning
     silenced), and whether it lowers without a GPU.
+  * Pallas Mosaic GPU backend: its module, whether this JAX can run it in
+    interpret mode (what validation on a CPU needs), its interpret params.
   * Jaxpr parameters: how control-flow primitives describe their operands
     (scan's `num_consts`/`num_carry` became a FlatTree `ft_in` in 0.11).
   * Target devices: lowering for a GPU this machine does not have.
@@ -102,6 +104,43 @@ def triton_compiler_params(*, num_warps: int, num_stages: int) -> Any:
   if TRITON_COMPILER_PARAMS is None:
     return None
   return TRITON_COMPILER_PARAMS(num_warps=num_warps, num_stages=num_stages)
+
+
+# --------------------------------------------- Pallas Mosaic GPU backend ----
+# `jax.experimental.pallas.mosaic_gpu` (plgpu): TMA copies, wgmma, warp
+# specialization. Present in 0.10.2 but without an interpret mode: nothing
+# could validate a kernel on a CPU there, so our Mosaic GPU kernels start at
+# 0.11 (`InterpretGPUParams`, `plgpu.kernel(..., interpret=)`). 0.12 added
+# `plgpu.store`/`max`/`sum`; the kernels use neither.
+
+try:
+  from jax.experimental.pallas import mosaic_gpu as _mosaic_gpu
+except ImportError:  # pragma: no cover - depends on the installed JAX.
+  _mosaic_gpu = None
+
+#: `jax.experimental.pallas.mosaic_gpu`, or None.
+pallas_mosaic_gpu: Any = _mosaic_gpu
+
+#: Whether our Mosaic GPU kernels can run here (compiled on Hopper, or
+#: interpreted on a CPU): jax >= 0.11 with Mosaic GPU's interpret mode.
+MOSAIC_GPU_SUPPORTED: bool = (
+    _mosaic_gpu is not None and JAX_VERSION >= (0, 11)
+    and hasattr(_mosaic_gpu, "InterpretGPUParams"))
+
+
+def mosaic_gpu_unavailable_reason() -> str | None:
+  """Why this JAX cannot run our Mosaic GPU kernels, or None."""
+  if _mosaic_gpu is None:
+    return "this JAX has no jax.experimental.pallas.mosaic_gpu"
+  if not MOSAIC_GPU_SUPPORTED:
+    return (f"jax {jax.__version__}'s Mosaic GPU has no interpret mode to validate "
+            "kernels with; the Mosaic GPU kernels need jax >= 0.11")
+  return None
+
+
+def mosaic_interpret_params() -> Any:
+  """`interpret=` of `plgpu.kernel` that runs it on the CPU."""
+  return _mosaic_gpu.InterpretGPUParams()
 
 
 # ----------------------------------------------------- jaxpr parameters ----
