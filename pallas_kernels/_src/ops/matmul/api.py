@@ -58,7 +58,7 @@ def _mosaic_plan(x, w, m, n, k, cdt, odt, *, bias, residual, scale, x_kind, w_ki
   common = dict(x_dtype=x.dtype, w_dtype=w.dtype, compute_dtype=cdt,
                 out_dtype=quantize or odt, residual_dtype=None if residual is None
                 else residual.dtype, col_vectors=col_vectors, row_scale=x_kind == "row",
-                group_size=group)
+                group_size=group, transpose_x=transpose_x, transpose_w=transpose_w)
   if config is not None:
     cfg = aux_cfg = config
   else:

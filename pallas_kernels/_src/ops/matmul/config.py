@@ -149,6 +149,32 @@ class MosaicConfig:
       raise ValueError(f"MosaicConfig.wg_dimension and grid_minor are 'm' or 'n': {self}")
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class OperandPaths:
+  """How x and w reach the Mosaic GPU kernel's wgmma."""
+
+  #: Both 8-bit of one kind (int8, or float8) and K-major: wgmma multiplies
+  #: them as stored (int8 into an exact int32 accumulator).
+  native_8bit: bool
+  #: The operand is converted (quantized) or made K-major (TF32 wgmma reads
+  #: K-major operands only) into a compute-dtype shared memory buffer.
+  x_staged: bool
+  w_staged: bool
+
+
+def mosaic_operand_paths(x_dtype, w_dtype, compute_dtype, transpose_x: bool,
+                         transpose_w: bool) -> OperandPaths:
+  """The operand paths of a Mosaic GPU matmul (`mosaic_gpu.Plan` reads them)."""
+  x, w, c = (jnp.dtype(d).name for d in (x_dtype, w_dtype, compute_dtype))
+  same_kind = (x == w == "int8") or (x.startswith("float8") and w.startswith("float8"))
+  native = same_kind and not transpose_x and transpose_w
+  tf32 = c == "float32"
+  return OperandPaths(
+      native_8bit=native,
+      x_staged=not native and (x != c or (tf32 and transpose_x)),
+      w_staged=not native and (w != c or (tf32 and not transpose_w)))
+
+
 def _bytes(dtype) -> float:
   dt = jnp.dtype(dtype)
   return 0.5 if dt.name == "int4" else dt.itemsize
@@ -157,7 +183,8 @@ def _bytes(dtype) -> float:
 def mosaic_smem_bytes(cfg: MosaicConfig, *, x_dtype, w_dtype, compute_dtype, out_dtype,
                       residual_dtype=None, aux_dtype=None, col_vectors: int = 0,
                       row_scale: bool = False, quantize: bool = False,
-                      group_size: int | None = None) -> int:
+                      group_size: int | None = None, transpose_x: bool = False,
+                      transpose_w: bool = False) -> int:
   """Dynamic shared memory of one Mosaic GPU matmul CTA, from its allocations
   (`mosaic_gpu._kernel`): the pipeline's ring of x and w tiles (and a group
   scale row per step), the two warpgroups' output pieces (two slots each),
@@ -178,12 +205,16 @@ def mosaic_smem_bytes(cfg: MosaicConfig, *, x_dtype, w_dtype, compute_dtype, out
     total += two * slots * piece * _bytes(residual_dtype)
   if aux_dtype is not None:
     total += two * piece * _bytes(aux_dtype)
-  if jnp.dtype(w_dtype) != jnp.dtype(compute_dtype):
+  paths = mosaic_operand_paths(x_dtype, w_dtype, compute_dtype, transpose_x, transpose_w)
+  if paths.w_staged:
     total += two * cfg.tile_k * cfg.tile_n * _bytes(compute_dtype)
-  total += two * col_vectors * cfg.tile_n * 4
-  total += two * cfg.tile_m * 4 * (int(row_scale) + int(quantize))
+  if paths.x_staged:
+    total += two * cfg.tile_k * (cfg.tile_m if cfg.wg_dimension == "m" else cta_m) * _bytes(
+        compute_dtype)
+  del col_vectors, row_scale  # Read from global memory, no shared memory.
+  total += two * cfg.tile_m * 4 * int(quantize)
   # mbarriers: the pipeline's two per stage and ours, 8 bytes each, padded.
-  total += 8 * (2 * cfg.stages + 2 * slots + 4) + 128
+  total += 8 * (2 * cfg.stages + two * slots) + 128
   return int(total)
 
 
@@ -288,12 +319,16 @@ def heuristic_mosaic_config(m: int, n: int, k: int, *, x_dtype, w_dtype, compute
                             out_dtype, residual_dtype=None, aux_dtype=None,
                             col_vectors: int = 0, row_scale: bool = False,
                             fused_quantize: bool = False, group_size: int | None = None,
+                            transpose_x: bool = False, transpose_w: bool = False,
                             device_kind: str = "") -> MosaicConfig:
   """The Mosaic GPU tiling for an [m, k] @ [k, n] product.
 
   JAX's `hopper_matmul_mgpu` configuration (128x128 per warpgroup, two along
   N, 64-deep steps, 4 stages, 64x64 epilogue pieces), adjusted:
     * TF32 (float32 operands): 32-deep steps (128-byte rows, as for 16 bits);
+      8-bit operands wgmma takes as stored: 128-deep;
+    * an operand converted in shared memory (quantized, or TF32 made
+      K-major): one compute warpgroup (255 registers a thread, not 168);
     * per-group w scales: steps no deeper than a group;
     * a fused per-row quantization (n <= 256): the warpgroups split M, each
       holding whole rows (tile_n covers n), so a row's max is local;
@@ -301,8 +336,16 @@ def heuristic_mosaic_config(m: int, n: int, k: int, *, x_dtype, w_dtype, compute
   Interpret mode uses the same tiling: it validates what would compile.
   """
   cfg = MosaicConfig()
-  if jnp.dtype(compute_dtype).itemsize >= 4:
+  paths = mosaic_operand_paths(x_dtype, w_dtype, compute_dtype, transpose_x, transpose_w)
+  if paths.native_8bit:
+    cfg = dataclasses.replace(cfg, tile_k=128)  # 128-byte rows of 8-bit values.
+  elif jnp.dtype(compute_dtype).itemsize >= 4:
     cfg = dataclasses.replace(cfg, tile_k=32)
+  if paths.x_staged or paths.w_staged:
+    # Converting a tile beside a 128x128 accumulator needs more than the 168
+    # registers a thread has with two compute warpgroups (ptxas spills): one
+    # compute warpgroup gets 255.
+    cfg = dataclasses.replace(cfg, compute_wgs=1)
   if group_size is not None and group_size % 16 == 0 and group_size < cfg.tile_k:
     cfg = dataclasses.replace(cfg, tile_k=group_size)
   if fused_quantize and n <= MAX_FUSED_QUANTIZE_N[backend_lib.Backend.GPU]:
@@ -315,7 +358,8 @@ def heuristic_mosaic_config(m: int, n: int, k: int, *, x_dtype, w_dtype, compute
                              out_dtype=out_dtype, residual_dtype=residual_dtype,
                              aux_dtype=aux_dtype, col_vectors=col_vectors,
                              row_scale=row_scale, quantize=fused_quantize,
-                             group_size=group_size)
+                             group_size=group_size, transpose_x=transpose_x,
+                             transpose_w=transpose_w)
 
   while cfg.stages > 2 and smem(cfg) > budget:
     cfg = dataclasses.replace(cfg, stages=cfg.stages - 1)

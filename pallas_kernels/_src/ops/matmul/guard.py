@@ -204,6 +204,11 @@ def mosaic_unsupported_reason(x: Any, w: Any, *, out_dtype, bias: Any = None,
     return f"out_dtype {odt} is not one of {sorted(OUT_DTYPES)}"
   if transpose_out:
     return "transpose_out: the Mosaic GPU matmul stores row-major tiles"
+  paths = config_lib.mosaic_operand_paths(x.dtype, w.dtype, cdt, transpose_x, transpose_w)
+  if paths.x_staged and paths.w_staged:
+    return (f"x {xd} and w {wd} would both be converted beside the accumulator, which "
+            "spills registers; a K-major pair of one 8-bit kind (w stored [N, K], "
+            "transpose_w) runs on wgmma as stored")
 
   m, n, k = dims(x.shape, w.shape, transpose_x, transpose_w)
   batch = math.prod(jnp.broadcast_shapes(tuple(x.shape[:-2]), tuple(w.shape[:-2])))
@@ -238,7 +243,7 @@ def mosaic_unsupported_reason(x: Any, w: Any, *, out_dtype, bias: Any = None,
       config, x_dtype=x.dtype, w_dtype=w.dtype, compute_dtype=cdt, out_dtype=odt,
       residual_dtype=None if residual is None else residual.dtype, aux_dtype=save_aux_dtype,
       col_vectors=col_vectors, row_scale=row_scale, quantize=quantize is not None,
-      group_size=group_size)
+      group_size=group_size, transpose_x=transpose_x, transpose_w=transpose_w)
   limit = gpu.shared_memory_bytes_of(target.device_kind if not interpret else "H100")
   if smem > limit:
     return (f"{config} needs ~{smem // 1024} KiB of shared memory, more than the "

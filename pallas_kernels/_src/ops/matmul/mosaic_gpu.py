@@ -54,15 +54,17 @@ from pallas_kernels._src import backend as backend_lib
 from pallas_kernels._src import compat
 from pallas_kernels._src.ops import quantize as quant
 from pallas_kernels._src.ops.matmul import kernel as triton_kernel
-from pallas_kernels._src.ops.matmul.config import MosaicConfig
+from pallas_kernels._src.ops.matmul.config import MosaicConfig, OperandPaths
+from pallas_kernels._src.ops.matmul.config import mosaic_operand_paths
 
 _F32 = jnp.float32
 plgpu = compat.pallas_mosaic_gpu
 #: Rows of the column-vector array, in this order when present.
 COL_VECTORS = ("col_scale", "scale", "bias")
-#: The SM count interpret mode runs the persistent grid with (any count is
-#: correct; fewer CTAs interpret faster).
-INTERPRET_SMS = 2
+#: The SM count interpret mode runs the persistent grid with: Mosaic GPU's
+#: interpreter simulates one block (more deadlock it at times); the one CTA
+#: walks every tile, which the persistent loop does anyway.
+INTERPRET_SMS = 1
 
 
 def _bits(dtype) -> int:
@@ -146,14 +148,26 @@ class Plan:
     return jnp.dtype(self.compute_dtype) == jnp.float32
 
   @property
+  def paths(self) -> OperandPaths:
+    return mosaic_operand_paths(self.x_dtype, self.w_dtype, self.compute_dtype,
+                                self.transpose_x, self.transpose_w)
+
+  @property
+  def native_8bit(self) -> bool:
+    return self.paths.native_8bit
+
+  @property
+  def acc_dtype(self) -> jnp.dtype:
+    native_int = self.native_8bit and jnp.dtype(self.x_dtype) == jnp.int8
+    return jnp.dtype(jnp.int32 if native_int else _F32)
+
+  @property
   def x_staged(self) -> bool:
-    """x reaches wgmma through a compute-dtype buffer: converted, or made
-    K-major (TF32 wgmma reads K-major operands only)."""
-    return self.x_quantized or (self.tf32 and self.transpose_x)
+    return self.paths.x_staged
 
   @property
   def w_staged(self) -> bool:
-    return self.w_quantized or (self.tf32 and not self.transpose_w)
+    return self.paths.w_staged
 
   @property
   def store_dtype(self) -> jnp.dtype:
@@ -181,9 +195,9 @@ def operand_tiles(p: "Plan") -> tuple[tuple[tuple[int, int], tuple], ...]:
   w_block = (p.cta_n, cfg.tile_k) if p.transpose_w else (cfg.tile_k, p.cta_n)
   x_minor = cfg.tile_m if p.transpose_x and split_m else x_block[1]
   w_minor = cfg.tile_n if not p.transpose_w and split_n else w_block[1]
-  like = jnp.dtype(p.compute_dtype) if p.w_quantized else None
-  return ((x_block, _transforms(x_minor, p.x_dtype)),
-          (w_block, _transforms(w_minor, p.w_dtype, like=like)))
+  cdt = jnp.dtype(p.compute_dtype)
+  return ((x_block, _transforms(x_minor, p.x_dtype, like=cdt if p.x_staged else None)),
+          (w_block, _transforms(w_minor, p.w_dtype, like=cdt if p.w_staged else None)))
 
 
 def epilogue_transforms(p: "Plan", dtype) -> tuple:
@@ -220,6 +234,12 @@ def tma_shape_reason(p: "Plan", residual_shape=None) -> str | None:
         return (f"{label} {jnp.dtype(dtype).name}{list(shape)}: Mosaic GPU's TMA copies whole "
                 f"tiles of {tile} {axis}, and {size} is not a multiple of {tile}")
   return None
+
+
+def kernel_name(cfg: MosaicConfig) -> str:
+  """"pallas_kernels_matmul_128x128x64_s4_wg2n": the tiling in the name."""
+  return (f"pallas_kernels_matmul_{cfg.tile_m}x{cfg.tile_n}x{cfg.tile_k}_s{cfg.stages}_"
+          f"wg{cfg.compute_wgs}{cfg.wg_dimension}")
 
 
 def folded(x_shape, w_shape, transpose_x: bool) -> bool:
@@ -329,7 +349,7 @@ def _kernel(*refs, p: Plan):
       pipeline_allocs=pipeline(ignore, ignore).get_allocations(
           x_g.at[0], w_g.at[0], *([gs_g] if p.group_size else [])),
       out_smem=plgpu.SMEM((wgs, slots, em, en), odt, transforms=epilogue_transforms(p, odt)),
-      barriers=plgpu.Barrier(num_barriers=wgs * (slots + 2)),
+      barriers=plgpu.Barrier(num_barriers=wgs * slots),
   )
   if p.residual_dtype is not None and not res_in_out:
     rdt = jnp.dtype(p.residual_dtype)
@@ -338,10 +358,6 @@ def _kernel(*refs, p: Plan):
   if p.aux_dtype is not None:
     adt = jnp.dtype(p.aux_dtype)
     scratch["aux_smem"] = plgpu.SMEM((wgs, em, en), adt, transforms=epilogue_transforms(p, adt))
-  if p.col_vectors:
-    scratch["cols_smem"] = plgpu.SMEM((wgs, len(p.col_vectors), tn), _F32)
-  if p.has_row_scale:
-    scratch["rows_smem"] = plgpu.SMEM((wgs, tm), _F32)
   if p.quantize:
     scratch["qs_smem"] = plgpu.SMEM((wgs, tm), _F32)
   # Staged operands keep their stored orientation, except that TF32 wgmma
@@ -358,10 +374,10 @@ def _kernel(*refs, p: Plan):
 
   @functools.partial(pl.run_scoped, **scratch, collective_axes="wg")
   def _scope(pipeline_allocs, out_smem, barriers, res_smem=None, aux_smem=None,
-             cols_smem=None, rows_smem=None, qs_smem=None, x_buf=None, w_buf=None):
+             qs_smem=None, x_buf=None, w_buf=None):
     wg = lax.axis_index("wg")
     smem = _Smem(out=out_smem, res=out_smem if res_in_out else res_smem, aux=aux_smem,
-                 cols=cols_smem, rows=rows_smem, qs=qs_smem, barriers=barriers)
+                 qs=qs_smem, barriers=barriers)
     gmem = _Gmem(out=out_g, qs=qs_g, aux=aux_g, res=res_g, rows=rows_g, cols=cols_g)
 
     @plgpu.nd_loop((p.batch * p.m_iters * p.n_iters,), collective_axes="sm")
@@ -428,10 +444,10 @@ def _kernel(*refs, p: Plan):
         return acc_ref
 
       def context(run_pipeline):
-        @functools.partial(pl.run_scoped, acc_ref=plgpu.ACC((tm, tn), _F32))
+        @functools.partial(pl.run_scoped, acc_ref=plgpu.ACC((tm, tn), p.acc_dtype))
         def _acc(acc_ref):
           run_pipeline(acc_ref)
-          _epilogue(p, acc_ref[...], _Tile(wg=wg, b=b, m_slice=m_slice, n_slice=n_slice,
+          _epilogue(p, acc_ref[...].astype(_F32), _Tile(wg=wg, b=b, m_slice=m_slice, n_slice=n_slice,
                                            wg_m=wg_m, wg_n=wg_n), smem, gmem)
 
       pipeline(mma_body, context)(*panels(b, m_slice, n_slice), allocations=pipeline_allocs)
@@ -457,8 +473,6 @@ class _Smem:
   out: object
   res: object
   aux: object
-  cols: object
-  rows: object
   qs: object
   barriers: object
 
@@ -489,30 +503,22 @@ def _epilogue(p: Plan, acc, t: _Tile, smem: _Smem, gmem: _Gmem):
   def res_barrier(slot):
     return bars.at[wg * slots + slot]
 
-  # The tile's vectors: one TMA copy each, on a barrier each.
-  if smem.cols is not None:
-    cols_bar = bars.at[wgs * slots + wg]
-    plgpu.copy_gmem_to_smem(gmem.cols.at[:, t.n_slice].at[:, t.wg_n], smem.cols.at[wg],
-                            cols_bar)
-  if smem.rows is not None:
-    rows_bar = bars.at[wgs * (slots + 1) + wg]
-    rb = t.b if p.rows_batched else 0
-    plgpu.copy_gmem_to_smem(gmem.rows.at[rb, t.m_slice].at[t.wg_m], smem.rows.at[wg],
-                            rows_bar)
-  if smem.cols is not None:
-    plgpu.barrier_wait(cols_bar)
-  if smem.rows is not None:
-    plgpu.barrier_wait(rows_bar)
+  # The tile's vectors are read from global memory (L2), padded to whole
+  # CTA tiles by the launch: no reads past their ends.
   col = {name: i for i, name in enumerate(p.col_vectors)}
+  cols = gmem.cols.at[:, t.n_slice].at[:, t.wg_n] if gmem.cols is not None else None
+  rows = None
+  if gmem.rows is not None:
+    rows = gmem.rows.at[t.b if p.rows_batched else 0, t.m_slice].at[t.wg_m]
 
   def col_vector(name, esn):
-    v = _vector(smem.cols.at[wg, col[name], esn], 0)
+    v = _vector(cols.at[col[name], esn], 0)
     return lax.broadcast_in_dim(v, (em, en), [1])
 
   def dequantized(esm, esn):
     a = acc[esm, esn]
-    if smem.rows is not None:
-      a = a * lax.broadcast_in_dim(_vector(smem.rows.at[wg, esm], 1), (em, en), [0])
+    if rows is not None:
+      a = a * lax.broadcast_in_dim(_vector(rows.at[esm], 1), (em, en), [0])
     if "col_scale" in col:
       a = a * col_vector("col_scale", esn)
     return a
@@ -590,7 +596,8 @@ def _epilogue(p: Plan, acc, t: _Tile, smem: _Smem, gmem: _Gmem):
 
 
 def _pad_last(a: jax.Array, multiple: int) -> jax.Array:
-  """Pads the last axis to a multiple (a TMA row must be 16-byte aligned)."""
+  """Pads the last axis to a multiple: whole CTA tiles of the epilogue's
+  vectors (read without bounds), 16-byte rows of group scales (TMA)."""
   extra = -a.shape[-1] % multiple
   if not extra:
     return a
@@ -641,6 +648,8 @@ def matmul_forward(
     w3, w_batched = triton_kernel._to3(w, batch_shape)  # noqa: SLF001
 
   args = [x3, w3]
+  cta_m = cfg.tile_m * (cfg.compute_wgs if cfg.wg_dimension == "m" else 1)
+  cta_n = cfg.tile_n * (cfg.compute_wgs if cfg.wg_dimension == "n" else 1)
   if w_group_scale is not None:
     args.append(_pad_last(w_group_scale.astype(_F32), 4))
   rows_batched = False
@@ -651,12 +660,12 @@ def matmul_forward(
     else:
       rs = jnp.broadcast_to(rs, batch_shape + (m,)).reshape(batch, m)
       rows_batched = True
-    args.append(_pad_last(rs, 4))
+    args.append(_pad_last(rs, cta_m))
   vectors = {"col_scale": w_col_scale, "scale": scale, "bias": bias}
   col_vectors = tuple(name for name in COL_VECTORS if vectors[name] is not None)
   if col_vectors:
     args.append(_pad_last(jnp.stack([jnp.broadcast_to(vectors[name], (n,)).astype(_F32)
-                                     for name in col_vectors]), 4))
+                                     for name in col_vectors]), cta_n))
   if residual is not None:
     args.append(residual.reshape(batch, m_eff, n))
 
@@ -680,8 +689,13 @@ def matmul_forward(
            aux_dtype=jnp.dtype(aux_dtype).name if save_aux else None, cfg=cfg,
            num_sms=num_sms, interpret=bool(interpret))
   tiles = batch * p.m_iters * p.n_iters
+  def body(*refs):
+    return _kernel(*refs, p=p)
+
+  # The kernel's name (dumps, profiles) carries its tiling.
+  body.__name__ = body.__qualname__ = kernel_name(cfg)
   call = plgpu.kernel(
-      functools.partial(_kernel, p=p),
+      body,
       out_type=tuple(out_types),
       grid=(max(1, min(num_sms, tiles)),),
       grid_names=("sm",),

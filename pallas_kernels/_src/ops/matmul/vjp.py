@@ -212,7 +212,7 @@ def _grad_launch(static: Static, lhs, rhs, tl: bool, tr: bool, to: bool,
     m, n, k = guard.dims(a.shape, b.shape, ta, tb)
     cfg = config_lib.heuristic_mosaic_config(
         m, n, k, x_dtype=a.dtype, w_dtype=b.dtype, compute_dtype=cdt, out_dtype=out_dtype,
-        device_kind=static.target.device_kind)
+        transpose_x=ta, transpose_w=tb, device_kind=static.target.device_kind)
     mosaic_why = guard.mosaic_unsupported_reason(
         a, b, out_dtype=out_dtype, transpose_x=ta, transpose_w=tb, precision=static.precision,
         interpret=static.interpret, config=cfg, col_vectors=0, row_scale=False)
