@@ -81,10 +81,12 @@ class Report:
   rows: tuple[KernelStats, ...]
   #: (case, reason) for each fallback or non-Mosaic kernel choice recorded.
   notes: tuple[tuple[str, str], ...] = ()
+  #: (case, error) for each case that did not compile.
+  errors: tuple[tuple[str, str], ...] = ()
 
   @property
   def fits(self) -> bool:
-    return bool(self.rows) and all(r.fits for r in self.rows)
+    return bool(self.rows) and not self.errors and all(r.fits for r in self.rows)
 
 
 def config_text(cfg: Any) -> str:
@@ -108,9 +110,13 @@ def _read(path: str) -> str:
     return f.read()
 
 
-def _stats(case: str, dump: str, configs: Sequence[str]) -> list[KernelStats]:
+def _stats(case: str, dump: str, configs: Sequence[str],
+           seen: set[str]) -> list[KernelStats]:
+  """Stats of the kernels dumped since `seen` (which it then includes)."""
   rows = []
-  ptxs = sorted(glob.glob(os.path.join(dump, "*.ptx")), key=os.path.getmtime)
+  ptxs = sorted((p for p in glob.glob(os.path.join(dump, "*.ptx")) if p not in seen),
+                key=os.path.getmtime)
+  seen.update(ptxs)
   for i, ptx in enumerate(ptxs):
     base = ptx[:-len(".ptx")]
     tiling = _NAMED.search(os.path.basename(base))
@@ -149,15 +155,17 @@ def _dumping() -> Any:
     shutil.rmtree(dump, ignore_errors=True)
 
 
-def compile_case(case: Case) -> tuple[list[KernelStats], list[tuple[str, str]]]:
-  """Compiles one case for the H200 topology: its kernels' stats, and the
-  fallbacks or Triton choices recorded while building it."""
+def compile_case(case: Case, dump: str,
+                 seen: set[str]) -> tuple[list[KernelStats], list[tuple[str, str]]]:
+  """Compiles one case for the H200 topology: its kernels' stats (from the
+  files it adds to `dump`), and the fallbacks or Triton choices recorded
+  while building it."""
   h200 = backend.target_of_device(topology.device(ARCH))
   notes = []
-  with _dumping() as dump, guard.collect_fallbacks() as records:
+  with guard.collect_fallbacks() as records:
     with backend.targeting(h200):
       topology.compile_for(ARCH, case.fn, *case.specs)
-    rows = _stats(case.name, dump, case.configs)
+    rows = _stats(case.name, dump, case.configs, seen)
   notes += [(case.name, f"fell back to XLA: {f.reason}") for f in records]
   notes += [(case.name, f"{c.backend}: {c.why}") for c in records.choices
             if c.backend != "mosaic_gpu"]
@@ -165,13 +173,22 @@ def compile_case(case: Case) -> tuple[list[KernelStats], list[tuple[str, str]]]:
 
 
 def report(cases: Sequence[Case]) -> Report:
-  """Stats of every Mosaic GPU kernel of every case."""
-  rows, notes = [], []
-  for case in cases:
-    r, n = compile_case(case)
-    rows += r
-    notes += n
-  return Report(tuple(rows), tuple(notes))
+  """Stats of every Mosaic GPU kernel of every case (a case that does not
+  compile is kept as an error, with the first line of its message)."""
+  rows, notes, errors = [], [], []
+  # One dump folder for the run: Mosaic GPU keeps the folder it first dumps to.
+  with _dumping() as dump:
+    seen: set[str] = set()
+    for case in cases:
+      try:
+        r, n = compile_case(case, dump, seen)
+      except Exception as e:  # noqa: BLE001 - reported, and fails the report.
+        errors.append((case.name, f"{type(e).__name__}: {str(e).splitlines()[0]}"))
+        seen.update(glob.glob(os.path.join(dump, "*.ptx")))
+        continue
+      rows += r
+      notes += n
+  return Report(tuple(rows), tuple(notes), tuple(errors))
 
 
 def format_table(rows: Sequence[KernelStats]) -> str:
@@ -215,8 +232,9 @@ def default_cases() -> list[Case]:
       ("matmul f16 4096^3 bias+silu", _mm(activation="silu"),
        (S((4096, 4096), jnp.float16), S((4096, 4096), jnp.float16),
         S((4096,), jnp.float16))),
-      ("matmul f32 tf32 bias+gelu (out bf16)",
-       lambda x, w, b: _mm(activation="gelu", precision="default", out_dtype=_BF)(x, w, b),
+      ("matmul f32 tf32 w[N,K] bias+gelu (out bf16)",
+       lambda x, w, b: _mm(activation="gelu", precision="default", out_dtype=_BF,
+                           transpose_w=True)(x, w, b),
        (S((4096, 4096), _F32), S((4096, 4096), _F32), S((4096,), _F32))),
       ("matmul bf16 grad bias+gelu+res (fwd,dx,dw)",
        grad(_mm(activation="gelu"), (0, 1, 2, 3)), epi),
@@ -232,9 +250,13 @@ def default_cases() -> list[Case]:
     cases.append((f"matmul bf16 x {label} w bias+gelu", fn,
                   (S((m, k), _BF), S(wshape, wdt), S(sshape, _F32), S((n,), _BF))))
   cases += [
-      ("matmul int8 x int8 (row, channel scales)",
-       lambda x, w, xs, ws: _mm(x_scale=xs, w_scale=ws, out_dtype=_BF)(x, w),
-       (S((m, k), jnp.int8), S((k, n), jnp.int8), S((m,), _F32), S((n,), _F32))),
+      ("matmul int8 x int8 w[N,K] (row, channel scales)",
+       lambda x, w, xs, ws: _mm(x_scale=xs, w_scale=ws, out_dtype=_BF, transpose_w=True)(x, w),
+       (S((m, k), jnp.int8), S((n, k), jnp.int8), S((m,), _F32), S((n,), _F32))),
+      ("matmul fp8 x fp8 w[N,K] (row, channel scales)",
+       lambda x, w, xs, ws: _mm(x_scale=xs, w_scale=ws, out_dtype=_BF, transpose_w=True)(x, w),
+       (S((m, k), jnp.float8_e4m3fn), S((n, k), jnp.float8_e4m3fn), S((m,), _F32),
+        S((n,), _F32))),
       ("matmul bf16 decode m=16 x int8 w",
        lambda x, w, s: _mm(w_scale=s)(x, w),
        (S((16, 8192), _BF), S((8192, 8192), jnp.int8), S((8192,), _F32))),

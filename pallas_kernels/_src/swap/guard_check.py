@@ -24,6 +24,7 @@ from pallas_kernels._src import guard
 from pallas_kernels._src import registry
 
 _cache: dict[Any, tuple[str | None, Any]] = {}
+_backends: dict[Any, str] = {}
 _lock = threading.Lock()
 
 
@@ -81,9 +82,23 @@ def dry_run(op: str, positional: Sequence[Any], keywords: Mapping[str, Any] | No
       reason = sink[0].reason if sink else None
     except (ValueError, TypeError) as e:
       out, reason = None, f"invalid call: {str(e).splitlines()[0]}"
+  kernel_backend = "" if reason else (sink.choices[0].backend if sink.choices else "triton")
   with _lock:
     _cache[key] = (reason, out)
+    _backends[key] = kernel_backend
   return reason, out
+
+
+def last_kernel_backend(op: str, positional, keywords=None, static=None,
+                        interpret: bool | None = None) -> str:
+  """The backend `dry_run` found for the same call ("" when it falls back)."""
+  keywords = dict(keywords or {})
+  static = dict(static or {}, implementation="pallas",
+                interpret=backend.resolve_interpret(interpret))
+  key = (op, tuple(map(_key, positional)), tuple(sorted((k, _key(v)) for k, v in keywords.items())),
+         tuple(sorted(static.items(), key=str)), backend.target())
+  with _lock:
+    return _backends.get(key, "")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -101,6 +116,9 @@ class GuardCheck:
   device_kind: str
   #: Whether Pallas interprets the kernel there (no GPU or TPU).
   interpret: bool
+  #: The Pallas backend the kernel is built with ("mosaic_gpu", "triton"), ""
+  #: when the call falls back.
+  kernel_backend: str = ""
 
   @property
   def runs(self) -> bool:
@@ -140,9 +158,12 @@ def check_guard(op: str, *args: Any, interpret: bool | None = None, target: Any 
 
   resolved = backend.resolve_target(target)
   with backend.targeting(resolved) if resolved is not None else contextlib.nullcontext():
-    reason, _ = dry_run(op, [abstract(x) for x in args],
-                        {k: abstract(v) for k, v in kwargs.items()}, interpret=interpret)
+    positional = [abstract(x) for x in args]
+    keywords = {k: abstract(v) for k, v in kwargs.items()}
+    reason, _ = dry_run(op, positional, keywords, interpret=interpret)
     t = backend.target()
     return GuardCheck(op=op, reason=reason, backend=t.backend.value,
                       device_kind=t.device_kind,
-                      interpret=backend.resolve_interpret(interpret))
+                      interpret=backend.resolve_interpret(interpret),
+                      kernel_backend=last_kernel_backend(op, positional, keywords,
+                                                         interpret=interpret))

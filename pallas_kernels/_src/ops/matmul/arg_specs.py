@@ -249,7 +249,7 @@ _MOSAIC_DEFS: tuple[CaseDef, ...] = (
     CaseDef(72, 128, 192, "float16", bias=True, activation="silu", scale="vector",
             clamp=(-2.0, 2.0), tags=_MOSAIC, grad=True),
     CaseDef(136, 128, 192, "float32", bias=True, residual=True, activation="gelu_tanh",
-            out_dtype="bfloat16", precision="default", tags=_MOSAIC),
+            out_dtype="bfloat16", precision="default", transpose_w=True, tags=_MOSAIC),
     CaseDef(40, 64, 64, "float32", bias=True, activation="relu", tags=_MOSAIC),
     CaseDef(192, 128, 192, "bfloat16", batch=(2,), w_batch=(2,), transpose_x=True,
             transpose_w=True, bias=True, residual=True, activation="tanh", tags=_MOSAIC,
@@ -273,7 +273,7 @@ _MOSAIC_DEFS: tuple[CaseDef, ...] = (
     CaseDef(72, 128, 192, "bfloat16", bias=True, activation="gelu", quantize="int8",
             tags=_MOSAIC),
     CaseDef(40, 64, 128, "float32", residual=True, bias=True, quantize="float8_e4m3fn",
-            precision="default", tags=_MOSAIC),
+            precision="default", transpose_w=True, tags=_MOSAIC),
 )
 
 

@@ -327,8 +327,8 @@ def heuristic_mosaic_config(m: int, n: int, k: int, *, x_dtype, w_dtype, compute
   N, 64-deep steps, 4 stages, 64x64 epilogue pieces), adjusted:
     * TF32 (float32 operands): 32-deep steps (128-byte rows, as for 16 bits);
       8-bit operands wgmma takes as stored: 128-deep;
-    * an operand converted in shared memory (quantized, or TF32 made
-      K-major): one compute warpgroup (255 registers a thread, not 168);
+    * an operand converted in shared memory (quantized): one compute
+      warpgroup (255 registers a thread, not 168) and 2 stages;
     * per-group w scales: steps no deeper than a group;
     * a fused per-row quantization (n <= 256): the warpgroups split M, each
       holding whole rows (tile_n covers n), so a row's max is local;
@@ -343,9 +343,10 @@ def heuristic_mosaic_config(m: int, n: int, k: int, *, x_dtype, w_dtype, compute
     cfg = dataclasses.replace(cfg, tile_k=32)
   if paths.x_staged or paths.w_staged:
     # Converting a tile beside a 128x128 accumulator needs more than the 168
-    # registers a thread has with two compute warpgroups (ptxas spills): one
-    # compute warpgroup gets 255.
-    cfg = dataclasses.replace(cfg, compute_wgs=1)
+    # registers a thread has with two compute warpgroups, and more than 255
+    # where a short K loop is unrolled over 4 stages (ptxas spills, see the
+    # compile report): one compute warpgroup, 2 stages.
+    cfg = dataclasses.replace(cfg, compute_wgs=1, stages=2)
   if group_size is not None and group_size % 16 == 0 and group_size < cfg.tile_k:
     cfg = dataclasses.replace(cfg, tile_k=group_size)
   if fused_quantize and n <= MAX_FUSED_QUANTIZE_N[backend_lib.Backend.GPU]:

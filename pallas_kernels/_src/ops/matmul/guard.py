@@ -204,6 +204,10 @@ def mosaic_unsupported_reason(x: Any, w: Any, *, out_dtype, bias: Any = None,
     return f"out_dtype {odt} is not one of {sorted(OUT_DTYPES)}"
   if transpose_out:
     return "transpose_out: the Mosaic GPU matmul stores row-major tiles"
+  if cdt == "float32" and (transpose_x or not transpose_w):
+    return ("TF32 wgmma reads K-major operands only: float32 x must be stored [M, K] and "
+            "w [N, K] (transpose_w); Mosaic GPU cannot transpose a float32 tile in "
+            "shared memory")
   paths = config_lib.mosaic_operand_paths(x.dtype, w.dtype, cdt, transpose_x, transpose_w)
   if paths.x_staged and paths.w_staged:
     return (f"x {xd} and w {wd} would both be converted beside the accumulator, which "

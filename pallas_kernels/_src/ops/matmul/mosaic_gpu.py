@@ -584,7 +584,7 @@ def _epilogue(p: Plan, acc, t: _Tile, smem: _Smem, gmem: _Gmem):
       y = _clamp(y, p.clamp)
     if p.quantize:
       s = lax.broadcast_in_dim(_vector(smem.qs.at[wg, esm], 1), (em, en), [0])
-      y = quant.quantize(y, s, p.quantize)
+      y = quant.quantize(y, s, p.quantize, native_round=True)
     smem.out[wg, slot] = y.astype(odt)
     plgpu.commit_smem()
     plgpu.copy_smem_to_gmem(smem.out.at[wg, slot], out_tile.at[esm, esn])

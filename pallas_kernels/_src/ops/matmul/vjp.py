@@ -302,6 +302,11 @@ def _kernel_backward(static: Static, inputs, aux, ct, want_dx: bool, want_dw: bo
   cdt = jnp.dtype(static.compute_dtype)
   db = dscale = None
   if _needs_aux(static, scale):
+    if static.kernel_backend != "triton":
+      # An element-wise pass with column sums: no wgmma, no TMA tiles to gain.
+      guard_lib.record_choice(
+          "matmul", "triton", "the fused dAct + bias-gradient pass is Triton's",
+          guard_lib.signature(dy=ct, aux=aux))
     bo = kernel.dact_bgrad(
         ct, aux, cfg=None, interpret=static.interpret, activation=static.activation,
         g_dtype=cdt, clamp=static.clamp, residual=residual,
