@@ -20,6 +20,7 @@ import pytest
 
 import pallas_kernels as pk
 from pallas_kernels._src import backend
+from pallas_kernels._src import compat
 from pallas_kernels._src import guard
 from pallas_kernels._src import topology
 
@@ -166,3 +167,20 @@ def test_swap_builds_for_its_target():
     text = jax.jit(swapped).trace(*specs).lower(lowering_platforms=("cuda",)).as_text()
   # Built for the H200 alone: one compiled kernel, no interpreted loop.
   assert len(re.findall(r"custom_call @", text)) == 1 and "stablehlo.while" not in text
+
+
+@_NEEDS_WHEELS
+@pytest.mark.slow
+@pytest.mark.skipif(compat.mosaic_gpu_unavailable_reason() is not None,
+                    reason=str(compat.mosaic_gpu_unavailable_reason()))
+@pytest.mark.parametrize("arch,expected", [("sm_90a", "mosaic_gpu_v2"),
+                                           ("sm_80", "__gpu$xla.gpu.triton")])
+def test_the_matmul_compiles_through_the_targets_backend(arch, expected):
+  fn = lambda x, w, b, r: pk.matmul(x, w, bias=b, residual=r, activation="gelu")
+  specs = (S((256, 512), jnp.bfloat16), S((512, 256), jnp.bfloat16),
+           S((256,), jnp.bfloat16), S((256, 256), jnp.bfloat16))
+  with warnings.catch_warnings():
+    warnings.simplefilter("ignore", DeprecationWarning)
+    compiled = topology.compile_for(arch, fn, *specs)
+  assert _kernels(compiled) == [expected], _custom_calls(compiled)
+  assert not pk.fallbacks()

@@ -275,9 +275,12 @@ def _needs_f32_hop(src, dst) -> bool:
 
 
 def _vector(ref, broadcast_dim: int):
-  """A float32 vector from shared memory, laid out to broadcast along
-  `broadcast_dim` of a `wgmma` accumulator (0: per-column values)."""
-  return plgpu.load(ref, layout=plgpu.Layout.WGMMA.reduce(broadcast_dim)).astype(_F32)
+  """A float32 vector, laid out to broadcast along `broadcast_dim` of a
+  `wgmma` accumulator (0: per-column values). From global memory the load
+  is element-wise (`optimized=False`: jax 0.11 has no vectorized global
+  loads); the vectors are a few hundred bytes per tile, in L2."""
+  layout = plgpu.Layout.WGMMA.reduce(broadcast_dim)
+  return plgpu.load(ref, layout=layout, optimized=False).astype(_F32)
 
 
 def _clamp(y, clamp):
