@@ -177,8 +177,9 @@ def build_case(d: CaseDef, seed: int) -> Case:
 _CI = frozenset({"ci"})
 _CI_GRAD = frozenset({"ci", "grad"})
 _BENCH = frozenset({"bench"})
-#: Also in `scripts/device_check.sh`'s short table ("device" tag).
-_DEVICE = frozenset({"bench", "device"})
+#: Also in `scripts/device_check.sh`'s short table ("device" tag) and its
+#: Mosaic GPU / Triton / XLA table ("backends", `scripts/bench_backends.py`).
+_DEVICE = frozenset({"bench", "device", "backends"})
 
 #: Every case definition, in display order.
 CASE_DEFS: tuple[CaseDef, ...] = (
@@ -217,6 +218,8 @@ CASE_DEFS: tuple[CaseDef, ...] = (
     CaseDef(4096, 4096, 4096, "bfloat16", bias=True, residual=True, activation="gelu",
             tags=_BENCH),
     CaseDef(8192, 8192, 8192, "bfloat16", tags=_BENCH),
+    # JAX's hopper_matmul_mgpu benchmark shape.
+    CaseDef(4096, 4096, 4096, "bfloat16", tags=frozenset({"backends"})),
     CaseDef(4096, 4096, 4096, "float16", tags=_BENCH),
     CaseDef(4096, 4096, 4096, "float32", tags=_BENCH),
     CaseDef(4096, 4096, 4096, "float32", precision="default", tags=_BENCH),
@@ -245,7 +248,7 @@ CASE_DEFS: tuple[CaseDef, ...] = (
 _MOSAIC = frozenset({"mosaic"})
 _MOSAIC_DEFS: tuple[CaseDef, ...] = (
     CaseDef(136, 192, 192, "bfloat16", bias=True, residual=True, activation="gelu",
-            tags=_MOSAIC, grad=True),
+            tags=_MOSAIC | {"backends_dry"}, grad=True),
     CaseDef(72, 128, 192, "float16", bias=True, activation="silu", scale="vector",
             clamp=(-2.0, 2.0), tags=_MOSAIC, grad=True),
     CaseDef(136, 128, 192, "float32", bias=True, residual=True, activation="gelu_tanh",
