@@ -7,19 +7,24 @@
 #
 # On the GPU (jax 0.11.2 there, no package registry: --no-deps), in order:
 #   1. validate every kernel compiled, kernels required: a fallback to XLA
-#      fails its case (validate_kernels.py --require_kernel=true);
+#      fails its case (validate_kernels.py --require_kernel=true), the Mosaic
+#      GPU matmul's cases ("mosaic" tag) included: on a Hopper the matmul is
+#      built with Mosaic GPU wherever its guard accepts the call;
 #   2. the bench table against XLA's own user-level computation for README's
 #      shapes ("device" tag: 8192x512x8192 bf16 bias+gelu+residual, int8
 #      decode, layer norm + residual 8192x8192 bf16, causal softmax 4096x4096);
-#   3. the built-in examples compiled for the GPU, their optimized HLO with
+#   3. the matmul's Mosaic GPU and Triton kernels and XLA side by side, ratios
+#      in one run ("backends" tag: JAX's bf16 4096^3, 8192x512x8192
+#      bias+gelu+residual, the int8 decode; bench_backends.py);
+#   4. the built-in examples compiled for the GPU, their optimized HLO with
 #      XLA's buffer assignment saved as test fixtures (capture_fixtures.py),
 #      and the audit of the example;
-#   4. the GPU-marked tests.
-# $OUT gets 6 files, nothing deeper than $OUT itself: summary.md (the one
-# page: device, versions, verdicts, both tables), validate.json, bench.json,
-# example_audit.json, fixtures.tar.gz, logs.tar.gz. Every step has its own
-# timeout and the script goes on after a failure; the summary says which
-# failed.
+#   5. the GPU-marked tests.
+# $OUT gets 7 files, nothing deeper than $OUT itself: summary.md (the one
+# page: device, versions, verdicts, the three tables), validate.json,
+# bench.json, backends.json, example_audit.json, fixtures.tar.gz,
+# logs.tar.gz. Every step has its own timeout (together under 8 minutes) and
+# the script goes on after a failure; the summary says which failed.
 set -uo pipefail
 MODE=gpu
 if [[ "${1:-}" == "--dry-run" ]]; then MODE=dry; fi
@@ -33,10 +38,11 @@ START=$(date +%s)
 status() { echo "$1: exit $2 after $(( $(date +%s) - START )) s" | tee -a "$OUT/logs/steps.log"; }
 
 if [[ $MODE == gpu ]]; then
-  VALIDATE=(--tags=ci,nonfinite --interpret=false --require_kernel=true)
+  VALIDATE=(--tags=ci,nonfinite,mosaic --interpret=false --require_kernel=true)
   BENCH=(--tags=device --repeats=20 --warmup=3)
+  BACKENDS=(--tags=backends --repeats=20 --warmup=3)
   FIXTURES=()
-  T_VALIDATE=180 T_BENCH=100 T_FIXTURES=80 T_TESTS=45
+  T_VALIDATE=190 T_BENCH=75 T_BACKENDS=60 T_FIXTURES=60 T_AUDIT=45 T_TESTS=40
   "$PY" -m pip install -q --no-deps --no-build-isolation -e . >"$OUT/logs/install.log" 2>&1
   status install $?
   nvidia-smi >"$OUT/logs/nvidia-smi.txt" 2>&1
@@ -44,8 +50,9 @@ else
   # CPU dry run: the same pieces at sizes a CPU runs in a few minutes.
   VALIDATE=(--tags=ci --ops=softmax,rms_norm --interpret=auto --require_kernel=false)
   BENCH=(--tags=ci --ops=softmax --repeats=2 --warmup=1)
+  BACKENDS=(--tags=backends_dry --repeats=1 --warmup=1)
   FIXTURES=(--tiny)
-  T_VALIDATE=400 T_BENCH=300 T_FIXTURES=300 T_TESTS=120
+  T_VALIDATE=400 T_BENCH=300 T_BACKENDS=300 T_FIXTURES=300 T_AUDIT=60 T_TESTS=120
   echo "dry run: no GPU, kernels interpreted" >"$OUT/logs/nvidia-smi.txt"
 fi
 "$PY" -c "import jax, jaxlib; print('jax', jax.__version__, 'jaxlib', jaxlib.__version__, jax.devices())" \
@@ -59,12 +66,16 @@ timeout "$T_BENCH" "$PY" scripts/bench_kernels.py "${BENCH[@]}" --out="$OUT/benc
   >"$OUT/logs/bench.log" 2>&1
 status bench $?
 
+timeout "$T_BACKENDS" "$PY" scripts/bench_backends.py "${BACKENDS[@]}" --out="$OUT/backends" \
+  >"$OUT/logs/backends.log" 2>&1
+status backends $?
+
 timeout "$T_FIXTURES" "$PY" scripts/capture_fixtures.py "${FIXTURES[@]}" --out="$OUT/fixtures" \
   >"$OUT/logs/fixtures.log" 2>&1
 status fixtures $?
 tar -czf "$OUT/fixtures.tar.gz" -C "$OUT" fixtures && rm -rf "$OUT/fixtures"
 
-timeout 60 "$PY" -m hlo_audit._src.cli.main example --json >"$OUT/example_audit.json" \
+timeout "$T_AUDIT" "$PY" -m hlo_audit._src.cli.main example --json >"$OUT/example_audit.json" \
   2>"$OUT/logs/audit.err"
 status audit $?
 
@@ -81,11 +92,13 @@ status gpu-tests $?
   if [[ -f "$OUT/validate.md" ]]; then cat "$OUT/validate.md"; else tail -20 "$OUT/logs/validate.log"; fi
   echo; echo "## Speed against XLA (same user-level computation)"; echo
   if [[ -f "$OUT/bench.md" ]]; then cat "$OUT/bench.md"; else tail -20 "$OUT/logs/bench.log"; fi
+  echo; echo "## Matmul: Mosaic GPU, Triton and XLA (same inputs, one run)"; echo
+  if [[ -f "$OUT/backends.md" ]]; then cat "$OUT/backends.md"; else tail -20 "$OUT/logs/backends.log"; fi
   echo; echo "## Fixtures and audit"; echo; echo '```'
   tail -6 "$OUT/logs/fixtures.log"; tail -3 "$OUT/logs/audit.err"
   echo '```'; echo; echo "## GPU tests"; echo; echo '```'
   tail -4 "$OUT/logs/pytest_gpu.log"; echo '```'
 } >"$OUT/summary.md"
-rm -f "$OUT/validate.md" "$OUT/bench.md"  # Both are in the summary.
+rm -f "$OUT/validate.md" "$OUT/bench.md" "$OUT/backends.md"  # In the summary.
 tar -czf "$OUT/logs.tar.gz" -C "$OUT" logs && rm -rf "$OUT/logs"
 cat "$OUT/summary.md"

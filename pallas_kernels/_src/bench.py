@@ -65,6 +65,9 @@ class BenchRow:
   kernel_pct_flops: float | None
   #: Guard fallback reasons hit by the kernel run (then it timed XLA).
   fallback: str | None
+  #: The Pallas backend(s) the timed kernels were built with ("mosaic_gpu",
+  #: "triton", "mosaic_gpu+triton"; "xla" when the call fell back).
+  backend: str = ""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -92,14 +95,14 @@ class BenchReport:
     return lines
 
   def _cells(self) -> tuple[list[str], list[list[str]]]:
-    header = ["op", "case", "kernel ms", "xla ms", "speedup", "MB", "kernel GB/s",
+    header = ["op", "case", "backend", "kernel ms", "xla ms", "speedup", "MB", "kernel GB/s",
               "xla GB/s", "kernel %HBM", "xla %HBM", "kernel TFLOP/s", "%peak",
               "FALLBACK"]
 
     def pct(v):
       return "-" if v is None else f"{v:.1f}%"
 
-    rows = [[r.op, r.case, f"{r.kernel_ms:.4f}", f"{r.xla_ms:.4f}",
+    rows = [[r.op, r.case, r.backend or "-", f"{r.kernel_ms:.4f}", f"{r.xla_ms:.4f}",
              "fell back" if r.speedup is None else f"{r.speedup:.2f}x",
              f"{r.bytes_moved / 1e6:.1f}", f"{r.kernel_gbps:.1f}", f"{r.xla_gbps:.1f}",
              pct(r.kernel_pct_hbm), pct(r.xla_pct_hbm), f"{r.kernel_tflops:.3f}",
@@ -150,20 +153,28 @@ def _median_seconds(fn, args, repeats: int, warmup: int) -> float:
 
 
 def _bench_case(spec: OpSpec, case: Case, interpret: bool, repeats: int, warmup: int,
-                device: devices.DeviceSpec | None) -> BenchRow:
+                device: devices.DeviceSpec | None, kernel_backend: str | None = None) -> BenchRow:
+  kernel_kwargs = dict(case.kwargs)
+  if kernel_backend is not None:
+    kernel_kwargs["backend"] = kernel_backend
+
   def jitted(implementation: str):
     if implementation == "xla" and spec.baseline is not None:
       return jax.jit(lambda *args: spec.baseline(*args, **case.kwargs))
+    kwargs = kernel_kwargs if implementation == "pallas" else case.kwargs
     return jax.jit(lambda *args: spec.fn(*args, implementation=implementation,
-                                         interpret=interpret, **case.kwargs))
+                                         interpret=interpret, **kwargs))
 
   guard.retrace_guards()  # Guards record fallbacks when traced: trace afresh.
   before = len(guard.fallbacks(spec.name))
+  chosen = len(guard.choices(spec.name))
   kernel_s = _median_seconds(jitted("pallas"), case.args, repeats, warmup)
   reasons = []
   for f in guard.fallbacks(spec.name)[before:]:
     if f.reason not in reasons:
       reasons.append(f.reason)
+  built = sorted({c.backend for c in guard.choices(spec.name)[chosen:]})
+  built_text = "+".join(built) or ("xla" if reasons else "triton")
   xla_s = _median_seconds(jitted("xla"), case.args, repeats, warmup)
 
   nbytes, flops = int(spec.bytes_moved(case)), int(spec.flops(case))
@@ -180,12 +191,12 @@ def _bench_case(spec: OpSpec, case: Case, interpret: bool, repeats: int, warmup:
       xla_pct_hbm=None if device is None else 100 * xla_gbps / device.hbm_gbps,
       kernel_pct_flops=None if device is None
       else 100 * kernel_tflops / device.peak_tflops(dtype),
-      fallback="; ".join(reasons) or None)
+      fallback="; ".join(reasons) or None, backend=built_text)
 
 
 def bench(op: str | OpSpec | Sequence[str | OpSpec], *, tags: Sequence[str] = ("bench",),
           repeats: int = 20, warmup: int = 3, seed: int = 0,
-          interpret: bool | None = None) -> BenchReport:
+          interpret: bool | None = None, kernel_backend: str | None = None) -> BenchReport:
   """Benchmarks op(s) against their XLA baseline over the cases of `tags`.
 
   Args:
@@ -196,6 +207,9 @@ def bench(op: str | OpSpec | Sequence[str | OpSpec], *, tags: Sequence[str] = ("
     seed: seeds the random inputs.
     interpret: Pallas interpret mode; None interprets exactly without GPU/TPU
       (and then the report flags its timings as meaningless).
+    kernel_backend: build the kernels with this Pallas backend ("mosaic_gpu",
+      "triton"; passed as `backend=` to ops that take it); None: the op's
+      choice for the device. Each row names the backend it timed.
 
   Returns:
     A frozen `BenchReport`.
@@ -208,7 +222,7 @@ def bench(op: str | OpSpec | Sequence[str | OpSpec], *, tags: Sequence[str] = ("
   interp = backend.resolve_interpret(interpret)
   kind = backend.device_kind()
   device = devices.lookup(kind)
-  rows = [_bench_case(spec, case, interp, repeats, warmup, device)
+  rows = [_bench_case(spec, case, interp, repeats, warmup, device, kernel_backend)
           for spec, case in registry.select_cases(op, tags, seed)]
   if not rows:
     ops = [op] if isinstance(op, (str, OpSpec)) else list(op)

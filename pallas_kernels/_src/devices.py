@@ -26,6 +26,8 @@ class DeviceSpec:
   f32_tflops: float
   #: NVIDIA compute capability as an int (90 for sm_90), None for others.
   compute_capability: int | None = None
+  #: Streaming multiprocessors (NVIDIA), None for others.
+  sm_count: int | None = None
 
   def peak_tflops(self, dtype_name: str) -> float:
     """Peak TFLOP/s for arithmetic in `dtype_name` (16-bit types use bf16)."""
@@ -38,13 +40,13 @@ DEVICES: tuple[DeviceSpec, ...] = (
     # NVIDIA H200 datasheet: 4.8 TB/s HBM3e; same Hopper SXM compute as H100:
     # 989 dense BF16 tensor TFLOP/s, 67 FP32 TFLOP/s.
     DeviceSpec("NVIDIA H200", ("h200",), hbm_gbps=4800.0, bf16_tflops=989.0,
-               f32_tflops=67.0, compute_capability=90),
+               f32_tflops=67.0, compute_capability=90, sm_count=132),
     # NVIDIA H100 SXM5 datasheet: 3.35 TB/s HBM3, 989 dense BF16, 67 FP32.
     DeviceSpec("NVIDIA H100 SXM", ("h100",), hbm_gbps=3350.0, bf16_tflops=989.0,
-               f32_tflops=67.0, compute_capability=90),
+               f32_tflops=67.0, compute_capability=90, sm_count=132),
     # NVIDIA A100 80GB SXM datasheet: 2.039 TB/s HBM2e, 312 dense BF16, 19.5 FP32.
     DeviceSpec("NVIDIA A100 80GB", ("a100",), hbm_gbps=2039.0, bf16_tflops=312.0,
-               f32_tflops=19.5, compute_capability=80),
+               f32_tflops=19.5, compute_capability=80, sm_count=108),
     # Google Cloud TPU v5e docs: 819 GB/s HBM2, 197 BF16 TFLOP/s per chip; no
     # native f32 matrix unit, f32 matmuls take several bf16 passes (~1/3).
     DeviceSpec("TPU v5e", ("v5 lite", "v5e", "v5litepod"), hbm_gbps=819.0,

@@ -1,5 +1,8 @@
 """Compile the kernels' Triton IR for a GPU without one: registers, spills, shared memory.
 
+The Triton kernels' report (the matmul built with `backend="triton"`, as on
+Ampere; the row ops); the Mosaic GPU matmul's is `compile_report.py`.
+
 The route: lower an op for "cuda" under an abstract mesh naming the device
 (`backend.target` follows it), read each Triton kernel custom call's backend
 config (the kernel's Triton IR as MLIR bytecode, `num_warps`, `num_stages`),
@@ -258,7 +261,7 @@ def default_cases() -> list[Case]:
   m, k, n = 8192, 512, 8192
 
   def mm(**kw):
-    return lambda x, w, b, r: pk.matmul(x, w, bias=b, residual=r, implementation="pallas",
+    return lambda x, w, b, r: pk.matmul(x, w, bias=b, residual=r, implementation="pallas", backend="triton",
                                         **kw)
 
   def grad(f, argnums):
@@ -268,7 +271,7 @@ def default_cases() -> list[Case]:
   cases = [
       Case("matmul bf16 bias+gelu+residual", mm(activation="gelu"), mm_specs),
       Case("matmul bf16 plain 4096^3",
-           lambda x, w: pk.matmul(x, w, implementation="pallas"),
+           lambda x, w: pk.matmul(x, w, implementation="pallas", backend="triton"),
            (S((4096, 4096), bf), S((4096, 4096), bf))),
       Case("matmul f32 highest bias+gelu+res", mm(activation="gelu", precision="highest"),
            tuple(S(s.shape, f32) for s in mm_specs)),
@@ -284,18 +287,18 @@ def default_cases() -> list[Case]:
     sshape = (k // group, n) if group else (n,)
     fn = (lambda tw, group: lambda x, w, s, b: pk.matmul(
         x, w, w_scale=s, w_group_size=group, transpose_w=tw, bias=b, activation="gelu",
-        implementation="pallas"))(tw, group)
+        implementation="pallas", backend="triton"))(tw, group)
     cases.append(Case(f"matmul bf16 x {label} w", fn,
                       (S((m, k), bf), S(wshape, wdt), S(sshape, f32), S((n,), bf))))
   cases += [
       Case("matmul f32 tf32 (precision default)", mm(activation="gelu", precision="default"),
            tuple(S(s.shape, f32) for s in mm_specs)),
       Case("matmul bf16 decode m=16 x int8 w",
-           lambda x, w, s: pk.matmul(x, w, w_scale=s, implementation="pallas"),
+           lambda x, w, s: pk.matmul(x, w, w_scale=s, implementation="pallas", backend="triton"),
            (S((16, 8192), bf), S((8192, 8192), jnp.int8), S((8192,), f32))),
       Case("matmul bf16 quantize=int8 n=256",
            lambda x, w, b: pk.matmul(x, w, bias=b, activation="gelu", quantize="int8",
-                                     implementation="pallas"),
+                                     implementation="pallas", backend="triton"),
            (S((8192, 512), bf), S((512, 256), bf), S((256,), bf))),
   ]
   x = S((8192, 8192), bf)

@@ -29,8 +29,33 @@ class Fallback:
   signature: str
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class KernelChoice:
+  """Which kernel backend an op call was built with (`validate` and `bench`
+  name it per row)."""
+
+  #: Public op name, e.g. "matmul".
+  op: str
+  #: "mosaic_gpu" or "triton" (the Pallas backend the kernel lowers through).
+  backend: str
+  #: Why the preferred backend was not used ("" when it was).
+  why: str
+  #: Shapes and dtypes of the call.
+  signature: str
+
+
+class Records(list):
+  """Fallbacks collected by `collect_fallbacks`; `.choices` the kernel
+  choices made meanwhile."""
+
+  def __init__(self):
+    super().__init__()
+    self.choices: list[KernelChoice] = []
+
+
 _lock = threading.Lock()
 _records: list[Fallback] = []
+_choices: list[KernelChoice] = []
 _logged: set[tuple[str, str]] = set()
 # Per-thread sink of `collect_fallbacks` (None: record process-wide).
 _sink = threading.local()
@@ -52,15 +77,35 @@ def record_fallback(op: str, reason: str, signature: str) -> Fallback:
   return record
 
 
+def record_choice(op: str, backend: str, why: str, signature: str) -> KernelChoice:
+  """Records which kernel backend built an op call (and why not the
+  preferred one, if so)."""
+  choice = KernelChoice(op=op, backend=backend, why=why, signature=signature)
+  sink = getattr(_sink, "records", None)
+  if sink is not None:
+    sink.choices.append(choice)
+    return choice
+  with _lock:
+    _choices.append(choice)
+  return choice
+
+
+def choices(op: str | None = None) -> tuple[KernelChoice, ...]:
+  """Kernel backend choices recorded so far in this process."""
+  with _lock:
+    return tuple(c for c in _choices if op is None or c.op == op)
+
+
 @contextlib.contextmanager
-def collect_fallbacks() -> Iterator[list[Fallback]]:
-  """Within, fallbacks of this thread go to the yielded list only.
+def collect_fallbacks() -> Iterator[Records]:
+  """Within, fallbacks (and kernel choices, `.choices`) of this thread go to
+  the yielded list only.
 
   For dry runs (e.g. `swap` asking an op's guard about a pattern under
   `jax.eval_shape`): nothing ran, so nothing is recorded or logged.
   """
   previous = getattr(_sink, "records", None)
-  _sink.records = []
+  _sink.records = Records()
   try:
     yield _sink.records
   finally:
@@ -74,9 +119,10 @@ def fallbacks(op: str | None = None) -> tuple[Fallback, ...]:
 
 
 def clear_fallbacks() -> None:
-  """Forgets recorded fallbacks (the once-only log state too)."""
+  """Forgets recorded fallbacks and kernel choices (the once-only log state too)."""
   with _lock:
     _records.clear()
+    _choices.clear()
     _logged.clear()
 
 

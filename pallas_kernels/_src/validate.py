@@ -28,6 +28,7 @@ For every case of the requested tags, one row of checks:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 from collections.abc import Sequence
@@ -70,6 +71,9 @@ class ValidationRow:
   expected_fallback: str = ""
   #: The distinct fallback reasons (`fallback` joins them for display).
   fallback_reasons: tuple[str, ...] = ()
+  #: The Pallas backend(s) the kernels were built with ("mosaic_gpu",
+  #: "triton", "mosaic_gpu+triton"), "xla" when no kernel was built.
+  backend: str = ""
 
   @property
   def passed(self) -> bool:
@@ -87,7 +91,7 @@ class ValidationRow:
     return not self.fallback
 
 
-_COLUMNS = ("op", "case", "dtype", "kernel_err", "xla_err", "bound", "grad_err",
+_COLUMNS = ("op", "case", "dtype", "backend", "kernel_err", "xla_err", "bound", "grad_err",
             "written", "nonfinite", "repeat", "passed", "FALLBACK")
 
 
@@ -130,7 +134,8 @@ class ValidationReport:
     out = []
     for r in self.rows:
       grad = "-" if r.grad_err is None else f"{_fmt_err(r.grad_err)} (<= {r.grad_bound:.0e})"
-      out.append([r.op, r.case, r.dtype, _fmt_err(r.kernel_err), _fmt_err(r.xla_err),
+      out.append([r.op, r.case, r.dtype, r.backend or "-", _fmt_err(r.kernel_err),
+                  _fmt_err(r.xla_err),
                   f"{r.bound:.0e}", grad, _yes(r.written), _yes(r.nonfinite_ok),
                   _yes(r.repeat_exact), "PASS" if r.passed else "FAIL",
                   _fallback_cell(r)])
@@ -268,6 +273,7 @@ def _validate_case(spec: OpSpec, case: Case, interpret: bool, seed: int,
   # from an earlier call would hide them from this row's fallback column.
   guard.retrace_guards()
   before = len(guard.fallbacks(spec.name))
+  chosen = len(guard.choices(spec.name))
   # The kernel path is called as users call it (the ops jit internally).
   out = _call(spec, case, "pallas", interpret)
   again = _call(spec, case, "pallas", interpret)
@@ -299,20 +305,29 @@ def _validate_case(spec: OpSpec, case: Case, interpret: bool, seed: int,
     if f.reason not in reasons:
       reasons.append(f.reason)
   _, kernel_err, xla_err, bound = worst
+  backends = sorted({c.backend for c in guard.choices(spec.name)[chosen:]})
   return ValidationRow(
       op=spec.name, case=case.name, dtype=jnp.dtype(case.args[0].dtype).name,
       kernel_err=kernel_err, xla_err=xla_err, bound=bound, grad_err=grad_err,
       grad_bound=grad_bound, written=bool(written), nonfinite_ok=bool(nonfinite_ok),
       repeat_exact=repeat_exact, fallback="; ".join(reasons) or None,
       fallback_reasons=tuple(reasons),
-      expected_fallback=case.expect_fallback)
+      expected_fallback=case.expect_fallback,
+      backend="+".join(backends) or ("xla" if reasons else kernel_backend_of(spec)))
+
+
+def kernel_backend_of(spec: OpSpec) -> str:
+  """The backend of an op that records no choice: its kernels are Triton's
+  (only the matmul has a Mosaic GPU kernel and records which it built)."""
+  del spec
+  return "triton"
 
 
 def validate(op: str | OpSpec | Sequence[str | OpSpec], *,
              tags: Sequence[str] = ("ci",), dtypes: Sequence[Any] | None = None,
              seed: int = 0, interpret: bool | None = None,
              check_grads: bool = True,
-             require_kernel: bool | None = None) -> ValidationReport:
+             require_kernel: bool | None = None, target: Any = None) -> ValidationReport:
   """Validates op(s) against the XLA reference over their cases.
 
   Args:
@@ -327,6 +342,11 @@ def validate(op: str | OpSpec | Sequence[str | OpSpec], *,
       the reference's numbers, with the reason in the FALLBACK column). None
       requires kernels exactly where they compile (GPU, TPU): there "every
       kernel compiled" must not read like "nothing compiled".
+    target: build the kernels for this device ("h200", a `jax.Device`, a
+      `Target`; see `backend.resolve_target`): with `interpret=True` on a CPU,
+      the kernels a GPU would compile run in their interpret mode (for an
+      H200, the Mosaic GPU matmul in Mosaic GPU's interpreter). None: the
+      device the inputs are on.
 
   Returns:
     A frozen `ValidationReport`; `report.passed` is the verdict, `print(report)`
@@ -336,6 +356,13 @@ def validate(op: str | OpSpec | Sequence[str | OpSpec], *,
     ValueError: if the selection holds no case at all (a vacuous pass would
       hide a typo in `tags` or `dtypes`).
   """
+  resolved = backend.resolve_target(target)
+  with backend.targeting(resolved) if resolved is not None else contextlib.nullcontext():
+    return _validate(op, tags=tags, dtypes=dtypes, seed=seed, interpret=interpret,
+                     check_grads=check_grads, require_kernel=require_kernel)
+
+
+def _validate(op, *, tags, dtypes, seed, interpret, check_grads, require_kernel):
   wanted = None if dtypes is None else {jnp.dtype(d).name for d in dtypes}
   interp = backend.resolve_interpret(interpret)
   required = (not interp) if require_kernel is None else bool(require_kernel)
@@ -348,4 +375,4 @@ def validate(op: str | OpSpec | Sequence[str | OpSpec], *,
     raise ValueError(f"no cases for ops {[getattr(o, 'name', o) for o in ops]} with "
                      f"tags {tuple(tags)} and dtypes {dtypes}")
   return ValidationReport(rows=tuple(rows), interpret=interp,
-                          device=backend.device_kind(), require_kernel=required)
+                          device=backend.target().describe(), require_kernel=required)

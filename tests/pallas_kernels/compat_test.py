@@ -29,7 +29,8 @@ def test_triton_deprecation_is_said_once_and_jax_warning_silenced(monkeypatch):
                   "version.", DeprecationWarning)
   messages = [str(w.message) for w in log]
   assert len(messages) == 1 and log[0].category is FutureWarning, messages
-  assert messages[0].startswith("pallas_kernels compiles its GPU kernels through")
+  assert messages[0].startswith("pallas_kernels compiles this kernel through Pallas's Triton")
+  assert "Mosaic GPU" in messages[0]
   assert "fall back to XLA" in messages[0]
 
 

@@ -27,7 +27,7 @@ S = jax.ShapeDtypeStruct
 @functools.cache
 def _unreadable() -> str | None:
   import pallas_kernels as pk  # noqa: PLC0415
-  fn = lambda x, w: pk.matmul(x, w, implementation="pallas")
+  fn = lambda x, w: pk.matmul(x, w, implementation="pallas", backend="triton")
   spec = S((64, 64), jnp.bfloat16)
   [kernel] = gpu_report.kernel_irs(gpu_report.lower_for("sm_90a", fn, spec, spec))
   try:
@@ -89,7 +89,7 @@ def test_shared_memory_estimate_errs_high(label, wdt, tw, group, arch):
   estimate = matmul_gpu.pipeline_smem_bytes(cfg.block_m, cfg.block_n, cfg.block_k, 2,
                                             wbytes, cfg.num_stages, compute_itemsize=2)
   fn = lambda x, w, s: pk.matmul(x, w, w_scale=s, w_group_size=group, transpose_w=tw,
-                                 implementation="pallas", config=cfg)
+                                 implementation="pallas", backend="triton", config=cfg)
   specs = (S((m, k), jnp.bfloat16), S((n, k) if tw else (k, n), wdt),
            S((k // group, n) if group else (n,), jnp.float32))
   [row] = gpu_report.report([gpu_report.Case(label, fn, specs)], (arch,)).rows

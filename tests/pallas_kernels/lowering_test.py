@@ -66,7 +66,9 @@ def _sources(text: str, values: tuple[str, ...]) -> set[str]:
 def _check(text: str, kernels: int, fed: tuple[str, ...] = ()):
   calls = _kernel_calls(text)
   assert len(calls) == kernels, f"expected {kernels} kernel calls, got {len(calls)}"
-  leaked = [op for op in _EPILOGUE_OPS if op in text]
+  # (A scalar i32 clamp is `lax.switch`'s index among deferred GPU builds.)
+  body = re.sub(r"^.*stablehlo\.clamp .*: tensor<i32>$", "", text, flags=re.M)
+  leaked = [op for op in _EPILOGUE_OPS if op in body]
   assert not leaked, f"epilogue math left to XLA: {leaked}"
   # The epilogue operands go straight into the first (forward) kernel.
   sources = _sources(text, calls[0]) if calls else set()
@@ -235,7 +237,9 @@ def test_target_follows_the_abstract_device():
   spec = S((64, 64), jnp.bfloat16)
   with jax.sharding.use_abstract_mesh(_mesh()):
     jaxpr = str(jax.make_jaxpr(fn)(spec, spec))
-  assert jaxpr.count("pallas_call") == 1 and "platform_index" not in jaxpr
+  # A Triton kernel is a pallas_call, a Mosaic GPU kernel an mpmd_map.
+  assert jaxpr.count("pallas_call[") + jaxpr.count("mpmd_map[") == 1, jaxpr
+  assert "platform_index" not in jaxpr
 
 
 def test_a100_target_guards_float8_out():
@@ -248,15 +252,14 @@ def test_a100_target_guards_float8_out():
   assert any("compute capability >= 8.9, got 80" in r for r in reasons), reasons
 
 
-@pytest.mark.skipif(compat.lowering_needs_abstract_gpu(),
-                    reason="this JAX's Triton lowering needs an abstract GPU device")
 def test_without_an_abstract_device_lowers_for_the_default_h200():
   fn = lambda x, w, b: pk.matmul(x, w, bias=b, activation="gelu", implementation="pallas")
   specs = S((M, K), jnp.bfloat16), S((K, N), jnp.bfloat16), S((N,), jnp.bfloat16)
   with warnings.catch_warnings():
     warnings.simplefilter("ignore", DeprecationWarning)
     cuda = jax.jit(fn).trace(*specs).lower(lowering_platforms=("cuda",)).as_text()
-  _check(cuda, 1, ("%arg2",))
+  # One build per deferred GPU in a `case` on a constant index (XLA keeps one).
+  _check(cuda, len(backend.DEFERRED_GPUS), ("%arg2",))
   # The same trace lowered for this CPU keeps the interpreted kernel instead.
   cpu = jax.jit(fn).trace(*specs).lower().as_text()
   assert not _kernel_calls(cpu)
@@ -271,8 +274,9 @@ def _kernel_dot_precisions(fn, *specs) -> set[str]:
 def test_float32_follows_the_callers_precision_like_xla():
   from pallas_kernels._src.ops.matmul import gpu  # noqa: PLC0415
   f32 = S((256, 256), jnp.float32), S((256, 256), jnp.float32)
+  # The Triton kernel's dots (Mosaic GPU's wgmma runs float32 as TF32 only).
   dot = lambda precision: lambda x, w: pk.matmul(x, w, implementation="pallas",
-                                                 precision=precision)
+                                                 precision=precision, backend="triton")
   # DEFAULT (what jnp.matmul uses, TF32 tensor cores on a GPU) unless told.
   assert _kernel_dot_precisions(dot(None), *f32) == {"DEFAULT"}
   assert _kernel_dot_precisions(dot(jax.lax.Precision.HIGHEST), *f32) == {"HIGHEST"}
@@ -284,13 +288,44 @@ def test_float32_follows_the_callers_precision_like_xla():
     pk.matmul(jnp.ones((4, 4)), jnp.ones((4, 4)), precision="F32_F32_F32")
 
 
-@pytest.mark.skipif(jax.default_backend() != "cpu", reason="the dual lowering is CPU-only")
-def test_a_cuda_only_fallback_says_so_on_cpu():
-  # int4 packed along an N (40) no GPU tile divides: the CUDA branch falls
-  # back, the interpreted one does not; the record names the CUDA lowering.
+@pytest.mark.skipif(jax.default_backend() != "cpu", reason="the lowering-time choice is CPU-only")
+def test_a_cuda_only_fallback_is_recorded_when_lowered_for_cuda():
+  # int4 packed along an N (40) no GPU tile divides: the CUDA builds fall
+  # back, the interpreted one does not. Nothing is recorded while tracing
+  # (no build is chosen yet); lowering for CUDA records the CUDA build's
+  # reason, naming the device it assumed, and lowering for this CPU nothing.
   fn = lambda x, w, s: pk.matmul(x, w, w_scale=s, implementation="pallas")
-  jax.jit(fn).trace(S((16, 64), jnp.bfloat16), S((64, 40), jnp.int4),
-                    S((40,), jnp.float32))
+  traced = jax.jit(fn).trace(S((16, 64), jnp.bfloat16), S((64, 40), jnp.int4),
+                             S((40,), jnp.float32))
+  assert not pk.fallbacks()
+  traced.lower()
+  assert not pk.fallbacks()
+  traced.lower(lowering_platforms=("cuda",))
   [f] = pk.fallbacks()
   guard.clear_fallbacks()
   assert f.reason.startswith("when lowered for CUDA (NVIDIA H200 assumed): int4 w"), f
+
+
+@pytest.mark.skipif(jax.default_backend() != "cpu", reason="the lowering-time choice is CPU-only")
+def test_default_implementation_holds_kernels_when_lowered_for_cuda():
+  # No implementation named: XLA on this CPU, the kernel in the CUDA lowering.
+  fn = lambda x, w, b: pk.matmul(x, w, bias=b, activation="gelu")
+  specs = S((M, K), jnp.bfloat16), S((K, N), jnp.bfloat16), S((N,), jnp.bfloat16)
+  traced = jax.jit(fn).trace(*specs)
+  with warnings.catch_warnings():
+    warnings.simplefilter("ignore", DeprecationWarning)
+    _check(traced.lower(lowering_platforms=("cuda",)).as_text(), len(backend.DEFERRED_GPUS),
+           ("%arg2",))
+  cpu = traced.lower().as_text()
+  assert not _kernel_calls(cpu) and "pallas" not in cpu
+
+
+def test_lowering_target_picks_the_build_of_the_gpu_family():
+  assert backend.lowering_target("cpu", ()) == (0, "")
+  index, where = backend.lowering_target("cuda", ())
+  assert index == 1 and "NVIDIA H200 assumed" in where
+  assert backend._nearest_deferred(90) == 0  # noqa: SLF001
+  assert backend._nearest_deferred(80) == 1  # noqa: SLF001
+  assert backend._nearest_deferred(89) == 1  # noqa: SLF001
+  # Blackwell has no wgmma: the Ampere build (mma.sync) runs there.
+  assert backend._nearest_deferred(100) == 1  # noqa: SLF001

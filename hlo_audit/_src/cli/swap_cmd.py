@@ -59,7 +59,10 @@ def _concrete_args(cfg) -> tuple[Any, Any]:
 
 def swapped_example(fn, cfg, interpret: bool | None = None):
   """(baseline, swapped, swapped loss) callables of (params, tokens) for the
-  example's jitted function `fn` (train_step or loss_fn, cfg static)."""
+  example's jitted function `fn` (train_step or loss_fn, cfg static). The
+  swapped function runs here (the numerics gate) and compiles for a GPU
+  target (the audit): the library builds each kernel for both, the
+  lowering keeping the one of the device compiled for."""
   import jax
 
   from hlo_audit._src.examples import transformer

@@ -118,13 +118,21 @@ class AuditReport:
     if self.program is None:
       raise WhatIfError("this report carries no program to replay (read from JSON?); "
                         "audit the function or HLO again")
-    fusions = []
+    fusions, kept = [], []
     for f in fuse:
       if not isinstance(f, FusionDecisionRecord) or not f.boundary:
         raise WhatIfError(f"fuse: expected findings with a boundary buffer, got {f!r:.80}")
-      fusions.append((f.boundary, f.producer, f.consumers))
-    return replay(self.program, fuse=fusions, donate=list(donate), remat=list(remat),
-                  drop=list(drop))
+      if f.boundary_kept:
+        kept.append(f.boundary)  # another reader needs it: traffic goes, not memory
+      else:
+        fusions.append((f.boundary, f.producer, f.consumers))
+    result = replay(self.program, fuse=fusions, donate=list(donate), remat=list(remat),
+                    drop=list(drop))
+    if kept:
+      result = dataclasses.replace(result, notes=(*result.notes, *(
+          f"fuse {b}: other readers keep the buffer (fewer reads, the same memory)"
+          for b in kept)))
+    return result
 
   def with_what_if(self, what_if) -> AuditReport:
     """This report with `what_if` selected for display (terminal, JSON, HTML)."""

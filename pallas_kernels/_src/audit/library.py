@@ -100,7 +100,7 @@ class PallasKernels:
       return None  # An anchor this module does not let us read.
     if call is None:
       return None
-    return plugins.Suggestion(call.text(NAME), _verdict(call))
+    return plugins.Suggestion(call.text(NAME), _verdict(call, module))
 
   def sweep_targets(self) -> Mapping[str, Any]:
     from pallas_kernels._src.audit import sweep
@@ -133,16 +133,30 @@ def _facts(finding, module) -> CallFacts:
                    numpy_name=plugins.numpy_dtype_name)
 
 
-def _verdict(call) -> str:
-  """The op's guard on the call's shapes, asked without running it (once per
-  distinct call and target: a model's layers repeat the same calls)."""
+def _module_target(module):
+  """The device an audited module was compiled for, when the audit names one
+  (a `target` or `device_kind` attribute); None: this process's."""
   from pallas_kernels._src import backend
-  return _verdict_on(call, backend.target())
+  for attr in ("target", "device_kind"):
+    named = getattr(module, attr, None)
+    if named:
+      try:
+        return backend.resolve_target(getattr(named, "device_kind", named))
+      except (TypeError, ValueError):
+        return None
+  return None
+
+
+def _verdict(call, module=None) -> str:
+  """The op's guard on the call's shapes, asked without running it (once per
+  distinct call and target: a model's layers repeat the same calls), for the
+  device the audited module targets when it names one."""
+  from pallas_kernels._src import backend
+  return _verdict_on(call, _module_target(module) or backend.target())
 
 
 @functools.lru_cache(maxsize=4096)
 def _verdict_on(call, target) -> str:
-  del target  # the cache key: check_guard reads the same target
   import jax
   import jax.numpy as jnp
 
@@ -156,12 +170,13 @@ def _verdict_on(call, target) -> str:
     keywords = {name: spec(dt, dims) for name, dt, dims, pos in call.arrays if not pos}
     # Scales are stand-in values: the guard looks at shapes and dtypes.
     keywords.update((k, value) for k, _, value in call.options)
-    check = check_guard(call.op, *positional, **keywords)
+    check = check_guard(call.op, *positional, target=target, **keywords)
   except (TypeError, ValueError) as e:
     return f"guard not evaluated: {e}"
   mode = ", interpret mode" if check.interpret else ""
   if check.runs:
-    return f"kernel runs (guard passes on {check.backend}{mode})"
+    built = f": {check.kernel_backend}" if check.kernel_backend else ""
+    return f"kernel runs (guard passes on {check.backend}{mode}{built})"
   return f"falls back to XLA on {check.backend}{mode}: {check.reason}"
 
 

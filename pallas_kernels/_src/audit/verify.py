@@ -11,7 +11,10 @@ b. the numbers agree with the XLA baseline within the one tolerance table
    (`tolerances.py`), outputs and, when asked, gradients;
 c. peak memory (the audit's) does not regress beyond a tolerance;
 d. end-to-end time improves (median of synchronised repeats) -- measured only
-   where kernels compile: interpret-mode timings mean nothing.
+   where kernels compile: interpret-mode timings mean nothing;
+e. the kernels ran: a kernel of the candidate that fell back to XLA (its
+   guard's reason, recorded while the candidate was traced, lowered and run)
+   is named and fails the gate, since the numbers then say nothing about it.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from pallas_kernels._src import backend
+from pallas_kernels._src import guard
 from pallas_kernels._src.tolerances import relative_error, tolerance
 
 PASS, FAIL, NOT_MEASURED = "pass", "fail", "not measured"
@@ -297,6 +301,17 @@ def _timing_gate(fj, gj, args, kwargs, repeats: int, interpreted: bool) -> Gate:
               f"({tf / tg:.2f}x)")
 
 
+def _kernels_gate(fell_back: Sequence[guard.Fallback]) -> Gate:
+  reasons: list[str] = []
+  for f in fell_back:
+    line = f"pallas_kernels.{f.op} fell back to XLA: {f.reason} ({f.signature})"
+    if line not in reasons:
+      reasons.append(line)
+  figures = (f"{len(reasons)} kernel fallback(s) while the candidate was built and run"
+             if reasons else "every kernel of the candidate ran (no fallback recorded)")
+  return Gate("kernels ran", FAIL if reasons else PASS, figures, tuple(reasons[:8]))
+
+
 def verify(f: Callable, g: Callable, *args: Any, grad_argnums: int | Sequence[int] | None = None,
            peak_tolerance: float = 0.05, repeats: int = 20, swap_report: Any = None,
            target: Any = None, **kwargs: Any) -> "VerificationReport":
@@ -333,6 +348,8 @@ def verify(f: Callable, g: Callable, *args: Any, grad_argnums: int | Sequence[in
                      "ShapeDtypeStructs")
   fj, gj = jax.jit(f), jax.jit(g)
   before = audit(fj, *args, target=target, **kwargs)
+  # Guards record when a call is traced: the candidate's own records follow.
+  recorded = len(guard.fallbacks())
   after = audit(gj, *args, target=target, **kwargs)
   diff = before.diff(after)
   if swap_report is None and isinstance(g, Swapped):
@@ -340,11 +357,13 @@ def verify(f: Callable, g: Callable, *args: Any, grad_argnums: int | Sequence[in
   interpreted = backend.resolve_interpret(None)
   if isinstance(g, Swapped) and g._options.interpret is not None:  # noqa: SLF001
     interpreted = g._options.interpret  # noqa: SLF001
+  removal = _removal_gate(before, after, diff, swap_report)
+  numerics = _numerics_gate(fj, gj, args, kwargs, grad_argnums)
   gates = (
-      _removal_gate(before, after, diff, swap_report),
-      _numerics_gate(fj, gj, args, kwargs, grad_argnums),
+      removal, numerics,
       _memory_gate(before, after, peak_tolerance, interpreted),
       _timing_gate(fj, gj, args, kwargs, repeats, interpreted),
+      _kernels_gate(guard.fallbacks()[recorded:]),
   )
   return VerificationReport(gates=gates, before=before, after=after, diff=diff,
                             swap_report=swap_report)

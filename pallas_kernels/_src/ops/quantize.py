@@ -14,6 +14,7 @@ Pallas kernel body and in the plain-XLA reference.
 from __future__ import annotations
 
 import jax.numpy as jnp
+from jax import lax
 
 #: Largest representable magnitude used by each quantized format.
 QMAX: dict[str, float] = {"int8": 127.0, "float8_e4m3fn": 448.0}
@@ -33,11 +34,22 @@ def scale_from_amax(amax, kind: str):
   return jnp.where(amax > 0, amax / QMAX[kind], jnp.ones_like(amax))
 
 
-def quantize(y, scale, kind: str):
-  """Quantizes float32 `y` with a broadcastable float32 `scale`."""
+def quantize(y, scale, kind: str, *, native_round: bool = False):
+  """Quantizes float32 `y` with a broadcastable float32 `scale`.
+
+  Args:
+    y, scale: float32 values and their (broadcastable) scales.
+    kind: "int8" or "float8_e4m3fn".
+    native_round: round half away from zero with `lax.round` (Mosaic GPU
+      lowers it, not floor) instead of sign * floor(|v| + 0.5) (Triton lowers
+      floor, not round); the two give the same values.
+  """
   v = y / scale
   qmax = QMAX[kind]
   v = jnp.minimum(jnp.maximum(v, -qmax), qmax)
   if kind == "int8":
-    v = jnp.sign(v) * jnp.floor(jnp.abs(v) + 0.5)
+    if native_round:
+      v = lax.round(v, lax.RoundingMethod.AWAY_FROM_ZERO)
+    else:
+      v = jnp.sign(v) * jnp.floor(jnp.abs(v) + 0.5)
   return v.astype(dtype_of(kind))

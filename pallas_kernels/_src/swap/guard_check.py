@@ -11,6 +11,7 @@ pattern; the audit's suggestions ask for the user's shapes.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import threading
 from collections.abc import Mapping, Sequence
@@ -23,6 +24,7 @@ from pallas_kernels._src import guard
 from pallas_kernels._src import registry
 
 _cache: dict[Any, tuple[str | None, Any]] = {}
+_backends: dict[Any, str] = {}
 _lock = threading.Lock()
 
 
@@ -58,7 +60,7 @@ def dry_run(op: str, positional: Sequence[Any], keywords: Mapping[str, Any] | No
   static = dict(static or {}, implementation="pallas",
                 interpret=backend.resolve_interpret(interpret))
   key = (op, tuple(map(_key, positional)), tuple(sorted((k, _key(v)) for k, v in keywords.items())),
-         tuple(sorted(static.items(), key=str)))
+         tuple(sorted(static.items(), key=str)), backend.target())
   with _lock:
     if key in _cache:
       return _cache[key]
@@ -80,9 +82,23 @@ def dry_run(op: str, positional: Sequence[Any], keywords: Mapping[str, Any] | No
       reason = sink[0].reason if sink else None
     except (ValueError, TypeError) as e:
       out, reason = None, f"invalid call: {str(e).splitlines()[0]}"
+  kernel_backend = "" if reason else (sink.choices[0].backend if sink.choices else "triton")
   with _lock:
     _cache[key] = (reason, out)
+    _backends[key] = kernel_backend
   return reason, out
+
+
+def last_kernel_backend(op: str, positional, keywords=None, static=None,
+                        interpret: bool | None = None) -> str:
+  """The backend `dry_run` found for the same call ("" when it falls back)."""
+  keywords = dict(keywords or {})
+  static = dict(static or {}, implementation="pallas",
+                interpret=backend.resolve_interpret(interpret))
+  key = (op, tuple(map(_key, positional)), tuple(sorted((k, _key(v)) for k, v in keywords.items())),
+         tuple(sorted(static.items(), key=str)), backend.target())
+  with _lock:
+    return _backends.get(key, "")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -100,6 +116,9 @@ class GuardCheck:
   device_kind: str
   #: Whether Pallas interprets the kernel there (no GPU or TPU).
   interpret: bool
+  #: The Pallas backend the kernel is built with ("mosaic_gpu", "triton"), ""
+  #: when the call falls back.
+  kernel_backend: str = ""
 
   @property
   def runs(self) -> bool:
@@ -107,10 +126,10 @@ class GuardCheck:
     return self.reason is None
 
 
-def check_guard(op: str, *args: Any, interpret: bool | None = None,
+def check_guard(op: str, *args: Any, interpret: bool | None = None, target: Any = None,
                 **kwargs: Any) -> GuardCheck:
   """Asks `op`'s guard whether its kernel would run `op(*args, **kwargs)` on
-  the current target device (see `pallas_kernels` backends), without running
+  the target device (see `pallas_kernels` backends), without running
   anything.
 
   Args:
@@ -118,6 +137,8 @@ def check_guard(op: str, *args: Any, interpret: bool | None = None,
     *args: the op's positional arguments: arrays or `jax.ShapeDtypeStruct`s
       (only shapes and dtypes are read), or Python scalars.
     interpret: the op's `interpret=` (None: interpret where no GPU or TPU is).
+    target: the device asked about ("h200", a `jax.Device`, a `Target`, as
+      `backend.resolve_target` takes it); None: the current target.
     **kwargs: the op's other keyword arguments, arrays or values, as the
       public op takes them (activation=, eps=, out_dtype=, ...).
 
@@ -135,9 +156,14 @@ def check_guard(op: str, *args: Any, interpret: bool | None = None,
       return x
     return jax.ShapeDtypeStruct(x.shape, x.dtype)
 
-  reason, _ = dry_run(op, [abstract(x) for x in args],
-                      {k: abstract(v) for k, v in kwargs.items()}, interpret=interpret)
-  t = backend.target()
-  return GuardCheck(op=op, reason=reason, backend=t.backend.value,
-                    device_kind=t.device_kind,
-                    interpret=backend.resolve_interpret(interpret))
+  resolved = backend.resolve_target(target)
+  with backend.targeting(resolved) if resolved is not None else contextlib.nullcontext():
+    positional = [abstract(x) for x in args]
+    keywords = {k: abstract(v) for k, v in kwargs.items()}
+    reason, _ = dry_run(op, positional, keywords, interpret=interpret)
+    t = backend.target()
+    return GuardCheck(op=op, reason=reason, backend=t.backend.value,
+                      device_kind=t.device_kind,
+                      interpret=backend.resolve_interpret(interpret),
+                      kernel_backend=last_kernel_backend(op, positional, keywords,
+                                                         interpret=interpret))

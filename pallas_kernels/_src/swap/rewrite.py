@@ -11,6 +11,7 @@ the values change hands, so `jax.jit`, `jax.grad` (the kernels' custom VJPs),
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 from collections.abc import Callable, Iterable, Sequence
@@ -115,10 +116,11 @@ def _dry_run(program: Program, match: Match, interpret: bool | None) -> str | No
 
 def _emitter(program: Program, match: Match, interpret: bool | None):
   fn = _ops()[match.op]
-  # Resolved here: a swapped program runs one kernel per site, the one for
-  # the device it is traced for (see `backend.per_platform`).
-  static = dict(match.static, implementation="pallas",
-                interpret=backend.resolve_interpret(interpret))
+  # Left to the op: it builds for `swap`'s `target=` (the targeting scope),
+  # else for its operands' device, else -- on a CPU-only machine, where only
+  # the lowering knows -- for this CPU and the GPUs it defers to, the lowering
+  # keeping one (so one swapped function runs here and compiles for an H200).
+  static = dict(match.static, implementation="pallas", interpret=interpret)
   info = program.nodes[match.anchor].eqn.source_info
 
   def emit(read) -> dict[int, Any]:
@@ -324,15 +326,25 @@ class Swapped:
   """
 
   def __init__(self, f: Callable, ops: frozenset[str], return_report: bool,
-               interpret: bool | None):
+               interpret: bool | None, target: backend.Target | None = None):
     self._f = f
     self._options = _Options(ops=ops, interpret=interpret)
+    #: The device the kernels are planned and built for (None: where traced).
+    self.target = target
     self._return_report = return_report
     self._cache: dict[Any, _Traced] = {}
     self.last_report: SwapReport | None = None
     functools.update_wrapper(self, f)
 
+  def _targeting(self):
+    return (backend.targeting(self.target) if self.target is not None
+            else contextlib.nullcontext())
+
   def _trace(self, args, kwargs) -> tuple[_Traced, list[Any]]:
+    with self._targeting():
+      return self._trace_here(args, kwargs)
+
+  def _trace_here(self, args, kwargs) -> tuple[_Traced, list[Any]]:
     leaves, tree = jax.tree.flatten((args, kwargs))
     dynamic = tuple(i for i, x in enumerate(leaves) if _is_array(x))
     dyn_leaves = [leaves[i] for i in dynamic]
@@ -370,7 +382,8 @@ class Swapped:
   def __call__(self, *args, **kwargs):
     traced, dyn = self._trace(args, kwargs)
     self.last_report = traced.report
-    outs = prog_lib.evaluate(traced.program, traced.plan, dyn)
+    with self._targeting():
+      outs = prog_lib.evaluate(traced.program, traced.plan, dyn)
     result = jax.tree.unflatten(traced.out_tree, outs)
     return (result, traced.report) if self._return_report else result
 
@@ -383,7 +396,7 @@ class Swapped:
 
 
 def swap(f: Callable, *, ops: Iterable[str] | None = None, report: bool = False,
-         interpret: bool | None = None) -> Swapped:
+         interpret: bool | None = None, target: Any = None) -> Swapped:
   """Returns `f` with fusible patterns replaced by `pallas_kernels` calls.
 
   Traces `f` (at each new input signature) and replaces, through each op's
@@ -414,6 +427,11 @@ def swap(f: Callable, *, ops: Iterable[str] | None = None, report: bool = False,
       (and as `has_aux` for `jax.grad`).
     interpret: Pallas interpret mode for the kernels; None interprets exactly
       where no GPU/TPU compiles them.
+    target: the device to plan and build the kernels for, as
+      `backend.resolve_target` takes it: a name ("h200", "a100", "cpu"), a
+      `jax.Device` (a compile-only topology's too) or a `Target`; each guard is
+      asked for that device and each kernel built for it (e.g. the Mosaic GPU
+      matmul for a Hopper GPU). None: the device the function is traced on.
 
   Returns:
     A `Swapped` callable; `.report(*args)` gives the report without running.
@@ -426,4 +444,4 @@ def swap(f: Callable, *, ops: Iterable[str] | None = None, report: bool = False,
   unknown = chosen - set(known)
   if unknown:
     raise ValueError(f"unknown ops {sorted(unknown)}; expected some of {sorted(known)}")
-  return Swapped(f, chosen, report, interpret)
+  return Swapped(f, chosen, report, interpret, backend.resolve_target(target))

@@ -24,6 +24,9 @@ PROGRAMS = ("example", "example_forward", *truth.MODELS)
 def _build(name: str):
   if name.startswith("example"):
     return transformer.example(backward=name == "example")
+  missing = truth.missing_library(name)
+  if missing:
+    pytest.skip(f"not installed: pip install '{missing}'")
   return truth.model(name).build()
 
 

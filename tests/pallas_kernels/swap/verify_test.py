@@ -45,6 +45,21 @@ def test_numerics_gate_fails_on_wrong_values(mlp_args):
   assert "FAIL (" in r.verdict and "numerics" in r.verdict
 
 
+def test_kernels_gate_names_a_fallback(mlp_verification):
+  assert mlp_verification.gate("kernels ran").status == "pass"
+  x = jax.random.normal(jax.random.key(0), (16, 32), jnp.float32)
+  wq = jnp.ones((32, 8), jnp.int8)
+  s = jnp.full((2, 8), 0.5, jnp.float32)
+  # Groups of 24 rows do not divide K=32: the guard sends the call to XLA.
+  f = lambda x, implementation="xla": pallas_kernels.matmul(
+      x, wq, w_scale=s, w_group_size=24, implementation=implementation, interpret=True)
+  r = pallas_kernels.verify(f, lambda x: f(x, "pallas"), x)
+  gate = r.gate("kernels ran")
+  assert gate.status == "fail" and "kernels ran" in r.verdict, str(r)
+  assert any(d.startswith("pallas_kernels.matmul fell back to XLA: w_group_size 24 does "
+                          "not divide K=32") for d in gate.details), gate
+
+
 def test_verify_needs_concrete_arrays(mlp_args):
   spec = jax.ShapeDtypeStruct((16, 32), jnp.float32)
   with pytest.raises(ValueError, match="concrete arrays"):

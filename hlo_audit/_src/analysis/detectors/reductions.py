@@ -154,7 +154,8 @@ def find(program: Program) -> tuple[FusionDecisionRecord, ...]:
         risks=("numerical: reassociated sums change the last bits",
                "shared/local memory for partials may lower occupancy") + COMMON_RISKS,
         ops=(pattern or "reduce",), trip_count=trip,
-        source=buf.source, computation=producer.computation, need=need))
+        source=buf.source, computation=producer.computation, need=need,
+        boundary_kept=bool(others)))
   return tuple(out)
 
 

@@ -16,7 +16,7 @@ from pallas_kernels._src.ops.matmul import gpu
 from pallas_kernels._src.ops.matmul import guard
 from pallas_kernels._src.ops.matmul import reference
 from pallas_kernels._src.ops.matmul import vjp
-from pallas_kernels._src.ops.matmul.config import Config
+from pallas_kernels._src.ops.matmul.config import Config, MosaicConfig
 
 IMPLEMENTATIONS = ("pallas", "xla")
 
@@ -46,6 +46,36 @@ def _real_numeric(name: str, a) -> None:
                      f"{dt.name}{list(_shape(a))}")
 
 
+def _mosaic_plan(x, w, m, n, k, cdt, odt, *, bias, residual, scale, x_kind, w_kind, group,
+                 quantize, act, clamp, transpose_x, transpose_w, transpose_out, precision,
+                 interp, target, config):
+  """(Mosaic GPU tiling, the tiling with room for the backward's aux, why the
+  kernel cannot run the call or None)."""
+  col_vectors = sum((w_kind in ("scalar", "channel") or x_kind == "scalar",
+                     scale is not None, bias is not None))
+  aux = jnp.dtype(vjp.aux_dtype(odt)) if (act != "identity" or clamp is not None
+                                           or scale is not None) else None
+  common = dict(x_dtype=x.dtype, w_dtype=w.dtype, compute_dtype=cdt,
+                out_dtype=quantize or odt, residual_dtype=None if residual is None
+                else residual.dtype, col_vectors=col_vectors, row_scale=x_kind == "row",
+                group_size=group, transpose_x=transpose_x, transpose_w=transpose_w)
+  if config is not None:
+    cfg = aux_cfg = config
+  else:
+    cfg = config_lib.heuristic_mosaic_config(
+        m, n, k, fused_quantize=quantize is not None, device_kind=target.device_kind,
+        **common)
+    aux_cfg = config_lib.heuristic_mosaic_config(
+        m, n, k, fused_quantize=quantize is not None, device_kind=target.device_kind,
+        aux_dtype=aux, **common) if aux is not None and quantize is None else cfg
+  reason = guard.mosaic_unsupported_reason(
+      x, w, out_dtype=odt, bias=bias, residual=residual, scale=scale, group_size=group,
+      quantize=quantize, transpose_x=transpose_x, transpose_w=transpose_w,
+      transpose_out=transpose_out, precision=precision, interpret=interp, config=cfg,
+      col_vectors=col_vectors, row_scale=x_kind == "row")
+  return cfg, aux_cfg, reason
+
+
 def matmul(x: jax.Array, w: jax.Array, *, bias: jax.Array | None = None,
            activation: str | None = None, residual: jax.Array | None = None,
            out_dtype: Any = None, scale: jax.Array | float | None = None,
@@ -55,7 +85,8 @@ def matmul(x: jax.Array, w: jax.Array, *, bias: jax.Array | None = None,
            transpose_x: bool = False, transpose_w: bool = False,
            transpose_out: bool = False, quantize: str | None = None,
            implementation: str | None = None, interpret: bool | None = None,
-           config: Config | None = None, precision: Any = None):
+           config: Config | MosaicConfig | None = None, precision: Any = None,
+           backend: str | None = None):
   """`x @ w` with a fused dequantizing prologue and a fused epilogue.
 
   Computes, in float32 from the accumulator on (x_l, w_l are the logical
@@ -110,12 +141,20 @@ def matmul(x: jax.Array, w: jax.Array, *, bias: jax.Array | None = None,
       it), "xla" (the reference), or None: the kernel where it compiles (GPU)
       or when `interpret=True` is passed, else XLA.
     interpret: Pallas interpret mode; None interprets exactly when no GPU/TPU.
-    config: tiling (`Config`); None picks `config.heuristic_config`.
+    config: tiling: a `Config` (Triton) or a `MosaicConfig` (Mosaic GPU);
+      None picks the backend's heuristic.
     precision: of float32 dots, as for `jnp.matmul`: None (JAX's
       `jax_default_matmul_precision`, else DEFAULT), a `jax.lax.Precision` or
       its name. On a GPU, DEFAULT and HIGH run TF32 tensor cores, as XLA does
       for the same jnp call; HIGHEST runs IEEE fp32. 16-bit and quantized
       operands are unaffected. The XLA implementation uses the same precision.
+      The Mosaic GPU kernel runs float32 as TF32 only: HIGHEST runs on Triton.
+    backend: the Pallas backend of the GPU kernels: "mosaic_gpu" (Hopper:
+      TMA, wgmma, warp specialization; jax >= 0.11), "triton", or None: Mosaic
+      GPU on a Hopper target when its guard accepts the call, else Triton. The
+      target is the device the operands are placed on (see
+      `pallas_kernels._src.backend`), never the default backend. A named
+      backend whose guard rejects the call falls back to XLA (recorded).
 
   Returns:
     The result [..., M, N] (or [..., N, M]) in out_dtype, or (values, scales)
@@ -139,8 +178,16 @@ def matmul(x: jax.Array, w: jax.Array, *, bias: jax.Array | None = None,
   if implementation not in (None,) + IMPLEMENTATIONS:
     raise ValueError(f"implementation must be one of {IMPLEMENTATIONS} or None, got "
                      f"{implementation!r}")
-  if config is not None and not isinstance(config, Config):
-    raise ValueError(f"config must be a matmul Config, got {type(config).__name__}")
+  if config is not None and not isinstance(config, (Config, MosaicConfig)):
+    raise ValueError(f"config must be a matmul Config or MosaicConfig, got "
+                     f"{type(config).__name__}")
+  if backend not in (None,) + backend_lib.KERNEL_BACKENDS:
+    raise ValueError(f"backend must be one of {backend_lib.KERNEL_BACKENDS} or None, got "
+                     f"{backend!r}")
+  if isinstance(config, MosaicConfig) and backend == "triton":
+    raise ValueError("a MosaicConfig configures the Mosaic GPU kernel, not backend='triton'")
+  if isinstance(config, Config) and backend == "mosaic_gpu":
+    raise ValueError("a Config configures the Triton kernel, not backend='mosaic_gpu'")
   act = reference.canonical_activation(activation)
   clamp = _check_clamp(clamp)
   prec = gpu.resolve_precision(precision)
@@ -220,33 +267,58 @@ def matmul(x: jax.Array, w: jax.Array, *, bias: jax.Array | None = None,
   operands = (x, w, bias, residual, scale, x_scale, w_scale)
 
   def launch(interp: bool):
+    impl = implementation or backend_lib.default_implementation(interpret)
+    target = backend_lib.target()
+    signature = guard_lib.signature(**dict(zip(vjp.Operands.NAMES, operands)))
+    # The Pallas backend: the caller's, else the target's (Mosaic GPU on Hopper).
+    kernel_backend, why = backend, ""
+    if isinstance(config, MosaicConfig):
+      kernel_backend = "mosaic_gpu"
+    elif isinstance(config, Config):
+      kernel_backend = "triton"
+    preferred, not_preferred = backend_lib.preferred_kernel_backend(target, interp)
+    if kernel_backend is None:
+      kernel_backend, why = preferred, not_preferred
+    mosaic_cfg = mosaic_aux_cfg = None
+    if kernel_backend == "mosaic_gpu" and impl == "pallas":
+      mosaic_cfg, mosaic_aux_cfg, reason = _mosaic_plan(
+          x, w, m, n, k, cdt, odt, bias=bias, residual=residual, scale=scale,
+          x_kind=x_kind, w_kind=w_kind, group=group, quantize=quantize, act=act,
+          clamp=clamp, transpose_x=transpose_x, transpose_w=transpose_w,
+          transpose_out=transpose_out, precision=prec, interp=interp, target=target,
+          config=config if isinstance(config, MosaicConfig) else None)
+      if reason is not None:
+        if backend == "mosaic_gpu" or isinstance(config, MosaicConfig):
+          guard_lib.record_fallback("matmul", f"mosaic_gpu: {reason}", signature)
+          kernel_backend = None  # The caller asked for it: XLA, not Triton.
+        else:
+          kernel_backend, why = "triton", f"mosaic_gpu: {reason}"
     # The kernel folds x's batch into M when w has no batch (see kernel.py).
     folded = not transpose_x and not transpose_out and math.prod(_shape(w)[:-2]) == 1
-    cfg = config if config is not None else config_lib.choose_config(
+    cfg = config if isinstance(config, Config) else config_lib.choose_config(
         m * (math.prod(_shape(x)[:-2]) if folded else 1), n, k,
         cdt, interp, group_size=group, fused_quantize=quantize is not None,
         packed_n=jnp.dtype(w.dtype).name == "int4" and not transpose_w, precision=prec)
-    target = backend_lib.target()
     static = vjp.Static(
         activation=act, clamp=clamp, out_dtype=odt.name, compute_dtype=jnp.dtype(cdt).name,
         quantize=quantize, transpose_x=bool(transpose_x), transpose_w=bool(transpose_w),
         transpose_out=bool(transpose_out), x_scale_kind=x_kind, w_scale_kind=w_kind,
         group_size=group, config=cfg, interpret=interp, backend=target.backend,
-        target=target, precision=prec)
-    if implementation == "xla":
+        target=target, precision=prec, kernel_backend=kernel_backend or "triton",
+        mosaic_config=mosaic_cfg, mosaic_aux_config=mosaic_aux_cfg)
+    if impl == "xla" or kernel_backend is None:
       return vjp.reference_call(static, *operands)
-    reason = guard.unsupported_reason(
-        x, w, out_dtype=odt, bias=bias, residual=residual, scale=scale,
-        group_size=group, quantize=quantize, transpose_x=transpose_x,
-        transpose_w=transpose_w, backend=static.backend, interpret=interp, config=cfg)
-    if reason is not None:
-      guard_lib.record_fallback("matmul", reason, guard_lib.signature(
-          **dict(zip(vjp.Operands.NAMES, operands))))
-      return vjp.reference_call(static, *operands)
+    if kernel_backend == "triton":
+      reason = guard.unsupported_reason(
+          x, w, out_dtype=odt, bias=bias, residual=residual, scale=scale,
+          group_size=group, quantize=quantize, transpose_x=transpose_x,
+          transpose_w=transpose_w, backend=static.backend, interpret=interp, config=cfg)
+      if reason is not None:
+        guard_lib.record_fallback("matmul", reason, signature)
+        return vjp.reference_call(static, *operands)
+    guard_lib.record_choice("matmul", kernel_backend, why, signature)
     return vjp.build(static)(*operands)
 
-  if implementation is None:
-    implementation = backend_lib.default_implementation(interpret)
   if implementation == "xla":
     return launch(backend_lib.resolve_interpret(interpret))
-  return backend_lib.per_platform(interpret, launch)
+  return backend_lib.dispatch(interpret, operands, launch)

@@ -22,11 +22,12 @@ import jax.numpy as jnp
 from pallas_kernels._src import inputs
 from pallas_kernels._src.ops.matmul import reference
 from pallas_kernels._src.ops.matmul.api import matmul
+from pallas_kernels._src.ops.matmul.config import MosaicConfig
 from pallas_kernels._src.spec import Call, CallFacts, Case, Closes, OpSpec, SweepParam
 
 _POSITIONAL = ("x", "w", "bias", "residual")
 #: Keywords of `matmul` that only steer the implementation (not the math).
-_IMPL_KEYWORDS = ("implementation", "interpret", "config")
+_IMPL_KEYWORDS = ("implementation", "interpret", "config", "backend")
 #: Keywords the HIGHEST-precision ground truth ignores.
 _REFERENCE_IGNORES = _IMPL_KEYWORDS + ("precision",)
 
@@ -61,6 +62,9 @@ class CaseDef:
   #: "highest" (IEEE, held to float32's bound); "default" is TF32 on a GPU,
   #: so such a case stores bf16 to be held to a bound TF32 meets.
   precision: str | None = None
+  #: An explicit tiling (`config=`), e.g. a `MosaicConfig` whose steps do
+  #: not divide K.
+  config: Any = None
 
   @property
   def name(self) -> str:
@@ -93,6 +97,9 @@ class CaseDef:
       extras.append(f"out:{inputs.short_dtype(self.out_dtype)}")
     if self.precision:
       extras.append(f"precision:{self.precision}")
+    if self.config is not None:
+      fields = ("tile_m", "tile_n", "tile_k", "stages")
+      extras.append("config:" + "x".join(str(getattr(self.config, f)) for f in fields))
     return " ".join(parts + (["+".join(extras)] if extras else []))
 
 
@@ -154,6 +161,8 @@ def build_case(d: CaseDef, seed: int) -> Case:
     value = getattr(d, key)
     if value:
       kwargs[key] = value
+  if d.config is not None:
+    kwargs["config"] = d.config
   if d.precision:
     kwargs["precision"] = d.precision
   elif jnp.dtype(reference.compute_dtype(d.dtype, wd)) == jnp.float32:
@@ -168,8 +177,9 @@ def build_case(d: CaseDef, seed: int) -> Case:
 _CI = frozenset({"ci"})
 _CI_GRAD = frozenset({"ci", "grad"})
 _BENCH = frozenset({"bench"})
-#: Also in `scripts/device_check.sh`'s short table ("device" tag).
-_DEVICE = frozenset({"bench", "device"})
+#: Also in `scripts/device_check.sh`'s short table ("device" tag) and its
+#: Mosaic GPU / Triton / XLA table ("backends", `scripts/bench_backends.py`).
+_DEVICE = frozenset({"bench", "device", "backends"})
 
 #: Every case definition, in display order.
 CASE_DEFS: tuple[CaseDef, ...] = (
@@ -208,6 +218,8 @@ CASE_DEFS: tuple[CaseDef, ...] = (
     CaseDef(4096, 4096, 4096, "bfloat16", bias=True, residual=True, activation="gelu",
             tags=_BENCH),
     CaseDef(8192, 8192, 8192, "bfloat16", tags=_BENCH),
+    # JAX's hopper_matmul_mgpu benchmark shape.
+    CaseDef(4096, 4096, 4096, "bfloat16", tags=frozenset({"backends"})),
     CaseDef(4096, 4096, 4096, "float16", tags=_BENCH),
     CaseDef(4096, 4096, 4096, "float32", tags=_BENCH),
     CaseDef(4096, 4096, 4096, "float32", precision="default", tags=_BENCH),
@@ -227,9 +239,50 @@ CASE_DEFS: tuple[CaseDef, ...] = (
 )
 
 
+#: Cases of the Mosaic GPU (Hopper) kernel: `validate(..., tags=("mosaic",),
+#: target="h200", interpret=True)` runs them in Mosaic GPU's interpret mode.
+#: Ragged against the tiles (M and N not multiples of a CTA tile, K of a step
+#: in the `tile_k=128` case) but aligned to TMA's swizzle tiles: rows in
+#: multiples of 8, columns of 64 16-bit (32 float32) values; what is not goes
+#: to the Triton kernel (`guard.mosaic_unsupported_reason`).
+_MOSAIC = frozenset({"mosaic"})
+_MOSAIC_DEFS: tuple[CaseDef, ...] = (
+    CaseDef(136, 192, 192, "bfloat16", bias=True, residual=True, activation="gelu",
+            tags=_MOSAIC | {"backends_dry"}, grad=True),
+    CaseDef(72, 128, 192, "float16", bias=True, activation="silu", scale="vector",
+            clamp=(-2.0, 2.0), tags=_MOSAIC, grad=True),
+    CaseDef(136, 128, 192, "float32", bias=True, residual=True, activation="gelu_tanh",
+            out_dtype="bfloat16", precision="default", transpose_w=True, tags=_MOSAIC),
+    CaseDef(40, 64, 64, "float32", bias=True, activation="relu", tags=_MOSAIC),
+    CaseDef(192, 128, 192, "bfloat16", batch=(2,), w_batch=(2,), transpose_x=True,
+            transpose_w=True, bias=True, residual=True, activation="tanh", tags=_MOSAIC,
+            grad=True),
+    CaseDef(24, 64, 128, "bfloat16", batch=(2, 3), bias=True, activation="sigmoid",
+            scale="scalar", tags=_MOSAIC, grad=True),
+    CaseDef(136, 192, 192, "bfloat16", bias=True, activation="gelu", tags=_MOSAIC,
+            config=MosaicConfig(tile_k=128, stages=2)),
+    CaseDef(40, 128, 192, "bfloat16", w_dtype="int8", w_scale="channel", bias=True,
+            activation="gelu", tags=_MOSAIC),
+    CaseDef(40, 128, 192, "float16", w_dtype="int8", w_scale="channel", transpose_w=True,
+            tags=_MOSAIC),
+    CaseDef(24, 256, 128, "bfloat16", w_dtype="int4", w_scale="group", group_size=64,
+            residual=True, bias=True, tags=_MOSAIC),
+    CaseDef(72, 128, 192, "bfloat16", w_dtype="float8_e4m3fn", w_scale="scalar",
+            tags=_MOSAIC),
+    CaseDef(40, 256, 64, "int8", w_dtype="int8", x_scale="row", w_scale="channel",
+            out_dtype="float32", transpose_w=True, tags=_MOSAIC),
+    CaseDef(40, 128, 128, "float8_e4m3fn", w_dtype="float8_e4m3fn", x_scale="row",
+            w_scale="channel", transpose_w=True, tags=_MOSAIC),
+    CaseDef(72, 128, 192, "bfloat16", bias=True, activation="gelu", quantize="int8",
+            tags=_MOSAIC),
+    CaseDef(40, 64, 128, "float32", residual=True, bias=True, quantize="float8_e4m3fn",
+            precision="default", transpose_w=True, tags=_MOSAIC),
+)
+
+
 def cases(tag: str, seed: int) -> Iterator[Case]:
   """Yields the cases carrying `tag`, arrays drawn deterministically from `seed`."""
-  for d in CASE_DEFS:
+  for d in CASE_DEFS + _MOSAIC_DEFS:
     if tag in d.tags:
       yield build_case(d, seed)
 

@@ -14,8 +14,10 @@ from typing import Any
 import jax.numpy as jnp
 
 from pallas_kernels._src import backend as backend_lib
+from pallas_kernels._src import compat
 from pallas_kernels._src.ops.matmul import config as config_lib
 from pallas_kernels._src.ops.matmul import gpu
+from pallas_kernels._src.ops.matmul import mosaic_gpu
 from pallas_kernels._src.ops.matmul import reference
 from pallas_kernels._src.ops.matmul.config import Config
 
@@ -126,4 +128,128 @@ def unsupported_reason(x: Any, w: Any, *, out_dtype, bias: Any = None,
     if smem > limit:
       return (f"{config} needs ~{smem // 1024} KiB of shared memory, more than the "
               f"{limit // 1024} KiB available")
+  return None
+
+
+# --------------------------------------------------------------------------
+# The Mosaic GPU (Hopper) kernel.
+# --------------------------------------------------------------------------
+
+#: Compute capability whose wgmma the Mosaic GPU kernel is written for.
+MOSAIC_CAPABILITY = 90
+#: TMA moves rows whose length in bytes is a multiple of this.
+TMA_ROW_BYTES = 16
+
+
+def _row_bytes_reason(label: str, shape, dtype) -> str | None:
+  bits = 4 if jnp.dtype(dtype).name == "int4" else 8 * jnp.dtype(dtype).itemsize
+  row = shape[-1] * bits
+  if row % (8 * TMA_ROW_BYTES):
+    return (f"{label} {jnp.dtype(dtype).name}{list(shape)}: TMA copies rows of a multiple of "
+            f"{TMA_ROW_BYTES} bytes, a row here is {row / 8:g} bytes")
+  return None
+
+
+def mosaic_unsupported_reason(x: Any, w: Any, *, out_dtype, bias: Any = None,
+                              residual: Any = None, scale: Any = None,
+                              group_size: int | None = None, quantize: str | None = None,
+                              transpose_x: bool = False, transpose_w: bool = False,
+                              transpose_out: bool = False, precision: str = "DEFAULT",
+                              save_aux_dtype=None, col_vectors: int = 3,
+                              row_scale: bool = True, interpret: bool,
+                              config: config_lib.MosaicConfig) -> str | None:
+  """Why the Mosaic GPU kernel cannot run this (validated) call, or None.
+
+  Args:
+    x, w, out_dtype, bias, residual, scale, group_size, quantize,
+      transpose_x, transpose_w: as `unsupported_reason`.
+    transpose_out: the result is stored transposed.
+    precision: `jax.lax.Precision` name of float32 products.
+    save_aux_dtype: the dtype of the pre-epilogue accumulator the backward
+      saves (None: not saved).
+    col_vectors, row_scale: the epilogue's column vectors (w's scales, scale,
+      bias) and whether x has per-row scales (for the shared memory count).
+    interpret: Mosaic GPU's interpret mode (then any target may run it).
+    config: the tiling that would be used.
+
+  Returns:
+    A short reason naming the shape or dtype, or None when the kernel runs.
+  """
+  reason = compat.mosaic_gpu_unavailable_reason()
+  if reason:
+    return reason
+  target = backend_lib.target()
+  if not interpret:
+    if target.backend is not backend_lib.Backend.GPU:
+      return f"no compiled Mosaic GPU kernel for backend {target.backend.value!r}"
+    if target.compute_capability != MOSAIC_CAPABILITY:
+      return (f"the Mosaic GPU matmul is built on sm_90a's wgmma; {target.device_kind} is "
+              f"sm_{target.compute_capability}")
+  xd, wd = _name(x.dtype), _name(w.dtype)
+  if xd not in X_DTYPES:
+    return f"x dtype {xd} is not one of {sorted(X_DTYPES)}"
+  if wd not in W_DTYPES:
+    return f"w dtype {wd} is not one of {sorted(W_DTYPES)}"
+  cdt = _name(reference.compute_dtype(x.dtype, w.dtype))
+  if cdt not in COMPUTE_DTYPES:
+    return f"compute dtype {cdt} is not one of {sorted(COMPUTE_DTYPES)}"
+  if cdt == "float32" and precision == "HIGHEST":
+    return ("float32 at Precision.HIGHEST: wgmma multiplies float32 as TF32 only "
+            "(the Triton kernel's FMA path computes IEEE float32)")
+  for label, a in (("bias", bias), ("residual", residual), ("scale", scale)):
+    if a is not None and _name(a.dtype) not in EPILOGUE_DTYPES:
+      return f"{label} dtype {_name(a.dtype)} is not one of {sorted(EPILOGUE_DTYPES)}"
+  odt = quantize or _name(out_dtype)
+  if quantize is None and odt not in OUT_DTYPES:
+    return f"out_dtype {odt} is not one of {sorted(OUT_DTYPES)}"
+  if transpose_out:
+    return "transpose_out: the Mosaic GPU matmul stores row-major tiles"
+  if cdt == "float32" and (transpose_x or not transpose_w):
+    return ("TF32 wgmma reads K-major operands only: float32 x must be stored [M, K] and "
+            "w [N, K] (transpose_w); Mosaic GPU cannot transpose a float32 tile in "
+            "shared memory")
+  paths = config_lib.mosaic_operand_paths(x.dtype, w.dtype, cdt, transpose_x, transpose_w)
+  if paths.x_staged and paths.w_staged:
+    return (f"x {xd} and w {wd} would both be converted beside the accumulator, which "
+            "spills registers; a K-major pair of one 8-bit kind (w stored [N, K], "
+            "transpose_w) runs on wgmma as stored")
+
+  m, n, k = dims(x.shape, w.shape, transpose_x, transpose_w)
+  batch = math.prod(jnp.broadcast_shapes(tuple(x.shape[:-2]), tuple(w.shape[:-2])))
+  if min(m, n, k, batch) == 0:
+    return f"empty dimension (M={m}, N={n}, K={k}, batch={batch})"
+  for label, shape, dt in (("x", x.shape, x.dtype), ("w", w.shape, w.dtype),
+                           ("the result", (m, n), odt),
+                           ("residual", None if residual is None else residual.shape,
+                            None if residual is None else residual.dtype),
+                           ("aux", (m, n), save_aux_dtype)):
+    if shape is not None and dt is not None:
+      reason = _row_bytes_reason(label, shape, dt)
+      if reason:
+        return reason
+  reason = mosaic_gpu.tma_shape_reason(mosaic_gpu.shape_plan(
+      x.shape, w.shape, x_dtype=x.dtype, w_dtype=w.dtype, compute_dtype=cdt, out_dtype=odt,
+      residual_dtype=None if residual is None else residual.dtype,
+      aux_dtype=save_aux_dtype, transpose_x=transpose_x, transpose_w=transpose_w,
+      quantize=quantize, cfg=config))
+  if reason:
+    return reason
+  if group_size is not None:
+    if k % group_size:
+      return f"w_group_size {group_size} does not divide K={k}"
+    if group_size % config.tile_k:
+      return (f"tile_k {config.tile_k} does not divide w_group_size {group_size} "
+              "(each K step must lie in one group)")
+  if quantize is not None and config.wg_dimension == "n" and n > config.tile_n:
+    return (f"a fused per-row quantization needs each warpgroup's tile to span the row: "
+            f"N={n} > tile_n={config.tile_n} with warpgroups along N")
+  smem = config_lib.mosaic_smem_bytes(
+      config, x_dtype=x.dtype, w_dtype=w.dtype, compute_dtype=cdt, out_dtype=odt,
+      residual_dtype=None if residual is None else residual.dtype, aux_dtype=save_aux_dtype,
+      col_vectors=col_vectors, row_scale=row_scale, quantize=quantize is not None,
+      group_size=group_size, transpose_x=transpose_x, transpose_w=transpose_w)
+  limit = gpu.shared_memory_bytes_of(target.device_kind if not interpret else "H100")
+  if smem > limit:
+    return (f"{config} needs ~{smem // 1024} KiB of shared memory, more than the "
+            f"{limit // 1024} KiB available")
   return None

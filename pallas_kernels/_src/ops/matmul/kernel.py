@@ -77,11 +77,13 @@ def erf(v: jax.Array) -> jax.Array:
   """float32 erf without `lax.erf` (which Pallas' Triton lowering lacks)."""
   v = jnp.clip(v, -4.0, 4.0)  # erf(+-4) == +-1 in float32.
   v2 = v * v
-  p = jnp.full_like(v, _ERF_P[0])
-  for c in _ERF_P[1:]:
+  # Horner's rule from the first product: no splat of a leading coefficient
+  # (Mosaic GPU materializes one per element).
+  p = v2 * _ERF_P[0] + _ERF_P[1]
+  for c in _ERF_P[2:]:
     p = p * v2 + c
-  q = jnp.full_like(v, _ERF_Q[0])
-  for c in _ERF_Q[1:]:
+  q = v2 * _ERF_Q[0] + _ERF_Q[1]
+  for c in _ERF_Q[2:]:
     q = q * v2 + c
   return v * p / q
 

@@ -43,8 +43,9 @@ from pallas_kernels._src.ops import quantize as quant
 from pallas_kernels._src.ops.matmul import config as config_lib
 from pallas_kernels._src.ops.matmul import guard
 from pallas_kernels._src.ops.matmul import kernel
+from pallas_kernels._src.ops.matmul import mosaic_gpu
 from pallas_kernels._src.ops.matmul import reference
-from pallas_kernels._src.ops.matmul.config import Config
+from pallas_kernels._src.ops.matmul.config import Config, MosaicConfig
 
 _F32 = jnp.float32
 
@@ -73,6 +74,12 @@ class Static:
   target: backend_lib.Target
   #: `jax.lax.Precision` name of the f32 dots (`gpu.resolve_precision`).
   precision: str = "HIGHEST"
+  #: The Pallas backend of the kernels: "triton" or "mosaic_gpu".
+  kernel_backend: str = "triton"
+  #: The Mosaic GPU tiling (kernel_backend "mosaic_gpu"), and the one with
+  #: room for the aux the backward saves.
+  mosaic_config: MosaicConfig | None = None
+  mosaic_aux_config: MosaicConfig | None = None
 
 
 class Operands:
@@ -108,7 +115,7 @@ def _row_mult(static: Static, x_scale):
   return jnp.asarray(x_scale, _F32) if static.x_scale_kind == "row" else None
 
 
-def _aux_dtype(out_dtype) -> jnp.dtype:
+def aux_dtype(out_dtype) -> jnp.dtype:
   out = jnp.dtype(out_dtype)
   if out.name in ("bfloat16", "float16"):
     return out
@@ -121,15 +128,30 @@ def _needs_aux(static: Static, scale) -> bool:
   return static.activation != "identity" or static.clamp is not None or scale is not None
 
 
+def fuses_quantize(static: Static, n: int) -> bool:
+  """Whether the kernel quantizes per row itself: one tile spans each row
+  (else it stores f32 and XLA quantizes, the row max needing the whole row)."""
+  if static.quantize is None:
+    return False
+  if static.kernel_backend == "mosaic_gpu":
+    c = static.mosaic_config
+    return (c.wg_dimension == "m" or c.compute_wgs == 1) and c.tile_n >= n
+  return static.config.block_n >= n
+
+
 def forward(static: Static, x, w, bias, residual, scale, x_scale, w_scale, *,
             save_aux: bool = False) -> kernel.ForwardOutputs:
   """Runs the forward kernel for a validated call (quantizing wide rows via XLA)."""
   m, n, k = guard.dims(x.shape, w.shape, static.transpose_x, static.transpose_w)
-  cfg = static.config
-  fused_quantize = static.quantize is not None and cfg.block_n >= n
+  fused_quantize = fuses_quantize(static, n)
   out_dtype = static.out_dtype if static.quantize is None or fused_quantize else _F32
-  res = kernel.matmul_forward(
-      x, w, cfg=cfg, interpret=static.interpret, compute_dtype=static.compute_dtype,
+  if static.kernel_backend == "mosaic_gpu":
+    cfg = static.mosaic_aux_config if save_aux else static.mosaic_config
+    launch = functools.partial(mosaic_gpu.matmul_forward, cfg=cfg)
+  else:
+    launch = functools.partial(kernel.matmul_forward, cfg=static.config)
+  res = launch(
+      x, w, interpret=static.interpret, compute_dtype=static.compute_dtype,
       out_dtype=out_dtype, activation=static.activation,
       x_row_scale=_row_mult(static, x_scale),
       w_col_scale=_col_mult(static, n, x_scale, w_scale),
@@ -140,7 +162,7 @@ def forward(static: Static, x, w, bias, residual, scale, x_scale, w_scale, *,
       transpose_x=static.transpose_x, transpose_w=static.transpose_w,
       transpose_out=static.transpose_out,
       quantize=static.quantize if fused_quantize else None, save_aux=save_aux,
-      aux_dtype=_aux_dtype(static.out_dtype), precision=static.precision)
+      aux_dtype=aux_dtype(static.out_dtype), precision=static.precision)
   if static.quantize is not None and not fused_quantize:
     # Rows wider than one tile: the kernel stored f32 y, XLA quantizes it (its
     # amax needs the whole row) in one fused elementwise pass.
@@ -169,15 +191,48 @@ def _spec(shape, dtype):
   return jax.ShapeDtypeStruct(tuple(shape), jnp.dtype(dtype))
 
 
-def _grad_matmul_reason(static: Static, lhs, rhs, tl: bool, tr: bool, out_dtype) -> str | None:
-  m, n, k = guard.dims(lhs.shape, rhs.shape, tl, tr)
+@dataclasses.dataclass(frozen=True)
+class _GradLaunch:
+  """How one dx/dw product runs: its backend, tiling, and whether its
+  operands are swapped ((A B)^T = B^T A^T stores a transposed result
+  row-major, which the Mosaic GPU kernel needs)."""
+
+  backend: str
+  config: Config | MosaicConfig
+  swap: bool
+
+
+def _grad_launch(static: Static, lhs, rhs, tl: bool, tr: bool, to: bool,
+                 out_dtype) -> tuple[_GradLaunch | None, str | None]:
+  """(how lhs @ rhs runs as a kernel, None) or (None, why it cannot)."""
   cdt = reference.compute_dtype(lhs.dtype, rhs.dtype)
+  mosaic_why = None
+  if static.kernel_backend == "mosaic_gpu":
+    a, b, ta, tb = (rhs, lhs, not tr, not tl) if to else (lhs, rhs, tl, tr)
+    m, n, k = guard.dims(a.shape, b.shape, ta, tb)
+    cfg = config_lib.heuristic_mosaic_config(
+        m, n, k, x_dtype=a.dtype, w_dtype=b.dtype, compute_dtype=cdt, out_dtype=out_dtype,
+        transpose_x=ta, transpose_w=tb, device_kind=static.target.device_kind)
+    mosaic_why = guard.mosaic_unsupported_reason(
+        a, b, out_dtype=out_dtype, transpose_x=ta, transpose_w=tb, precision=static.precision,
+        interpret=static.interpret, config=cfg, col_vectors=0, row_scale=False)
+    if mosaic_why is None:
+      return _GradLaunch("mosaic_gpu", cfg, swap=to), None
+  m, n, k = guard.dims(lhs.shape, rhs.shape, tl, tr)
   cfg = config_lib.choose_config(m, n, k, cdt, static.interpret,
                                  packed_n=jnp.dtype(rhs.dtype).name == "int4" and not tr,
                                  precision=static.precision)
-  return guard.unsupported_reason(
+  reason = guard.unsupported_reason(
       lhs, rhs, out_dtype=out_dtype, transpose_x=tl, transpose_w=tr,
       backend=static.backend, interpret=static.interpret, config=cfg)
+  if reason is not None:
+    return None, reason if mosaic_why is None else f"{mosaic_why}; Triton: {reason}"
+  return _GradLaunch("triton", cfg, swap=False), None
+
+
+def _grad_matmul_reason(static: Static, lhs, rhs, tl: bool, tr: bool, out_dtype,
+                        to: bool = False) -> str | None:
+  return _grad_launch(static, lhs, rhs, tl, tr, to, out_dtype)[1]
 
 
 def _plan(static: Static, x, w):
@@ -191,11 +246,13 @@ def _plan(static: Static, x, w):
   g = _spec(tuple(batch) + (m, n), static.compute_dtype)
   if want_dx:
     w_for = _spec(w.shape, static.compute_dtype) if static.w_scale_kind == "group" else w
-    reason = _grad_matmul_reason(static, g, w_for, False, not static.transpose_w, _F32)
+    reason = _grad_matmul_reason(static, g, w_for, False, not static.transpose_w, _F32,
+                                 to=static.transpose_x)
     if reason:
       return want_dx, want_dw, f"dx matmul: {reason}"
   if want_dw:
-    reason = _grad_matmul_reason(static, x, g, not static.transpose_x, False, _F32)
+    reason = _grad_matmul_reason(static, x, g, not static.transpose_x, False, _F32,
+                                 to=static.transpose_w)
     if reason:
       return want_dx, want_dw, f"dw matmul: {reason}"
   return want_dx, want_dw, None
@@ -213,14 +270,17 @@ def _sum_to(a, shape, dtype):
 
 
 def _matmul_grad(static: Static, lhs, rhs, *, tl: bool, tr: bool, to: bool, out_dtype):
-  """lhs @ rhs through the forward kernel (no epilogue) for dx / dw."""
-  m, n, k = guard.dims(lhs.shape, rhs.shape, tl, tr)
+  """lhs @ rhs through a forward kernel (no epilogue) for dx / dw."""
   cdt = reference.compute_dtype(lhs.dtype, rhs.dtype)
-  cfg = config_lib.choose_config(m, n, k, cdt, static.interpret,
-                                 packed_n=jnp.dtype(rhs.dtype).name == "int4" and not tr,
-                                 precision=static.precision)
+  plan, reason = _grad_launch(static, lhs, rhs, tl, tr, to, out_dtype)
+  assert plan is not None, reason  # `_plan` ruled this out before the forward.
+  if plan.backend == "mosaic_gpu":
+    a, b, ta, tb = (rhs, lhs, not tr, not tl) if plan.swap else (lhs, rhs, tl, tr)
+    return mosaic_gpu.matmul_forward(
+        a, b, cfg=plan.config, interpret=static.interpret, compute_dtype=cdt,
+        out_dtype=out_dtype, transpose_x=ta, transpose_w=tb).out
   return kernel.matmul_forward(
-      lhs, rhs, cfg=cfg, interpret=static.interpret, compute_dtype=cdt,
+      lhs, rhs, cfg=plan.config, interpret=static.interpret, compute_dtype=cdt,
       out_dtype=out_dtype, transpose_x=tl, transpose_w=tr, transpose_out=to,
       precision=static.precision).out
 
@@ -242,6 +302,11 @@ def _kernel_backward(static: Static, inputs, aux, ct, want_dx: bool, want_dw: bo
   cdt = jnp.dtype(static.compute_dtype)
   db = dscale = None
   if _needs_aux(static, scale):
+    if static.kernel_backend != "triton":
+      # An element-wise pass with column sums: no wgmma, no TMA tiles to gain.
+      guard_lib.record_choice(
+          "matmul", "triton", "the fused dAct + bias-gradient pass is Triton's",
+          guard_lib.signature(dy=ct, aux=aux))
     bo = kernel.dact_bgrad(
         ct, aux, cfg=None, interpret=static.interpret, activation=static.activation,
         g_dtype=cdt, clamp=static.clamp, residual=residual,

@@ -96,14 +96,17 @@ def _normalize(kind: str, x, gamma, beta, *, residual, eps, out_dtype, quantize,
                       out_dtype=None if out_dtype is None else jnp.dtype(out_dtype),
                       quantize=quantize)
 
-  if implementation is None:
-    implementation = backend_lib.default_implementation(interpret)
   if implementation == "xla":
     return run_reference()
-  return backend_lib.per_platform(interpret, lambda interp: _launch(
-      kind, x, gamma, beta, residual, eps=eps, out_dtype=out_dtype,
-      quantize=quantize, interp=interp, config=config,
-      backward_config=backward_config, run_reference=run_reference))
+
+  def launch(interp: bool):
+    if (implementation or backend_lib.default_implementation(interpret)) == "xla":
+      return run_reference()
+    return _launch(kind, x, gamma, beta, residual, eps=eps, out_dtype=out_dtype,
+                   quantize=quantize, interp=interp, config=config,
+                   backward_config=backward_config, run_reference=run_reference)
+
+  return backend_lib.dispatch(interpret, (x, residual, gamma, beta), launch)
 
 
 def _launch(kind, x, gamma, beta, residual, *, eps, out_dtype, quantize,

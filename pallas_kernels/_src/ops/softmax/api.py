@@ -129,14 +129,17 @@ def softmax(x, *, scale: float | None = None, mask=None, causal: bool = False,
     return _reference(x, mask, scale=scale, causal=causal,
                       causal_alignment=causal_alignment, out_dtype=out_dtype)
 
-  if implementation is None:
-    implementation = backend_lib.default_implementation(interpret)
   if implementation == "xla":
     return run_reference()
-  return backend_lib.per_platform(interpret, lambda interp: _launch(
-      x, mask, scale=scale, causal=causal, causal_alignment=causal_alignment,
-      out_dtype=out_dtype, interp=interp, config=config,
-      backward_config=backward_config, run_reference=run_reference))
+
+  def launch(interp: bool):
+    if (implementation or backend_lib.default_implementation(interpret)) == "xla":
+      return run_reference()
+    return _launch(x, mask, scale=scale, causal=causal, causal_alignment=causal_alignment,
+                   out_dtype=out_dtype, interp=interp, config=config,
+                   backward_config=backward_config, run_reference=run_reference)
+
+  return backend_lib.dispatch(interpret, (x, mask), launch)
 
 
 def _launch(x, mask, *, scale, causal, causal_alignment, out_dtype, interp: bool,

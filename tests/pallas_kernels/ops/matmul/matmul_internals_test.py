@@ -67,7 +67,11 @@ def test_default_implementation_on_cpu_is_xla():
   if jax.default_backend() != "cpu":
     pytest.skip("the default differs where kernels compile")
   x, w, _ = operands(5, 16, 8, "float32")
-  assert "pallas_call" not in str(jax.make_jaxpr(pk.matmul)(x, w))
+  # Eager: the operands name this CPU, and XLA's dot runs.
+  assert "pallas_call" not in str(jax.make_jaxpr(lambda: pk.matmul(x, w))())
+  # Traced: lowered for this CPU, XLA's dot, no interpreted kernel's loop.
+  cpu = jax.jit(pk.matmul).lower(x, w).as_text()
+  assert "stablehlo.dot_general" in cpu and "stablehlo.while" not in cpu
   jaxpr = jax.make_jaxpr(functools.partial(pk.matmul, interpret=True))(x, w)
   assert "pallas_call" in str(jaxpr)
 

@@ -41,8 +41,12 @@ def test_default_implementation_on_cpu_is_xla():
   if jax.default_backend() != "cpu":
     pytest.skip("default choice differs where kernels compile")
   x, gamma, beta, _ = make("layer_norm", (7, 129), "float32")
-  jaxpr = str(jax.make_jaxpr(lambda *a: pk.layer_norm(*a))(x, gamma, beta))
+  # Eager: the operands name this CPU, and XLA runs.
+  jaxpr = str(jax.make_jaxpr(lambda: pk.layer_norm(x, gamma, beta))())
   assert "pallas_call" not in jaxpr
+  # Traced: lowered for this CPU, XLA's, without an interpreted kernel's loop.
+  cpu = jax.jit(lambda *a: pk.layer_norm(*a)).lower(x, gamma, beta).as_text()
+  assert "stablehlo.while" not in cpu
   jaxpr = str(jax.make_jaxpr(lambda *a: pk.layer_norm(*a, implementation="pallas"))(
       x, gamma, beta))
   assert "pallas_call" in jaxpr
