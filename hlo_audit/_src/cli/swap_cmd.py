@@ -117,6 +117,8 @@ class TargetCheck:
   baseline_peak: int
   predicted_peak: int
   measured_peak: int | None
+  #: The compiled kernels by kind, e.g. {"Pallas/Mosaic GPU": 12}.
+  kernel_kinds: dict[str, int] = dataclasses.field(default_factory=dict)
 
   @property
   def error(self) -> float | None:
@@ -140,8 +142,9 @@ class TargetCheck:
   def lines(self) -> list[str]:
     from hlo_audit._src.report.units import fmt_bytes
 
+    kinds = ", ".join(f"{n} {k}" for k, n in sorted(self.kernel_kinds.items()))
     kernels = (f"kernels on {self.target}: {self.compiled_kernels} compiled "
-               f"(custom calls) for {self.swapped_ops} swapped ops")
+               f"({kinds or 'custom calls'}) for {self.swapped_ops} swapped ops")
     if not self.kernels_compiled:
       kernels += (f": FAIL, the swapped program holds none ({self.interpreted_kernels} "
                   "ran as interpret-mode loops): the library chose its backend from "
@@ -170,10 +173,14 @@ def target_check(target: str, swapped_ops: int, before, after, diff) -> TargetCh
   from hlo_audit._src.analysis.backend_traits import KernelKind, user_kernel_of
 
   module = after.program.module if after.program is not None else None
-  compiled = 0
+  kinds: dict[str, int] = {}
   if module is not None:
-    compiled = sum(1 for c in module.computations for i in c.instructions
-                   if i.opcode == "custom-call" and user_kernel_of(i.custom_call_target or ""))
+    for c in module.computations:
+      for i in c.instructions:
+        kind = i.opcode == "custom-call" and user_kernel_of(i.custom_call_target or "")
+        if kind:
+          kinds[kind] = kinds.get(kind, 0) + 1
+  compiled = sum(kinds.values())
   scoped = sum(1 for k in after.kernels if k.kind is KernelKind.PALLAS)
   gone = [f for f in diff.findings_removed if f.boundary and f.kind.slug in _SWAP_CLASSES]
   predicted = before.what_if(fuse=gone).peak_bytes
@@ -181,7 +188,7 @@ def target_check(target: str, swapped_ops: int, before, after, diff) -> TargetCh
       target=target, swapped_ops=swapped_ops, compiled_kernels=compiled,
       interpreted_kernels=max(scoped - compiled, 0), fused=len(gone),
       baseline_peak=before.peak_bytes, predicted_peak=predicted,
-      measured_peak=after.xla_peak_bytes)
+      measured_peak=after.xla_peak_bytes, kernel_kinds=kinds)
 
 
 def run_swap(fn, fn_args, args: argparse.Namespace, out=None, *, target=None) -> ExitCode:

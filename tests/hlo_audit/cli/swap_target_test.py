@@ -36,8 +36,7 @@ def test_the_target_check_needs_kernels_and_a_close_prediction():
   assert _check(swapped_ops=0, compiled_kernels=0).kernels_compiled
 
 
-@pytest.fixture(scope="module")
-def swap_json():
+def _swap(*extra: str):
   require_gpu_target()
   if not installed_libraries().libraries:
     pytest.skip("--swap needs a kernel library (pip install -e .: pallas_kernels)")
@@ -45,8 +44,26 @@ def swap_json():
   with redirect_stdout(out), redirect_stderr(err):
     # The example at its own sizes, as `hlo-audit example --swap --target h200`
     # runs it (at toy sizes interpret-mode loops outweigh what the swap saves).
-    code = main.run(["example", "--swap", "--target", "h200", "--json"])
+    code = main.run(["example", "--swap", "--target", "h200", "--json", *extra])
   return code, json.loads(out.getvalue()), err.getvalue()
+
+
+@pytest.fixture(scope="module")
+def swap_json():
+  return _swap()
+
+
+@pytest.mark.slow
+def test_a_bf16_swap_holds_mosaic_gpu_matmuls_on_the_h200():
+  # bf16 matmuls take the Mosaic GPU kernel on a Hopper target; the fused
+  # dAct + bias-gradient pass of their backward stays Triton's, as do the
+  # row ops. (f32 weights stored [K, N] stay on Triton: TF32 wgmma reads
+  # K-major operands only.)
+  code, d, _ = _swap("--set", "dtype=bfloat16")
+  kinds = d["target_check"]["kernel_kinds"]
+  assert kinds.get("Pallas/Mosaic GPU", 0) >= 4 and kinds.get("Pallas/Triton GPU", 0) > 0, kinds
+  gates = {g["name"]: g["status"] for g in d["verification"]["gates"]}
+  assert gates["numerics"] == "pass" and gates["kernels ran"] == "pass", gates
 
 
 @pytest.mark.slow

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 import hlo_audit
@@ -128,3 +129,22 @@ def test_judged_peak_counts_interpreted_outputs_from_their_launch():
       buffers=(buf("out", 25, (0, 3), "while.7"), buf("pad", 10, (3, 3), "while.7", True),
                buf("x", 5, (0, 3), "")))
   assert peak_without_internal(report) == 30
+
+
+def test_low_precision_numerics_are_judged_against_float32():
+  # In bf16 the baseline's own rounding can pass the bound: a candidate no
+  # further from the float32 truth passes, one a little further fails.
+  from pallas_kernels._src.audit import verify as verify_mod
+  truth = np.linspace(1.0, 2.0, 256, dtype=np.float32)
+  i = np.arange(256, dtype=np.float32)
+  off = lambda e, wave: (truth * (1 + e * wave)).astype(jnp.bfloat16)
+  baseline = off(0.03, np.sin(i))  # errors in other places than the candidates'
+  better, worse = off(0.024, np.cos(i)), off(0.04, np.cos(i))
+  bf16 = [jnp.dtype(jnp.bfloat16)]
+  compare = verify_mod._compare  # noqa: SLF001
+  _, lines, ok = compare("output", [baseline], [better], bf16, grad=False, truth_tree=[truth])
+  assert ok and "no worse: pass" in lines[0]
+  _, lines, ok = compare("output", [baseline], [worse], bf16, grad=False, truth_tree=[truth])
+  assert not ok and "against float32" in lines[0]
+  _, _, ok = compare("output", [baseline], [better], bf16, grad=False)
+  assert not ok  # without the truth, only the bound
