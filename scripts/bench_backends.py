@@ -1,7 +1,7 @@
 """Time the matmul's Mosaic GPU and Triton kernels and XLA side by side.
 
 For every matmul case of `--tags` (default "backends": JAX's Hopper matmul
-shapes, bf16 4096^3 and README's 8192x512x8192 bias+GELU+residual, and an
+shapes, bf16 4096^3 and the docs' 8192x512x8192 bias+GELU+residual, and an
 int8-weight decode product), times the kernel built with each Pallas backend
 and XLA's own computation of the same call, in one process on the same
 inputs (median of `--repeats` after `--warmup`, each synchronised), and

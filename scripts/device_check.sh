@@ -10,7 +10,7 @@
 #      fails its case (validate_kernels.py --require_kernel=true), the Mosaic
 #      GPU matmul's cases ("mosaic" tag) included: on a Hopper the matmul is
 #      built with Mosaic GPU wherever its guard accepts the call;
-#   2. the bench table against XLA's own user-level computation for README's
+#   2. the bench table against XLA's own user-level computation for the docs' (docs/ops.md)
 #      shapes ("device" tag: 8192x512x8192 bf16 bias+gelu+residual, int8
 #      decode, layer norm + residual 8192x8192 bf16, causal softmax 4096x4096);
 #   3. the matmul's Mosaic GPU and Triton kernels and XLA side by side, ratios

@@ -230,7 +230,7 @@ def _mm(**kw):
 
 def default_cases() -> list[Case]:
   """Every Mosaic GPU kernel at its default config: JAX's benchmark shapes
-  (bf16 4096^3, 8192x512x8192 with README's bias+GELU+residual epilogue),
+  (bf16 4096^3, 8192x512x8192 with the bias+GELU+residual epilogue of docs/ops.md),
   each dtype path of the prologue, the quantizing epilogue, and the
   backward's dx and dw."""
   m, k, n = 8192, 512, 8192

@@ -252,7 +252,7 @@ def format_table(rows: Sequence[KernelStats]) -> str:
 
 
 def default_cases() -> list[Case]:
-  """Every kernel at its default config: README's shapes and each dtype path,
+  """Every kernel at its default config: the shapes of docs/ops.md and each dtype path,
   forward and backward."""
   import jax.numpy as jnp  # noqa: PLC0415
   import pallas_kernels as pk  # noqa: PLC0415

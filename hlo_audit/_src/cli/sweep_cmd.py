@@ -137,6 +137,11 @@ def run(args: argparse.Namespace, out=None) -> ExitCode:
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
   logging.set_verbosity(logging.WARNING)  # JAX's INFO lines are noise here.
   reporter = None if args.no_progress else RichReporter()
+  from hlo_audit._src.sweep import plots
+  no_plots = plots.unavailable_reason()
+  if no_plots:
+    print(f"hlo-audit sweep: no plots: {no_plots}; results and reports are written",
+          file=sys.stderr)
   try:
     result = run_sweep(options, reporter)
   except KeyboardInterrupt:

@@ -245,7 +245,7 @@ class AuditReport:
 
   def to_json(self, indent: int | None = 2) -> str:
     """JSON with top-level `schema_version`, `module`, `kernels`, `buffers`,
-    `findings`, `peak_bytes`, `xla_peak_bytes` (schema in README)."""
+    `findings`, `peak_bytes`, `xla_peak_bytes` (schema in docs/reports.md)."""
     from hlo_audit._src.report import json_report
 
     return json_report.render_json(self, indent=indent)

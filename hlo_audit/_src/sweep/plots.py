@@ -168,6 +168,15 @@ def _title(base: str, series) -> str:
   return base
 
 
+def unavailable_reason() -> str | None:
+  """Why plots cannot be drawn here (matplotlib, an optional extra), or None."""
+  import importlib.util
+
+  if importlib.util.find_spec("matplotlib") is None:
+    return "matplotlib is not installed (pip install 'hlo-audit[plot]')"
+  return None
+
+
 def plot_sweep(records: Sequence[Mapping], out_dir: str, names: Sequence[str],
                plot_x: str | None = None, title: str = "") -> list[str]:
   """Writes bytes.png, peak.png and (when any point was timed) speedup.png

@@ -229,8 +229,10 @@ def write_sweep_outputs(options, plan) -> list[str]:
   done = {r["id"] for r in records}
   missing = sum(pt.id not in done for pt in plan.points)
   os.makedirs(options.out, exist_ok=True)
-  pngs = plots_lib.plot_sweep(records, options.out, names, options.plot_x,
-                              title=options.target)
+  # Without matplotlib (an optional extra) the results and reports still come.
+  pngs = ([] if plots_lib.unavailable_reason() else
+          plots_lib.plot_sweep(records, options.out, names, options.plot_x,
+                               title=options.target))
   md = os.path.join(options.out, "report.md")
   with open(md, "w", encoding="utf-8") as f:
     f.write(render_markdown(options.target, records, params, pngs, missing,

@@ -105,3 +105,18 @@ def test_usage_errors_exit_2_without_a_traceback(tmp_path, flags, message, one_l
   if one_line:
     assert len(lines) == 1 and lines[0].startswith("hlo-audit: error: ")
   assert not os.path.exists(tmp_path / "out" / "results.jsonl")
+
+
+def test_without_matplotlib_the_sweep_writes_results_and_reports(tmp_path, monkeypatch, capsys):
+  from hlo_audit._src.cli import main
+  from hlo_audit._src.sweep import plots
+
+  monkeypatch.setattr(plots, "unavailable_reason",
+                      lambda: "matplotlib is not installed (pip install 'hlo-audit[plot]')")
+  out = tmp_path / "out"
+  code = main.run(["sweep", "example", f"--out={out}", "--jobs=0", "--no-progress",
+                   "--grid=batch=1;seq=8;d_model=32;heads=2;d_ff=64;vocab=64;backward=false"])
+  err = capsys.readouterr().err
+  assert code == 0 and "no plots: matplotlib is not installed" in err
+  assert (out / "report.md").exists() and (out / "results.jsonl").exists()
+  assert not list(out.glob("*.png"))

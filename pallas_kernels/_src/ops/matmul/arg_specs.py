@@ -223,7 +223,7 @@ CASE_DEFS: tuple[CaseDef, ...] = (
     CaseDef(4096, 4096, 4096, "float16", tags=_BENCH),
     CaseDef(4096, 4096, 4096, "float32", tags=_BENCH),
     CaseDef(4096, 4096, 4096, "float32", precision="default", tags=_BENCH),
-    # README's epilogue case: a wide, shallow product whose epilogue traffic
+    # The docs' epilogue case (docs/ops.md): a wide, shallow product whose epilogue traffic
     # (bias, GELU, residual) is what fusing saves.
     CaseDef(8192, 512, 8192, "bfloat16", bias=True, residual=True, activation="gelu",
             tags=_DEVICE),

@@ -272,7 +272,7 @@ def heuristic_config(m: int, n: int, k: int, dtype, backend: backend_lib.Backend
     warps, stages = 4, 1
   else:
     # Chosen from `scripts/gpu_compile_report.py` (Triton 3.9, sm_90a and
-    # sm_80; README has the table): the f32 accumulator costs bm*bn/(32*warps)
+    # sm_80; docs/ops.md has the table): the f32 accumulator costs bm*bn/(32*warps)
     # registers per thread, so a 128x128 tile needs 8 warps to leave room for
     # the operands and the epilogue (GELU's erf is long). 128x256 tiles and
     # 128x128 with 4 warps hit 255 registers and spill on both.
