@@ -21,11 +21,10 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 PACKAGES = ("hlo_audit", "pallas_kernels")
 
 #: Tests of one package that still reach into the other's `_src`, for want of
-#: a public equivalent (the CLI's `main`, the example transformer). Exact: a
-#: new one fails, and so does a fixed one left listed.
+#: a public equivalent (the CLI's `main`). Exact: a new one fails, and so does
+#: a fixed one left listed.
 KNOWN_TEST_EXCEPTIONS = frozenset({
     ("tests/pallas_kernels/swap/swap_cli_test.py", "hlo_audit._src.cli"),
-    ("tests/pallas_kernels/swap/conftest.py", "hlo_audit._src.examples"),
 })
 
 
