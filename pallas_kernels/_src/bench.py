@@ -226,8 +226,8 @@ def bench(op: str | OpSpec | Sequence[str | OpSpec], *, tags: Sequence[str] = ("
           for spec, case in registry.select_cases(op, tags, seed)]
   if not rows:
     ops = [op] if isinstance(op, (str, OpSpec)) else list(op)
-    raise ValueError(f"no cases for ops {[getattr(o, 'name', o) for o in ops]} "
-                     f"with tags {tuple(tags)}")
+    raise registry.NoCasesError(f"no cases for ops {[getattr(o, 'name', o) for o in ops]} "
+                                f"with tags {tuple(tags)}")
   return BenchReport(rows=tuple(rows), device=kind,
                      device_spec=None if device is None else device.name,
                      interpret=interp, repeats=repeats, warmup=warmup)
