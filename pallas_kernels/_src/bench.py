@@ -87,11 +87,17 @@ class BenchReport:
     """False in interpret mode, where the kernel is emulated."""
     return not self.interpret
 
+  @property
+  def warning(self) -> str | None:
+    """The line every rendering carries when the timings mean nothing
+    (interpret mode); None when they are real."""
+    return INTERPRET_WARNING if self.interpret else None
+
   def _header(self) -> list[str]:
     lines = [f"bench on {self.device} (roofline: {self.device_spec or 'unknown device'}), "
              f"median of {self.repeats} after {self.warmup} warm-up"]
-    if self.interpret:
-      lines.append(INTERPRET_WARNING)
+    if self.warning:
+      lines.append(self.warning)
     return lines
 
   def _cells(self) -> tuple[list[str], list[list[str]]]:
@@ -125,7 +131,7 @@ class BenchReport:
     return json.dumps({
         "device": self.device, "device_spec": self.device_spec,
         "interpret": self.interpret, "timings_meaningful": self.timings_meaningful,
-        "warning": INTERPRET_WARNING if self.interpret else None,
+        "warning": self.warning,
         "repeats": self.repeats, "warmup": self.warmup, "rows": self.to_rows(),
     }, indent=2)
 
