@@ -75,7 +75,7 @@ timeout "$T_FIXTURES" "$PY" scripts/capture_fixtures.py "${FIXTURES[@]}" --out="
 status fixtures $?
 tar -czf "$OUT/fixtures.tar.gz" -C "$OUT" fixtures && rm -rf "$OUT/fixtures"
 
-timeout "$T_AUDIT" "$PY" -m hlo_audit._src.cli.main example --json >"$OUT/example_audit.json" \
+timeout "$T_AUDIT" "$PY" -m hlo_audit example --json >"$OUT/example_audit.json" \
   2>"$OUT/logs/audit.err"
 status audit $?
 
