@@ -18,8 +18,8 @@ machine the slower runs measure the neighbours. Tables 3 and 4 give medians.
    reaches ~535k instructions.
 4. Third-party models (`--corpus_modules`, from ../shared/hlo_corpus or
    $HLO_CORPUS; skipped when absent): `audit_hlo` of each file against its
-   parse, the what-if replays' share of the audit (goal <= 30%), and the
-   full replays the audit's budget allowed. `--corpus_only` runs just this.
+   parse, and how many of the findings' peaks after the change are exact
+   (a full replay) rather than bounds. `--corpus_only` runs just this.
 
 The scaled modules are synthesized from the compiled 12-layer module: k
 copies of its computations, renamed, and one entry that runs the k copies
@@ -245,12 +245,12 @@ def capture_table(repeats: int) -> float:
   import jax
 
   import hlo_audit
-  from hlo_audit._src.examples import transformer
+  from hlo_audit import examples
 
   _, args = bench_models.example_step(_LAYERS)
 
   def fresh():  # a function jax has not compiled: a new trace and compile
-    return jax.jit(functools.partial(transformer.train_step), static_argnums=(2,))
+    return jax.jit(functools.partial(examples.train_step), static_argnums=(2,))
 
   # Rounds of (compile, audit) of fresh functions, interleaved so that both
   # see the same machine; each the best of its rounds.
@@ -352,8 +352,6 @@ def scaling_table(base: str, scales, repeats: int, cache_dir: str) -> None:
 def corpus_table(repeats: int) -> None:
   """Table 4: audit_hlo of large third-party modules against their parse."""
   import hlo_audit
-  from hlo_audit._src import audit as audit_mod
-  from hlo_audit._src.analysis import collectives, detectors, memory_findings
 
   root = os.environ.get("HLO_CORPUS") or os.path.join(
       os.path.dirname(os.path.abspath(__file__)), "..", "..", "shared", "hlo_corpus")
@@ -362,53 +360,23 @@ def corpus_table(repeats: int) -> None:
   if missing:
     print(f"\n4. skipped: HLO corpus module not found: {missing[0]}")
     return
-  # The what-if part: every replay the audit runs (outermost calls timed).
-  spent = [0.0]
-  depth = [0]
-
-  def timed(fn):
-    def wrapper(*args, **kwargs):
-      depth[0] += 1
-      start = time.perf_counter()
-      try:
-        return fn(*args, **kwargs)
-      finally:
-        depth[0] -= 1
-        if not depth[0]:
-          spent[0] += time.perf_counter() - start
-    return wrapper
-
-  for mod, name in ((detectors, "peak_after_fusions"), (audit_mod, "exact_peaks"),
-                    (collectives, "peak_after_fusions"), (memory_findings, "replay"),
-                    (audit_mod, "peak_after_fusions")):
-    if hasattr(mod, name):  # (older trees too, for before/after runs)
-      setattr(mod, name, timed(getattr(mod, name)))
   hlo_audit.audit_hlo(_SMALL)  # warm-up: imports
   print(f"\n4. audit_hlo of third-party modules against their parse (median of "
         f"{repeats})")
   print(f"{'module':34s} {'instrs':>7s} {'MB':>5s} {'parse s':>8s} {'audit s':>8s} "
-        f"{'ratio':>6s} {'what-if':>8s} {'full replays':>12s} {'exact peaks':>12s}")
+        f"{'ratio':>6s} {'exact peaks':>12s}")
   for path in paths:
     with open(path, encoding="utf-8") as f:
       text = f.read()
     parse_s = median_time(lambda: hlo_audit.parse_hlo(text), repeats)
-    shares, reports = [], []
-
-    def run():
-      spent[0] = 0.0
-      start = time.perf_counter()
-      reports.append(hlo_audit.audit_hlo(text))
-      shares.append(spent[0] / (time.perf_counter() - start))
-
-    audit_s = median_time(run, repeats)
+    reports = []
+    audit_s = median_time(lambda: reports.append(hlo_audit.audit_hlo(text)), repeats)
     r = reports[-1]
-    budget = r.program.cache.get("replay_budget")
     peaks = [f for f in r.findings if f.peak_after is not None]
     name = os.path.basename(path).removesuffix(".hlo")
     print(f"{name[:34]:34s} {r.module.instruction_count:7d} {len(text) / 1e6:5.1f} "
           f"{parse_s:8.2f} {audit_s:8.2f} {audit_s / parse_s:6.1f} "
-          f"{statistics.median(shares):8.0%} {budget.replays if budget else 0:12d} "
-          f"{sum(getattr(f, 'peak_exact', True) for f in peaks):5d}/{len(peaks):<6d}")
+          f"{sum(f.peak_exact for f in peaks):5d}/{len(peaks):<6d}")
 
 
 def main(argv):

@@ -28,7 +28,6 @@ from absl import flags
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 import pallas_kernels as pk  # noqa: E402
-from pallas_kernels._src import bench as bench_lib  # noqa: E402
 
 BACKENDS = ("mosaic_gpu", "triton")
 
@@ -60,8 +59,8 @@ def run(tags: list[str], *, repeats: int = 20, warmup: int = 3, out: str | None 
       kernels[b] = (row.kernel_ms, row.backend, row.fallback)
     rows.append(Row(r.case, kernels, r.xla_ms))
   lines = [f"matmul backends on {first.device}, median of {repeats} after {warmup} warm-up"]
-  if first.interpret:
-    lines.append(bench_lib.INTERPRET_WARNING)
+  if first.warning:
+    lines.append(first.warning)
   head = ("| case | mosaic_gpu ms | triton ms | xla ms | xla/mosaic_gpu | xla/triton | "
           "triton/mosaic_gpu |")
   lines += ["", head, "|---|---:|---:|---:|---:|---:|---:|"]

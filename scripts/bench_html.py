@@ -32,7 +32,7 @@ _REPEATS = flags.DEFINE_integer("repeats", 3, "Timed page loads of each page.")
 
 def tiled_report(report, copies: int):
   """`report` repeated `copies` times along the schedule (unique names)."""
-  from hlo_audit._src.report.report import AuditReport
+  from hlo_audit import AuditReport
 
   n = len(report.timeline) or 1
 
@@ -73,7 +73,7 @@ def _load_seconds(browser, url: str) -> float:
 def main(argv):
   del argv
   import hlo_audit
-  from hlo_audit._src.examples.transformer import example
+  from hlo_audit.examples import example
 
   sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests", "hlo_audit",
                                   "report"))

@@ -31,7 +31,7 @@ CORPUS_MODULES = ("gemma3_1b_flax_call__1.hlo", "gemma2_2b_keras_jax__1.hlo",
 
 def example_step(layers: int = 12, d_model: int = 512):
   """(jitted fn, args) of the built-in example's train step."""
-  from hlo_audit._src.examples.transformer import TransformerConfig, example
+  from hlo_audit.examples import TransformerConfig, example
   cfg = TransformerConfig(batch=4, seq=128, d_model=d_model, heads=8,
                           d_ff=4 * d_model, layers=layers, vocab=1000)
   return example(cfg)

@@ -2,11 +2,10 @@
 
 Runs mutmut (a mutation tool for Python: it changes one operator, constant or
 call at a time and reruns the tests that reach the changed function) over
-three groups of modules, each with the tests that cover it:
-
-  analysis  hlo_audit/_src/analysis/            tests/hlo_audit/{analysis,real_models}
-  kernels   pallas_kernels/_src/ops/, guards    tests/pallas_kernels/{ops,validate...}
-  swap      pallas_kernels/_src/swap/           tests/pallas_kernels/swap
+groups of modules, each with the tests that cover it: `analysis` (the
+audit's analyses), `kernels` (the ops, their guards and backend choice) and
+`swap`, defined in pyproject.toml's `[tool.bench_mutation.groups]` beside the
+package layout they name.
 
 Every mutant of a module is listed, then a seeded sample of each group is run
 (a full run of thousands of mutants takes hours on two cores): the score is
@@ -34,6 +33,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import tomllib
 
 from absl import app
 from absl import flags
@@ -60,18 +60,15 @@ class Group:
   tests: tuple[str, ...]
 
 
-GROUPS = {
-    "analysis": Group(
-        "analysis", ("hlo_audit/_src/analysis",),
-        ("tests/hlo_audit/analysis", "tests/hlo_audit/real_models",
-         "tests/hlo_audit/report/grouping_test.py")),
-    "kernels": Group(
-        "kernels", ("pallas_kernels/_src/ops", "pallas_kernels/_src/guard.py",
-                    "pallas_kernels/_src/backend.py"),
-        ("tests/pallas_kernels/ops", "tests/pallas_kernels/validate_test.py",
-         "tests/pallas_kernels/lowering_test.py")),
-    "swap": Group("swap", ("pallas_kernels/_src/swap",), ("tests/pallas_kernels/swap",)),
-}
+def _groups() -> dict[str, Group]:
+  """The groups of pyproject.toml's `[tool.bench_mutation.groups]`."""
+  with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
+    table = tomllib.load(f)["tool"]["bench_mutation"]["groups"]
+  return {name: Group(name, tuple(g["sources"]), tuple(g["tests"]))
+          for name, g in table.items()}
+
+
+GROUPS = _groups()
 
 #: Statuses that count as caught: the tests failed or crashed. A timeout is
 #: not judged (on a loaded machine it measures the machine): it is reported.

@@ -6,12 +6,8 @@ bench_models.py), and the largest real-model modules of
 ../shared/hlo_corpus/xla_benchmarks (gemma, llama, mixtral) when present.
 Each module's text is parsed with `hlo_audit.parse_hlo` and with XLA's
 `ParseAndReturnUnverifiedModule` (`jaxlib._hlo.hlo_module_from_text`),
-interleaved in this one process; the table gives both medians, their ratio
-(ours / XLA; below 1.0 means faster) and how many instruction statements
-the fast path handed to the slow one. The floor column times a loop that
-only matches each instruction line with the fast path's pattern and builds
-its `Instruction`, checking nothing: what a parser built this way (Python
-regular expressions, an object per instruction) cannot go below.
+interleaved in this one process; the table gives both medians and their
+ratio (ours / XLA; below 1.0 means faster).
 
 Example:
   python scripts/bench_parse.py --repeats=9
@@ -40,46 +36,15 @@ _CACHE = flags.DEFINE_string(
     "Where compiled modules are kept between runs ('' to always compile).")
 
 
-def floor_parse(text: str) -> int:
-  """The floor of a parser built like ours: each instruction line matched by
-  the fast path's pattern and made an `Instruction`, with no check at all
-  (names, operands, attributes, computations, uniquifying). What a pure
-  Python parse cannot go below; not a parser."""
-  from hlo_audit._src.gc_pause import paused_gc
-  from hlo_audit._src.hlo import parser
-
-  shapes: dict = {}
-  made = 0
-  match, find, pos, n = parser._FAST_LINE.match, text.find, 0, len(text)
-  with paused_gc():
-    while pos < n:
-      m = match(text, pos)
-      if m is None:  # not an instruction line: the next line
-        pos = find("\n", pos) + 1 or n
-        continue
-      _, _, name, shape_text, word, ops, run = m.groups()
-      shape = shapes.get(shape_text)
-      if shape is None:
-        shape = shapes[shape_text] = parser.parse_shape(shape_text)
-      parser._make_instruction(name, word, shape, tuple(ops.split(", ")), run, (),
-                               None, None, None, m.start(3), None)
-      made += 1
-      pos = m.end()
-  return made
-
-
-def time_parse(text: str, repeats: int) -> tuple[float, float, float, int, object]:
-  """Median seconds of ours, XLA's parse and the floor (interleaved), the
-  fast path's fallbacks, and our module."""
+def time_parse(text: str, repeats: int) -> tuple[float, float, object]:
+  """Median seconds of ours and XLA's parse (interleaved), and our module."""
   from jaxlib import _hlo  # XLA's parser, the baseline
 
   import hlo_audit
-  from hlo_audit._src.hlo.parser import parse_hlo_counting_fallbacks
 
-  module, fallbacks = parse_hlo_counting_fallbacks(text)  # warm-up
+  module = hlo_audit.parse_hlo(text)  # warm-up
   _hlo.hlo_module_from_text(text)
-  floor_parse(text)
-  ours, xla, floor = [], [], []
+  ours, xla = [], []
   for _ in range(repeats):
     t0 = time.perf_counter()
     hlo_audit.parse_hlo(text)
@@ -87,11 +52,7 @@ def time_parse(text: str, repeats: int) -> tuple[float, float, float, int, objec
     t0 = time.perf_counter()
     _hlo.hlo_module_from_text(text)
     xla.append(time.perf_counter() - t0)
-    t0 = time.perf_counter()
-    floor_parse(text)
-    floor.append(time.perf_counter() - t0)
-  return (statistics.median(ours), statistics.median(xla), statistics.median(floor),
-          fallbacks, module)
+  return statistics.median(ours), statistics.median(xla), module
 
 
 def modules(models, cache_dir):
@@ -123,22 +84,20 @@ def main(argv):
     with open(path, encoding="utf-8") as f:
       sources.append((os.path.basename(path), f.read(), None))
   header = (f"{'module':32s} {'lines':>7s} {'instrs':>7s} {'MB':>6s} "
-            f"{'ours ms':>8s} {'XLA ms':>8s} {'ratio':>6s} {'floor':>6s} {'fallbacks':>9s}")
+            f"{'ours ms':>8s} {'XLA ms':>8s} {'ratio':>6s}")
   print(header)
   print("-" * len(header))
   for name, text, compile_s in sources:
-    ours, xla, floor, fallbacks, module = time_parse(text, _REPEATS.value)
-    rows.append((name, ours / xla, floor / xla))
+    ours, xla, module = time_parse(text, _REPEATS.value)
+    rows.append((name, ours / xla))
     print(f"{name:32s} {text.count(chr(10)):7d} {module.instruction_count:7d} "
           f"{len(text) / 1e6:6.2f} {ours * 1e3:8.1f} {xla * 1e3:8.1f} "
-          f"{ours / xla:6.2f} {floor / xla:6.2f} {fallbacks:9d}", flush=True)
-  ratios = [r for _, r, _ in rows]
+          f"{ours / xla:6.2f}", flush=True)
+  ratios = [r for _, r in rows]
   print("-" * len(header))
   print(f"ratio ours/XLA: median {statistics.median(ratios):.2f}, "
         f"max {max(ratios):.2f} ({max(rows, key=lambda r: r[1])[0]}); "
         f"goal: every ratio <= 1.0, median <= 0.8")
-  print(f"floor/XLA (match each line, build its Instruction, check nothing): "
-        f"median {statistics.median(r for _, _, r in rows):.2f}")
 
 
 if __name__ == "__main__":

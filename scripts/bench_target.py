@@ -30,8 +30,8 @@ import json, sys, time
 t0 = time.perf_counter()
 import jax
 import hlo_audit
-from hlo_audit._src.examples import transformer
-fn, args = transformer.example(backward=sys.argv[2] == "1")
+from hlo_audit import examples
+fn, args = examples.example(backward=sys.argv[2] == "1")
 t1 = time.perf_counter()
 cap = hlo_audit.capture(fn, *args, target=sys.argv[1] or None)
 t2 = time.perf_counter()

@@ -33,7 +33,7 @@ def _cases():
   import jax
   import jax.numpy as jnp
 
-  from hlo_audit._src.examples.transformer import TransformerConfig, example
+  from hlo_audit.examples import TransformerConfig, example
 
   def gelu_layer(x, w, b):
     return jax.nn.gelu(x @ w + b, approximate=False)
@@ -56,7 +56,6 @@ def main(argv):
   import jax
 
   import hlo_audit
-  from hlo_audit._src.capture.dump import read_dump_dir
 
   out = pathlib.Path(_OUT.value)
   out.mkdir(parents=True, exist_ok=True)
@@ -68,10 +67,7 @@ def main(argv):
     tmp = tempfile.mkdtemp(prefix="fixture_")
     try:
       fn.lower(*args).compile(compiler_options={"xla_dump_to": tmp})
-      dumped = [m for m in read_dump_dir(tmp) if m.after_optimizations]
-      if not dumped:
-        raise RuntimeError(f"XLA wrote no optimized module for {name}")
-      m = max(dumped, key=lambda d: d.size)
+      m = hlo_audit.load_dump(tmp).select()  # the largest optimized module
       files = {}
       # Named as XLA names them, so load_dump(<name>.txt) finds the reports.
       for kind, src in (("hlo", m.text_path),

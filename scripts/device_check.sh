@@ -7,9 +7,9 @@
 #
 # On the GPU (jax 0.11.2 there, no package registry: --no-deps), in order:
 #   1. validate every kernel compiled, kernels required: a fallback to XLA
-#      fails its case (validate_kernels.py --require_kernel=true), the Mosaic
-#      GPU matmul's cases ("mosaic" tag) included: on a Hopper the matmul is
-#      built with Mosaic GPU wherever its guard accepts the call;
+#      fails its case (`python -m pallas_kernels validate --require-kernel=true`),
+#      the Mosaic GPU matmul's cases ("mosaic" tag) included: on a Hopper the
+#      matmul is built with Mosaic GPU wherever its guard accepts the call;
 #   2. the bench table against XLA's own user-level computation for the docs' (docs/ops.md)
 #      shapes ("device" tag: 8192x512x8192 bf16 bias+gelu+residual, int8
 #      decode, layer norm + residual 8192x8192 bf16, causal softmax 4096x4096);
@@ -38,7 +38,7 @@ START=$(date +%s)
 status() { echo "$1: exit $2 after $(( $(date +%s) - START )) s" | tee -a "$OUT/logs/steps.log"; }
 
 if [[ $MODE == gpu ]]; then
-  VALIDATE=(--tags=ci,nonfinite,mosaic --interpret=false --require_kernel=true)
+  VALIDATE=(--tags=ci,nonfinite,mosaic --interpret=false --require-kernel=true)
   BENCH=(--tags=device --repeats=20 --warmup=3)
   BACKENDS=(--tags=backends --repeats=20 --warmup=3)
   FIXTURES=()
@@ -48,7 +48,7 @@ if [[ $MODE == gpu ]]; then
   nvidia-smi >"$OUT/logs/nvidia-smi.txt" 2>&1
 else
   # CPU dry run: the same pieces at sizes a CPU runs in a few minutes.
-  VALIDATE=(--tags=ci --ops=softmax,rms_norm --interpret=auto --require_kernel=false)
+  VALIDATE=(--tags=ci --ops=softmax,rms_norm --interpret=auto --require-kernel=false)
   BENCH=(--tags=ci --ops=softmax --repeats=2 --warmup=1)
   BACKENDS=(--tags=backends_dry --repeats=1 --warmup=1)
   FIXTURES=(--tiny)
@@ -58,11 +58,11 @@ fi
 "$PY" -c "import jax, jaxlib; print('jax', jax.__version__, 'jaxlib', jaxlib.__version__, jax.devices())" \
   >"$OUT/logs/jax.txt" 2>&1
 
-timeout "$T_VALIDATE" "$PY" scripts/validate_kernels.py "${VALIDATE[@]}" --out="$OUT/validate" \
+timeout "$T_VALIDATE" "$PY" -m pallas_kernels validate "${VALIDATE[@]}" --out="$OUT/validate" \
   >"$OUT/logs/validate.log" 2>&1
 status validate $?
 
-timeout "$T_BENCH" "$PY" scripts/bench_kernels.py "${BENCH[@]}" --out="$OUT/bench" \
+timeout "$T_BENCH" "$PY" -m pallas_kernels bench "${BENCH[@]}" --out="$OUT/bench" \
   >"$OUT/logs/bench.log" 2>&1
 status bench $?
 
@@ -75,7 +75,7 @@ timeout "$T_FIXTURES" "$PY" scripts/capture_fixtures.py "${FIXTURES[@]}" --out="
 status fixtures $?
 tar -czf "$OUT/fixtures.tar.gz" -C "$OUT" fixtures && rm -rf "$OUT/fixtures"
 
-timeout "$T_AUDIT" "$PY" -m hlo_audit._src.cli.main example --json >"$OUT/example_audit.json" \
+timeout "$T_AUDIT" "$PY" -m hlo_audit example --json >"$OUT/example_audit.json" \
   2>"$OUT/logs/audit.err"
 status audit $?
 

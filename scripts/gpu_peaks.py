@@ -32,19 +32,14 @@ _VERBOSE = flags.DEFINE_bool("verbose", False, "print each report's peak line an
 
 def programs():
   """name -> a function of no arguments returning (fn, args)."""
-  from hlo_audit._src.examples import transformer
+  from hlo_audit import examples
   from tests.hlo_audit.real_models import truth
 
-  out = {"example": lambda: _example(transformer, True),
-         "example_forward": lambda: _example(transformer, False)}
+  out = {"example": lambda: examples.example(backward=True),
+         "example_forward": lambda: examples.example(backward=False)}
   for name in truth.MODELS:
     out[name] = truth.model(name).build
   return out
-
-
-def _example(transformer, backward):
-  fn, args = transformer.example(backward=backward)
-  return fn, args
 
 
 def main(argv) -> int:

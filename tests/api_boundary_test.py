@@ -2,9 +2,10 @@
 
 `hlo_audit` never imports `pallas_kernels` (it finds kernel libraries through
 an entry point); `pallas_kernels` reads `hlo_audit` only from its `_src/audit/`
-folder, and only its public names. Every module (and test) is parsed with
-`ast`, so imports inside functions, `from pkg import _src` and
-`importlib.import_module("pkg...")` are caught as well as top-level ones.
+folder, and only its public names; scripts/ uses only public names of both.
+Every module (and test) is parsed with `ast`, so imports inside functions,
+`from pkg import _src` and `importlib.import_module("pkg...")` are caught as
+well as top-level ones.
 """
 
 from __future__ import annotations
@@ -21,11 +22,10 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 PACKAGES = ("hlo_audit", "pallas_kernels")
 
 #: Tests of one package that still reach into the other's `_src`, for want of
-#: a public equivalent (the CLI's `main`, the example transformer). Exact: a
-#: new one fails, and so does a fixed one left listed.
+#: a public equivalent (the CLI's `main`). Exact: a new one fails, and so does
+#: a fixed one left listed.
 KNOWN_TEST_EXCEPTIONS = frozenset({
     ("tests/pallas_kernels/swap/swap_cli_test.py", "hlo_audit._src.cli"),
-    ("tests/pallas_kernels/swap/conftest.py", "hlo_audit._src.examples"),
 })
 
 
@@ -107,6 +107,31 @@ def test_tests_use_only_the_other_packages_public_api():
       if _private(name, other):
         found.add((f, name, line))
   assert {(f, name) for f, name, _ in found} == KNOWN_TEST_EXCEPTIONS, sorted(found)
+
+
+def test_scripts_use_only_public_names():
+  """The benchmarks and device checks in scripts/ run the packages as users
+  get them: no import of either package's `_src`, nor any other mention of it
+  (a module run with `-m`, code in a string, a path): a script that needs an
+  internal gets a public name for it, or was a diagnostic of internals."""
+  found: dict[tuple[str, int], str] = {}
+  scanned = 0
+  for path in sorted((ROOT / "scripts").rglob("*")):
+    if not path.is_file() or "__pycache__" in path.parts:
+      continue
+    scanned += 1
+    rel = path.relative_to(ROOT).as_posix()
+    text = path.read_text()
+    for number, line in enumerate(text.splitlines(), 1):
+      if "_src" in line:
+        found[rel, number] = f"{rel}:{number}: names _src: {line.strip()}"
+    if path.suffix == ".py":
+      for number, name in imported_names(text, rel):
+        if any(_private(name, package) for package in PACKAGES):
+          found[rel, number] = f"{rel}:{number}: imports {name}"
+  assert scanned >= 10, "the scan saw no scripts"
+  assert not found, ("scripts/ reaches into a package's _src; use (or add) a public "
+                     "name:\n" + "\n".join(found[k] for k in sorted(found)))
 
 
 def test_parse_version_is_defined_once():

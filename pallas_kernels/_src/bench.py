@@ -87,11 +87,17 @@ class BenchReport:
     """False in interpret mode, where the kernel is emulated."""
     return not self.interpret
 
+  @property
+  def warning(self) -> str | None:
+    """The line every rendering carries when the timings mean nothing
+    (interpret mode); None when they are real."""
+    return INTERPRET_WARNING if self.interpret else None
+
   def _header(self) -> list[str]:
     lines = [f"bench on {self.device} (roofline: {self.device_spec or 'unknown device'}), "
              f"median of {self.repeats} after {self.warmup} warm-up"]
-    if self.interpret:
-      lines.append(INTERPRET_WARNING)
+    if self.warning:
+      lines.append(self.warning)
     return lines
 
   def _cells(self) -> tuple[list[str], list[list[str]]]:
@@ -125,7 +131,7 @@ class BenchReport:
     return json.dumps({
         "device": self.device, "device_spec": self.device_spec,
         "interpret": self.interpret, "timings_meaningful": self.timings_meaningful,
-        "warning": INTERPRET_WARNING if self.interpret else None,
+        "warning": self.warning,
         "repeats": self.repeats, "warmup": self.warmup, "rows": self.to_rows(),
     }, indent=2)
 
@@ -226,8 +232,8 @@ def bench(op: str | OpSpec | Sequence[str | OpSpec], *, tags: Sequence[str] = ("
           for spec, case in registry.select_cases(op, tags, seed)]
   if not rows:
     ops = [op] if isinstance(op, (str, OpSpec)) else list(op)
-    raise ValueError(f"no cases for ops {[getattr(o, 'name', o) for o in ops]} "
-                     f"with tags {tuple(tags)}")
+    raise registry.NoCasesError(f"no cases for ops {[getattr(o, 'name', o) for o in ops]} "
+                                f"with tags {tuple(tags)}")
   return BenchReport(rows=tuple(rows), device=kind,
                      device_spec=None if device is None else device.name,
                      interpret=interp, repeats=repeats, warmup=warmup)

@@ -1,7 +1,8 @@
 """Compile the kernels' Triton IR for a GPU without one: registers, spills, shared memory.
 
 The Triton kernels' report (the matmul built with `backend="triton"`, as on
-Ampere; the row ops); the Mosaic GPU matmul's is `compile_report.py`.
+Ampere; the row ops), printed by `python -m pallas_kernels compile-report
+--backend triton`; the Mosaic GPU matmul's is `compile_report.py`.
 
 The route: lower an op for "cuda" under an abstract mesh naming the device
 (`backend.target` follows it), read each Triton kernel custom call's backend

@@ -87,6 +87,11 @@ def get_spec(name: str | OpSpec) -> OpSpec:
   return table[name]
 
 
+class NoCasesError(ValueError):
+  """A selection of ops, tags and dtypes that holds no case: a vacuous pass
+  (or benchmark) would hide a typo in the tags or dtypes."""
+
+
 def select_cases(op, tags: Sequence[str],
                  seed: int) -> Iterator[tuple[OpSpec, Case]]:
   """The cases of `op` (a name, an OpSpec, or a sequence of them) that carry

@@ -372,7 +372,7 @@ def _validate(op, *, tags, dtypes, seed, interpret, check_grads, require_kernel)
           if wanted is None or jnp.dtype(case.args[0].dtype).name in wanted]
   if not rows:
     ops = [op] if isinstance(op, (str, OpSpec)) else list(op)
-    raise ValueError(f"no cases for ops {[getattr(o, 'name', o) for o in ops]} with "
-                     f"tags {tuple(tags)} and dtypes {dtypes}")
+    raise registry.NoCasesError(f"no cases for ops {[getattr(o, 'name', o) for o in ops]} "
+                                f"with tags {tuple(tags)} and dtypes {dtypes}")
   return ValidationReport(rows=tuple(rows), interpret=interp,
                           device=backend.target().describe(), require_kernel=required)

@@ -29,6 +29,7 @@ def test_bench_smoke_flags_interpret_mode_and_computes_fields():
   assert row.kernel_gbps == pytest.approx(row.bytes_moved / row.kernel_ms / 1e6)
   if jax.default_backend() == "cpu":
     assert report.interpret and not report.timings_meaningful
+    assert report.warning == bench_lib.INTERPRET_WARNING
     assert report.device_spec == "generic CPU"
     assert bench_lib.INTERPRET_WARNING in str(report)
     assert bench_lib.INTERPRET_WARNING in report.to_markdown()

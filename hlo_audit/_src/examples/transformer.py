@@ -125,6 +125,11 @@ def example(cfg: TransformerConfig | None = None, *, backward: bool = True):
     cfg: sizes; the defaults audit in a few seconds on a CPU.
     backward: the training step (forward and backward) if True, else the
       forward loss only.
+
+  Returns:
+    `(fn, (params, tokens, cfg))`: `fn` is `train_step` (or `loss_fn`) under
+    `jax.jit` with `cfg` static; `params` and `tokens` are
+    `jax.ShapeDtypeStruct`s, enough to lower, compile and audit it.
   """
   cfg = cfg or TransformerConfig()
   params = jax.eval_shape(lambda: init_params(cfg, jax.random.PRNGKey(0)))

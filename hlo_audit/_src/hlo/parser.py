@@ -285,8 +285,6 @@ class _Parser:
     self.single = False  # single-instruction mode creates missing parameters
     self.scopes = 0
     self.lx: Lexer | None = None
-    #: Statements the fast path handed to the slow one (for benchmarks).
-    self.slow_statements = 0
 
   # ---------------------------------------------------------------- errors --
 
@@ -671,7 +669,6 @@ class _Parser:
           pos = m.end()
           continue
       lx = self.lexer_at(pos)
-      self.slow_statements += 1
       self.parse_instruction(comp)
       pos = lx.tok.start
     self.scopes -= 1
@@ -1612,15 +1609,6 @@ def _parse(text: str, source: str | None, fast: bool) -> HloModule:
   except RecursionError:
     error_at(text, parser.lx.tok.start if parser.lx else 0,
              "input nested too deeply", source)
-
-
-def parse_hlo_counting_fallbacks(text: str) -> tuple[HloModule, int]:
-  """`parse_hlo`, and how many instruction statements the fast path handed
-  to the slow one (for `scripts/bench_parse.py`)."""
-  parser = _Parser(text, None, True)
-  with paused_gc():
-    module = parser.parse()
-  return module, parser.slow_statements
 
 
 def parse_hlo_file(path: str | os.PathLike) -> HloModule:

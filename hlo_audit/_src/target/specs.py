@@ -10,7 +10,7 @@ them. A name resolves, first found wins:
    0.12 and newer embeds XLA's specs as text, each found by its
    `device_description_str`; they match that XLA exactly;
 2. in the copies shipped with hlo-audit (`specs/*.txtpb`, written by
-   `scripts/extract_gpu_specs.py` from jax-cuda12-pjrt 0.12.0.1's plugin,
+   `extract_specs.py` from jax-cuda12-pjrt 0.12.0.1's plugin,
    Apache-2.0 headers kept), for plugins that embed none (0.11.2 and 0.10.2,
    whose XLA reads the same text: `compat.GPU_SPEC_FIELDS_UNKNOWN`).
 

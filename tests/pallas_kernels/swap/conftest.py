@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from hlo_audit._src.examples import transformer
+from hlo_audit import examples
 
 
 def mlp(x, w, b):
@@ -52,8 +52,8 @@ def mlp_args(keys):
 @pytest.fixture(scope="module")
 def example():
   """The built-in transformer block at small sizes: (loss, params, tokens)."""
-  cfg = transformer.TransformerConfig(batch=2, seq=16, d_model=32, heads=2, d_ff=64,
-                                      vocab=64)
-  params = transformer.init_params(cfg, jax.random.PRNGKey(0))
+  cfg = examples.TransformerConfig(batch=2, seq=16, d_model=32, heads=2, d_ff=64,
+                                   vocab=64)
+  params = examples.init_params(cfg, jax.random.PRNGKey(0))
   tokens = jax.random.randint(jax.random.PRNGKey(1), (2, 16), 0, 64)
-  return functools.partial(transformer.loss_fn, cfg=cfg), params, tokens
+  return functools.partial(examples.loss_fn, cfg=cfg), params, tokens

@@ -271,11 +271,12 @@ def heuristic_config(m: int, n: int, k: int, dtype, backend: backend_lib.Backend
     bk = _clamp_pow2(k, 1, _CPU_MAX_BLOCK)
     warps, stages = 4, 1
   else:
-    # Chosen from `scripts/gpu_compile_report.py` (Triton 3.9, sm_90a and
-    # sm_80; docs/ops.md has the table): the f32 accumulator costs bm*bn/(32*warps)
-    # registers per thread, so a 128x128 tile needs 8 warps to leave room for
-    # the operands and the epilogue (GELU's erf is long). 128x256 tiles and
-    # 128x128 with 4 warps hit 255 registers and spill on both.
+    # Chosen from `python -m pallas_kernels compile-report --backend triton`
+    # (Triton 3.9, sm_90a and sm_80; docs/ops.md has the table): the f32
+    # accumulator costs bm*bn/(32*warps) registers per thread, so a 128x128
+    # tile needs 8 warps to leave room for the operands and the epilogue
+    # (GELU's erf is long). 128x256 tiles and 128x128 with 4 warps hit 255
+    # registers and spill on both.
     lo = GPU_MIN_BLOCK
     if m <= 64:
       # Skinny (decode-like) products: few rows, so spend the tile on K and N.

@@ -1,0 +1,1 @@
+"""`python -m pallas_kernels`: one module per verb, `main.py` dispatches."""
