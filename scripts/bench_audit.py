@@ -4,13 +4,15 @@ Four tables, each measured in this one run. Tables 1 and 2 give the best of
 their runs (compiles and audits interleaved, round by round): on a shared
 machine the slower runs measure the neighbours. Tables 3 and 4 give medians.
 
-1. `audit(jax.jit(f), *args)` of the built-in 12-layer train step against
+1. `audit(jax.jit(f), *args)` of a train step (`--model`: by default an
+   18-layer GPT-2-style Flax LM, ~46k lines of optimized HLO, a module the
+   audit's rules were not written against) against
    `jax.jit(f).lower(*args).compile()`: when jit has not compiled `f` yet
-   (goal <= 1.10x the compile alone) and when it has (goal <= 10% of it);
+   (goal <= 1.05x the compile alone) and when it has (goal <= 8% of it);
    with `xla_reports=True` for reference (one more compile, by design).
-2. The whole report of that module: `audit_hlo` of its text, then the text,
-   JSON and HTML renderings (goal: within 10% of its compile).
-3. Scaling: `audit_hlo` of 1x, 2x, 4x and 8x the module, each in a fresh
+2. The whole report of that module: `audit_hlo` of its text (goal <= 8% of
+   its compile), then the text, JSON and HTML renderings (all: <= 10%).
+3. Scaling: `audit_hlo` of 1x, 2x, 4x and 8x the built-in 12-layer module, each in a fresh
    process: time and peak RSS above the process's baseline, log-log
    exponents against instruction count (goal <= 1.1), RSS / HLO text size
    (goal < 10x); and the HTML page's render time and size (whether a browser
@@ -68,6 +70,12 @@ _CORPUS_MODULES = flags.DEFINE_list(
                        "xla_benchmarks/hlo_gemma4_2b_bf16__1.hlo"],
     "Table 4: third-party modules, relative to the corpus folder.")
 _CORPUS_ONLY = flags.DEFINE_bool("corpus_only", False, "Run table 4 only.")
+_MODEL = flags.DEFINE_enum(
+    "model", "gpt", ["gpt", "flax", "equinox", "example"],
+    "Train step of tables 1-2 (bench_models.py): gpt, a GPT-2-style Flax LM, is a "
+    "module the audit's rules were not written against; example is the built-in one.")
+_MODEL_LAYERS = flags.DEFINE_integer(
+    "layers", None, "Layers of that model (default: 18 for gpt, a ~46k-line step; 12 else).")
 
 _LAYERS = 12
 _SMALL = """HloModule m, is_scheduled=true
@@ -240,26 +248,28 @@ def median_time(fn, repeats: int) -> float:
   return statistics.median(times)
 
 
+def _model_layers() -> int:
+  return _MODEL_LAYERS.value or (18 if _MODEL.value == "gpt" else _LAYERS)
+
+
 def capture_table(repeats: int) -> float:
   """Table 1: audit(jax.jit(f)) against jit's own compile."""
-  import jax
-
   import hlo_audit
-  from hlo_audit import examples
 
-  _, args = bench_models.example_step(_LAYERS)
+  model, layers = _MODEL.value, _model_layers()
 
   def fresh():  # a function jax has not compiled: a new trace and compile
-    return jax.jit(functools.partial(examples.train_step), static_argnums=(2,))
+    return bench_models.BUILDERS[model](layers=layers)
 
   # Rounds of (compile, audit) of fresh functions, interleaved so that both
   # see the same machine; each the best of its rounds.
   compiles, colds = [], []
   for _ in range(repeats):
+    fn, args = fresh()
     t0 = time.perf_counter()
-    fresh().lower(*args).compile()
+    fn.lower(*args).compile()
     compiles.append(time.perf_counter() - t0)
-    jitted = fresh()
+    jitted, args = fresh()
     t0 = time.perf_counter()
     hlo_audit.audit(jitted, *args)
     colds.append(time.perf_counter() - t0)
@@ -268,15 +278,15 @@ def capture_table(repeats: int) -> float:
   t0 = time.perf_counter()
   report = hlo_audit.audit(jitted, *args, xla_reports=True)
   reports_s = time.perf_counter() - t0
-  print(f"\n1. audit(jax.jit(f)) of the {_LAYERS}-layer train step "
+  print(f"\n1. audit(jax.jit(f)) of the {layers}-layer {model} train step "
         f"({report.module.instruction_count} instructions) vs "
         "jax.jit(f).lower(*args).compile()")
   print(f"{'':42s} {'seconds':>8s} {'/ compile':>10s}  goal")
   print(f"{'lower + compile (fresh function, best)':42s} {compile_s:8.2f} {1:10.3f}")
   print(f"{'audit, not compiled yet (compiles; best)':42s} {cold_s:8.2f} "
-        f"{cold_s / compile_s:10.3f}  <= 1.10")
+        f"{cold_s / compile_s:10.3f}  <= 1.05")
   print(f"{'audit, already compiled (best)':42s} {warm_s:8.2f} "
-        f"{warm_s / compile_s:10.3f}  <= 0.10")
+        f"{warm_s / compile_s:10.3f}  <= 0.08")
   print(f"{'audit, xla_reports=True (compiles again)':42s} {reports_s:8.2f} "
         f"{reports_s / compile_s:10.3f}")
   print(f"XLA's peak from: {report.module.xla_peak_source} (xla_reports=True); "
@@ -296,14 +306,15 @@ def report_table(text: str, compile_s: float, repeats: int) -> None:
       ("JSON", lambda: report.to_json()),
       ("HTML", lambda: report.to_html()),
   ]
-  print(f"\n2. The whole report of the {_LAYERS}-layer module "
+  print(f"\n2. The whole report of the {_model_layers()}-layer {_MODEL.value} module "
         f"({report.module.instruction_count} instructions, "
         f"{len(text) / 1e6:.1f} MB) vs its compile ({compile_s:.1f} s)")
   total = 0.0
   for name, fn in rows:
     s = best_time(fn, 2 * repeats + 1)
     total += s
-    print(f"{name:32s} {s:7.2f} s {s / compile_s:7.1%}")
+    goal = "  (goal <= 8%)" if name.startswith("audit_hlo") else ""
+    print(f"{name:32s} {s:7.2f} s {s / compile_s:7.1%}{goal}")
   print(f"{'total':32s} {total:7.2f} s {total / compile_s:7.1%}  (goal <= 10%)")
 
 
@@ -392,12 +403,14 @@ def main(argv):
     corpus_table(_REPEATS.value)
     return
   scales = sorted(int(s) for s in _SCALES.value)
-  base, compile_s = bench_models.compiled_text("example", _CACHE.value or None)
+  text, compile_s = bench_models.compiled_text(_MODEL.value, _CACHE.value or None,
+                                               layers=_model_layers())
   if _CAPTURE.value:
     compile_s = capture_table(_REPEATS.value)  # this run's compile time
   else:
     print(f"(compile time {compile_s:.1f} s from when the module was cached)")
-  report_table(base, compile_s, _REPEATS.value)
+  report_table(text, compile_s, _REPEATS.value)
+  base, _ = bench_models.compiled_text("example", _CACHE.value or None)
   scaling_table(base, scales, _REPEATS.value, _CACHE.value)
   corpus_table(_REPEATS.value)
 
