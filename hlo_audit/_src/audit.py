@@ -138,7 +138,7 @@ def _audit_capture(cap: Capture, options: AuditOptions) -> AuditReport:
                     buffers={b.name: b for b in buffers},
                     arguments=arguments_of(module, cap.argument_names),
                     platform=platform, options=options, libraries=libraries,
-                    pre_optimization_text=cap.pre_optimization_text or "", cache=cache)
+                    pre_optimization=lambda: cap.pre_optimization_text, cache=cache)
   optimized = is_optimized(module)
   # The findings judge XLA's decisions: a module XLA has not optimized holds
   # none yet (every op would read as a boundary left unfused).

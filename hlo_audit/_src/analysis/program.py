@@ -14,7 +14,7 @@ import dataclasses
 import difflib
 import re
 import types
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from hlo_audit._src.analysis.buffers import Buffer
 from hlo_audit._src.analysis.dataflow import Dataflow, ValueId
@@ -94,9 +94,11 @@ class Program:
   platform: str = ""
   options: AuditOptions = AuditOptions()
   libraries: Libraries = Libraries()
-  #: The module's text before XLA optimized it, where captured (it keeps the
-  #: parameters' shardings newer XLA drops).
-  pre_optimization_text: str = dataclasses.field(default="", repr=False)
+  #: Gives the module's text before XLA optimized it, where captured (it
+  #: keeps the parameters' shardings newer XLA drops); called only when a
+  #: partitioned module needs it (converting a large module costs ~1 s).
+  pre_optimization: Callable[[], str | None] | None = dataclasses.field(
+      default=None, compare=False, repr=False)
   #: Tables replays share (filled on first use; the baseline liveness run
   #: fills its own).
   cache: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)
@@ -112,6 +114,14 @@ class Program:
   loop_of: Mapping[str, str] = dataclasses.field(init=False, compare=False, repr=False)
   #: Whether the program holds a backward pass (a kernel of a VJP).
   has_backward: bool = dataclasses.field(init=False, compare=False, repr=False)
+
+  @property
+  def pre_optimization_text(self) -> str:
+    """The module's text before XLA optimized it ("" where not captured)."""
+    if "pre_optimization_text" not in self.cache:
+      self.cache["pre_optimization_text"] = (
+          (self.pre_optimization() if self.pre_optimization else None) or "")
+    return self.cache["pre_optimization_text"]
 
   def __post_init__(self) -> None:
     """Derives the tables every finder reads."""
