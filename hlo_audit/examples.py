@@ -12,10 +12,12 @@ materialized (matmul epilogues, norm statistics, softmax, layout copies):
 
 `train_step` and `loss_fn` are the plain functions behind `example`, to jit
 another way (e.g. `donate_argnums`); `init_params` makes concrete parameters
-for running them.
+for running them; `data_parallel` shards the example's arguments over
+devices, as `hlo-audit example --devices N` (or `--gpus N`) runs it.
 """
 
 from hlo_audit._src.examples.transformer import TransformerConfig as TransformerConfig
+from hlo_audit._src.examples.transformer import data_parallel as data_parallel
 from hlo_audit._src.examples.transformer import example as example
 from hlo_audit._src.examples.transformer import init_params as init_params
 from hlo_audit._src.examples.transformer import loss_fn as loss_fn

@@ -54,28 +54,6 @@ def _step(params, opt, x):
   return jax.tree.map(lambda p, m: p - 0.01 * m, params, new_opt), new_opt
 
 
-def _data_parallel(args, n: int, target=None):
-  """The example's (params, tokens, cfg) over n devices (this machine's, or
-  the target's): the batch split over a 'data' axis, the parameters
-  replicated, as `hlo-audit example --devices` / `--gpus` runs it."""
-  from jax.sharding import NamedSharding, PartitionSpec as P
-
-  params, tokens, cfg = args
-  if target is not None:
-    mesh = target.mesh((n,), ("data",))
-  else:
-    # Auto axes: XLA's sharding propagation places the rest, as with jit shardings.
-    auto = getattr(jax.sharding, "AxisType", None)
-    kw = {"axis_types": (auto.Auto,)} if auto is not None else {}
-    mesh = jax.make_mesh((n,), ("data",), devices=jax.devices()[:n], **kw)
-  replicated = NamedSharding(mesh, P())
-  params = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=replicated),
-                        params)
-  tokens = jax.ShapeDtypeStruct(tokens.shape, tokens.dtype,
-                                sharding=NamedSharding(mesh, P("data", None)))
-  return params, tokens, cfg
-
-
 def _donation_rows(target=None):
   S = jax.ShapeDtypeStruct
   params = {"dense": {"kernel": S((512, 512), jnp.float32), "bias": S((512,), jnp.float32)},
@@ -92,7 +70,7 @@ def _donation_rows(target=None):
          hlo_audit.audit(fn, *args, target=target),
          {"donate": [0]}, hlo_audit.audit(donated, *args, target=target), 0)
   four = hlo_audit.get_target(target, gpus=4) if target is not None else None
-  dp = _data_parallel(args, 4, four)
+  dp = examples.data_parallel(args, 4, four)
   yield (f"example train_step on 4 {'GPUs' if four else 'devices'} (data parallel), "
          "donate_argnums=(0,)", hlo_audit.audit(fn, *dp, target=four), {"donate": [0]},
          hlo_audit.audit(donated, *dp, target=four), 0)

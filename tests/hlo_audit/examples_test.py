@@ -25,3 +25,15 @@ def test_the_train_step_runs_on_initialised_params():
   assert jnp.isfinite(loss)
   assert jnp.allclose(loss, examples.loss_fn(params, tokens, _TINY), rtol=1e-5)
   assert jax.tree.structure(new) == jax.tree.structure(params)
+
+
+def test_data_parallel_splits_the_batch_and_replicates_the_parameters():
+  import pytest
+  from jax.sharding import PartitionSpec as P
+
+  _, args = examples.example(_TINY)
+  params, tokens, cfg = examples.data_parallel(args, 1)
+  assert tokens.sharding.spec == P("data", None) and cfg is _TINY
+  assert all(p.sharding.spec == P() for p in jax.tree.leaves(params))
+  with pytest.raises(ValueError, match=r"batch \(2\) must divide by 3"):
+    examples.data_parallel(args, 3)

@@ -75,27 +75,12 @@ def run(args: argparse.Namespace) -> ExitCode:
 
 
 def data_parallel(fn_args, n: int, target=None):
-  """The example's (params, tokens, cfg) for data parallelism over n devices
-  (this machine's, or the target's): the batch split over a 'data' mesh
-  axis, the parameters replicated."""
-  import jax
-  from jax.sharding import NamedSharding, PartitionSpec as P
+  """`examples.data_parallel`, its batch error said as a flag's."""
+  from hlo_audit._src.examples import transformer
 
-  params, tokens, cfg = fn_args
+  tokens = fn_args[1]
   if tokens.shape[0] % n:
     flag = "--gpus" if target is not None else "--devices"
     raise UsageError(f"{flag} {n}: the example's batch ({tokens.shape[0]}) must "
                      f"divide by {n}; add --set batch={n * max(1, tokens.shape[0] // n)}")
-  if target is not None:
-    mesh = target.mesh((n,), ("data",))
-  else:
-    # Auto axes: XLA's sharding propagation places the rest, as with jit shardings.
-    auto = getattr(jax.sharding, "AxisType", None)
-    kw = {"axis_types": (auto.Auto,)} if auto is not None else {}
-    mesh = jax.make_mesh((n,), ("data",), devices=jax.devices()[:n], **kw)
-  replicated = NamedSharding(mesh, P())
-  params = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=replicated),
-                        params)
-  tokens = jax.ShapeDtypeStruct(tokens.shape, tokens.dtype,
-                                sharding=NamedSharding(mesh, P("data", None)))
-  return params, tokens, cfg
+  return transformer.data_parallel(fn_args, n, target)

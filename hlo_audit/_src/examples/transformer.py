@@ -137,3 +137,31 @@ def example(cfg: TransformerConfig | None = None, *, backward: bool = True):
   fn = train_step if backward else loss_fn
   jitted = jax.jit(fn, static_argnums=(2,))
   return jitted, (params, tokens, cfg)
+
+
+def data_parallel(args, n: int, target=None):
+  """The example's `(params, tokens, cfg)` for data parallelism over `n`
+  devices (this process's first `n`, or a `hlo_audit.Target`'s): the batch
+  split over a 'data' mesh axis, the parameters replicated.
+
+  Raises:
+    ValueError: when the batch does not divide by `n`.
+  """
+  from jax.sharding import NamedSharding, PartitionSpec as P
+
+  params, tokens, cfg = args
+  if tokens.shape[0] % n:
+    raise ValueError(f"the example's batch ({tokens.shape[0]}) must divide by {n}")
+  if target is not None:
+    mesh = target.mesh((n,), ("data",))
+  else:
+    # Auto axes: XLA's sharding propagation places the rest, as with jit shardings.
+    auto = getattr(jax.sharding, "AxisType", None)
+    kw = {"axis_types": (auto.Auto,)} if auto is not None else {}
+    mesh = jax.make_mesh((n,), ("data",), devices=jax.devices()[:n], **kw)
+  replicated = NamedSharding(mesh, P())
+  params = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=replicated),
+                        params)
+  tokens = jax.ShapeDtypeStruct(tokens.shape, tokens.dtype,
+                                sharding=NamedSharding(mesh, P("data", None)))
+  return params, tokens, cfg
