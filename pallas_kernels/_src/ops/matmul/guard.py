@@ -37,6 +37,19 @@ OUT_DTYPES = frozenset({"float32", "bfloat16", "float16", "float8_e4m3fn",
 MAX_ELEMENTS = 2**31 - 1
 
 
+
+def _operand_dtypes_reason(x_dtype, w_dtype) -> str | None:
+  """Why x, w or their compute dtype is out of every matmul kernel's reach."""
+  xd, wd = _name(x_dtype), _name(w_dtype)
+  if xd not in X_DTYPES:
+    return f"x dtype {xd} is not one of {sorted(X_DTYPES)}"
+  if wd not in W_DTYPES:
+    return f"w dtype {wd} is not one of {sorted(W_DTYPES)}"
+  cdt = _name(reference.compute_dtype(x_dtype, w_dtype))
+  if cdt not in COMPUTE_DTYPES:
+    return f"compute dtype {cdt} is not one of {sorted(COMPUTE_DTYPES)}"
+  return None
+
 def _name(dtype) -> str:
   return jnp.dtype(dtype).name
 
@@ -74,13 +87,10 @@ def unsupported_reason(x: Any, w: Any, *, out_dtype, bias: Any = None,
   if reason:
     return reason
   xd, wd = _name(x.dtype), _name(w.dtype)
-  if xd not in X_DTYPES:
-    return f"x dtype {xd} is not one of {sorted(X_DTYPES)}"
-  if wd not in W_DTYPES:
-    return f"w dtype {wd} is not one of {sorted(W_DTYPES)}"
+  reason = _operand_dtypes_reason(x.dtype, w.dtype)
+  if reason:
+    return reason
   cdt = _name(reference.compute_dtype(x.dtype, w.dtype))
-  if cdt not in COMPUTE_DTYPES:
-    return f"compute dtype {cdt} is not one of {sorted(COMPUTE_DTYPES)}"
   for label, a in (("bias", bias), ("residual", residual), ("scale", scale)):
     if a is not None and _name(a.dtype) not in EPILOGUE_DTYPES:
       return f"{label} dtype {_name(a.dtype)} is not one of {sorted(EPILOGUE_DTYPES)}"
@@ -186,13 +196,10 @@ def mosaic_unsupported_reason(x: Any, w: Any, *, out_dtype, bias: Any = None,
       return (f"the Mosaic GPU matmul is built on sm_90a's wgmma; {target.device_kind} is "
               f"sm_{target.compute_capability}")
   xd, wd = _name(x.dtype), _name(w.dtype)
-  if xd not in X_DTYPES:
-    return f"x dtype {xd} is not one of {sorted(X_DTYPES)}"
-  if wd not in W_DTYPES:
-    return f"w dtype {wd} is not one of {sorted(W_DTYPES)}"
+  reason = _operand_dtypes_reason(x.dtype, w.dtype)
+  if reason:
+    return reason
   cdt = _name(reference.compute_dtype(x.dtype, w.dtype))
-  if cdt not in COMPUTE_DTYPES:
-    return f"compute dtype {cdt} is not one of {sorted(COMPUTE_DTYPES)}"
   if cdt == "float32" and precision == "HIGHEST":
     return ("float32 at Precision.HIGHEST: wgmma multiplies float32 as TF32 only "
             "(the Triton kernel's FMA path computes IEEE float32)")
