@@ -189,7 +189,7 @@ def to_dict(report) -> dict:
       "groups": groups_list(report),
       "live_at_peak": list(report.live_at_peak),
       "timeline": list(report.timeline),
-      "cost_analysis": dict(report.cost_analysis) if report.cost_analysis else None,
+      "cost_analysis": dict(sorted(report.cost_analysis.items())) if report.cost_analysis else None,
       "notes": list(report.notes),
       "collectives": [collective_dict(c) for c in report.collectives],
       "what_if": (report.what_if_replay.to_dict()
