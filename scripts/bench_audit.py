@@ -34,6 +34,7 @@ Example:
   python scripts/bench_audit.py
   python scripts/bench_audit.py --scales=1,2 --nocapture
   python scripts/bench_audit.py --corpus_only
+  python scripts/bench_audit.py --model_only   # tables 1-2: the speed goals
 """
 
 from __future__ import annotations
@@ -70,6 +71,7 @@ _CORPUS_MODULES = flags.DEFINE_list(
                        "xla_benchmarks/hlo_gemma4_2b_bf16__1.hlo"],
     "Table 4: third-party modules, relative to the corpus folder.")
 _CORPUS_ONLY = flags.DEFINE_bool("corpus_only", False, "Run table 4 only.")
+_MODEL_ONLY = flags.DEFINE_bool("model_only", False, "Run tables 1-2 only (the speed goals).")
 _MODEL = flags.DEFINE_enum(
     "model", "gpt", ["gpt", "flax", "equinox", "example"],
     "Train step of tables 1-2 (bench_models.py): gpt, a GPT-2-style Flax LM, is a "
@@ -410,6 +412,8 @@ def main(argv):
   else:
     print(f"(compile time {compile_s:.1f} s from when the module was cached)")
   report_table(text, compile_s, _REPEATS.value)
+  if _MODEL_ONLY.value:
+    return
   base, _ = bench_models.compiled_text("example", _CACHE.value or None)
   scaling_table(base, scales, _REPEATS.value, _CACHE.value)
   corpus_table(_REPEATS.value)
