@@ -431,7 +431,10 @@ def swap(f: Callable, *, ops: Iterable[str] | None = None, report: bool = False,
       `backend.resolve_target` takes it: a name ("h200", "a100", "cpu"), a
       `jax.Device` (a compile-only topology's too) or a `Target`; each guard is
       asked for that device and each kernel built for it (e.g. the Mosaic GPU
-      matmul for a Hopper GPU). None: the device the function is traced on.
+      matmul for a Hopper GPU). None: each kernel builds, as the op called
+      directly does, for the device its operands are placed on; on a
+      CPU-only machine for this CPU and the GPUs, the lowering keeping one,
+      so the same swapped function runs here and compiles for an H200.
 
   Returns:
     A `Swapped` callable; `.report(*args)` gives the report without running.
