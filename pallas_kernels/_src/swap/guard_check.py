@@ -57,10 +57,7 @@ def dry_run(op: str, positional: Sequence[Any], keywords: Mapping[str, Any] | No
     None) when it falls back ("invalid call: ..." for a ValueError).
   """
   keywords = dict(keywords or {})
-  static = dict(static or {}, implementation="pallas",
-                interpret=backend.resolve_interpret(interpret))
-  key = (op, tuple(map(_key, positional)), tuple(sorted((k, _key(v)) for k, v in keywords.items())),
-         tuple(sorted(static.items(), key=str)), backend.target())
+  static, key = _call_key(op, positional, keywords, static, interpret)
   with _lock:
     if key in _cache:
       return _cache[key]
@@ -92,13 +89,18 @@ def dry_run(op: str, positional: Sequence[Any], keywords: Mapping[str, Any] | No
 def last_kernel_backend(op: str, positional, keywords=None, static=None,
                         interpret: bool | None = None) -> str:
   """The backend `dry_run` found for the same call ("" when it falls back)."""
-  keywords = dict(keywords or {})
+  _, key = _call_key(op, positional, dict(keywords or {}), static, interpret)
+  with _lock:
+    return _backends.get(key, "")
+
+
+def _call_key(op: str, positional, keywords: Mapping[str, Any], static, interpret):
+  """(the op's static keywords for a kernel call, the call's cache key)."""
   static = dict(static or {}, implementation="pallas",
                 interpret=backend.resolve_interpret(interpret))
   key = (op, tuple(map(_key, positional)), tuple(sorted((k, _key(v)) for k, v in keywords.items())),
          tuple(sorted(static.items(), key=str)), backend.target())
-  with _lock:
-    return _backends.get(key, "")
+  return static, key
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

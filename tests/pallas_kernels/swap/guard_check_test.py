@@ -20,12 +20,15 @@ def test_a_supported_call_runs_the_kernel_here():
   assert check.op == "matmul" and check.backend == jax.default_backend()
   assert check.interpret == (check.backend == "cpu")
   assert check.device_kind == jax.devices()[0].device_kind
+  # The Pallas backend the dry run built (on a CPU: Triton's kernel, interpreted).
+  assert check.kernel_backend == "triton" if check.backend == "cpu" else check.kernel_backend
 
 
 def test_a_guarded_call_names_the_fallback_reason():
   check = pallas_kernels.check_guard("matmul", _sds((64, 256), "int32"),
                                      _sds((256, 512), "int32"))
   assert not check.runs and "int32" in check.reason
+  assert check.kernel_backend == ""
 
 
 def test_arrays_are_read_as_their_shapes():

@@ -136,6 +136,18 @@ def test_epilogue_operands_are_transformed_with_their_values():
     assert relative_error(out, ref) <= tolerance(ref.dtype), (out, ref)
 
 
+def test_a_bias_broadcast_from_1_by_n_is_passed_as_n():
+  # An explicit broadcast of a [1, N] bias to [M, N]: the kernel gets [N].
+  k = jax.random.split(jax.random.key(4), 3)
+  x, w = jax.random.normal(k[0], (8, 16)), jax.random.normal(k[1], (16, 24)) / 4
+  b = jax.random.normal(k[2], (1, 24))
+  f = lambda x, w, b: jnp.tanh(x @ w + jnp.broadcast_to(b, (8, 24)))
+  site = _only_site(f, x, w, b)
+  assert site.replaced and site.call.endswith("bias=f32[24], activation='tanh')"), site.call
+  out = jax.jit(pallas_kernels.swap(f))(x, w, b)
+  assert relative_error(out, f(x, w, b)) <= tolerance(jnp.float32)
+
+
 _REJECTED = {
     "two contracting dimensions": (
         lambda x, w: jnp.tanh(jnp.einsum("bmk,bkn->mn", x, w)),

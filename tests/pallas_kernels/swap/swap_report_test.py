@@ -103,3 +103,17 @@ def test_a_partial_is_reported_by_its_function_name():
   report = pallas_kernels.swap(functools.partial(dense, scale=2.0)).report(*_F32)
   assert report.function == "test_a_partial_is_reported_by_its_function_name.<locals>.dense"
   assert str(report).startswith(f"swap({report.function}): 1 replaced")
+
+
+def test_the_kernel_keeps_the_users_name_stack_in_the_hlo():
+  # XLA's metadata (what an audit reads back as where a kernel comes from)
+  # keeps the user's scope around the swapped kernel.
+  def block(x, w):
+    with jax.named_scope("mlp_block"):
+      return jnp.tanh(x @ w)
+
+  x, w = jnp.ones((8, 16)) / 4, jnp.ones((16, 24)) / 4
+  text = jax.jit(pallas_kernels.swap(block)).lower(x, w).as_text(debug_info=True)
+  kernel = [ln for ln in text.splitlines() if "pallas_kernels.matmul" in ln]
+  assert kernel, "no kernel in the lowered program"
+  assert any("mlp_block/" in ln for ln in kernel), kernel[:3]
