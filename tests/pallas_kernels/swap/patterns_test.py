@@ -148,6 +148,17 @@ def test_a_bias_broadcast_from_1_by_n_is_passed_as_n():
   assert relative_error(out, f(x, w, b)) <= tolerance(jnp.float32)
 
 
+def test_a_dot_contracting_xs_first_dimension_is_transpose_x():
+  # The dot itself reads x as [K, M] (no transpose before it): transpose_x.
+  k = jax.random.split(jax.random.key(7), 2)
+  x, w = jax.random.normal(k[0], (16, 8)), jax.random.normal(k[1], (16, 24)) / 4
+  f = lambda x, w: jnp.tanh(jnp.einsum("km,kn->mn", x, w))
+  site = _only_site(f, x, w)
+  assert site.call == "matmul(x=f32[16,8], w=f32[16,24], activation='tanh', transpose_x=True)"
+  out = jax.jit(pallas_kernels.swap(f))(x, w)
+  assert relative_error(out, f(x, w)) <= tolerance(jnp.float32)
+
+
 _REJECTED = {
     "two contracting dimensions": (
         lambda x, w: jnp.tanh(jnp.einsum("bmk,bkn->mn", x, w)),

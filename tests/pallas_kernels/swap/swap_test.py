@@ -276,3 +276,16 @@ def test_custom_derivative_bodies_are_swapped_and_keep_the_users_rules(mlp_args)
   _close(jax.jit(swapped)(x, w), f(x, w))
   grad = lambda g: jax.jit(jax.grad(g, argnums=(0, 1)))
   _close(grad(swapped)(x, w), grad(f)(x, w), grad=True)
+
+
+def test_a_cond_with_one_swappable_branch_keeps_the_other_as_written():
+  def f(x, w, pred):
+    return jax.lax.cond(pred, lambda x, w: jnp.tanh(x @ w), lambda x, w: jnp.broadcast_to(x.sum(), (8, 24)), x, w)
+
+  x = jax.random.normal(jax.random.key(5), (8, 16))
+  w = jax.random.normal(jax.random.key(6), (16, 24)) / 4
+  swapped = pallas_kernels.swap(f)
+  sites = swapped.report(x, w, True).sites
+  assert [s.replaced for s in sites] == [True] and "cond branch" in sites[0].where
+  for pred in (True, False):
+    _close(jax.jit(swapped)(x, w, pred), f(x, w, pred))
