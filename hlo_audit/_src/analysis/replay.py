@@ -13,6 +13,9 @@ original's buffers rather than by recompiling:
   the first of those uses to the last, and its producer's inputs stay live
   until then (as `jax.checkpoint` would do).
 - drop a buffer: it is gone (an upper bound on what removing it can give).
+- unsplit a split-K gemm (split_k.py): its partial sums `[k, M, N]` become
+  its `[M, N]` result, live as long, as a kernel replacing the gemm that
+  does not split K (a Pallas matmul) would write it.
 
 A quick replay keeps the audited buffer assignment and sums the heap again;
 a full one assigns every buffer again. Each finding gets the quick estimate,
@@ -34,6 +37,7 @@ from hlo_audit._src.analysis.program import (Program, WhatIfError, buffer_name, 
                                              resolve_buffer)
 from hlo_audit._src.analysis.records import FindingKind, FusionDecisionRecord
 from hlo_audit._src.analysis.schedule import Schedule
+from hlo_audit._src.analysis.split_k import split_k_partials
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -75,7 +79,8 @@ class WhatIf:
 
 def replay(program: Program, *, fuse: Sequence[tuple[str, str, Sequence[str]]] = (),
            donate: Sequence[int | str] = (), remat: Sequence[str] = (),
-           drop: Sequence[str] = (), quick: bool = False) -> WhatIf | int:
+           drop: Sequence[str] = (), unsplit: Sequence[str] = (),
+           quick: bool = False) -> WhatIf | int:
   """Replays the liveness of `program` with the changes applied.
 
   With `quick`, returns only the new peak, keeping the audited buffer
@@ -89,9 +94,12 @@ def replay(program: Program, *, fuse: Sequence[tuple[str, str, Sequence[str]]] =
     donate: arguments to donate (see `resolve_arguments`).
     remat: buffers to recompute before their later uses.
     drop: buffers to remove.
+    unsplit: split-K partial sums (buffer names) whose gemm writes its result
+      once instead.
 
   Raises:
-    WhatIfError: for a name the program lacks.
+    WhatIfError: for a name the program lacks, or an `unsplit` buffer that
+      holds no gemm's split-K partial sums.
   """
   module, schedule, dataflow = program.module, program.schedule, program.dataflow
   base = program.liveness
@@ -157,6 +165,22 @@ def replay(program: Program, *, fuse: Sequence[tuple[str, str, Sequence[str]]] =
       keep_inputs_until(producer, last)
     changes.append(f"fuse {boundary} ({producer or 'input'} -> "
                    f"{', '.join(consumers) or '?'})")
+  partials = split_k_partials(program) if unsplit else {}
+  for name in unsplit:
+    b = resolve_buffer(dataflow, name)
+    found = partials.get(buffer_name(b))
+    if found is None:
+      known = ", ".join(sorted(partials)[:4]) or "none"
+      raise WhatIfError(f"unsplit {name!r}: the buffer holds no gemm's split-K partial "
+                        f"sums (the program's: {known})")
+    changes.append(f"unsplit {found.gemm} ({found.splits} partial sums, "
+                   f"{found.bytes} -> {found.result_bytes} B)")
+    if b in dropped:
+      continue  # fused away too: the result is never written either
+    dropped.add(b)
+    members = dataflow.buffers[b]
+    extra.append((min(value_range(v)[0] for v in members),
+                  max(value_range(v)[1] for v in members), found.result_bytes))
   for name in remat:
     b = resolve_buffer(dataflow, name)
     members = dataflow.buffers[b]

@@ -58,7 +58,8 @@ def add_output_flags(p: argparse.ArgumentParser) -> None:
   out.add_argument("--what-if", metavar="CHANGES", default=None,
                    help="replay the peak with changes made, e.g. 'donate=0,1', "
                         "'donate=params;remat=fusion.3', 'drop=NAME', 'fuse=2' (finding "
-                        "numbers); prints the replayed peak beside the original")
+                        "numbers), 'unsplit=NAME' (a GPU gemm's split-K partial sums); "
+                        "prints the replayed peak beside the original")
   out.add_argument("--width", type=int, default=None,
                    help="width of the text report (default: $COLUMNS, else the terminal's; "
                    f"{PIPED_WIDTH} when piped)")
@@ -180,12 +181,12 @@ def target_prefix(args: argparse.Namespace) -> list[str]:
   return out
 
 
-_WHAT_IF_KEYS = ("donate", "remat", "drop", "fuse")
+_WHAT_IF_KEYS = ("donate", "remat", "drop", "fuse", "unsplit")
 
 
 def replay_what_if(report: AuditReport, spec: str):
   """The what-if `--what-if` asks for: 'KEY=V1,V2;KEY=...' with KEY one of
-  donate, remat, drop, fuse (fuse takes finding numbers, 1-based)."""
+  donate, remat, drop, fuse, unsplit (fuse takes finding numbers, 1-based)."""
   changes: dict[str, list] = {}
   for part in spec.split(";"):
     if not part.strip():

@@ -4,9 +4,11 @@ into the built-in example, audit before and after, and run the acceptance gate.
 With `--target h200` both programs are XLA's for that GPU (compiled here, no
 GPU needed; numerics still run on this machine), and one more check holds:
 the swapped program must hold the library's kernels as compiled kernels
-(custom calls), and the what-if the audit of the original predicts for the
-fusions the swap made must be within 5% of XLA's footprint of the swapped
-program (`TargetCheck`).
+(custom calls), and the what-if the audit of the original predicts for what
+the swap changed must be within 5% of XLA's footprint of the swapped
+program (`TargetCheck`): the findings it closed fused, and XLA's split-K
+gemms at the lines it replaced run unsplit (a kernel that replaces a gemm,
+forward or in its VJP, writes the [M, N] result once, not k partial sums).
 
 The training step differentiates inside (`jax.value_and_grad(loss_fn)`), and
 `swap` must see the forward program to recognise patterns, so the swapped
@@ -112,6 +114,9 @@ class TargetCheck:
   interpreted_kernels: int
   #: Findings of the original the swap closed (the what-if fuses them).
   fused: int
+  #: XLA split-K gemms of the original at the replaced lines (the what-if
+  #: runs them unsplit).
+  unsplit: int
   #: The original's peak, the what-if's prediction, and XLA's footprint of
   #: the swapped program (None when XLA gave none).
   baseline_peak: int
@@ -150,7 +155,8 @@ class TargetCheck:
                   "ran as interpret-mode loops): the library chose its backend from "
                   "this machine, not from the target")
     err = self.error
-    what_if = (f"what-if on {self.target}: fusing the {self.fused} closed findings predicts "
+    unsplit = f" and {self.unsplit} split-K gemms unsplit" if self.unsplit else ""
+    what_if = (f"what-if on {self.target}: fusing the {self.fused} closed findings{unsplit} predicts "
                f"{fmt_bytes(self.predicted_peak)} (from {fmt_bytes(self.baseline_peak)}); "
                f"XLA's footprint of the swapped program "
                f"{fmt_bytes(self.measured_peak) if self.measured_peak else 'unknown'}")
@@ -167,9 +173,25 @@ class TargetCheck:
             "prediction_holds": self.prediction_holds, "passed": self.passed}
 
 
-def target_check(target: str, swapped_ops: int, before, after, diff) -> TargetCheck:
+def _same_file(a: str, b: str) -> bool:
+  """The same file, one path perhaps relative to the other's root."""
+  return a == b or (a.rsplit("/", 1)[-1] == b.rsplit("/", 1)[-1]
+                    and (a.endswith(b) or b.endswith(a)))
+
+
+def _at(buffer, locations) -> bool:
+  """Whether a frame of `buffer`'s source is one of `locations` ((file,
+  line) pairs)."""
+  frames = [f for f in (buffer.source, *buffer.source_stack) if f is not None]
+  return any(f.line == line and _same_file(f.file, file)
+             for f in frames for file, line in locations)
+
+
+def target_check(target: str, swapped_ops: int, before, after, diff,
+                 locations=()) -> TargetCheck:
   """The `TargetCheck` of a swap from the audits of the two programs
-  compiled for `target` and their diff."""
+  compiled for `target` and their diff; `locations`: the (file, line) pairs
+  the replaced patterns cover."""
   from hlo_audit._src.analysis.backend_traits import KernelKind, user_kernel_of
 
   module = after.program.module if after.program is not None else None
@@ -183,10 +205,12 @@ def target_check(target: str, swapped_ops: int, before, after, diff) -> TargetCh
   compiled = sum(kinds.values())
   scoped = sum(1 for k in after.kernels if k.kind is KernelKind.PALLAS)
   gone = [f for f in diff.findings_removed if f.boundary and f.kind.slug in _SWAP_CLASSES]
-  predicted = before.what_if(fuse=gone).peak_bytes
+  buffers = {b.name: b for b in before.buffers}
+  unsplit = [s.partials for s in before.split_k if _at(buffers[s.partials], locations)]
+  predicted = before.what_if(fuse=gone, unsplit=unsplit).peak_bytes
   return TargetCheck(
       target=target, swapped_ops=swapped_ops, compiled_kernels=compiled,
-      interpreted_kernels=max(scoped - compiled, 0), fused=len(gone),
+      interpreted_kernels=max(scoped - compiled, 0), fused=len(gone), unsplit=len(unsplit),
       baseline_peak=before.peak_bytes, predicted_peak=predicted,
       measured_peak=after.xla_peak_bytes, kernel_kinds=kinds)
 
@@ -219,8 +243,9 @@ def run_swap(fn, fn_args, args: argparse.Namespace, out=None, *, target=None) ->
   before, after, diff = result.before, result.after, result.diff
   check = None
   if target is not None:
-    check = target_check(target.label, len(getattr(report, "replaced", ())),
-                         before, after, diff)
+    replaced = getattr(report, "replaced", ())
+    check = target_check(target.label, len(replaced), before, after, diff,
+                         [loc for site in replaced for loc in getattr(site, "locations", ())])
   if getattr(args, "json", False):
     out.write(json.dumps({
         "swap": report.to_dict(), "before": _summary_dict(before),

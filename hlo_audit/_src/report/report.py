@@ -98,7 +98,7 @@ class AuditReport:
 
   def what_if(self, *, fuse: Sequence[FusionDecisionRecord] = (),
               donate: Sequence[int | str] = (), remat: Sequence[str] = (),
-              drop: Sequence[str] = ()):
+              drop: Sequence[str] = (), unsplit: Sequence[str] = ()):
     """Replays the liveness with changes made; returns a `WhatIf` (new peak,
     timeline and buffers live at the new peak).
 
@@ -108,6 +108,9 @@ class AuditReport:
         names, or pytree paths such as "params['dense']['kernel']".
       remat: buffers (by name, as in `buffers`) recomputed before their late uses.
       drop: buffers removed outright.
+      unsplit: split-K partial sums (buffer names, see `split_k`) whose gemm
+        writes its [M, N] result once instead, as a kernel replacing it that
+        does not split K would.
 
     Raises:
       WhatIfError: for a name the program lacks, or a report read from JSON.
@@ -127,12 +130,22 @@ class AuditReport:
       else:
         fusions.append((f.boundary, f.producer, f.consumers))
     result = replay(self.program, fuse=fusions, donate=list(donate), remat=list(remat),
-                    drop=list(drop))
+                    drop=list(drop), unsplit=list(unsplit))
     if kept:
       result = dataclasses.replace(result, notes=(*result.notes, *(
           f"fuse {b}: other readers keep the buffer (fewer reads, the same memory)"
           for b in kept)))
     return result
+
+  @property
+  def split_k(self):
+    """The split-K gemms of the program (XLA:GPU): a `SplitK` per buffer of
+    partial sums, largest first; () for a report without its program."""
+    from hlo_audit._src.analysis.split_k import split_k_partials
+
+    if self.program is None:
+      return ()
+    return tuple(sorted(split_k_partials(self.program).values(), key=lambda s: -s.bytes))
 
   def with_what_if(self, what_if) -> AuditReport:
     """This report with `what_if` selected for display (terminal, JSON, HTML)."""
