@@ -175,3 +175,52 @@ def test_gpu_rules_never_share_a_constant(text):
     for k, o in enumerate(inst.operands):
       if comp.instruction(o).opcode == "constant":
         assert not gpu_can_share_buffer(m, comp, inst, k, (), ())
+
+
+SOLVER = """
+HloModule m, is_scheduled=true
+ENTRY %main (a: f32[64,64]) -> (f32[64,64], s32[]) {
+  %a = f32[64,64]{1,0} parameter(0)
+  %x = f32[64,64]{1,0} exponential(%a)
+  %ch = (f32[64,64]{1,0}, s32[]) custom-call(%x), custom_call_target="__cusolver$cholesky"
+  ROOT %other = (f32[64,64]{1,0}, s32[]) custom-call(%x), custom_call_target="my_library$op"
+}
+"""
+
+
+def test_cusolvers_cholesky_factors_in_place_and_other_calls_do_not():
+  # cuSOLVER writes the factor (output 0) over its input; its info word, and
+  # any other library's outputs, get memory of their own.
+  assert _ask(SOLVER, "ch", 0, user_index=(0,))[0] is True
+  assert _ask(SOLVER, "ch", 0, user_index=(1,))[0] is False
+  assert _ask(SOLVER, "other", 0, user_index=(0,))[0] is False
+
+
+UPDATE_BESIDE = """
+HloModule m, is_scheduled=true
+%fused (p0: f32[256], p1: f32[256], p2: s32[]) -> (f32[256], f32[256]) {
+  %p0 = f32[256]{0} parameter(0)
+  %p1 = f32[256]{0} parameter(1)
+  %p2 = s32[] parameter(2)
+  %dus = f32[256]{0} dynamic-update-slice(%p1, %p0, %p2)
+  %e = f32[256]{0} exponential(%OTHER)
+  ROOT %t = (f32[256]{0}, f32[256]{0}) tuple(%dus, %e)
+}
+ENTRY %main (x: f32[256], y: f32[256], i: s32[]) -> (f32[256], f32[256]) {
+  %x = f32[256]{0} parameter(0)
+  %y = f32[256]{0} parameter(1)
+  %i = s32[] parameter(2)
+  %g = f32[256]{0} negate(%x)
+  ROOT %f = (f32[256]{0}, f32[256]{0}) fusion(%g, %y, %i), kind=kLoop, calls=%fused
+}
+"""
+
+
+def test_an_output_not_written_elementwise_beside_another_reader_keeps_apart():
+  # The update of a dynamic-update-slice may become the output it is
+  # written into; but when another output of the fusion reads it too, the
+  # two are not written in one order: XLA:GPU's hint refuses.
+  beside = UPDATE_BESIDE.replace("%OTHER", "%p0")
+  apart = UPDATE_BESIDE.replace("%OTHER", "%p1")
+  assert _ask(beside, "f", 0, user_index=(0,))[0] is False
+  assert _ask(apart, "f", 0, user_index=(0,))[0] is True

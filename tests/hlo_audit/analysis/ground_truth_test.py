@@ -137,6 +137,10 @@ def test_matmul_read_by_two_elementwise_kernels_is_one_two_output_epilogue():
   # One write and two reads of f32[128,512] go.
   assert epi.bytes_saved == 3 * M * N * 4
   assert epi.kernel is None  # pallas_kernels.matmul writes one output
+  # What a kernel library is asked for: a dot writing two outputs.
+  assert (epi.need.kind, epi.need.anchor, epi.need.outputs) == (
+      FindingKind.UNFUSED_EPILOGUE, "dot", 2)
+  assert epi.need.ops == epi.ops
   assert r.buffer(epi.boundary).reuse_count == 2
 
 

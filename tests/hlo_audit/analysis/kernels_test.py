@@ -116,3 +116,41 @@ def test_interpreted_pallas_kernel_is_one_kernel_and_its_copy_not_a_finding():
   assert not r.findings_of(FindingKind.STANDALONE_COPY)
   assert not r.findings_of(FindingKind.LAYOUT_CONFLICT)
   assert [x.name for x in r.kernels] == ["w", "out"]
+
+
+SLICED = """
+HloModule sliced, is_scheduled=true
+
+%fused_slice (p0: f32[64,128]) -> f32[8,128] {
+  %p0 = f32[64,128]{1,0} parameter(0)
+  %v = f32[8,8,128]{2,1,0} bitcast(%p0)
+  %s = f32[1,8,128]{2,1,0} slice(%v), slice={[3:4], [0:8], [0:128]}
+  %e = f32[1,8,128]{2,1,0} exponential(%s)
+  ROOT %r = f32[8,128]{1,0} bitcast(%e)
+}
+
+%fused_whole (p0: f32[64,128]) -> f32[64,128] {
+  %p0 = f32[64,128]{1,0} parameter(0)
+  %v = f32[8,8,128]{2,1,0} bitcast(%p0)
+  %s = f32[1,8,128]{2,1,0} slice(%v), slice={[3:4], [0:8], [0:128]}
+  %e = f32[8,8,128]{2,1,0} exponential(%v)
+  %b = f32[64,128]{1,0} bitcast(%e)
+  ROOT %r = f32[64,128]{1,0} add(%b, %p0)
+}
+
+ENTRY %main (x: f32[64,128]) -> (f32[8,128], f32[64,128]) {
+  %x = f32[64,128]{1,0} parameter(0)
+  %y = f32[64,128]{1,0} negate(%x)
+  %part = f32[8,128]{1,0} fusion(%y), kind=kLoop, calls=%fused_slice
+  %whole = f32[64,128]{1,0} fusion(%y), kind=kLoop, calls=%fused_whole
+  ROOT %out = (f32[8,128]{1,0}, f32[64,128]{1,0}) tuple(%part, %whole)
+}
+"""
+
+
+def test_a_slice_seen_through_a_bitcast_reads_only_the_slice():
+  kernels = {k.name: k for k in hlo_audit.audit_hlo(SLICED).kernels}
+  # One 8x128 row block of the 64x128 operand, through a bitcast view.
+  assert kernels["part"].bytes_read == 8 * 128 * 4
+  # Read whole beside its slice: the whole operand.
+  assert kernels["whole"].bytes_read == 64 * 128 * 4

@@ -1,0 +1,48 @@
+"""Separate reductions on hand-written optimized HLO: a reduction is named
+by what it reduces and in which pass."""
+
+from __future__ import annotations
+
+import hlo_audit
+from hlo_audit import FindingKind
+
+BACKWARD = """
+HloModule bw, is_scheduled=true
+
+%add (a: f32[], b: f32[]) -> f32[] {
+  %a = f32[] parameter(0)
+  %b = f32[] parameter(1)
+  ROOT %s = f32[] add(%a, %b)
+}
+
+%fused_grad (p0: f32[64,128], p1: f32[64,128]) -> f32[64,128] {
+  %p0 = f32[64,128]{1,0} parameter(0)
+  %p1 = f32[64,128]{1,0} parameter(1)
+  %e = f32[64,128]{1,0} exponential(%p0), metadata={op_name="jit(f)/transpose(jvp())/exp"}
+  %m = f32[64,128]{1,0} maximum(%e, %p1), metadata={op_name="jit(f)/transpose(jvp())/max"}
+  ROOT %g = f32[64,128]{1,0} multiply(%m, %p1), metadata={op_name="jit(f)/transpose(jvp())/mul"}
+}
+
+%fused_sum (p0: f32[64,128]) -> f32[64] {
+  %p0 = f32[64,128]{1,0} parameter(0)
+  %z = f32[] constant(0)
+  ROOT %r = f32[64]{0} reduce(%p0, %z), dimensions={1}, to_apply=%add, metadata={op_name="jit(f)/reduce_sum"}
+}
+
+ENTRY %main (x: f32[64,128], y: f32[64,128]) -> (f32[64,128], f32[64]) {
+  %x = f32[64,128]{1,0} parameter(0)
+  %y = f32[64,128]{1,0} parameter(1)
+  %g = f32[64,128]{1,0} fusion(%x, %y), kind=kLoop, calls=%fused_grad, metadata={op_name="jit(f)/transpose(jvp())/mul"}
+  %s = f32[64]{0} fusion(%g), kind=kInput, calls=%fused_sum, metadata={op_name="jit(f)/reduce_sum"}
+  ROOT %out = (f32[64,128]{1,0}, f32[64]{0}) tuple(%g, %s)
+}
+"""
+
+
+def test_a_sum_of_a_backward_value_is_no_forward_softmax():
+  # The producer is the backward pass's (transpose(jvp()) in its op_name),
+  # the reduction's own op_name is the forward primitive's: exp and max in
+  # the producer do not make it a softmax, and no softmax kernel is offered.
+  (f,) = hlo_audit.audit_hlo(BACKWARD).findings_of(FindingKind.SEPARATE_REDUCTION)
+  assert f.ops == ("reduce",) and f.kernel is None
+  assert f.need is None or f.need.anchor != "softmax"
