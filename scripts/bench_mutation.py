@@ -58,13 +58,16 @@ class Group:
   name: str
   sources: tuple[str, ...]
   tests: tuple[str, ...]
+  #: Test files left out: those that cannot run in mutmut's copy.
+  ignore: tuple[str, ...] = ()
 
 
 def _groups() -> dict[str, Group]:
   """The groups of pyproject.toml's `[tool.bench_mutation.groups]`."""
   with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
     table = tomllib.load(f)["tool"]["bench_mutation"]["groups"]
-  return {name: Group(name, tuple(g["sources"]), tuple(g["tests"]))
+  return {name: Group(name, tuple(g["sources"]), tuple(g["tests"]),
+                      tuple(g.get("ignore", ())))
           for name, g in table.items()}
 
 
@@ -101,7 +104,8 @@ def _configure(work: str, group: Group) -> None:
     f.write("\n[tool.mutmut]\n"
             f"source_paths = {json.dumps(list(group.sources))}\n"
             f"pytest_add_cli_args_test_selection = {json.dumps(list(group.tests))}\n"
-            'also_copy = ["hlo_audit", "pallas_kernels", "tests", "pyproject.toml"]\n'
+            f"pytest_add_cli_args = {json.dumps([f'--ignore={t}' for t in group.ignore])}\n"
+            'also_copy = ["hlo_audit", "pallas_kernels", "tests", "scripts", "pyproject.toml"]\n'
             "mutate_only_covered_lines = true\n"
             f"do_not_mutate_patterns = {json.dumps(list(DO_NOT_MUTATE))}\n"
             # JAX starts threads once it imports or computes: a worker forked
@@ -153,6 +157,12 @@ def run_group(group: Group, sample: int, seed: int, children: int, keep: bool,
     # Generates every mutant, and records which tests reach which function,
     # running none (no name matches).
     listed = _mutmut(work, "run", "--max-children", str(children), "no.such.mutant")
+    if "failed to collect stats" in listed.stdout + listed.stderr:
+      # A test fails in mutmut's copy (a file it did not copy, say): no
+      # mutant can be judged against a suite that fails unmutated.
+      raise RuntimeError(f"the tests of {group.name} fail unmutated in mutmut's copy "
+                         f"(set debug = true under [tool.mutmut] to see which):\n"
+                         f"{listed.stdout[-2000:]}\n{listed.stderr[-2000:]}")
     names = sorted(_exit_codes(work))
     if not names:
       raise RuntimeError(f"mutmut listed no mutants for {group.name}:\n"
@@ -213,6 +223,7 @@ def main(argv):
           f"({100 * (r['score'] or 0):.1f}%, 95% {100 * lo:.0f}-{100 * hi:.0f}%) of "
           f"{r['sampled']} sampled from {r['mutants']} mutants; {r['counts']}; "
           f"{r['seconds']:.0f} s", flush=True)
+  unjudged = [r["group"] for r in results if r["sampled"] and not r["judged"]]
   killed = sum(r["killed"] for r in results)
   judged = sum(r["judged"] for r in results)
   lo, hi = _wilson(killed, judged)
@@ -227,6 +238,10 @@ def main(argv):
         f.write(f"# {r['group']}\n\n")
         for s in r["survivors"]:
           f.write(f"## {s['name']} ({s['status']})\n\n```diff\n{s['diff'].strip()}\n```\n\n")
+  if unjudged:
+    print(f"no mutant of {', '.join(unjudged)} was judged (see the counts): no score",
+          file=sys.stderr)
+    return 1
   return 0
 
 

@@ -154,3 +154,15 @@ def test_a_slice_seen_through_a_bitcast_reads_only_the_slice():
   assert kernels["part"].bytes_read == 8 * 128 * 4
   # Read whole beside its slice: the whole operand.
   assert kernels["whole"].bytes_read == 64 * 128 * 4
+
+
+def test_an_input_of_an_interpreted_kernel_joins_it_through_the_loop_state():
+  # A scoped instruction that feeds the launch only through the while's
+  # init tuple (glue) is the kernel's input, not a kernel of its own.
+  text = INTERPRETED_PALLAS.replace(
+      "%copy = f32[8,128]{1,0} copy(%x)",
+      '%copy = f32[8,128]{1,0} negate(%x), metadata={op_name="jit(f)/pallas_kernels.scale/neg"}')
+  r = hlo_audit.audit_hlo(text)
+  (k,) = [k for k in r.kernels if k.kind is KernelKind.PALLAS]
+  assert k.name == "w" and "copy" in k.members
+  assert [x.name for x in r.kernels] == ["w", "out"]

@@ -266,3 +266,24 @@ def test_a_fusion_that_keeps_a_big_input_longer_is_not_called_exact():
   assert full > p.liveness.peak_bytes + 3_000_000
   ((peak, exact),) = replay.peak_after_fusions(p, [fusion])
   assert not exact and peak >= full
+
+
+PASSED_THROUGH = """
+HloModule passed, is_scheduled=true
+ENTRY %main (a: f32[256,256], b: f32[256,256]) -> (f32[256,256], f32[256,256]) {
+  %a = f32[256,256]{1,0} parameter(0)
+  %b = f32[256,256]{1,0} parameter(1)
+  %c = f32[256,256]{1,0} exponential(%b)
+  ROOT %t = (f32[256,256]{1,0}, f32[256,256]{1,0}) tuple(%a, %c)
+}
+"""
+
+
+def test_a_donation_never_takes_an_output_that_returns_an_argument():
+  # Output 0 is `a` itself: JAX aliases no donated argument to it, so `b`
+  # takes output 1 though output 0 comes first and has its shape.
+  from hlo_audit._src.analysis.donation import donation_aliases
+
+  program = hlo_audit.audit_hlo(PASSED_THROUGH).program
+  assert donation_aliases(program.module, program.dataflow, [1]) == [((1,), 1)]
+  assert donation_aliases(program.module, program.dataflow, [0, 1]) == [((1,), 0)]

@@ -46,3 +46,52 @@ def test_a_sum_of_a_backward_value_is_no_forward_softmax():
   (f,) = hlo_audit.audit_hlo(BACKWARD).findings_of(FindingKind.SEPARATE_REDUCTION)
   assert f.ops == ("reduce",) and f.kernel is None
   assert f.need is None or f.need.anchor != "softmax"
+
+
+MIX = """
+HloModule ct, is_scheduled=true
+
+%add (a: f32[], b: f32[]) -> f32[] {
+  %a = f32[] parameter(0)
+  %b = f32[] parameter(1)
+  ROOT %s = f32[] add(%a, %b)
+}
+
+%fused_exp (p0: f32[64,128]) -> f32[64,128] {
+  %p0 = f32[64,128]{1,0} parameter(0)
+  ROOT %e = f32[64,128]{1,0} exponential(%p0), metadata={op_name="jit(f)/exp"}
+}
+
+%fused_mix (p0: f32[64,128], p1: f32[64,128]) -> f32[DIMS] {
+  %p0 = f32[64,128]{1,0} parameter(0)
+  %p1 = f32[64,128]{1,0} parameter(1)
+  %m = f32[64,128]{1,0} multiply(%p0, %OTHER), metadata={op_name="jit(f)/mul"}
+  %z = f32[] constant(0)
+  ROOT %r = f32[DIMS]{0} reduce(%m, %z), dimensions={AXIS}, to_apply=%add, metadata={op_name="jit(f)/reduce_sum"}
+}
+
+ENTRY %main (x: f32[64,128], y: f32[64,128]) -> (f32[64,128], f32[DIMS]) {
+  %x = f32[64,128]{1,0} parameter(0)
+  %y = f32[64,128]{1,0} parameter(1)
+  %e = f32[64,128]{1,0} fusion(%x), kind=kLoop, calls=%fused_exp, metadata={op_name="jit(f)/exp"}
+  %s = f32[DIMS]{0} fusion(%e, %y), kind=kInput, calls=%fused_mix, metadata={op_name="jit(f)/reduce_sum"}
+  ROOT %out = (f32[64,128]{1,0}, f32[DIMS]{0}) tuple(%e, %s)
+}
+"""
+
+
+def _mix(axis: str, other: str) -> hlo_audit.FusionDecisionRecord:
+  dims = "128" if axis == "0" else "64"
+  text = MIX.replace("DIMS", dims).replace("AXIS", axis).replace("%OTHER", other)
+  (f,) = hlo_audit.audit_hlo(text).findings_of(FindingKind.SEPARATE_REDUCTION)
+  return f
+
+
+def test_a_product_summed_over_its_varying_axis_is_a_contraction():
+  # sum_b e[b, i] * y[b, i] over the leading axis, in the forward pass: an
+  # einsum XLA runs as multiply + reduce, not a sum over the batch.
+  assert _mix("0", "%p1").ops == ("contraction",)
+  assert _mix("1", "%p1").ops == ("contraction",)
+  # e * e is a square: its sum over the batch is a column reduction.
+  square = _mix("0", "%p0")
+  assert square.ops == ("column_reduction",) and "over the leading axes" in square.evidence
