@@ -103,6 +103,10 @@ def test_scan_body_is_swapped_with_gradients(keys):
   (site,) = swapped.report(c, xs, w, b).sites
   assert site.where == "scan body" and site.replaced
   assert site.pattern == "dot_general + bias + residual + clamp"  # relu after + x
+  # An op left out by `ops=` is reported where it is too.
+  (skipped,) = pallas_kernels.swap(scan_relu, ops=("softmax",)).report(c, xs, w, b).sites
+  assert (skipped.where, skipped.replaced) == ("scan body", False)
+  assert skipped.reason == "not among ops=['softmax']"
   _close(jax.jit(swapped)(c, xs, w, b), scan_relu(c, xs, w, b))
   loss = lambda f: jax.jit(jax.grad(lambda c, w: f(c, xs, w, b)[0].sum(), argnums=(0, 1)))
   _close(loss(swapped)(c, w), loss(scan_relu)(c, w), grad=True)
@@ -289,3 +293,38 @@ def test_a_cond_with_one_swappable_branch_keeps_the_other_as_written():
   assert [s.replaced for s in sites] == [True] and "cond branch" in sites[0].where
   for pred in (True, False):
     _close(jax.jit(swapped)(x, w, pred), f(x, w, pred))
+
+
+def test_interpret_reaches_the_kernels_the_swap_builds():
+  # On a CPU, interpret=None interprets the kernel (a loop in the program);
+  # interpret=False asks for a compiled kernel, which a CPU has not: the op
+  # runs XLA's and says so.
+  def layer(x, w, b):
+    return jax.nn.gelu(x @ w + b)
+
+  k = jax.random.key(0)
+  args = (jax.random.normal(k, (64, 256)), jax.random.normal(k, (256, 512)) / 16,
+          jnp.zeros(512))
+  pallas_kernels.clear_fallbacks()
+  interpreted = jax.jit(pallas_kernels.swap(layer)).lower(*args).as_text()
+  assert "while" in interpreted and not pallas_kernels.fallbacks()
+  compiled = jax.jit(pallas_kernels.swap(layer, interpret=False)).lower(*args).as_text()
+  assert "while" not in compiled
+  (fb,) = pallas_kernels.fallbacks("matmul")
+  assert "no compiled matmul kernel for backend 'cpu'" in fb.reason
+
+
+def test_a_norm_that_upcasts_its_input_reads_it_in_its_own_dtype():
+  # The cast to float32 is part of the norm the probes replay: the kernel
+  # reads the bf16 rows and widens them itself (no f32 copy is written).
+  def ln(x, g, b):
+    xf = x.astype(jnp.float32)
+    m = xf.mean(-1, keepdims=True)
+    v = ((xf - m) ** 2).mean(-1, keepdims=True)
+    return ((xf - m) * jax.lax.rsqrt(v + 1e-5) * g + b).astype(jnp.bfloat16)
+
+  S = jax.ShapeDtypeStruct
+  (site,) = pallas_kernels.swap(ln).report(
+      S((64, 256), jnp.bfloat16), S((256,), jnp.float32), S((256,), jnp.float32)).sites
+  assert site.replaced and site.kernel == "pallas_kernels.layer_norm"
+  assert site.call.startswith("layer_norm(x=bf16[64,256], gamma=f32[256]"), site.call
