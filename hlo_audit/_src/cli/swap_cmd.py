@@ -156,8 +156,8 @@ class TargetCheck:
                   "this machine, not from the target")
     err = self.error
     unsplit = f" and {self.unsplit} split-K gemms unsplit" if self.unsplit else ""
-    what_if = (f"what-if on {self.target}: fusing the {self.fused} closed findings{unsplit} predicts "
-               f"{fmt_bytes(self.predicted_peak)} (from {fmt_bytes(self.baseline_peak)}); "
+    what_if = (f"what-if on {self.target}: fusing the {self.fused} closed findings{unsplit} "
+               f"predicts {fmt_bytes(self.predicted_peak)} (from {fmt_bytes(self.baseline_peak)}); "
                f"XLA's footprint of the swapped program "
                f"{fmt_bytes(self.measured_peak) if self.measured_peak else 'unknown'}")
     if err is not None:
