@@ -44,6 +44,7 @@ def run(argv: list[str] | None = None) -> ExitCode:
   # Before anything starts JAX: a CUDA plugin installed for --target on a
   # machine without a GPU would print a traceback on every run otherwise.
   wheels.cpu_unless_gpu()
+  wheels.import_jax_quietly()
   try:
     return args.handler(args)
   except (UsageError, HloAuditError, OSError) as e:

@@ -10,10 +10,15 @@ or a CUDA toolkit on PATH). No cuDNN or cuBLAS wheel is needed: nothing runs.
 
 from __future__ import annotations
 
+import contextlib
 import glob
+import importlib
 import importlib.metadata
 import os
+import re
 import shutil
+import sys
+import tempfile
 
 from hlo_audit._src import compat
 from hlo_audit._src.errors import TargetError
@@ -85,3 +90,44 @@ def cpu_unless_gpu(environ=os.environ) -> bool:
     return False
   environ["JAX_PLATFORMS"] = "cpu"
   return True
+
+
+# What jaxlib 0.11's CUDA libraries log to the process's stderr while `import
+# jax` loads them on a machine without a GPU (C++, before absl's logging
+# starts; jaxlib 0.12 logs nothing there): three times these two lines.
+_IMPORT_NOISE = re.compile(
+    r"^WARNING: All log messages before absl::InitializeLog\(\) is called are written to "
+    r"STDERR$|^I\d{4} [\d:.]+ +\d+ cudart_stub\.cc:\d+\] Could not find cuda drivers on "
+    r"your machine, GPU will not be used\.$")
+
+
+@contextlib.contextmanager
+def _stderr_without(noise: re.Pattern):
+  """The process's stderr (file descriptor 2, where C++ writes too) with the
+  lines `noise` matches left out; the others are passed on when it ends."""
+  sys.stderr.flush()
+  saved = os.dup(2)
+  with tempfile.TemporaryFile() as tmp:
+    os.dup2(tmp.fileno(), 2)
+    try:
+      yield
+    finally:
+      sys.stderr.flush()
+      os.dup2(saved, 2)
+      os.close(saved)
+      tmp.seek(0)
+      lines = tmp.read().decode(errors="replace").splitlines(keepends=True)
+      kept = "".join(line for line in lines if not noise.match(line.rstrip("\n")))
+      if kept:
+        os.write(2, kept.encode())
+
+
+def import_jax_quietly() -> None:
+  """Imports JAX without the lines above, where the CUDA plugin is installed
+  and JAX is not imported yet: a command's one-line error stays one line."""
+  from hlo_audit._src.target import specs
+
+  if "jax" in sys.modules or specs.plugin_library() is None:
+    return
+  with _stderr_without(_IMPORT_NOISE):
+    importlib.import_module("jax")

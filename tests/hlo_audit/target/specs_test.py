@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from hlo_audit import TargetError
@@ -140,3 +142,23 @@ def test_jax_starts_on_the_cpu_where_the_plugin_has_no_gpu(monkeypatch):
   monkeypatch.setattr(wheels, "has_nvidia_gpu", lambda: False)
   monkeypatch.setattr(specs_mod, "plugin_library", lambda: None)
   assert not wheels.cpu_unless_gpu(env) and env == {}
+
+
+def test_jaxlibs_import_logs_are_left_out_of_stderr_and_the_rest_kept(capfd):
+  # Written by jaxlib 0.11's CUDA libraries to file descriptor 2 at `import
+  # jax` on a machine without a GPU: a CLI error would be seven lines, not one.
+  noise = (b"WARNING: All log messages before absl::InitializeLog() is called are written "
+           b"to STDERR\n"
+           b"I0000 00:00:1796192816.206629   21218 cudart_stub.cc:31] Could not find cuda "
+           b"drivers on your machine, GPU will not be used.\n")
+  with wheels._stderr_without(wheels._IMPORT_NOISE):
+    os.write(2, noise + b"E0000 00:00:1.0 1 pjrt.cc:9] a real error\n" + noise + b"last\n")
+  assert capfd.readouterr().err == "E0000 00:00:1.0 1 pjrt.cc:9] a real error\nlast\n"
+
+
+def test_the_jax_import_keeps_what_fails(capfd):
+  with pytest.raises(ZeroDivisionError):
+    with wheels._stderr_without(wheels._IMPORT_NOISE):
+      os.write(2, b"partial output\n")
+      1 / 0  # noqa: B018
+  assert capfd.readouterr().err == "partial output\n"

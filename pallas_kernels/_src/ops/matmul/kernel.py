@@ -135,7 +135,8 @@ def activation_grad(name: str, v: jax.Array) -> jax.Array:
   raise ValueError(f"unknown activation {name!r}")
 
 
-def _clamp(v, clamp):
+def clamp_values(v, clamp):
+  """`v` within `clamp`'s (lo, hi), a None side open (both backends' epilogue)."""
   lo, hi = clamp
   if lo is not None:
     v = jnp.maximum(v, lo)
@@ -337,7 +338,7 @@ def _forward_kernel(*refs, p: _Forward):
     else:
       y = y + _read(r_ref, tile_mask).astype(_F32)
   if p.clamp is not None:
-    y = _clamp(y, p.clamp)
+    y = clamp_values(y, p.clamp)
 
   if p.quantize:
     # The tile spans the whole row (block_n >= N): the row's amax is local.

@@ -283,15 +283,6 @@ def _vector(ref, broadcast_dim: int):
   return plgpu.load(ref, layout=layout, optimized=False).astype(_F32)
 
 
-def _clamp(y, clamp):
-  lo, hi = clamp
-  if lo is not None:
-    y = jnp.maximum(y, lo)
-  if hi is not None:
-    y = jnp.minimum(y, hi)
-  return y
-
-
 def _kernel(*refs, p: Plan):
   cfg = p.cfg
   tm, tn, tk = cfg.tile_m, cfg.tile_n, cfg.tile_k
@@ -556,7 +547,7 @@ def _epilogue(p: Plan, acc, t: _Tile, smem: _Smem, gmem: _Gmem):
           plgpu.barrier_wait(res_barrier(0))
           y = y + smem.res[wg, 0].astype(_F32)
         if p.clamp is not None:
-          y = _clamp(y, p.clamp)
+          y = triton_kernel.clamp_values(y, p.clamp)
         column = plgpu.broadcasted_iota(jnp.int32, (em, en), 1, layout=plgpu.Layout.WGMMA)
         inside = column + (t.n_slice.start + t.wg_n.start + j * en) < p.n
         part = jnp.max(jnp.where(inside, jnp.abs(y), 0.0), axis=1)
@@ -584,7 +575,7 @@ def _epilogue(p: Plan, acc, t: _Tile, smem: _Smem, gmem: _Gmem):
       plgpu.barrier_wait(res_barrier(slot))
       y = y + smem.res[wg, slot].astype(_F32)
     if p.clamp is not None:
-      y = _clamp(y, p.clamp)
+      y = triton_kernel.clamp_values(y, p.clamp)
     if p.quantize:
       s = lax.broadcast_in_dim(_vector(smem.qs.at[wg, esm], 1), (em, en), [0])
       y = quant.quantize(y, s, p.quantize, native_round=True)
