@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import glob
-import importlib
 import importlib.metadata
 import os
 import re
@@ -130,4 +129,4 @@ def import_jax_quietly() -> None:
   if "jax" in sys.modules or specs.plugin_library() is None:
     return
   with _stderr_without(_IMPORT_NOISE):
-    importlib.import_module("jax")
+    import jax  # noqa: F401  (imported here, where its logs are filtered)
