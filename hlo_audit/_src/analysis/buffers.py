@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+from collections.abc import Mapping
 
 from hlo_audit._src.analysis import backend_traits as bt
 from hlo_audit._src.analysis import source as source_mod
@@ -20,7 +21,8 @@ from hlo_audit._src.analysis.kernels import Kernel
 from hlo_audit._src.analysis.liveness import Liveness
 from hlo_audit._src.analysis.schedule import Schedule
 from hlo_audit._src.hlo import opcodes
-from hlo_audit._src.hlo.ir import Computation, HloModule, Instruction, SourceLocation
+from hlo_audit._src.hlo.ir import (Computation, HloModule, Instruction, SourceLocation,
+                                   op_names)
 
 
 class Lifetime(enum.Enum):
@@ -93,35 +95,47 @@ def find_buffers(module: HloModule, schedule: Schedule, dataflow: Dataflow,
   comps = {name: module.computation(name) for name in schedule.span}
   # Scheduled instructions by name (names are unique in a module).
   insts = {i.name: i for c in comps.values() for i in c.instructions}
+  # Their op_names, read once (a buffer asks its producer's and its
+  # consumers'), by identity: an Instruction hashes its whole content.
+  op_name_of = {id(i): n for c in comps.values()
+                for i, n in zip(c.instructions, op_names(c.instructions))}
   kernel_of: dict[str, str] = {}
   for k in kernels:
     kernel_of[k.name] = k.name
     for m in k.members:
       kernel_of[m] = k.name
   internal_members = {m for k in kernels for m in k.members}
+  attribute = source_mod.attributor(module, library_paths, user_paths)
+  time = schedule.time
+  when = lambda k: time.get(k, 0)  # noqa: E731 - a consumer's schedule time
+  values, uses = dataflow.values, dataflow.uses
   rows = []
   for buf, members in dataflow.buffers.items():
-    first = dataflow.values[buf]
+    first = values[buf]
     comp = comps[first.computation]
     inst = comp.instruction(first.instruction)
+    own = kernel_of.get(first.instruction)
     consumers: list[str] = []
+    seen: set[str] = set()  # a weight read by hundreds of kernels
     for v in members:
-      for user, _ in dataflow.uses.get(v, ()):
+      for user, _ in uses.get(v, ()):
         user_inst = insts.get(user)
-        if user_inst is None or user_inst.opcode in _FORWARDING or \
-            user_inst.opcode in _CONTROL_FLOW:
+        if user_inst is None or user_inst.opcode in _NOT_READERS:
           continue
         k = kernel_of.get(user)
-        if k is not None and k not in consumers and k != kernel_of.get(first.instruction):
+        if k is not None and k != own and k not in seen:
+          seen.add(k)
           consumers.append(k)
-    consumers.sort(key=lambda k: schedule.time.get(k, 0))
-    producer = kernel_of.get(first.instruction, "")
+    if len(consumers) > 1:
+      consumers.sort(key=when)
+    producer = own if own is not None else ""
     internal = first.instruction in internal_members and all(
         c == producer for c in consumers)
-    lifetime = _lifetime(module, comps, insts, dataflow, liveness, buf, inst, first.index,
-                         consumers)
+    op_name = op_name_of[id(inst)]
+    lifetime = _lifetime(module, comps, insts, dataflow, liveness, buf, members, inst,
+                         first.index, consumers, op_name, op_name_of)
     alloc = liveness.allocation_of.get(buf)
-    src, stack = source_mod.attribute(module, inst, library_paths, user_paths)
+    src, stack = attribute(inst)
     leaf = first.shape
     rows.append(Buffer(
         name=first.instruction + (_index_str(first.index) if first.index else ""),
@@ -131,7 +145,7 @@ def find_buffers(module: HloModule, schedule: Schedule, dataflow: Dataflow,
         producer=producer if inst.opcode != "parameter" else "",
         producer_opcode=inst.opcode, consumers=tuple(consumers),
         live_range=liveness.ranges[buf], lifetime=lifetime,
-        source=src, source_stack=stack, op_name=inst.op_name,
+        source=src, source_stack=stack, op_name=op_name,
         aliases=tuple(v[0] + (_index_str(v[1]) if v[1] else "")
                       for v in members[1:]),
         placement=f"allocation {alloc}" if alloc is not None else "heap",
@@ -140,26 +154,34 @@ def find_buffers(module: HloModule, schedule: Schedule, dataflow: Dataflow,
   return tuple(rows)
 
 
+#: Users that read no buffer as a kernel: they forward it, or run bodies.
+_NOT_READERS = _FORWARDING | _CONTROL_FLOW
+
+
 def _index_str(index: tuple[int, ...]) -> str:
   return "{" + ",".join(map(str, index)) + "}"
 
 
 def _lifetime(module: HloModule, comps, insts, dataflow: Dataflow, liveness: Liveness,
-              buf: ValueId, inst: Instruction, index: tuple[int, ...],
-              consumers: list[str]) -> Lifetime:
+              buf: ValueId, members: tuple[ValueId, ...], inst: Instruction,
+              index: tuple[int, ...], consumers: list[str], op_name: str,
+              op_name_of: Mapping[int, str]) -> Lifetime:
+  """Why `buf` (its values `members`, defined by `inst`) exists; `op_name`:
+  `inst`'s, and `op_name_of`: every scheduled instruction's, by identity."""
   if buf in liveness.output_buffers:
     return Lifetime.EXTERNAL_OUTPUT
-  if inst.opcode in ("parameter", "constant") or buf in liveness.parameter_buffers:
+  opcode = inst.opcode
+  if opcode in ("parameter", "constant") or buf in liveness.parameter_buffers:
     return Lifetime.INPUT
-  if any(insts[v[0]].opcode == "while"
-         for v in dataflow.buffers[buf]):
-    return Lifetime.INPUT  # carried loop state
-  if inst.opcode == "custom-call" and bt.library_of(inst.custom_call_target or ""):
+  for v in members:
+    if insts[v[0]].opcode == "while":
+      return Lifetime.INPUT  # carried loop state
+  if opcode == "custom-call" and bt.library_of(inst.custom_call_target or ""):
     if index and inst.shape is not None and inst.shape.is_tuple and \
         index[0] == len(inst.shape.tuple_shapes) - 1 and \
         inst.shape.subshape(index).element_type in ("s8", "u8"):
       return Lifetime.WORKSPACE
-  if inst.opcode in opcodes.COLLECTIVES or inst.opcode == "async-start" and \
+  if opcode in opcodes.COLLECTIVES or opcode == "async-start" and \
       inst.async_wrapped_opcode in opcodes.COLLECTIVES:
     return Lifetime.COMMUNICATION
   users = [insts.get(c) for c in consumers]
@@ -168,23 +190,24 @@ def _lifetime(module: HloModule, comps, insts, dataflow: Dataflow, liveness: Liv
   # A broadcast that an in-place op (scatter, dynamic-update-slice) writes
   # into is the destination's initial contents: it must exist, and its
   # readers read the updated result.
-  if len(dataflow.buffers[buf]) == 1 and \
+  if len(members) == 1 and \
       expanded_broadcast_ratio(module, inst, index,
                                comps.get(dataflow.values[buf].computation)) >= 2:
     return Lifetime.EXPANDED_BROADCAST
   if is_layout_conversion(module, inst):
     return Lifetime.LAYOUT_CONVERSION
-  op_name = inst.op_name
   if op_name and "transpose(" not in op_name and any(
-      u is not None and "transpose(" in u.op_name for u in users):
+      u is not None and "transpose(" in op_name_of[id(u)] for u in users):
     return Lifetime.SAVED_FOR_BACKWARD
   return Lifetime.TRANSIENT
 
 
 def fused_root(module: HloModule, inst: Instruction, index: tuple[int, ...] = ()) -> tuple[Computation, Instruction] | None:
   """The fused computation and the root producing output `index` of a fusion."""
+  if inst.opcode != "fusion":
+    return None
   calls = inst.called_computations.get("calls", ())
-  if inst.opcode != "fusion" or not calls or calls[0] not in module:
+  if not calls or calls[0] not in module:
     return None
   comp = module.computation(calls[0])
   root = comp.root

@@ -28,24 +28,31 @@ def donation_aliases(module: HloModule, dataflow: Dataflow,
   taken = {a.output_index for a in module.input_output_alias}
   already = {a.parameter for a in module.input_output_alias}
   params = {p.parameter_number: p for p in entry.parameters}
-  outputs = []
+  # (element type, dims) -> the outputs of that type, in order, the first
+  # not taken yet at `next_free[key]` (a donation replay names every leaf).
+  outputs: dict[tuple, list[tuple[int, ...]]] = {}
   for index, vid in dataflow.holds.get(root.name, ()):
     inst = entry.instruction(vid[0]) if vid[0] in entry else None
     if inst is not None and inst.opcode == "parameter":
       continue  # an argument returned as is: JAX does not alias it
     leaf = root.shape.subshape(index)
-    outputs.append((index, (leaf.element_type, tuple(leaf.dims))))
+    outputs.setdefault((leaf.element_type, tuple(leaf.dims)), []).append(index)
+  next_free = dict.fromkeys(outputs, 0)
   pairs = []
   for n in parameters:
     p = params[n]
     if n in already or p.shape is None or p.shape.is_tuple:
       continue
     key = (p.shape.element_type, tuple(p.shape.dims))
-    for index, okey in outputs:
-      if okey == key and index not in taken:
-        taken.add(index)
-        pairs.append((index, n))
-        break
+    candidates = outputs.get(key, ())
+    i = next_free.get(key, 0)
+    while i < len(candidates) and candidates[i] in taken:
+      i += 1
+    if i < len(candidates):
+      taken.add(candidates[i])
+      pairs.append((candidates[i], n))
+      i += 1
+    next_free[key] = i
   return pairs
 
 

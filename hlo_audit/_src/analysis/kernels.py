@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import operator
 import types
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from hlo_audit._src.analysis import backend_traits as bt
 from hlo_audit._src.analysis import source as source_mod
 from hlo_audit._src.analysis.backend_traits import KernelKind
-from hlo_audit._src.analysis.dataflow import Dataflow
+from hlo_audit._src.analysis.dataflow import Dataflow, ValueId
 from hlo_audit._src.analysis.schedule import Schedule
 from hlo_audit._src.hlo import opcodes
 from hlo_audit._src.hlo.ir import (Computation, HloModule, Instruction, SourceLocation,
@@ -79,10 +80,19 @@ def find_kernels(module: HloModule, schedule: Schedule, dataflow: Dataflow, *,
   of one interpreted launch into one kernel)."""
   comps = {name: module.computation(name) for name in schedule.span}
   multiplicity = _multiplicity(module, comps)
-  groups = _pallas_groups(module, comps, scopes) if scopes else {}
+  # Every scheduled instruction's op_name, read once (in text order, and by
+  # name): the scopes' grouping scans them all, and each kernel keeps its own.
+  names_of = {c: op_names(comp.instructions) for c, comp in comps.items()}
+  op_name_of = {c: dict(zip(map(_NAME, comp.instructions), names_of[c]))
+                for c, comp in comps.items()}
+  groups = _pallas_groups(module, comps, scopes, names_of) if scopes else {}
   grouped = {m: key for key, members in groups.items() for m in members}
   out: list[Kernel] = []
   emitted_groups: set[str] = set()
+  # One attribution table and one value-size table for the whole walk.
+  attribute = source_mod.attributor(module, library_paths, user_paths)
+  sizes: dict[ValueId, int] = {}
+  time = schedule.time
   for comp_name, name in schedule.sequence:
     comp = comps[comp_name]
     inst = comp.instruction(name)
@@ -91,22 +101,21 @@ def find_kernels(module: HloModule, schedule: Schedule, dataflow: Dataflow, *,
       if key not in emitted_groups:
         emitted_groups.add(key)
         out.append(_pallas_kernel(module, schedule, comps, dataflow, key,
-                                  groups[key], multiplicity, library_paths, user_paths,
-                                  scopes))
+                                  groups[key], multiplicity, attribute, scopes))
       continue
     if inst.opcode in _NO_LAUNCH:
       continue
     if inst.opcode == "custom-call" and inst.custom_call_target in bt.NO_OP_TARGETS:
       continue
     kind, detail, fused = _classify(module, inst)
-    read, written = _io_bytes(module, comp, inst, dataflow)
+    read, written = _io_bytes(module, comp, inst, dataflow, sizes, fused)
+    src, stack = attribute(inst)
     out.append(Kernel(
         name=name, computation=comp_name, kind=kind, opcode=inst.opcode,
         detail=detail, fused_ops=types.MappingProxyType(fused),
         bytes_read=read, bytes_written=written,
-        trip_count=multiplicity.get(comp_name, 1), time=schedule.time[name],
-        op_name=inst.op_name,
-        **_source_fields(module, inst, library_paths, user_paths)))
+        trip_count=multiplicity.get(comp_name, 1), time=time[name],
+        op_name=op_name_of[comp_name][name], source=src, source_stack=stack))
   return tuple(out)
 
 
@@ -141,10 +150,14 @@ def _classify(module: HloModule, inst: Instruction) -> tuple[KernelKind, str, di
   return KernelKind.UNFUSED_OP, op, {}
 
 
+_OPCODE = operator.attrgetter("opcode")
+_NAME = operator.attrgetter("name")
+
+
 def fused_opcodes(module: HloModule, inst: Instruction) -> dict[str, int]:
   """Opcode counts inside a fusion (nested fusions included), without
-  parameters."""
-  counts: collections.Counter = collections.Counter()
+  parameters, in order of first appearance."""
+  counts: collections.Counter | None = None
   stack = list(inst.called_computations.get("calls", ()))
   seen = set()
   while stack:
@@ -152,33 +165,48 @@ def fused_opcodes(module: HloModule, inst: Instruction) -> dict[str, int]:
     if name in seen or name not in module:
       continue
     seen.add(name)
-    for i in module.computation(name).instructions:
-      if i.opcode == "parameter":
-        continue
-      if i.opcode == "fusion":
-        stack.extend(i.called_computations.get("calls", ()))
-      counts[i.opcode] += 1
-  return dict(counts)
+    comp = module.computation(name)
+    # Counted in C (every kernel's fused body is walked); a Counter keeps
+    # first appearances in order, and merging appends the new opcodes.
+    here = collections.Counter(map(_OPCODE, comp.instructions))
+    here.pop("parameter", None)
+    if "fusion" in here:
+      for i in comp.instructions:
+        if i.opcode == "fusion":
+          stack.extend(i.called_computations.get("calls", ()))
+    if counts is None:  # the fusion's own body (nested bodies are rare)
+      counts = here
+    else:
+      counts.update(here)
+  return dict(counts) if counts is not None else {}
 
 
 def _io_bytes(module: HloModule, comp: Computation, inst: Instruction,
-              dataflow: Dataflow) -> tuple[int, int]:
+              dataflow: Dataflow, sizes: dict[ValueId, int],
+              fused: Mapping[str, int]) -> tuple[int, int]:
   """Bytes a kernel reads and writes: whole operands and results, except
   that a slice reads only the slice, and an in-place update (dynamic-update-
-  slice, scatter) writes only the update into a buffer it does not re-read."""
-  charge, out_charge = _sliced_access(module, comp, inst)
+  slice, scatter) writes only the update into a buffer it does not re-read.
+  `sizes` memoizes values' byte sizes across kernels (a value is read by
+  each of its users); `fused`: the kernel's `fused_opcodes`."""
+  charge, out_charge = _sliced_access(module, comp, inst, fused)
+  holds, values = dataflow.holds, dataflow.values
   read = 0
   seen = set()
   for k, operand in enumerate(inst.operands):
-    for _, vid in dataflow.holds.get(operand, ()):
+    for _, vid in holds.get(operand, ()):
       if vid not in seen:
         seen.add(vid)
-        size = dataflow.values[vid].byte_size
+        size = sizes.get(vid)
+        if size is None:
+          size = sizes[vid] = values[vid].byte_size
         read += min(size, charge[k]) if k in charge else size
   written = 0
-  for index, v in dataflow.holds.get(inst.name, ()):
+  for index, v in holds.get(inst.name, ()):
     if v[0] == inst.name or index in out_charge:
-      size = dataflow.values[v].byte_size
+      size = sizes.get(v)
+      if size is None:
+        size = sizes[v] = values[v].byte_size
       written += min(size, out_charge[index]) if index in out_charge else size
   return read, written
 
@@ -186,10 +214,12 @@ def _io_bytes(module: HloModule, comp: Computation, inst: Instruction,
 _PARTIAL_ACCESS = frozenset({"slice", "dynamic-slice", "dynamic-update-slice", "scatter"})
 
 
-def _sliced_access(module: HloModule, comp: Computation, inst: Instruction
+def _sliced_access(module: HloModule, comp: Computation, inst: Instruction,
+                   fused_ops: Mapping[str, int]
                    ) -> tuple[dict[int, int], dict[tuple[int, ...], int]]:
   """(operand number -> bytes really read, output index -> bytes really
-  written) where a kernel touches only part of a buffer."""
+  written) where a kernel touches only part of a buffer (`fused_ops`: the
+  opcodes of a fusion's body, nested fusions included)."""
   op = inst.opcode
   if op in ("slice", "dynamic-slice") and inst.shape is not None:
     return {0: inst.shape.byte_size}, {}
@@ -198,14 +228,16 @@ def _sliced_access(module: HloModule, comp: Computation, inst: Instruction
     size = update.shape.byte_size if update.shape is not None else 0
     # A scatter combiner reads the elements it updates; a DUS reads nothing.
     return {0: size if op == "scatter" else 0}, {(): size}
-  if op != "fusion":
+  # Most fusions: whole operands in, whole results out (known from the
+  # opcodes already counted, without walking the body again).
+  if op != "fusion" or _PARTIAL_ACCESS.isdisjoint(fused_ops):
     return {}, {}
   calls = inst.called_computations.get("calls", ())
   if not calls or calls[0] not in module:
     return {}, {}
   fused = module.computation(calls[0])
-  if not any(i.opcode in _PARTIAL_ACCESS for i in fused.instructions):
-    return {}, {}  # most fusions: whole operands in, whole results out
+  if _PARTIAL_ACCESS.isdisjoint(map(_OPCODE, fused.instructions)):
+    return {}, {}  # only nested fusions slice
   users: dict[str, list[Instruction]] = {}
   for i in fused.instructions:
     for o in dict.fromkeys(i.operands):
@@ -278,14 +310,9 @@ def _multiplicity(module: HloModule, comps: Mapping[str, Computation]) -> dict[s
   return mult
 
 
-def _source_fields(module: HloModule, inst: Instruction, library_paths: tuple[str, ...],
-                   user_paths: tuple[str, ...]) -> dict:
-  src, stack = source_mod.attribute(module, inst, library_paths, user_paths)
-  return {"source": src, "source_stack": stack}
-
-
 def _pallas_groups(module: HloModule, comps: Mapping[str, Computation],
-                   scopes: tuple[str, ...]) -> dict[str, list[str]]:
+                   scopes: tuple[str, ...], names_of: Mapping[str, list[str]]
+                   ) -> dict[str, list[str]]:
   """Instructions of interpreted Pallas kernels, grouped by launch (the
   kernel libraries' `scopes`, e.g. "pallas_kernels.", mark them).
 
@@ -306,19 +333,20 @@ def _pallas_groups(module: HloModule, comps: Mapping[str, Computation],
      blank).
 
   XLA's scheduler interleaves the instructions of back-to-back kernels, so
-  groups follow dataflow, not text order.
+  groups follow dataflow, not text order. (`names_of`: the op_names of each
+  computation's instructions, in order.)
   """
   inner: set[str] = set()
-  for comp in comps.values():
-    for inst in comp.instructions:
-      if inst.opcode in _LOOPS and _scope_of(inst.op_name, scopes):
+  for comp_name, comp in comps.items():
+    for inst, op_name in zip(comp.instructions, names_of[comp_name]):
+      if inst.opcode in _LOOPS and _scope_of(op_name, scopes):
         for callee in inst.called_computation_names():
           inner.update(_reachable(comps, callee))
   groups: dict[str, list[str]] = {}
   for comp_name, comp in comps.items():
     if comp_name in inner:
       continue  # Inside a launch: already its member.
-    for key, members in _comp_groups(comp, scopes).items():
+    for key, members in _comp_groups(comp, scopes, names_of[comp_name]).items():
       expanded = []
       for name in members:
         expanded.append(name)
@@ -338,11 +366,18 @@ _GLUE = frozenset({"copy", "tuple", "constant", "broadcast", "bitcast",
                    "get-tuple-element", "reshape"})
 
 
-def _comp_groups(comp: Computation, scopes: tuple[str, ...]) -> dict[str, list[str]]:
-  """Groups (launch name -> members, in text order) of one computation."""
+def _comp_groups(comp: Computation, scopes: tuple[str, ...],
+                 names: list[str]) -> dict[str, list[str]]:
+  """Groups (launch name -> members, in text order) of one computation
+  (`names`: its instructions' op_names)."""
   insts = comp.instructions
+  # Most computations name no scope: one substring test of all op_names
+  # together says so (a scope in one name is in the joined text).
+  joined = "\n".join(names)
+  if not any(prefix in joined for prefix in scopes):
+    return {}
   order = {i.name: n for n, i in enumerate(insts)}
-  scope = {i.name: _scope_of(n, scopes) for i, n in zip(insts, op_names(insts))}
+  scope = {i.name: _scope_of(n, scopes) for i, n in zip(insts, names)}
   scoped = [i for i in insts if scope[i.name]]
   if not scoped:
     return {}
@@ -498,7 +533,9 @@ def _all_instructions(comps: Mapping[str, Computation], comp_name: str) -> list[
 
 
 def _pallas_kernel(module, schedule, comps, dataflow, key, members, multiplicity,
-                   library_paths, user_paths, scopes) -> Kernel:
+                   attribute: Callable[[Instruction], tuple[SourceLocation | None,
+                                                            tuple[SourceLocation, ...]]],
+                   scopes) -> Kernel:
   member_set = set(members)
   counts: collections.Counter = collections.Counter()
   first = None
@@ -535,10 +572,11 @@ def _pallas_kernel(module, schedule, comps, dataflow, key, members, multiplicity
         outside_users.add(o)
   for o in outside_users:
     written += sum(dataflow.values[v].byte_size for _, v in dataflow.holds.get(o, ()))
+  src, stack = attribute(inst)
   return Kernel(
       name=inst.name, computation=comp_name, kind=KernelKind.PALLAS,
       opcode=inst.opcode, detail=f"{scope} (interpreted)",
       fused_ops=types.MappingProxyType(dict(counts)), bytes_read=read,
       bytes_written=written, trip_count=multiplicity.get(comp_name, 1),
       time=schedule.time[inst.name], op_name=inst.op_name,
-      members=tuple(members), **_source_fields(module, inst, library_paths, user_paths))
+      members=tuple(members), source=src, source_stack=stack)

@@ -54,12 +54,22 @@ class Tables:
   primitives: dict[str, frozenset[str]] = dataclasses.field(default_factory=dict)
   #: computation -> instruction name -> its users, in text order.
   users: dict[str, dict[str, list[Instruction]]] = dataclasses.field(default_factory=dict)
+  #: kernel name -> the computation it runs, None for no fusion
+  #: (`detectors.common.fused_computation`).
+  fused: dict[str, Computation | None] = dataclasses.field(default_factory=dict)
   #: kernel name -> "dot", "convolution" or None (`detectors.common.anchor_of`).
   anchors: dict[str, str | None] = dataclasses.field(default_factory=dict)
   #: kernel name -> for each operand, the kernels whose outputs it holds.
   inputs: dict[str, tuple[tuple[str, ...], ...]] = dataclasses.field(default_factory=dict)
   #: kernel name -> whether it does same-index work only.
   same_index: dict[str, bool] = dataclasses.field(default_factory=dict)
+  #: (fused computation, past reduces) -> instruction name -> the parameter
+  #: numbers it is computed from, as a bit mask (`detectors.reductions`).
+  reached: dict[tuple[str, bool], dict[str, int]] = dataclasses.field(
+      default_factory=dict)
+  #: fused computation -> its reduce and reduce-window instructions that are
+  #: no split-K sum (`detectors.reductions`).
+  reduces: dict[str, tuple[Instruction, ...]] = dataclasses.field(default_factory=dict)
   #: (dims, broadcast dims) -> {kernel name: source dims}
   #: (`detectors.reductions`; None until asked).
   scales: dict | None = None
@@ -68,8 +78,8 @@ class Tables:
 
   def clear(self) -> None:
     """Drops every table (a report keeps its program, not these)."""
-    self.primitives, self.users, self.anchors = {}, {}, {}
-    self.inputs, self.same_index = {}, {}
+    self.primitives, self.users, self.anchors, self.fused = {}, {}, {}, {}
+    self.inputs, self.same_index, self.reached, self.reduces = {}, {}, {}, {}
     self.scales = self.collectives = None
 
 
@@ -257,6 +267,20 @@ def _under_path(module: HloModule, spec: str) -> list[int]:
   return found
 
 
+def _by_argname(program: Program) -> Mapping[str, tuple[int, ...]]:
+  """Argument name -> its parameters, in argument order (a donation replay
+  resolves each leaf by itself: no scan of every argument per leaf)."""
+  found = program.cache.get("parameters_by_argname")
+  if found is None:
+    table: dict[str, list[int]] = {}
+    for a in program.arguments:
+      if a.argname is not None:
+        table.setdefault(a.argname, []).append(a.parameter)
+    found = program.cache["parameters_by_argname"] = {
+        k: tuple(v) for k, v in table.items()}
+  return found
+
+
 def resolve_arguments(program: Program, specs: Iterable[int | str]) -> list[int]:
   """Entry parameter numbers named by `specs`: argument numbers (when the
   capture knows them), argument names or pytree paths (a prefix path names
@@ -286,8 +310,7 @@ def resolve_arguments(program: Program, specs: Iterable[int | str]) -> list[int]
         found = [names[spec]]
       else:
         found = _under_path(program.module, spec)
-        found += [a.parameter for a in program.arguments
-                  if a.argname == spec and a.parameter not in found]
+        found += [n for n in _by_argname(program).get(spec, ()) if n not in found]
     if not found:
       heads = {re.split(r"[\[.]", p, maxsplit=1)[0] for p in paths.values()}
       close = difflib.get_close_matches(str(spec), sorted(heads) + list(paths.values()), n=3)

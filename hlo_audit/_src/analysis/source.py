@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import functools
 import re
+from collections.abc import Callable
 
-from hlo_audit._src.hlo.ir import Computation, HloModule, Instruction, SourceLocation
+from hlo_audit._src.hlo.ir import (Computation, HloModule, Instruction, Metadata,
+                                   SourceLocation)
 
 #: Regexes (searched in the '/'-separated path) of files that are not the
 #: user's: installed packages, the standard library, jax and jaxlib from a
@@ -83,18 +85,141 @@ def user_frame(stack: tuple[SourceLocation, ...],
   return stack[0] if stack else None
 
 
-def instruction_stack(module: HloModule, inst: Instruction) -> tuple[SourceLocation, ...]:
-  """`inst`'s stack, innermost first: the StackFrames chain of its
-  `stack_frame_id`, else its `source_file`/`source_line` alone."""
+#: The metadata JAX gives nearly every instruction: an op_name (escapes
+#: allowed, as in parameters' `state.params[\'w\']`) and at most a frame id,
+#: no source_file. `attributes.metadata` decodes this form without error
+#: (its `_MD_COMMON`, else its field loop), so the frame id is read here
+#: without building the Metadata (attribution asks it of every kernel and
+#: buffer).
+_COMMON_METADATA = re.compile(
+    r'\{op_name="[^"\\]*+(?:\\.[^"\\]*+)*+"(?: stack_frame_id=([0-9]{1,18}))?\}')
+
+
+def _frame_fields(inst: Instruction) -> tuple[int, Metadata | None]:
+  """(stack_frame_id, the decoded metadata or None when it cannot name a
+  source_file) of `inst`, as `inst.metadata` would give them."""
+  raw = inst.attributes.get("metadata")
+  if raw is None:
+    return 0, None
+  m = _COMMON_METADATA.fullmatch(raw)
+  if m is not None:
+    frame = m.group(1)
+    return (int(frame) if frame else 0), None
   md = inst.metadata
-  if md.stack_frame_id and module.stack_frame_index is not None:
-    stack = module.stack_frame_index.stack(md.stack_frame_id)
-    if stack:
-      return stack
-  if md.source_file and md.source_line:
+  return md.stack_frame_id, md
+
+
+def _file_stack(md: Metadata | None) -> tuple[SourceLocation, ...]:
+  """The one-frame stack of a `source_file`/`source_line` metadata."""
+  if md is not None and md.source_file and md.source_line:
     return (SourceLocation(file=md.source_file, line=md.source_line,
                            column=md.source_column),)
   return ()
+
+
+def instruction_stack(module: HloModule, inst: Instruction) -> tuple[SourceLocation, ...]:
+  """`inst`'s stack, innermost first: the StackFrames chain of its
+  `stack_frame_id`, else its `source_file`/`source_line` alone."""
+  frame_id, md = _frame_fields(inst)
+  if frame_id and module.stack_frame_index is not None:
+    stack = module.stack_frame_index.stack(frame_id)
+    if stack:
+      return stack
+  return _file_stack(md)
+
+
+#: (source, stack): an instruction's attribution.
+_Found = tuple[SourceLocation | None, tuple[SourceLocation, ...]]
+_NOTHING: _Found = (None, ())
+
+
+class _Attribution:
+  """A module's attributions under one (library_paths, user_paths), kept in
+  the module's cache until `release_tables`: the answers by instruction
+  name, each file's library test, and each StackFrames stack's user frame
+  (thousands of instructions share a few hundred stacks). It holds no
+  reference to the module: in the module's cache that would be a cycle."""
+
+  __slots__ = ("library_paths", "user_paths", "answers", "library", "frames")
+
+  def __init__(self, library_paths: tuple[str, ...], user_paths: tuple[str, ...]):
+    self.library_paths = tuple(library_paths)
+    self.user_paths = tuple(user_paths)
+    #: instruction name -> (the instruction, its answer).
+    self.answers: dict[str, tuple[Instruction, _Found]] = {}
+    self.library: dict[str, bool] = {}
+    #: stack_frame_id -> (user frame or None, its non-empty stack), or None
+    #: when the frame has no stack.
+    self.frames: dict[int, _Found | None] = {}
+
+  def user_frame(self, stack: tuple[SourceLocation, ...]) -> SourceLocation | None:
+    """The innermost user frame of `stack`, or None (no fallback)."""
+    library = self.library
+    for loc in stack:
+      file = loc.file
+      if file:
+        lib = library.get(file)
+        if lib is None:
+          lib = library[file] = _is_library(file, self.library_paths, self.user_paths)
+        if not lib:
+          return loc
+    return None
+
+  def choice(self, module: HloModule, inst: Instruction) -> _Found:
+    """(user frame or None, stack) of `inst`'s own stack
+    (`instruction_stack`)."""
+    frame_id, md = _frame_fields(inst)
+    if frame_id and module.stack_frame_index is not None:
+      frames = self.frames
+      if frame_id in frames:
+        hit = frames[frame_id]
+      else:
+        stack = module.stack_frame_index.stack(frame_id)
+        hit = frames[frame_id] = (self.user_frame(stack), stack) if stack else None
+      if hit is not None:
+        return hit
+    stack = _file_stack(md)
+    return (self.user_frame(stack), stack) if stack else _NOTHING
+
+  def own(self, module: HloModule, inst: Instruction) -> _Found:
+    """The first of `_candidates` with a user frame, else the innermost
+    frame of the first with a stack."""
+    fallback: tuple[SourceLocation, ...] = ()
+    for cand in _candidates(module, inst):
+      user, stack = self.choice(module, cand)
+      if user is not None:
+        return user, stack
+      if stack and not fallback:
+        fallback = stack
+    return (fallback[0], fallback) if fallback else _NOTHING
+
+  def attribute(self, module: HloModule, inst: Instruction) -> _Found:
+    """`attribute(module, inst, ...)`, answered once per instruction."""
+    hit = self.answers.get(inst.name)
+    if hit is not None and hit[0] is inst:
+      return hit[1]
+    found = self.own(module, inst)
+    if not found[1]:
+      for other in _context(module, inst):
+        found = self.own(module, other)
+        if found[1]:
+          break
+      else:
+        found = _NOTHING
+    self.answers[inst.name] = (inst, found)
+    return found
+
+
+def _attribution(module: HloModule, library_paths: tuple[str, ...],
+                 user_paths: tuple[str, ...]) -> _Attribution:
+  # Kernels and buffers ask of the same instructions: answered once per
+  # audit (dropped with the tables, `release_tables`).
+  states = module._cached("source_memo", dict)
+  key = (library_paths, user_paths)
+  state = states.get(key)
+  if state is None:
+    state = states[key] = _Attribution(library_paths, user_paths)
+  return state
 
 
 def attribute(module: HloModule, inst: Instruction,
@@ -109,23 +234,18 @@ def attribute(module: HloModule, inst: Instruction,
   copies): they take the stack of the loop that runs them, else of what
   they feed (through tuples and bitcasts), else of what they read.
   """
-  # Kernels and buffers ask of the same instructions: answered once per
-  # audit (dropped with the tables, `release_tables`).
-  memo = module._cached("source_memo", dict)
-  key = (inst.name, library_paths, user_paths)
-  found = memo.get(key)
-  if found is not None and found[0] is inst:
-    return found[1]
-  found = _own(module, inst, library_paths, user_paths)
-  if not found[1]:
-    for other in _context(module, inst):
-      found = _own(module, other, library_paths, user_paths)
-      if found[1]:
-        break
-    else:
-      found = None, ()
-  memo[key] = (inst, found)
-  return found
+  return _attribution(module, library_paths, user_paths).attribute(module, inst)
+
+
+def attributor(module: HloModule,
+               library_paths: tuple[str, ...] = DEFAULT_LIBRARY_PATHS,
+               user_paths: tuple[str, ...] = DEFAULT_USER_PATHS
+               ) -> Callable[[Instruction], tuple[SourceLocation | None,
+                                                  tuple[SourceLocation, ...]]]:
+  """`attribute` of `module` under these paths, as a function of the
+  instruction (for loops over thousands: the paths are looked up once)."""
+  return functools.partial(_attribution(module, library_paths, user_paths).attribute,
+                           module)
 
 
 def _candidates(module: HloModule, inst: Instruction):
@@ -140,20 +260,6 @@ def _candidates(module: HloModule, inst: Instruction):
       for i in comp.instructions:
         if i is not root:
           yield i
-
-
-def _own(module: HloModule, inst: Instruction, library_paths, user_paths):
-  fallback: tuple[SourceLocation, ...] = ()
-  for cand in _candidates(module, inst):
-    stack = instruction_stack(module, cand)
-    if not stack:
-      continue
-    for loc in stack:
-      if loc.file and not is_library(loc.file, library_paths, user_paths):
-        return loc, stack
-    if not fallback:
-      fallback = stack
-  return (fallback[0], fallback) if fallback else (None, ())
 
 
 _PASS_THROUGH = frozenset({"tuple", "get-tuple-element", "bitcast", "copy"})

@@ -60,7 +60,9 @@ def _braced(depth: int) -> str:
 #: strings, bare words, nested braces (JSON backend configs, shardings), and
 #: iota device lists `[2,2]<=[4]T(1,0)`. Atomic, so a run of attributes
 #: splits one way only.
-_ETYPES = "|".join(sorted(dtypes.ELEMENT_TYPES, key=len, reverse=True))
+#: (ETYPES: the element type names as an alternation, longest first; the
+#: parser's patterns use it too.)
+ETYPES = "|".join(sorted(dtypes.ELEMENT_TYPES, key=len, reverse=True))
 #: A bare value the lexer reads as exactly one token, without error: dim
 #: labels, a padding pattern, a float, an integer that fits, `%name`, or an
 #: identifier that is not an element type (which would start a shape).
@@ -68,7 +70,7 @@ _ETYPES = "|".join(sorted(dtypes.ELEMENT_TYPES, key=len, reverse=True))
 _BARE = (r"[0-9bf?]{2,}_[0-9io?]{2,}->[0-9bf?]{2,}"
          r"|-?[0-9]+_-?[0-9]+(?:_[0-9]+)?(?:x-?[0-9]+_-?[0-9]+(?:_[0-9]+)?)*"
          r"|-?[0-9]+(?:\.[0-9]*(?:[eE][+-]?[0-9]+)?|[eE][+-]?[0-9]+)|-?[0-9]{1,18}(?![0-9])"
-         r"|%?(?!(?:" + _ETYPES + r")(?![A-Za-z0-9_.\-]))[A-Za-z_][A-Za-z0-9_.\-]*")
+         r"|%?(?!(?:" + ETYPES + r")(?![A-Za-z0-9_.\-]))[A-Za-z_][A-Za-z0-9_.\-]*")
 #: A list of integers in brackets, as in iota device lists.
 _INTS = r"\[(?:[ \t,]|[0-9]{1,18}(?![0-9]))*\]"
 # Braced values hold no comment starts outside strings: the slow path

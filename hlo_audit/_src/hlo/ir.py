@@ -431,6 +431,8 @@ class Computation:
   offset: int = dataclasses.field(default=-1, compare=False, repr=False)
   _index: Mapping[str, Instruction] = dataclasses.field(
       default_factory=_empty, compare=False, repr=False, init=False)
+  _parameters: tuple[Instruction, ...] | None = dataclasses.field(
+      default=None, compare=False, repr=False, init=False)
 
   def __post_init__(self):
     object.__setattr__(self, "_index", types.MappingProxyType(
@@ -447,8 +449,12 @@ class Computation:
   @property
   def parameters(self) -> tuple[Instruction, ...]:
     """Parameter instructions ordered by parameter number."""
-    params = [i for i in self.instructions if i.opcode == "parameter"]
-    return tuple(sorted(params, key=lambda i: i.parameter_number or 0))
+    params = self._parameters
+    if params is None:  # (analyses ask this of every fused computation, often)
+      params = tuple(sorted((i for i in self.instructions if i.opcode == "parameter"),
+                            key=lambda i: i.parameter_number or 0))
+      object.__setattr__(self, "_parameters", params)
+    return params
 
   def instruction(self, name: str) -> Instruction:
     """The instruction called `name`.

@@ -56,11 +56,22 @@ _SHAPE_RE = (r"[a-z][a-z0-9]*+\[[^\]\n]*+\]"
 # text in braces: a tenth of the line's match on dumps.
 _LINE_SHAPE_RE = (r"[a-z][a-z0-9]*+\[[^\]\n]*+\](?:\{[^{}\n]*+\})?"
                   r"|\((?:[^()\n]++|\((?:[^()\n]++|\([^()\n]*+\))*+\))*+\)")
+#: A value `attributes.VALUE` reads as `%name`: the computation a role names
+#: in XLA's print.
+_CALL_VALUE = (r"%(?!(?:" + attributes.ETYPES + r")(?![A-Za-z0-9_.\-]))" + _NAME +
+               r"(?![A-Za-z0-9_.?%\-])")
+#: `attributes.ATTRIBUTE_RUN`, capturing the `%name` of the last attribute
+#: that names a computation as `calls=%c` (or to_apply, condition, body):
+#: most lines with a role have one, which then needs no split.
+_RUN_WITH_CALL = (r"(?:,[ \t]*+(?>(?:calls|to_apply|condition|body)=(" + _CALL_VALUE + r")|" +
+                  _NAME + "=" + attributes.VALUE + r")[ \t]*+)*+")
 # A whole instruction line in the dialect XLA prints; the attribute run is
-# validated here and split on first use (ir.Instruction.attributes).
+# validated here and split on first use (ir.Instruction.attributes). Not for
+# names starting with "__" but not "__xla_", which XLA renames (the slow path
+# rejects them).
 _FAST_LINE = re.compile(
-    r"[ \t]*(ROOT[ \t]+)?(%?)(" + _NAME + r")[ \t]*=[ \t]*(" + _LINE_SHAPE_RE +
-    r")[ \t]+([a-z][a-z0-9\-]*)\(([^()\n]*)\)(" + attributes.ATTRIBUTE_RUN +
+    r"[ \t]*(ROOT[ \t]+)?(%?)(?!__(?!xla_))(" + _NAME + r")[ \t]*=[ \t]*(" + _LINE_SHAPE_RE +
+    r")[ \t]+([a-z][a-z0-9\-]*)\(([^()\n]*)\)(" + _RUN_WITH_CALL +
     r")[ \t]*\r?(?:\n|\Z)"
     # Not when the statement may go on: `\n  , metadata={...}` adds attributes
     # (and the slow path glues `{`, `[`, `(`, `<=`, `T(` to the last value);
@@ -87,6 +98,13 @@ _TYPED_OPERAND = re.compile(
     r"[ \t]*(?:/\*index=[0-9]+\*/)?[ \t]*(?:(" + _SHAPE_RE + r")[ \t]+)?%(" + _NAME +
     r")[ \t]*(?:,|$)")
 _SIG_PARAM_RE = _NAME + r":[ \t]*(?:" + _SHAPE_RE + r")[ \t]*"
+#: An array shape without a layout, as signatures print parameters, that
+#: `_plain_array_shape` reads: valid as written, no memo lookup needed.
+#: (Common element types first: tried in order.)
+_COMMON_TYPES = ("f32", "bf16", "s32", "pred", "f16", "s64", "u32", "u8")
+_SIG_ARRAY = (r"(?:" + "|".join((*_COMMON_TYPES, *sorted(dtypes.ELEMENT_TYPES - set(_COMMON_TYPES)))) +
+              r")\[(?:[0-9]{1,18}(?:,[0-9]{1,18})*)?\]")
+_SIG_ARRAY_PARAM = _NAME + r":[ \t]*" + _SIG_ARRAY + r"[ \t]*"
 #: A computation's header line in XLA's form: `ENTRY`, the name, and the
 #: signature `(name: shape, ...) -> shape` if any (its shapes are checked
 #: against the shape memo), up to the '{' that ends the line.
@@ -94,6 +112,14 @@ _FAST_HEADER = re.compile(
     r"[ \t]*(ENTRY[ \t]+)?(%?)(" + _NAME + r")[ \t]*(?:\(([ \t]*(?:" + _SIG_PARAM_RE +
     r"(?:,[ \t]*" + _SIG_PARAM_RE + r")*)?)\)[ \t]*->[ \t]*(" + _SHAPE_RE +
     r"))?[ \t]*\{[ \t]*\r?\Z")
+#: `_FAST_HEADER` as `common_instructions` takes it, after the blank lines
+#: and comments before it: the name written with '%', every parameter with a
+#: `_SIG_ARRAY` shape (what `fast_header` looks up one by one), not before a
+#: layout on the next line (`_LAYOUT_START`). Groups: ENTRY, name, result.
+_COMMON_HEADER = re.compile(
+    r"(?:[ \t\r\n]+|//[^\n\r]*)*+[ \t]*(ENTRY[ \t]+)?%(" + _NAME + r")[ \t]*\([ \t]*(?:" +
+    _SIG_ARRAY_PARAM + r"(?:,[ \t]*" + _SIG_ARRAY_PARAM + r")*)?\)[ \t]*->[ \t]*(" + _SHAPE_RE +
+    r")[ \t]*\{[ \t]*\r?(?=\n)(?!" + _LAYOUT_START.pattern + ")")
 #: Each shape of a well-formed parameter list: names hold no ':', and a
 #: ':' in a layout is inside the shape matched before it.
 _SIG_SHAPE = re.compile(r":[ \t]*(" + _SHAPE_RE + r")")
@@ -131,10 +157,10 @@ _FAST_LITERAL = re.compile(
     r"\.\.\.|[{},]))*+[ \t]*")
 _NOT_BRACE = re.compile(r"[^{}]+")
 _PERCENT_NAMES = re.compile(r"%(" + _NAME + r")")
-#: `, calls=%c` and the like: a single computation named the way XLA prints
-#: it (capturing the name, without its '%').
-_SIMPLE_CALL = re.compile(r",[ \t]*(?:calls|to_apply|condition|body)=%(" + _NAME +
-                          r")(?=[ \t]*(?:,|$))")
+#: One attribute's whole text, key and value (the split `split_attributes` makes).
+_ATTRIBUTES = attributes.ATTRIBUTE.findall
+#: Roles `common_instructions` takes, as `role=%name`.
+_SIMPLE_ROLES = frozenset({"calls", "to_apply", "condition", "body"})
 #: A computation's closing '}' that no attribute (nor a comment that might
 #: hide one) follows.
 _COMP_END = re.compile(r"\}[ \t]*\r?(?:\n|\Z)(?![ \t\r\n]*+[,/])")
@@ -572,6 +598,11 @@ class _Parser:
     blank lines), and the offset after the line; None and the header's
     offset if the lexer must read it (or there is none)."""
     text = self.text
+    h = _COMMON_HEADER.match(text, pos)
+    if h is not None:  # (nearly every header of a dump: no shape to look up but the result's)
+      entry, name, result = h.groups()
+      if "//" not in result and (result in self.shapes or self.shape(result) is not None):
+        return _Comp(name, h.start(2) - 1, bool(entry)), h.end() + 1
     pos = _TRIVIA.match(text, pos).end()
     if pos >= self.n or text.startswith("/*", pos):
       return None, pos
@@ -754,7 +785,6 @@ class _Parser:
     attr_keys = _ATTR_KEY.findall
     contains = names.__contains__
     pending = self.pending_names.append
-    refs = self.refs
     ctx = self.ctx
     new = _new
     reserved = _RESERVED
@@ -773,11 +803,11 @@ class _Parser:
         names = comp.names
         contains = names.__contains__
         continue
-      root_kw, pct, name, shape_text, word, ops, run = m.groups()
+      root_kw, pct, name, shape_text, word, ops, run, call = m.groups()
       spec = common_op(word)
       shape = shapes(shape_text)
       if (spec is None or shape is None or name in names or
-          (name[0] == "_" and name[1:2] == "_") or (root_kw and comp.root_name is not None) or
+          (root_kw and comp.root_name is not None) or
           (not pct and (name in reserved or text[m.end(3)] == "="))):
         return comp, pos, m  # (a shape not seen yet, async wrappers: `fast_instruction`)
       opcode, arity = spec
@@ -826,30 +856,27 @@ class _Parser:
           operands = tuple(out)
       if arity is not None and arity != len(operands):
         return comp, pos, m
-      if run:
-        # Half the lines carry metadata alone: one brace group to the end.
-        if run.startswith(", metadata={") and run.find("}") == len(run) - 1:
-          keys = ()
-        else:
-          # Most others end in metadata: the keys before it (no string
-          # there that could hold the `, metadata={` found), and it.
-          at = run.find(", metadata={")
-          if at > 0 and run.find("}", at) == len(run) - 1 and run.find('"', 0, at) < 0:
-            keys = attr_keys(run, 0, at)
-            keys.append("metadata")
-          else:
-            keys = attr_keys(run)
-          if len(keys) > 1 and len(set(keys)) != len(keys):
-            return comp, pos, m
-        if keys and not _STRUCTURAL_SET.isdisjoint(keys):
-          base = m.start(7)
-          calls = [(c.group(1), base + c.start(1) - 1)
-                   for c in _SIMPLE_CALL.finditer(run)]
-          if len(calls) != sum(map(_STRUCTURAL_SET.__contains__, keys)):
-            return comp, pos, m  # (`fast_instruction` writes bare names with '%')
-          refs += calls
-      else:
+      if not run:
         run = _EMPTY_ATTRS
+      # Half the lines carry metadata alone: one brace group to the end.
+      elif not (run.startswith(", metadata={") and run.find("}") == len(run) - 1):
+        # Most others end in metadata: the keys before it (no string
+        # there that could hold the `, metadata={` found), and it. A
+        # superset of the keys (some may be inside values).
+        at = run.find(", metadata={")
+        if at > 0 and run.find("}", at) == len(run) - 1 and run.find('"', 0, at) < 0:
+          keys = attr_keys(run, 0, at)
+          keys.append("metadata")
+        else:
+          keys = attr_keys(run)
+        if len(keys) > 1 and len(set(keys)) != len(keys):
+          return comp, pos, m
+        if not _STRUCTURAL_SET.isdisjoint(keys):
+          if call is not None and sum(map(_STRUCTURAL_SET.__contains__, keys)) == 1:
+            # The one role is a real attribute (`_RUN_WITH_CALL` took it).
+            self.refs.append((call[1:], m.start(8)))
+          elif not self.common_calls(run, m.start(7)):
+            return comp, pos, m  # (`fast_instruction` writes bare names with '%')
       if root_kw:
         comp.root_name = name
       pending(name)
@@ -871,15 +898,34 @@ class _Parser:
       names[name] = inst
       pos = m.end()
 
+  def common_calls(self, run: str, at: int) -> bool:
+    """Whether the attribute run `run` (at offset `at`) names computations
+    only as `calls=%c` (or to_apply, condition, body); if so, records them.
+
+    Split as `attributes.split_attributes` splits it: a key inside a value
+    (a string holding ", calls=%c") is none.
+    """
+    refs = []
+    for whole, key, value in _ATTRIBUTES(run):
+      if key in _STRUCTURAL_SET:
+        if key not in _SIMPLE_ROLES or value[:1] != "%":
+          return False  # (`fast_instruction` reads lists, bare names, predecessors)
+        # A value starting with '%' is `%name` (attributes.VALUE); the ref
+        # points at the '%', after the key's '=' (the first: names hold none).
+        refs.append((value[1:], at + whole.index("=") + 1))
+      at += len(whole)
+    self.refs += refs
+    return True
+
   def fast_instruction(self, comp: _Comp, m: re.Match) -> bool:
     """Builds the instruction `_FAST_LINE` matched, if nothing in it needs the
     slow path. Returns False, having changed nothing, otherwise.
 
     This is the hot loop of parsing a dump: keep it free of avoidable calls.
     """
-    root_kw, pct, name, shape_text, word, ops, run = m.groups()
-    if (not pct and (name in _RESERVED or m.string[m.end(3)] == "=")) or (
-        name[:2] == "__" and name[:6] != "__xla_"):
+    root_kw, pct, name, shape_text, word, ops, run, _ = m.groups()
+    # (`_FAST_LINE` takes no name starting with "__" that XLA renames.)
+    if not pct and (name in _RESERVED or m.string[m.end(3)] == "="):
       return False
     names = comp.names
     if name in names or (root_kw and comp.root_name is not None):
@@ -1486,7 +1532,8 @@ class _MutableComputation:
 
 
 assert _MutableComputation.__slots__ == ("name", "instructions", "root_name", "is_entry",
-                                         "execution_thread", "offset", "_index")
+                                         "execution_thread", "offset", "_index",
+                                         "_parameters")
 
 
 def _computation(name, instructions, root_name, is_entry, thread, offset,
@@ -1501,6 +1548,7 @@ def _computation(name, instructions, root_name, is_entry, thread, offset,
   comp.execution_thread = thread
   comp.offset = offset
   comp._index = index
+  comp._parameters = None
   comp.__class__ = Computation
   return comp
 

@@ -97,11 +97,15 @@ def _primitive_names(insts: Sequence[Instruction]) -> frozenset[str]:
 
 def fused_computation(program: Program, k: Kernel) -> Computation | None:
   """The computation fusion kernel `k` runs (None for other kernels)."""
-  inst = program.inst(k)
-  calls = inst.called_computations.get("calls", ())
-  if inst.opcode != "fusion" or not calls or calls[0] not in program.module:
-    return None
-  return program.module.computation(calls[0])
+  try:
+    return program.tables.fused[k.name]
+  except KeyError:  # (every rule asks, of every kernel it looks at)
+    inst = program.inst(k)
+    calls = inst.called_computations.get("calls", ()) if inst.opcode == "fusion" else ()
+    found = program.tables.fused[k.name] = (
+        program.module.computation(calls[0])
+        if calls and calls[0] in program.module else None)
+    return found
 
 
 def operand_number(program: Program, consumer: Kernel, buf: Buffer) -> int | None:

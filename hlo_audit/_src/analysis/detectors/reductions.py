@@ -180,9 +180,19 @@ def _feeds_reduce(program: Program, r: Kernel, operand: int) -> bool:
   fused = fused_computation(program, r)
   if fused is None:
     return True
-  reached = _reached(program, fused, operand)
-  return any(i.opcode in ("reduce", "reduce-window") and i.name in reached and
-             not bt.is_split_k_reduce(i) for i in fused.instructions)
+  masks = _reach_masks(program, fused, True)
+  return any(masks.get(i.name, 0) >> operand & 1 for i in _fused_reduces(program, fused))
+
+
+def _fused_reduces(program: Program, fused: Computation) -> tuple[Instruction, ...]:
+  """The reduce and reduce-window instructions of `fused`, in text order,
+  less split-K sums (a gemm's own)."""
+  found = program.tables.reduces.get(fused.name)
+  if found is None:
+    found = program.tables.reduces[fused.name] = tuple(
+        i for i in fused.instructions
+        if i.opcode in ("reduce", "reduce-window") and not bt.is_split_k_reduce(i))
+  return found
 
 
 def _sums_partials(program: Program, r: Kernel, operand: int) -> bool:
@@ -268,9 +278,7 @@ def _reduce_inputs(program: Program, r: Kernel, operand: int | None) -> set[int]
   # small final combine, after the partial reductions.
   mine = _reached(program, fused, operand, past_reduces=False) if operand is not None else \
       {i.name for i in fused.instructions}
-  stack = [o for i in fused.instructions
-           if i.name in mine and i.opcode in ("reduce", "reduce-window")
-           and not bt.is_split_k_reduce(i)
+  stack = [o for i in _fused_reduces(program, fused) if i.name in mine
            for o in i.operands[:max(1, len(i.operands) // 2)]]
   seen: set[str] = set()
   found: set[int] = set()
@@ -359,8 +367,7 @@ def _reduce_sites(program: Program, r: Kernel,
   sites = [(comp, inst)] if inst.opcode in ("reduce", "reduce-window") else []
   fused = fused_computation(program, r)
   if fused is not None:
-    sites += [(fused, i) for i in fused.instructions
-              if i.opcode in ("reduce", "reduce-window") and not bt.is_split_k_reduce(i)]
+    sites += [(fused, i) for i in _fused_reduces(program, fused)]
     if operand is not None:
       reached = _reached(program, fused, operand)
       mine = [(c, i) for c, i in sites if i.name in reached]
@@ -369,23 +376,58 @@ def _reduce_sites(program: Program, r: Kernel,
 
 
 def _reached(program: Program, fused: Computation, operand: int,
-             past_reduces: bool = True) -> set[str]:
+             past_reduces: bool = True) -> frozenset[str]:
   """Instructions of `fused` computed from its parameter `operand`; without
   `past_reduces`, up to the first reduces (a split-K sum is no stop: it
   finishes a gemm) and not what is computed from their results."""
-  param = next((p for p in fused.parameters if p.parameter_number == operand), None)
-  if param is None:
-    return set()
-  seen: set[str] = set()
-  stack = [param.name]
-  while stack:
-    for u in program.users(fused, stack.pop()):
-      if u.name not in seen:
-        seen.add(u.name)
-        if past_reduces or u.opcode not in ("reduce", "reduce-window") or \
-            bt.is_split_k_reduce(u):
-          stack.append(u.name)
-  return seen
+  return frozenset(name for name, mask in _reach_masks(program, fused, past_reduces).items()
+                   if mask >> operand & 1)
+
+
+def _reach_masks(program: Program, fused: Computation,
+                 past_reduces: bool) -> dict[str, int]:
+  """Instruction name -> the parameters of `fused` it is computed from (bit
+  n: parameter n), as `_reached` defines it: one pass over the computation
+  for all its parameters (the rules ask of each operand of every reduction)."""
+  key = (fused.name, past_reduces)
+  masks = program.tables.reached.get(key)
+  if masks is not None:
+    return masks
+  flows: dict[str, int] = {}  # what an instruction passes on to its users
+  masks = {}
+  for inst in _operands_first(fused):
+    if inst.opcode == "parameter":
+      flows[inst.name] = 1 << (inst.parameter_number or 0)
+      masks[inst.name] = 0  # (a parameter is not computed from itself)
+      continue
+    mask = 0
+    for o in inst.operands:
+      mask |= flows.get(o, 0)
+    masks[inst.name] = mask
+    stops = not past_reduces and inst.opcode in ("reduce", "reduce-window") and \
+        not bt.is_split_k_reduce(inst)
+    flows[inst.name] = 0 if stops else mask
+  program.tables.reached[key] = masks
+  return masks
+
+
+def _operands_first(comp: Computation) -> list[Instruction]:
+  """`comp`'s instructions, each after its operands (XLA prints them so;
+  hand-written text need not)."""
+  order: list[Instruction] = []
+  entered: set[str] = set()  # (a cycle, which no valid HLO has, ends the walk)
+  for start in comp.instructions:
+    stack = [(start, False)]
+    while stack:
+      inst, expanded = stack.pop()
+      if expanded:
+        order.append(inst)
+      elif inst.name not in entered:
+        entered.add(inst.name)
+        stack.append((inst, True))
+        stack.extend((comp.instruction(o), False) for o in reversed(inst.operands)
+                     if o in comp and o not in entered)
+  return order
 
 
 def _reduced_dims(comp: Computation, inst: Instruction) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
