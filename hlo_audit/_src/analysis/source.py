@@ -117,17 +117,6 @@ def _file_stack(md: Metadata | None) -> tuple[SourceLocation, ...]:
   return ()
 
 
-def instruction_stack(module: HloModule, inst: Instruction) -> tuple[SourceLocation, ...]:
-  """`inst`'s stack, innermost first: the StackFrames chain of its
-  `stack_frame_id`, else its `source_file`/`source_line` alone."""
-  frame_id, md = _frame_fields(inst)
-  if frame_id and module.stack_frame_index is not None:
-    stack = module.stack_frame_index.stack(frame_id)
-    if stack:
-      return stack
-  return _file_stack(md)
-
-
 #: (source, stack): an instruction's attribution.
 _Found = tuple[SourceLocation | None, tuple[SourceLocation, ...]]
 _NOTHING: _Found = (None, ())
@@ -166,8 +155,9 @@ class _Attribution:
     return None
 
   def choice(self, module: HloModule, inst: Instruction) -> _Found:
-    """(user frame or None, stack) of `inst`'s own stack
-    (`instruction_stack`)."""
+    """(user frame or None, stack) of `inst`'s own stack, innermost first:
+    the StackFrames chain of its `stack_frame_id`, else its
+    `source_file`/`source_line` alone."""
     frame_id, md = _frame_fields(inst)
     if frame_id and module.stack_frame_index is not None:
       frames = self.frames
