@@ -102,7 +102,7 @@ INTERPRETER_FROZEN_AT_START: int = (gc.get_freeze_count()
 
 
 # ---------------------------------------------------------------------------
-# Compile reuse and XLA's memory reports (issue 14)
+# Compile reuse and XLA's memory reports
 #
 # Checked on jax/jaxlib 0.10.2, 0.11.2 and 0.12.0.1 (CPU):
 # * `jit(f).lower(*args)` is cached by function and argument types (a new
@@ -113,9 +113,11 @@ INTERPRETER_FROZEN_AT_START: int = (gc.get_freeze_count()
 #   runs. Any `compiler_options` (e.g. `xla_dump_to`) is part of that key, so
 #   it always compiles again. The persistent compilation cache, when enabled
 #   (`jax_compilation_cache_dir`), sits below this (its key includes the
-#   compile options): `audit` in a fresh process then loads the executable
-#   (a cache hit, checked on 0.10.2 and 0.12.0.1), and the loaded executable
-#   still carries its buffer-assignment proto.
+#   compile options, less the `xla_dump_*` ones, which jax's cache key
+#   drops): `audit` in a fresh process then loads the executable (a cache
+#   hit, checked on 0.10.2 and 0.12.0.1), and the loaded executable still
+#   carries its buffer-assignment proto; but the dump compile of
+#   `xla_reports=True` loads it too, and XLA writes no reports (0.10.2).
 # * `Compiled.memory_analysis()` is a `CompiledMemoryStats` carrying
 #   `serialized_buffer_assignment_proto` (XLA's `BufferAssignmentProto`)
 #   in all three; 0.11+ add `peak_unpadded_heap_bytes`,
@@ -124,6 +126,16 @@ INTERPRETER_FROZEN_AT_START: int = (gc.get_freeze_count()
 #   `runtime_executable().hlo_modules()[0].as_serialized_hlo_module_proto()`
 #   (all three). Live ranges are in no proto: only the dump reports have them.
 # ---------------------------------------------------------------------------
+
+
+def persistent_cache_dir() -> str | None:
+  """The folder of JAX's persistent compilation cache when it is on, else
+  None (a compile may then load an executable, and XLA dumps nothing)."""
+  import jax
+
+  if not jax.config.jax_enable_compilation_cache:
+    return None
+  return jax.config.jax_compilation_cache_dir or None
 
 
 def buffer_assignment_proto(memory_stats: Any) -> bytes | None:

@@ -198,12 +198,22 @@ def _with_dump_reports(lowered, compiled, *, origin: str, pre,
                          f"{_first_line(e)}") from e
     dumped = [m for m in read_dump_dir(dump_dir) if m.after_optimizations]
     if not dumped and not notes:
-      notes.append("XLA wrote no dump reports: its live ranges are unavailable")
+      notes.append(_no_reports_note())
     return _from_compiled(compiled, origin=origin,
                           dumped=dumped[-1] if dumped else None,
                           pre=pre, notes=notes)
   finally:
     shutil.rmtree(dump_dir, ignore_errors=True)
+
+
+def _no_reports_note() -> str:
+  cache = compat.persistent_cache_dir()
+  # A cache hit still dumps the optimized module, but not the reports that
+  # XLA writes while it compiles.
+  return "XLA wrote no dump reports: its live ranges are unavailable" + (
+      f" (JAX's persistent compilation cache, {cache}, gave the dump compile an "
+      "executable compiled before, and XLA writes its reports only when it "
+      "compiles: audit without jax_compilation_cache_dir set)" if cache else "")
 
 
 def _from_compiled(compiled, *, origin: str, dumped=None, pre=None,
@@ -229,6 +239,8 @@ def _from_compiled(compiled, *, origin: str, dumped=None, pre=None,
     live_range = dumped.read_live_range()
     report = dumped.read_memory_usage_report()
     source = "dump reports" if buffer_assignment is not None else ""
+    if buffer_assignment is None:
+      notes.append(_no_reports_note())
     if pre is None:
       pre = dumped.read_before_optimizations
   allocated = None

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import functools
+import os
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -64,6 +67,28 @@ def test_the_executables_buffer_assignment_is_named_on_first_read(monkeypatch):
 @functools.cache
 def reports_capture():
   return hlo_audit.capture(jax.jit(mlp), X, W, xla_reports=True)
+
+
+def test_xla_reports_under_the_persistent_cache_say_why_they_are_missing(tmp_path):
+  # jax's persistent cache key drops the dump options: the dump compile loads
+  # the executable the first compile stored, and XLA writes no reports. The
+  # capture must say so, not read as an audit with reports.
+  script = (
+      "import jax, jax.numpy as jnp, hlo_audit\n"
+      "f = jax.jit(lambda x, w: jnp.tanh(x @ w).sum())\n"
+      "c = hlo_audit.capture(f, jnp.ones((8, 16)), jnp.ones((16, 4)), xla_reports=True)\n"
+      "print(c.xla_memory_source); print(*c.notes, sep='\\n')\n")
+  env = dict(os.environ, JAX_PLATFORMS="cpu",
+             JAX_COMPILATION_CACHE_DIR=str(tmp_path / "cache"),
+             JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+             JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
+  out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
+                       text=True, timeout=300)
+  assert out.returncode == 0, out.stderr[-2000:]
+  source, *notes = out.stdout.splitlines()
+  assert source != "dump reports"
+  assert any("XLA wrote no dump reports" in n and "persistent compilation cache" in n
+             and str(tmp_path / "cache") in n for n in notes), out.stdout
 
 
 def test_xla_reports_add_live_ranges_and_agree_with_the_proto():

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import os
+import pathlib
 import signal
 import subprocess
 import sys
@@ -60,9 +61,10 @@ def test_a_killed_sweep_resumes_with_no_point_lost_or_doubled(tmp_path):
     time.sleep(0.1)
   assert not any(_alive(p) for p in workers)
 
-  t0 = time.monotonic()
+  # The resume's cost is not asserted (a wall-clock bound measures the machine);
+  # the count of points it ran and the untouched earlier lines show that it
+  # redid none.
   again = subprocess.run(cmd + ["--jobs=0"], capture_output=True, text=True, timeout=300)
-  resume_s = time.monotonic() - t0
   assert again.returncode == 0, again.stderr[-2000:]
   assert f"{10 - len(before)} points run (0 failed), {len(before)} already done" in again.stdout
 
@@ -83,7 +85,6 @@ def test_a_killed_sweep_resumes_with_no_point_lost_or_doubled(tmp_path):
   for name in ("bytes.png", "peak.png", "report.md", "report.html"):
     assert (out / name).stat().st_size > 0
   assert "points: 10 recorded (10 ok, 0 failed)" in (out / "report.md").read_text()
-  assert resume_s < 120
 
 
 @pytest.mark.parametrize("flags, message, one_line", [

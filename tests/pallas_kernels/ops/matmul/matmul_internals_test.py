@@ -165,6 +165,12 @@ def test_bad_arguments_raise_value_error(kwargs, match):
 def test_config_rejects_invalid_tiles():
   with pytest.raises(ValueError, match="block_k must be a power of two"):
     Config(block_m=16, block_n=16, block_k=24)
+  with pytest.raises(ValueError, match="group_m must be >= 1"):
+    Config(group_m=0)
+  with pytest.raises(ValueError, match="num_stages and group_m must be >= 1"):
+    Config(num_stages=0)
+  # The smallest legal values: one stage, plain row-major order (no swizzle).
+  assert Config(num_stages=1, group_m=1).group_m == 1
   with pytest.raises(ValueError, match="rows_per_program must be a positive multiple"):
     BackwardConfig(block_m=32, block_n=32, rows_per_program=48)
 
@@ -187,6 +193,32 @@ def test_gpu_defaults_are_tensor_core_tiles():
   assert (ieee.block_m, ieee.block_n, ieee.block_k, ieee.num_warps) == (64, 128, 32, 8)
   skinny = config_lib.heuristic_config(1, 4096, 4096, jnp.bfloat16, GPU)
   assert skinny.block_m == 16 and skinny.block_k == 128
+
+
+def test_choose_config_defaults_to_highest_precision(monkeypatch):
+  # With no precision named, float32 tiles feed the FMA units (HIGHEST), as
+  # matmul's own default does; TF32's tile is for DEFAULT/HIGH only.
+  monkeypatch.setattr(backend, "current_backend", lambda: GPU)
+  monkeypatch.setattr(backend, "device_kind", lambda: "NVIDIA H200")
+  ieee = config_lib.heuristic_config(4096, 4096, 4096, jnp.float32, GPU,
+                                     device_kind="NVIDIA H200")
+  tf32 = config_lib.heuristic_config(4096, 4096, 4096, jnp.float32, GPU, tf32=True,
+                                     device_kind="NVIDIA H200")
+  assert ieee != tf32
+  assert config_lib.choose_config(4096, 4096, 4096, jnp.float32, False) == ieee
+  assert config_lib.choose_config(4096, 4096, 4096, jnp.float32, False,
+                                  precision="HIGHEST") == ieee
+  assert config_lib.choose_config(4096, 4096, 4096, jnp.float32, False,
+                                  precision="DEFAULT") == tf32
+
+
+@pytest.mark.parametrize("w_dtype", ["int8", "int4"])
+def test_integer_weight_cases_need_a_weight_scale(w_dtype):
+  with pytest.raises(ValueError, match="integer weights need a w_scale"):
+    arg_specs.build_case(arg_specs.CaseDef(m=4, k=8, n=6, w_dtype=w_dtype), seed=0)
+  case = arg_specs.build_case(
+      arg_specs.CaseDef(m=4, k=8, n=6, w_dtype=w_dtype, w_scale="channel"), seed=0)
+  assert case.args[1].dtype == jnp.dtype(w_dtype)
 
 
 @pytest.fixture

@@ -54,3 +54,29 @@ def test_kernel_launch_carries_the_named_scope():
   lowered = jax.jit(lambda a: pk.softmax(a, scale=0.125, implementation="pallas",
                                          interpret=True)).lower(x)
   assert "pallas_kernels.softmax" in lowered.as_text(debug_info=True)
+
+
+def _pallas_call_scopes(jaxpr) -> list[str]:
+  """The name stack of every pallas_call in `jaxpr` and its sub-jaxprs."""
+  out = []
+  for eqn in jaxpr.eqns:
+    if eqn.primitive.name == "pallas_call":
+      out.append(str(eqn.source_info.name_stack))
+    for param in eqn.params.values():
+      for sub in param if isinstance(param, (tuple, list)) else (param,):
+        sub = getattr(sub, "jaxpr", sub)  # a ClosedJaxpr's Jaxpr
+        if hasattr(sub, "eqns"):
+          out.extend(_pallas_call_scopes(sub))
+  return out
+
+
+def test_backward_kernel_carries_the_named_scope_too():
+  # The audit names a kernel's op from this scope: the backward launch is
+  # softmax's as much as the forward one.
+  x = normal((7, 129), "float32")
+  w = jax.numpy.arange(129.0)
+  loss = lambda a: (pk.softmax(a, scale=0.125, implementation="pallas",
+                               interpret=True) * w).sum()
+  scopes = _pallas_call_scopes(jax.make_jaxpr(jax.grad(loss))(x).jaxpr)
+  assert len(scopes) == 2, scopes  # forward and backward
+  assert all("pallas_kernels.softmax/" in s for s in scopes), scopes
