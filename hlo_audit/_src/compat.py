@@ -117,7 +117,7 @@ INTERPRETER_FROZEN_AT_START: int = (gc.get_freeze_count()
 #   drops): `audit` in a fresh process then loads the executable (a cache
 #   hit, checked on 0.10.2 and 0.12.0.1), and the loaded executable still
 #   carries its buffer-assignment proto; but the dump compile of
-#   `xla_reports=True` loads it too, and XLA writes no reports (0.10.2).
+#   `xla_reports=True` loads it too, and XLA writes no reports (all three).
 # * `Compiled.memory_analysis()` is a `CompiledMemoryStats` carrying
 #   `serialized_buffer_assignment_proto` (XLA's `BufferAssignmentProto`)
 #   in all three; 0.11+ add `peak_unpadded_heap_bytes`,
@@ -130,7 +130,7 @@ INTERPRETER_FROZEN_AT_START: int = (gc.get_freeze_count()
 
 def persistent_cache_dir() -> str | None:
   """The folder of JAX's persistent compilation cache when it is on, else
-  None (a compile may then load an executable, and XLA dumps nothing)."""
+  None (a compile may then load an executable, and XLA writes no reports)."""
   import jax
 
   if not jax.config.jax_enable_compilation_cache:
