@@ -97,8 +97,11 @@ def test_a_product_summed_over_its_varying_axis_is_a_contraction():
   assert square.ops == ("column_reduction",) and "over the leading axes" in square.evidence
 
 
-TWO_REDUCES = """
-HloModule two, is_scheduled=true
+
+#: A loop fusion writes g (f32[DIMS]); a reduction fusion reads it alone and
+#: reduces it as SUM says (its root %r, of type f32[OUT]).
+WRITTEN_THEN_SUMMED = """
+HloModule summed, is_scheduled=true
 
 %add (a: f32[], b: f32[]) -> f32[] {
   %a = f32[] parameter(0)
@@ -106,74 +109,50 @@ HloModule two, is_scheduled=true
   ROOT %s = f32[] add(%a, %b)
 }
 
-%fused_scale (p0: f32[8,16,32], p1: f32[8,16,32]) -> f32[8,16,32] {
-  %p0 = f32[8,16,32]{2,1,0} parameter(0)
-  %p1 = f32[8,16,32]{2,1,0} parameter(1)
-  ROOT %m = f32[8,16,32]{2,1,0} multiply(%p0, %p1), metadata={op_name="jit(f)/mul"}
+%fused_scale (p0: f32[DIMS], p1: f32[DIMS]) -> f32[DIMS] {
+  %p0 = f32[DIMS]{2,1,0} parameter(0)
+  %p1 = f32[DIMS]{2,1,0} parameter(1)
+  ROOT %m = f32[DIMS]{2,1,0} multiply(%p0, %p1), metadata={op_name="jit(f)/mul"}
 }
 
-%fused_sum (p0: f32[8,16,32]) -> f32[16] {
-  %p0 = f32[8,16,32]{2,1,0} parameter(0)
+%fused_sum (p0: f32[DIMS]) -> f32[OUT] {
+  %p0 = f32[DIMS]{2,1,0} parameter(0)
   %z = f32[] constant(0)
-  %r1 = f32[8,16]{1,0} reduce(%p0, %z), dimensions={2}, to_apply=%add, metadata={op_name="jit(f)/reduce_sum"}
-  %n = f32[8,16]{1,0} negate(%r1), metadata={op_name="jit(f)/neg"}
-  ROOT %r2 = f32[16]{0} reduce(%n, %z), dimensions={0}, to_apply=%add, metadata={op_name="jit(f)/reduce_sum"}
+SUM
 }
 
-ENTRY %main (x: f32[8,16,32], y: f32[8,16,32]) -> (f32[8,16,32], f32[16]) {
-  %x = f32[8,16,32]{2,1,0} parameter(0)
-  %y = f32[8,16,32]{2,1,0} parameter(1)
-  %g = f32[8,16,32]{2,1,0} fusion(%x, %y), kind=kLoop, calls=%fused_scale, metadata={op_name="jit(f)/mul"}
-  %s = f32[16]{0} fusion(%g), kind=kInput, calls=%fused_sum, metadata={op_name="jit(f)/reduce_sum"}
-  ROOT %out = (f32[8,16,32]{2,1,0}, f32[16]{0}) tuple(%g, %s)
+ENTRY %main (x: f32[DIMS], y: f32[DIMS]) -> (f32[DIMS], f32[OUT]) {
+  %x = f32[DIMS]{2,1,0} parameter(0)
+  %y = f32[DIMS]{2,1,0} parameter(1)
+  %g = f32[DIMS]{2,1,0} fusion(%x, %y), kind=kLoop, calls=%fused_scale, metadata={op_name="jit(f)/mul"}
+  %s = f32[OUT] fusion(%g), kind=kInput, calls=%fused_sum, metadata={op_name="jit(f)/reduce_sum"}
+  ROOT %out = (f32[DIMS]{2,1,0}, f32[OUT]) tuple(%g, %s)
 }
 """
+
+
+def _summed(dims: str, out: str, body: str) -> hlo_audit.FusionDecisionRecord:
+  text = (WRITTEN_THEN_SUMMED.replace("SUM", body).replace("DIMS", dims)
+          .replace("OUT", out))
+  (f,) = hlo_audit.audit_hlo(text).findings_of(FindingKind.SEPARATE_REDUCTION)
+  return f
 
 
 def test_a_reduce_of_a_reduce_counts_as_one_over_both_axes():
   # XLA reduces dims {0,2} as {2}, then {0} (a negation between): the
   # statistic is one over both axes of the buffer, 256 elements each.
-  [f] = [f for f in hlo_audit.audit_hlo(TWO_REDUCES).findings
-         if f.kind is FindingKind.SEPARATE_REDUCTION]
+  f = _summed("8,16,32", "16", """\
+  %r1 = f32[8,16]{1,0} reduce(%p0, %z), dimensions={2}, to_apply=%add, metadata={op_name="jit(f)/reduce_sum"}
+  %n = f32[8,16]{1,0} negate(%r1), metadata={op_name="jit(f)/neg"}
+  ROOT %r = f32[16]{0} reduce(%n, %z), dimensions={0}, to_apply=%add, metadata={op_name="jit(f)/reduce_sum"}""")
   assert "reduces dims {0,2} of [8,16,32] (256 elements each)" in f.evidence
   assert "one result per index of axes {1}" in f.evidence
-
-
-RESHAPED_SUM = """
-HloModule allr, is_scheduled=true
-
-%add (a: f32[], b: f32[]) -> f32[] {
-  %a = f32[] parameter(0)
-  %b = f32[] parameter(1)
-  ROOT %s = f32[] add(%a, %b)
-}
-
-%fused_scale (p0: f32[8,16,64], p1: f32[8,16,64]) -> f32[8,16,64] {
-  %p0 = f32[8,16,64]{2,1,0} parameter(0)
-  %p1 = f32[8,16,64]{2,1,0} parameter(1)
-  ROOT %m = f32[8,16,64]{2,1,0} multiply(%p0, %p1), metadata={op_name="jit(f)/mul"}
-}
-
-%fused_sum (p0: f32[8,16,64]) -> f32[] {
-  %p0 = f32[8,16,64]{2,1,0} parameter(0)
-  %b = f32[128,64]{1,0} bitcast(%p0)
-  %z = f32[] constant(0)
-  ROOT %r = f32[] reduce(%b, %z), dimensions={0,1}, to_apply=%add, metadata={op_name="jit(f)/reduce_sum"}
-}
-
-ENTRY %main (x: f32[8,16,64], y: f32[8,16,64]) -> (f32[8,16,64], f32[]) {
-  %x = f32[8,16,64]{2,1,0} parameter(0)
-  %y = f32[8,16,64]{2,1,0} parameter(1)
-  %g = f32[8,16,64]{2,1,0} fusion(%x, %y), kind=kLoop, calls=%fused_scale, metadata={op_name="jit(f)/mul"}
-  %s = f32[] fusion(%g), kind=kInput, calls=%fused_sum, metadata={op_name="jit(f)/reduce_sum"}
-  ROOT %out = (f32[8,16,64]{2,1,0}, f32[]) tuple(%g, %s)
-}
-"""
 
 
 def test_a_sum_of_everything_through_a_reshape_names_every_axis_of_the_buffer():
   # The reduce reads [128,64], a bitcast of the written [8,16,64]: its axes
   # {0,1} (all of them) are all three of the buffer's.
-  [f] = [f for f in hlo_audit.audit_hlo(RESHAPED_SUM).findings
-         if f.kind is FindingKind.SEPARATE_REDUCTION]
+  f = _summed("8,16,64", "", """\
+  %b = f32[128,64]{1,0} bitcast(%p0)
+  ROOT %r = f32[] reduce(%b, %z), dimensions={0,1}, to_apply=%add, metadata={op_name="jit(f)/reduce_sum"}""")
   assert "reduces dims {0,1,2} of [8,16,64] (8192 elements each)" in f.evidence

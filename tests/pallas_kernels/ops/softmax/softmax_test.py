@@ -62,11 +62,8 @@ def _pallas_call_scopes(jaxpr) -> list[str]:
   for eqn in jaxpr.eqns:
     if eqn.primitive.name == "pallas_call":
       out.append(str(eqn.source_info.name_stack))
-    for param in eqn.params.values():
-      for sub in param if isinstance(param, (tuple, list)) else (param,):
-        sub = getattr(sub, "jaxpr", sub)  # a ClosedJaxpr's Jaxpr
-        if hasattr(sub, "eqns"):
-          out.extend(_pallas_call_scopes(sub))
+    for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+      out.extend(_pallas_call_scopes(sub))
   return out
 
 
