@@ -224,3 +224,35 @@ def test_an_output_not_written_elementwise_beside_another_reader_keeps_apart():
   apart = UPDATE_BESIDE.replace("%OTHER", "%p1")
   assert _ask(beside, "f", 0, user_index=(0,))[0] is False
   assert _ask(apart, "f", 0, user_index=(0,))[0] is True
+
+
+UPDATED_THEN_READ = """
+HloModule m, is_scheduled=true
+%fused (p0: f32[256], p1: f32[16], p2: s32[]) -> f32[256] {
+  %p0 = f32[256]{0} parameter(0)
+  %p1 = f32[16]{0} parameter(1)
+  %p2 = s32[] parameter(2)
+  %dus = f32[256]{0} dynamic-update-slice(%p0, %p1, %p2)
+  ROOT %n = f32[256]{0} negate(%dus)
+}
+ENTRY %main (x: f32[256], u: f32[16], i: s32[]) -> f32[256] {
+  %x = f32[256]{0} parameter(0)
+  %u = f32[16]{0} parameter(1)
+  %i = s32[] parameter(2)
+  %g = f32[256]{0} exponential(%x)
+  ROOT %f = f32[256]{0} fusion(%g, %u, %i), kind=kLoop, calls=%fused
+}
+"""
+
+
+def test_a_buffer_updated_in_a_slice_then_read_elementwise_may_become_the_output():
+  # A dynamic-update-slice reads its operand 0 elementwise (each element is
+  # kept or replaced in its place), so the path from the fused parameter to
+  # the root stays elementwise; its update operand is read at other indices.
+  assert _ask(UPDATED_THEN_READ, "f", 0)[0] is True
+  # Read as the update of a slice that a later op reads: not elementwise.
+  as_update = (UPDATED_THEN_READ.replace("p1: f32[16]", "p1: f32[256]")
+               .replace("%p1 = f32[16]{0}", "%p1 = f32[256]{0}")
+               .replace("(%p0, %p1, %p2)", "(%p1, %p0, %p2)")
+               .replace("u: f32[16]", "u: f32[256]").replace("%u = f32[16]{0}", "%u = f32[256]{0}"))
+  assert _ask(as_update, "f", 0)[0] is False

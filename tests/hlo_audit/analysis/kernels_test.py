@@ -166,3 +166,36 @@ def test_an_input_of_an_interpreted_kernel_joins_it_through_the_loop_state():
   (k,) = [k for k in r.kernels if k.kind is KernelKind.PALLAS]
   assert k.name == "w" and "copy" in k.members
   assert [x.name for x in r.kernels] == ["w", "out"]
+
+
+UPDATES = """
+HloModule upd, is_scheduled=true
+
+%add (a: f32[], b: f32[]) -> f32[] {
+  %a = f32[] parameter(0)
+  %b = f32[] parameter(1)
+  ROOT %s = f32[] add(%a, %b)
+}
+
+ENTRY %main (x: f32[1024,128], i: s32[16,1], u: f32[16,128], j: s32[], k: s32[]) -> (f32[1024,128], f32[1024,128]) {
+  %x = f32[1024,128]{1,0} parameter(0)
+  %i = s32[16,1]{1,0} parameter(1)
+  %u = f32[16,128]{1,0} parameter(2)
+  %j = s32[] parameter(3)
+  %k = s32[] parameter(4)
+  %y = f32[1024,128]{1,0} negate(%x)
+  %z = f32[1024,128]{1,0} exponential(%x)
+  %sc = f32[1024,128]{1,0} scatter(%y, %i, %u), update_window_dims={1}, inserted_window_dims={0}, scatter_dims_to_operand_dims={0}, index_vector_dim=1, to_apply=%add
+  %dus = f32[1024,128]{1,0} dynamic-update-slice(%z, %u, %j, %k)
+  ROOT %out = (f32[1024,128]{1,0}, f32[1024,128]{1,0}) tuple(%sc, %dus)
+}
+"""
+
+
+def test_in_place_updates_touch_only_the_updated_rows():
+  kernels = {k.name: k for k in hlo_audit.audit_hlo(UPDATES).kernels}
+  rows = 16 * 128 * 4
+  # A scatter-add reads the rows it combines into, its indices and updates.
+  assert (kernels["sc"].bytes_read, kernels["sc"].bytes_written) == (rows + 16 * 4 + rows, rows)
+  # A dynamic-update-slice reads nothing of the buffer it writes into.
+  assert (kernels["dus"].bytes_read, kernels["dus"].bytes_written) == (rows + 2 * 4, rows)

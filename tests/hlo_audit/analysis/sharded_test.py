@@ -72,6 +72,8 @@ _SCRIPT = textwrap.dedent("""
                        if f.kind.slug in ("collective-matmul", "replicated-buffer",
                                           "reshard-around-collective",
                                           "exposed-collective")],
+          "suggestions": {f.ops[0]: f.suggestion for f in r.findings
+                          if f.kind.slug == "replicated-buffer"},
       }
     print(json.dumps(out))
 """)
@@ -104,6 +106,9 @@ def test_data_parallel_all_reduce_and_replicated_weights():
   replicated = {f[1]: f[2] for f in r["findings"] if f[0] == "replicated-buffer"}
   # 2 MiB each, 7/8 of it held on every device for nothing.
   assert replicated == {"w1": 2 * MiB * 7 // 8, "w2": 2 * MiB * 7 // 8}
+  # Each split along its first axis that eight devices divide.
+  assert r["suggestions"] == {"w1": "NamedSharding(mesh, P('data', None)) for w1",
+                              "w2": "NamedSharding(mesh, P('data', None)) for w2"}
 
 
 def test_fsdp_gather_feeding_a_dot_is_a_collective_matmul_candidate():

@@ -76,7 +76,9 @@ def _copies_of(program: Program, k: Kernel, out: list[FusionDecisionRecord]) -> 
     aliasing = _aliasing_copy(program, k, inst)
     # A permuting copy into loop state is a layout change first: the
     # producer could write the loop's layout directly.
-    role, why = ("", "") if aliasing or moves else _loop_role(program, k, inst)
+    # A conversion computes new values: XLA never inserts one for the loop's
+    # or the output's buffer discipline.
+    role, why = ("", "") if aliasing or moves or converts else _loop_role(program, k, inst)
     back, preserving = _round_trip(program, k, consumers) if converts else ([], False)
     if aliasing:
       out.append(FusionDecisionRecord(
@@ -265,8 +267,11 @@ def _loop_role(program: Program, k: Kernel, inst: Instruction) -> tuple[str, str
     why = ("the initial value is still needed after the loop starts (or is a "
            "constant), so XLA copies it into the loop state" + trips)
     return "loop-init copy", why
+  # Returned as it is: the root itself, or an element (or view) of it; a
+  # root that computes from the copy is a reader like any other.
   if comp.name == program.module.entry.name and any(
-      u.name == comp.root_name for u in users) or k.name == comp.root_name:
+      u.name == comp.root_name and u.opcode in ("tuple", "bitcast") for u in users
+  ) or k.name == comp.root_name:
     src = through_bitcasts(comp, inst.operands[0]) if inst.operands else None
     if src is not None and src.opcode == "parameter":
       return "output copy (argument)", (

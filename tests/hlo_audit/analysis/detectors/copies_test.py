@@ -33,3 +33,85 @@ def test_narrowing_into_the_output_drops_no_rounding():
   assert copy.numerical_class is NumericalClass.EXACT
   assert "round trip" not in copy.evidence and not any(
       "rounds" in r for r in copy.reasons), copy
+
+
+ROUND_TRIP = """
+HloModule rt, is_scheduled=true
+
+%fused_narrow (p0: f32[256,512]) -> bf16[256,512] {
+  %p0 = f32[256,512]{1,0} parameter(0)
+  ROOT %n = bf16[256,512]{1,0} convert(%p0)
+}
+
+%fused_reader (p0: bf16[256,512]) -> f32[256,512] {
+  %p0 = bf16[256,512]{1,0} parameter(0)
+  BODY
+}
+
+ENTRY %main (x: f32[256,512]) -> f32[256,512] {
+  %x = f32[256,512]{1,0} parameter(0)
+  %c = bf16[256,512]{1,0} fusion(%x), kind=kLoop, calls=%fused_narrow
+  ROOT %f = f32[256,512]{1,0} fusion(%c), kind=kLoop, calls=%fused_reader
+}
+"""
+WIDEN = "ROOT %w = f32[256,512]{1,0} convert(%p0)"
+WIDEN_THEN_EXP = ("%w = f32[256,512]{1,0} convert(%p0)\n"
+                  "  ROOT %e = f32[256,512]{1,0} exponential(%w)")
+EXP_THEN_WIDEN = ("%e = bf16[256,512]{1,0} exponential(%p0)\n"
+                  "  ROOT %w = f32[256,512]{1,0} convert(%e)")
+
+
+def _narrowing(body: str) -> hlo_audit.FusionDecisionRecord:
+  report = hlo_audit.audit_hlo(ROUND_TRIP.replace("BODY", body))
+  (c,) = [f for f in report.findings_of(FindingKind.STANDALONE_COPY) if f.boundary == "c"]
+  assert c.consumers == ("f",)
+  # The root computes from c: c is read, not returned (no output copy).
+  assert "output copy" not in " ".join(c.ops) + c.evidence, c
+  return c
+
+
+def test_a_narrowing_kernel_is_a_round_trip_only_where_its_reader_converts_back():
+  # A reader doing nothing but widen it back: a round trip whose removal
+  # removes the rounding the program asked for.
+  trip = _narrowing(WIDEN)
+  assert trip.ops == ("convert round trip",)
+  assert trip.numerical_class is NumericalClass.PRECISION_CHANGE
+  # A reader widening it on load to compute: a conversion of its own, whose
+  # removal still drops the bf16 rounding.
+  on_load = _narrowing(WIDEN_THEN_EXP)
+  assert on_load.ops == ("dtype conversion",)
+  assert on_load.numerical_class is NumericalClass.PRECISION_CHANGE
+  assert "f32 -> bf16 -> f32" in on_load.evidence
+  # A reader computing in bf16 and widening its own result: fusing the
+  # conversion into it rounds the same values.
+  in_bf16 = _narrowing(EXP_THEN_WIDEN)
+  assert in_bf16.ops == ("dtype conversion",)
+  assert in_bf16.numerical_class is NumericalClass.EXACT
+  assert "round trip" not in in_bf16.evidence
+
+
+PERMUTING_COPY = """
+HloModule tr, is_scheduled=true
+
+%fused_t (p0: f32[256,512]) -> f32[512,256] {
+  %p0 = f32[256,512]{1,0} parameter(0)
+  %b = f32[512,256]{0,1} bitcast(%p0)
+  ROOT %c = f32[512,256]{1,0} copy(%b)
+}
+
+ENTRY %main (x: f32[256,512]) -> f32[512,256] {
+  %x = f32[256,512]{1,0} parameter(0)
+  %y = f32[256,512]{1,0} exponential(%x)
+  %t = f32[512,256]{1,0} fusion(%y), kind=kLoop, calls=%fused_t
+  ROOT %e = f32[512,256]{1,0} tanh(%t)
+}
+"""
+
+
+def test_a_transpose_between_bitcasts_names_the_layouts_inside_the_fusion():
+  # Both ends of the kernel are {1,0}: the move is the copy inside, from
+  # the bitcast's {0,1}.
+  (t,) = hlo_audit.audit_hlo(PERMUTING_COPY).findings_of(FindingKind.STANDALONE_COPY)
+  assert (t.boundary, t.ops, t.consumers) == ("t", ("layout change",), ("e",))
+  assert "a layout change {0,1} -> {1,0} of f32[512,256]" in t.evidence, t.evidence
+  assert t.layout_effect == "consumers read {0,1} directly instead of the {1,0} copy"

@@ -45,3 +45,121 @@ def test_a_reader_that_reduces_is_no_epilogue_even_beside_elementwise_work():
       "%w = f32[128,256]{1,0} slice(%p1), slice={[0:128], [0:256]}")
   (epi,) = hlo_audit.audit_hlo(plain).findings_of(FindingKind.UNFUSED_EPILOGUE)
   assert (epi.boundary, epi.ops) == ("d", ("activation:tanh",))
+
+
+TWO_READERS = """
+HloModule two, is_scheduled=true
+
+%fused_mul (p0: f32[128,512], p1: f32[128,512]) -> f32[128,512] {
+  %p0 = f32[128,512]{1,0} parameter(0)
+  %p1 = f32[128,512]{1,0} parameter(1)
+  ROOT %m = f32[128,512]{1,0} multiply(%p0, %p1), metadata={op_name="jit(step)/PASS(jvp(tanh))/mul"}
+}
+
+%fused_sub (p0: f32[128,512], p1: f32[128,512]) -> f32[128,512] {
+  %p0 = f32[128,512]{1,0} parameter(0)
+  %p1 = f32[128,512]{1,0} parameter(1)
+  ROOT %s = f32[128,512]{1,0} subtract(%p1, %p0), metadata={op_name="jit(step)/PASS(jvp(tanh))/sub"}
+}
+
+ENTRY %main (x: f32[128,256], w: f32[256,512], g: f32[128,512]) -> (f32[128,512], f32[128,512]) {
+  %x = f32[128,256]{1,0} parameter(0)
+  %w = f32[256,512]{1,0} parameter(1)
+  %g = f32[128,512]{1,0} parameter(2)
+  %d = f32[128,512]{1,0} dot(%x, %w), lhs_contracting_dims={1}, rhs_contracting_dims={0}, metadata={op_name="jit(step)/jvp(dense)/dot_general"}
+  %f1 = f32[128,512]{1,0} fusion(%d, %g), kind=kLoop, calls=%fused_mul, metadata={op_name="jit(step)/PASS(jvp(tanh))/mul"}
+  %f2 = f32[128,512]{1,0} fusion(%d, %g), kind=kLoop, calls=%fused_sub, metadata={op_name="jit(step)/PASS(jvp(tanh))/sub"}
+  ROOT %t = (f32[128,512]{1,0}, f32[128,512]{1,0}) tuple(%f1, %f2)
+}
+"""
+
+
+def test_readers_that_all_need_the_gradients_leave_no_epilogue():
+  # Two forward readers, each elementwise: one epilogue writes both results.
+  forward = hlo_audit.audit_hlo(TWO_READERS.replace("PASS", "vmap"))
+  (epi,) = forward.findings_of(FindingKind.UNFUSED_EPILOGUE)
+  assert (epi.boundary, set(epi.consumers)) == ("d", {"f1", "f2"})
+  # Backward readers of a forward result need the gradients, which come
+  # later: no reader can move into the matmul's store. Not even a record of
+  # no bytes (every finding kept): the stored result is reused, and says so.
+  backward = hlo_audit.audit_hlo(TWO_READERS.replace("PASS", "transpose"),
+                                 options=hlo_audit.AuditOptions(min_bytes_saved=0))
+  assert not backward.findings_of(FindingKind.UNFUSED_EPILOGUE)
+  (reuse,) = backward.findings_of(FindingKind.KEEP_REUSE)
+  assert (reuse.boundary, set(reuse.consumers)) == ("d", {"f1", "f2"})
+
+
+ONE_READER = """
+HloModule one, is_scheduled=true
+
+%fused_reader (p0: f32[128,512], p1: f32[512]) -> OUT {
+  %p0 = f32[128,512]{1,0} parameter(0)
+  %p1 = f32[512]{0} parameter(1)
+  BODY
+}
+
+ENTRY %main (x: f32[128,256], w: f32[256,512], b: f32[512]) -> OUT {
+  %x = f32[128,256]{1,0} parameter(0)
+  %w = f32[256,512]{1,0} parameter(1)
+  %b = f32[512]{0} parameter(2)
+  %d = f32[128,512]{1,0} dot(%x, %w), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+  ROOT %f = OUT fusion(%d, %b), kind=kLoop, calls=%fused_reader
+}
+"""
+WHOLE = "f32[128,512]{1,0}"
+
+
+def _epilogue(body: str, out: str = WHOLE) -> hlo_audit.FusionDecisionRecord:
+  text = ONE_READER.replace("BODY", body).replace("OUT", out)
+  (epi,) = hlo_audit.audit_hlo(text).findings_of(FindingKind.UNFUSED_EPILOGUE)
+  assert (epi.producer, epi.boundary, epi.consumers) == ("d", "d", ("f",))
+  return epi
+
+
+def test_an_epilogue_names_its_work_and_the_tiles_it_holds():
+  bias = _epilogue("%bb = f32[128,512]{1,0} broadcast(%p1), dimensions={1}\n"
+                   "  ROOT %r = f32[128,512]{1,0} add(%p0, %bb)")
+  assert (bias.ops, bias.extra_resources) == (("bias",), "one bias vector tile")
+  assert bias.risks[:2] == (
+      "register count: the epilogue's live values add to the accumulator's",
+      "store coalescing: the fused store must stay vectorized")
+  act = _epilogue("ROOT %r = f32[128,512]{1,0} tanh(%p0)")
+  assert (act.ops, act.extra_resources) == (("activation:tanh",),
+                                            "activation temporaries per element")
+  # A reader keeping a column block: the matmul stores that part alone.
+  part = _epilogue("ROOT %r = f32[128,256]{1,0} slice(%p0), slice={[0:128], [0:256]}",
+                   out="f32[128,256]{1,0}")
+  assert (part.ops, part.extra_resources) == (("slice",), "none expected")
+
+
+def _const(name: str, value: str) -> str:
+  return (f"%{name} = f32[] constant({value})\n"
+          f"  %{name}b = {WHOLE} broadcast(%{name}), dimensions={{}}\n  ")
+
+
+# GELU's tanh form as jax.nn.gelu(approximate=True) lowers it, the cube
+# written as products (x * x * x) rather than a power.
+GELU_TANH = (
+    _const("k0", "0.044715") + _const("k1", "0.797884") + _const("half", "0.5")
+    + _const("one", "1") +
+    f"%sq = {WHOLE} multiply(%p0, %p0)\n  %cu = {WHOLE} multiply(%sq, %p0)\n"
+    f"  %s = {WHOLE} multiply(%cu, %k0b)\n  %in = {WHOLE} add(%p0, %s)\n"
+    f"  %k = {WHOLE} multiply(%in, %k1b)\n  %t = {WHOLE} tanh(%k)\n"
+    f"  %u = {WHOLE} add(%t, %oneb)\n  %h = {WHOLE} multiply(%p0, %halfb)\n"
+    f"  ROOT %r = {WHOLE} multiply(%h, %u)")
+# 1 / (1 + exp(-x)): jax.nn.sigmoid after XLA expands the logistic.
+SIGMOID = (_const("one", "1") +
+           f"%n = {WHOLE} negate(%p0)\n  %e = {WHOLE} exponential(%n)\n"
+           f"  %den = {WHOLE} add(%e, %oneb)\n  ROOT %r = {WHOLE} divide(%oneb, %den)")
+
+
+def test_an_activation_is_named_by_the_function_its_ops_compute():
+  assert _epilogue(GELU_TANH).ops == ("activation:gelu_tanh",)
+  # x * (x * b) is no cube: a tanh of something else.
+  not_cubed = GELU_TANH.replace(
+      f"%sq = {WHOLE} multiply(%p0, %p0)",
+      f"%bb = {WHOLE} broadcast(%p1), dimensions={{1}}\n  %sq = {WHOLE} multiply(%p0, %bb)")
+  assert _epilogue(not_cubed).ops == ("activation:tanh",)
+  assert _epilogue(SIGMOID).ops == ("activation:sigmoid",)
+  # 1 / (1 + |-x|) has the shape of a sigmoid without its exponential.
+  assert _epilogue(SIGMOID.replace("exponential(%n)", "abs(%n)")).ops == ("elementwise",)
