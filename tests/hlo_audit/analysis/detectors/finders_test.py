@@ -167,3 +167,20 @@ def test_class_modules_import_common_only():
                                      for f in detectors.DETECTORS}
   assert modules.pop("common") == set() and modules.pop("merge") == set()
   assert all(imported <= {"common"} for imported in modules.values()), modules
+
+
+def test_remat_candidates_are_ranked_by_the_peak_they_save(monkeypatch):
+  # BERT's three candidates are buffers of one size, each saving as much.
+  # Replays that make the last one found save the most must put it first
+  # (the ranking the report and the full replays' budget follow).
+  program = report("bert_mlm").program
+  peak = program.liveness.peak_bytes
+  found = [f.boundary for f in memory_findings.find(program)
+           if f.kind is K.REMAT_CANDIDATE]
+  assert len(found) == 3
+  saving = {name: (1 + n) << 20 for n, name in enumerate(found)}
+  monkeypatch.setattr(memory_findings, "replay",
+                      lambda program, remat, quick: peak - saving.get(remat[0], 0))
+  ranked = [f for f in memory_findings.find(program) if f.kind is K.REMAT_CANDIDATE]
+  assert [f.boundary for f in ranked] == found[::-1]
+  assert [f.peak_saved for f in ranked] == [3 << 20, 2 << 20, 1 << 20]
