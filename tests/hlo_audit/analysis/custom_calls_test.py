@@ -32,6 +32,8 @@ def test_targets_are_classified_and_the_epilogue_read():
   assert custom_calls.classify_target("mosaic_gpu_v2")[0] is CallFamily.USER_KERNEL
   assert custom_calls.classify_target("__cudnn$fmhaSoftmax")[0] is CallFamily.ATTENTION
   assert custom_calls.classify_target("MoveToHost")[0] is CallFamily.MARKER
+  # An unknown target names no provider (the report does not invent one).
+  assert custom_calls.classify_target("my_vendor$mystery") == (CallFamily.UNKNOWN, "")
 
 
 def test_report_lists_unknown_targets_and_the_fused_epilogue():

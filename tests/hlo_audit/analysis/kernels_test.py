@@ -65,6 +65,10 @@ def test_cublas_default_epilogue_is_unfused_and_lt_epilogue_already_fused():
   assert fused["lt"].ops == ("bias", "activation")
   assert "BIAS_GELU" in fused["lt"].evidence
   assert fused["tg"].ops == ("maximum",)
+  # A record of what XLA did, nothing to change: no bytes, no layout, keep.
+  lt = fused["lt"]
+  assert (lt.bytes_saved, lt.launches_removed, lt.layout_effect, lt.verdict, lt.reasons) == (
+      0, 0, "none", hlo_audit.Verdict.KEEP, ("XLA already fused this epilogue",))
 
 
 def test_library_workspace_is_classed():
@@ -113,6 +117,8 @@ def test_interpreted_pallas_kernel_is_one_kernel_and_its_copy_not_a_finding():
   k = pallas[0]
   assert k.name == "w" and k.detail == "pallas_kernels.scale (interpreted)"
   assert "copy" in k.members and "m" in k.members
+  # Across the group's boundary: x in, the loop's state out (its counter too).
+  assert (k.bytes_read, k.bytes_written) == (8 * 128 * 4, 8 * 128 * 4 + 4)
   assert not r.findings_of(FindingKind.STANDALONE_COPY)
   assert not r.findings_of(FindingKind.LAYOUT_CONFLICT)
   assert [x.name for x in r.kernels] == ["w", "out"]

@@ -56,6 +56,8 @@ def test_x_hat_saved_for_one_backward_reduction_is_a_finding(name, count):
   for f in saved:
     assert f.verdict is Verdict.SAFE and len(f.consumers) == 1
     assert "backward pass" in f.evidence
+    # What the reduction holds to recompute it on load.
+    assert f.extra_resources == "the per-row statistics tile"
 
 
 def test_dropping_a_narrowing_round_trip_is_never_exact_or_safe():
