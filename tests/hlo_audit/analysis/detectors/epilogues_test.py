@@ -126,6 +126,13 @@ def test_an_epilogue_names_its_work_and_the_tiles_it_holds():
   act = _epilogue("ROOT %r = f32[128,512]{1,0} tanh(%p0)")
   assert (act.ops, act.extra_resources) == (("activation:tanh",),
                                             "activation temporaries per element")
+  # Its result stored in bf16, or quantized to int8 (which needs per-row
+  # scales across tiles: risky).
+  cast = _epilogue("%t = f32[128,512]{1,0} tanh(%p0)\n"
+                   "  ROOT %r = bf16[128,512]{1,0} convert(%t)", out="bf16[128,512]{1,0}")
+  assert (cast.ops, cast.verdict) == (("activation:tanh", "cast:bf16"), hlo_audit.Verdict.SAFE)
+  quant = _epilogue("ROOT %r = s8[128,512]{1,0} convert(%p0)", out="s8[128,512]{1,0}")
+  assert (quant.ops, quant.verdict) == (("quantize:s8",), hlo_audit.Verdict.RISKY)
   # A reader keeping a column block: the matmul stores that part alone.
   part = _epilogue("ROOT %r = f32[128,256]{1,0} slice(%p0), slice={[0:128], [0:256]}",
                    out="f32[128,256]{1,0}")
