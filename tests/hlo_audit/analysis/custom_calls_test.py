@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hlo_audit
+from hlo_audit._src.analysis import backend_traits as bt
 from hlo_audit._src.analysis import custom_calls
 from hlo_audit._src.analysis.custom_calls import CallFamily
 from hlo_audit._src.analysis.records import FindingKind
@@ -43,3 +44,26 @@ def test_report_lists_unknown_targets_and_the_fused_epilogue():
   already = [f for f in report.findings if f.kind is FindingKind.ALREADY_FUSED]
   assert [f.producer for f in already] == ["lt"]
   assert "epilogue=BIAS_GELU" in already[0].evidence
+
+
+_CONV = r"""
+HloModule c, is_scheduled=true
+
+ENTRY e {
+  x = f32[16,16,16,16]{3,2,1,0} parameter(0)
+  w = f32[16,3,3,16]{3,2,1,0} parameter(1)
+  b = f32[16]{0} parameter(2)
+  r = f32[16,16,16,16]{3,2,1,0} parameter(3)
+  ROOT c = (f32[16,16,16,16]{3,2,1,0}, u8[0]{0}) custom-call(x, w, b, r), window={size=3x3 pad=1_1x1_1}, dim_labels=b01f_o01i->b01f, custom_call_target="__cudnn$convBiasActivationForward", backend_config={"operation_queue_id":"0","cudnn_conv_backend_config":{"activation_mode":"MODE","conv_result_scale":1,"side_input_scale":SIDE,"leakyrelu_alpha":0}}
+}
+"""
+
+
+def test_cudnns_fused_convolution_names_the_work_it_runs_after_the_convolution():
+  def work(mode: str, side: str) -> tuple[str, ...]:
+    module = hlo_audit.parse_hlo(_CONV.replace("MODE", mode).replace("SIDE", side))
+    return bt.conv_epilogue(module.entry.instruction("c"))
+  assert work("kNone", "0") == ("bias",)
+  # A side input scaled in (a residual added before the activation).
+  assert work("kRelu", "1") == ("bias", "residual", "activation:relu")
+  assert work("kRelu", "0") == ("bias", "activation:relu")

@@ -170,3 +170,53 @@ def test_an_activation_is_named_by_the_function_its_ops_compute():
   assert _epilogue(SIGMOID).ops == ("activation:sigmoid",)
   # 1 / (1 + |-x|) has the shape of a sigmoid without its exponential.
   assert _epilogue(SIGMOID.replace("exponential(%n)", "abs(%n)")).ops == ("elementwise",)
+
+
+# log_softmax(x @ w) written as XLA leaves it unfused: exp of the logits,
+# their log-sum per row, and the logits minus it.
+LOG_SOFTMAX = """
+HloModule logsm, is_scheduled=true
+
+%add (a: f32[], b: f32[]) -> f32[] {
+  %a = f32[] parameter(0)
+  %b = f32[] parameter(1)
+  ROOT %s = f32[] add(%a, %b)
+}
+
+%fused_exp (p0: f32[128,512]) -> f32[128,512] {
+  %p0 = f32[128,512]{1,0} parameter(0)
+  ROOT %e = f32[128,512]{1,0} exponential(%p0)
+}
+
+%fused_sum (p0: f32[128,512]) -> f32[128] {
+  %p0 = f32[128,512]{1,0} parameter(0)
+  %z = f32[] constant(0)
+  %r = f32[128]{0} reduce(%p0, %z), dimensions={1}, to_apply=%add
+  ROOT %l = f32[128]{0} log(%r)
+}
+
+%fused_sub (p0: f32[128,512], p1: f32[128]) -> f32[128,512] {
+  %p0 = f32[128,512]{1,0} parameter(0)
+  %p1 = f32[128]{0} parameter(1)
+  %b = f32[128,512]{1,0} broadcast(%p1), dimensions={0}
+  ROOT %s = f32[128,512]{1,0} subtract(%p0, %b)
+}
+
+ENTRY %main (x: f32[128,256], w: f32[256,512]) -> f32[128,512] {
+  %x = f32[128,256]{1,0} parameter(0)
+  %w = f32[256,512]{1,0} parameter(1)
+  %d = f32[128,512]{1,0} dot(%x, %w), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+  %ex = f32[128,512]{1,0} fusion(%d), kind=kLoop, calls=%fused_exp
+  %lse = f32[128]{0} fusion(%ex), kind=kInput, calls=%fused_sum
+  ROOT %out = f32[128,512]{1,0} fusion(%d, %lse), kind=kLoop, calls=%fused_sub
+}
+"""
+
+
+def test_a_reader_that_needs_the_results_statistics_keeps_the_result_stored():
+  # The exp can move into the matmul's store; the subtraction needs the
+  # log-sum of every column first, so it reads the stored logits later.
+  (epi,) = hlo_audit.audit_hlo(LOG_SOFTMAX).findings_of(FindingKind.UNFUSED_EPILOGUE)
+  assert (epi.boundary, epi.consumers, epi.boundary_kept) == ("d", ("ex",), True)
+  assert epi.bytes_saved == 128 * 512 * 4  # the exp's read, not the stored result
+  assert "out also reads it with values computed from the whole result" in epi.evidence

@@ -184,3 +184,9 @@ def test_remat_candidates_are_ranked_by_the_peak_they_save(monkeypatch):
   ranked = [f for f in memory_findings.find(program) if f.kind is K.REMAT_CANDIDATE]
   assert [f.boundary for f in ranked] == found[::-1]
   assert [f.peak_saved for f in ranked] == [3 << 20, 2 << 20, 1 << 20]
+
+
+def test_a_boundary_to_keep_has_no_peak_after_a_change():
+  # Keep-reuse names a buffer to leave as it is: no change is replayed.
+  keep = report("bert_mlm").findings_of(K.KEEP_REUSE)
+  assert keep and all(f.peak_after is None and f.peak_saved is None for f in keep), keep[:2]
