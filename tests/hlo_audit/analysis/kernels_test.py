@@ -183,7 +183,14 @@ HloModule upd, is_scheduled=true
   ROOT %s = f32[] add(%a, %b)
 }
 
-ENTRY %main (x: f32[1024,128], i: s32[16,1], u: f32[16,128], j: s32[], k: s32[]) -> (f32[1024,128], f32[1024,128]) {
+%fused_scatter (p0: f32[1024,128], p1: s32[16,1], p2: f32[16,128]) -> f32[1024,128] {
+  %p0 = f32[1024,128]{1,0} parameter(0)
+  %p1 = s32[16,1]{1,0} parameter(1)
+  %p2 = f32[16,128]{1,0} parameter(2)
+  ROOT %s = f32[1024,128]{1,0} scatter(%p0, %p1, %p2), update_window_dims={1}, inserted_window_dims={0}, scatter_dims_to_operand_dims={0}, index_vector_dim=1, to_apply=%add
+}
+
+ENTRY %main (x: f32[1024,128], i: s32[16,1], u: f32[16,128], j: s32[], k: s32[]) -> (f32[1024,128], f32[1024,128], f32[1024,128]) {
   %x = f32[1024,128]{1,0} parameter(0)
   %i = s32[16,1]{1,0} parameter(1)
   %u = f32[16,128]{1,0} parameter(2)
@@ -193,7 +200,9 @@ ENTRY %main (x: f32[1024,128], i: s32[16,1], u: f32[16,128], j: s32[], k: s32[])
   %z = f32[1024,128]{1,0} exponential(%x)
   %sc = f32[1024,128]{1,0} scatter(%y, %i, %u), update_window_dims={1}, inserted_window_dims={0}, scatter_dims_to_operand_dims={0}, index_vector_dim=1, to_apply=%add
   %dus = f32[1024,128]{1,0} dynamic-update-slice(%z, %u, %j, %k)
-  ROOT %out = (f32[1024,128]{1,0}, f32[1024,128]{1,0}) tuple(%sc, %dus)
+  %q = f32[1024,128]{1,0} tanh(%x)
+  %fsc = f32[1024,128]{1,0} fusion(%q, %i, %u), kind=kLoop, calls=%fused_scatter
+  ROOT %out = (f32[1024,128]{1,0}, f32[1024,128]{1,0}, f32[1024,128]{1,0}) tuple(%sc, %dus, %fsc)
 }
 """
 
@@ -203,5 +212,7 @@ def test_in_place_updates_touch_only_the_updated_rows():
   rows = 16 * 128 * 4
   # A scatter-add reads the rows it combines into, its indices and updates.
   assert (kernels["sc"].bytes_read, kernels["sc"].bytes_written) == (rows + 16 * 4 + rows, rows)
+  # The same scatter as a fusion's root.
+  assert (kernels["fsc"].bytes_read, kernels["fsc"].bytes_written) == (rows + 16 * 4 + rows, rows)
   # A dynamic-update-slice reads nothing of the buffer it writes into.
   assert (kernels["dus"].bytes_read, kernels["dus"].bytes_written) == (rows + 2 * 4, rows)
