@@ -144,3 +144,25 @@ def test_instructions_without_metadata_take_their_loop_or_readers_line():
   init_copy = m.entry.instruction("cp")
   assert source.attribute(m, init_copy)[0].line == 30  # through the tuple to the while
   assert source.attribute(m, m.computation("cond").instruction("n"))[0].line == 30
+
+
+_FUSED = """
+HloModule fused, is_scheduled=true
+
+%fused_gelu (p0: f32[64,128]) -> f32[64,128] {
+  %p0 = f32[64,128]{1,0} parameter(0)
+  %m = f32[64,128]{1,0} multiply(%p0, %p0), metadata={op_name="jit(f)/mul" source_file="/home/me/proj/model.py" source_line=12}
+  ROOT %t = f32[64,128]{1,0} tanh(%m), metadata={op_name="jit(f)/tanh" source_file="/home/me/proj/model.py" source_line=13}
+}
+
+ENTRY %main (x: f32[64,128]) -> f32[64,128] {
+  %x = f32[64,128]{1,0} parameter(0)
+  ROOT %f = f32[64,128]{1,0} fusion(%x), kind=kLoop, calls=%fused_gelu
+}
+"""
+
+
+def test_a_fusion_without_metadata_takes_its_fused_roots_line():
+  m = hlo_audit.parse_hlo(_FUSED)
+  src, _ = source.attribute(m, m.entry.instruction("f"))
+  assert (src.file, src.line) == ("/home/me/proj/model.py", 13)
