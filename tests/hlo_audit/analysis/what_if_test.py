@@ -287,3 +287,16 @@ def test_a_donation_never_takes_an_output_that_returns_an_argument():
   program = hlo_audit.audit_hlo(PASSED_THROUGH).program
   assert donation_aliases(program.module, program.dataflow, [1]) == [((1,), 1)]
   assert donation_aliases(program.module, program.dataflow, [0, 1]) == [((1,), 0)]
+
+
+def sgd(params, x):
+  return jax.tree.map(lambda p: p - 0.1 * jnp.mean(x) * p, params)
+
+
+def test_hlo_text_alone_names_the_argument_to_donate_by_its_path():
+  # Without the jitted function only the parameters' paths name them: one
+  # name, in a one-element tuple.
+  text = jax.jit(sgd).lower({"w": S((512, 512), F32)}, X).compile().as_text()
+  (f,) = hlo_audit.audit_hlo(text).findings_of(FindingKind.UNDONATED_ARGUMENT)
+  assert (f.boundary, f.ops) == ("params", ("params['w']",))
+  assert f.suggestion == "jax.jit(sgd, donate_argnames=('params',))"

@@ -190,3 +190,13 @@ def test_a_boundary_to_keep_has_no_peak_after_a_change():
   # Keep-reuse names a buffer to leave as it is: no change is replayed.
   keep = report("bert_mlm").findings_of(K.KEEP_REUSE)
   assert keep and all(f.peak_after is None and f.peak_saved is None for f in keep), keep[:2]
+
+
+def test_a_remat_saving_exactly_the_threshold_is_reported(monkeypatch):
+  program = report("bert_mlm").program
+  peak, least = program.liveness.peak_bytes, program.options.min_bytes_saved
+  before = [f.boundary for f in memory_findings.find(program) if f.kind is K.REMAT_CANDIDATE]
+  monkeypatch.setattr(memory_findings, "replay",
+                      lambda program, remat, quick: peak - (least if remat[0] in before else 0))
+  found = [f for f in memory_findings.find(program) if f.kind is K.REMAT_CANDIDATE]
+  assert [f.boundary for f in found] == before and {f.peak_saved for f in found} == {least}

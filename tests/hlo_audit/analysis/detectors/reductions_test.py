@@ -156,3 +156,44 @@ def test_a_sum_of_everything_through_a_reshape_names_every_axis_of_the_buffer():
   %b = f32[128,64]{1,0} bitcast(%p0)
   ROOT %r = f32[] reduce(%b, %z), dimensions={0,1}, to_apply=%add, metadata={op_name="jit(f)/reduce_sum"}""")
   assert "reduces dims {0,1,2} of [8,16,64] (8192 elements each)" in f.evidence
+
+
+# A gemm whose kernel also sums its own result (XLA's output fusion) reading
+# an elementwise producer's buffer.
+GEMM_THAT_SUMS = """
+HloModule dr, is_scheduled=true
+
+%add (a: f32[], b: f32[]) -> f32[] {
+  %a = f32[] parameter(0)
+  %b = f32[] parameter(1)
+  ROOT %s = f32[] add(%a, %b)
+}
+
+%fused_exp (p0: f32[128,256]) -> f32[128,256] {
+  %p0 = f32[128,256]{1,0} parameter(0)
+  ROOT %e = f32[128,256]{1,0} exponential(%p0)
+}
+
+%fused_dot_sum (p0: f32[128,256], p1: f32[256,512]) -> f32[128] {
+  %p0 = f32[128,256]{1,0} parameter(0)
+  %p1 = f32[256,512]{1,0} parameter(1)
+  %d = f32[128,512]{1,0} dot(%p0, %p1), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+  %z = f32[] constant(0)
+  ROOT %r = f32[128]{0} reduce(%d, %z), dimensions={1}, to_apply=%add
+}
+
+ENTRY %main (x: f32[128,256], w: f32[256,512]) -> f32[128] {
+  %x = f32[128,256]{1,0} parameter(0)
+  %w = f32[256,512]{1,0} parameter(1)
+  %ex = f32[128,256]{1,0} fusion(%x), kind=kLoop, calls=%fused_exp
+  ROOT %g = f32[128]{0} fusion(%ex, %w), kind=kOutput, calls=%fused_dot_sum
+}
+"""
+
+
+def test_a_gemm_summing_its_own_result_is_no_reduction_of_its_operands():
+  report = hlo_audit.audit_hlo(GEMM_THAT_SUMS)
+  assert not report.findings_of(FindingKind.SEPARATE_REDUCTION)
+  (pro,) = report.findings_of(FindingKind.UNFUSED_PROLOGUE)
+  assert (pro.boundary, pro.consumers) == ("ex", ("g",))
+  assert not any("separate reduction" in n for n in pro.notes), pro.notes
