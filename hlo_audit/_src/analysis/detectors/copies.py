@@ -79,7 +79,7 @@ def _copies_of(program: Program, k: Kernel, out: list[FusionDecisionRecord]) -> 
     # A conversion computes new values: XLA never inserts one for the loop's
     # or the output's buffer discipline (a copy it inserts may have a
     # conversion fused into it: that kernel keeps its role).
-    computes = converts and "copy" not in k.fused_ops and inst.opcode != "copy"
+    computes = converts and "copy" not in k.fused_ops
     role, why = ("", "") if aliasing or moves or computes else _loop_role(program, k, inst)
     back, preserving = _round_trip(program, k, consumers) if converts else ([], False)
     if aliasing:
