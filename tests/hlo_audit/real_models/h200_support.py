@@ -71,24 +71,30 @@ def _abstract(a, sharding):
   return jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sharding)
 
 
-def compile_text(fn, args, options=None) -> str:
-  """`fn` compiled for one H200, as optimized HLO text. `fn` is a jax.jit
-  function or an equinox filter_jit one (then args hold non-arrays);
-  `options`, XLA compiler options."""
+def lower_step(fn, args, sharding):
+  """`fn` lowered for arguments shaped as `args`, each placed by `sharding`.
+  `fn` is a jax.jit function or an equinox filter_jit one (then args hold
+  non-arrays)."""
   import jax
-  sharding = jax.sharding.SingleDeviceSharding(_device())
 
   def abstract(a):
     return _abstract(a, sharding)
 
   if hasattr(fn, "trace"):
-    args = jax.tree.map(abstract, args)
-    return fn.trace(*args).lower().compile(compiler_options=options or {}).as_text()
+    return fn.trace(*jax.tree.map(abstract, args)).lower()
   import equinox as eqx
   dynamic, static = eqx.partition(args, eqx.is_array)
   # The step's array outputs only (its model holds functions too).
   step = jax.jit(lambda d: eqx.filter(fn(*eqx.combine(d, static)), eqx.is_array))
-  return step.trace(jax.tree.map(abstract, dynamic)).lower().compile().as_text()
+  return step.trace(jax.tree.map(abstract, dynamic)).lower()
+
+
+def compile_text(fn, args, options=None) -> str:
+  """`fn` compiled for one H200, as optimized HLO text (`lower_step`'s
+  `fn` and `args`); `options`, XLA compiler options."""
+  import jax
+  sharding = jax.sharding.SingleDeviceSharding(_device())
+  return lower_step(fn, args, sharding).compile(compiler_options=options or {}).as_text()
 
 
 def compile_data_parallel(fn, args, gpus: int) -> str:

@@ -1,0 +1,197 @@
+"""Snapshots of the audit: each committed compile's whole JSON report, as it
+was when a person last read it.
+
+The truth suite judges the findings a user acts on; a snapshot holds
+everything else the report says as well (every record's bytes, text, risks
+and kernel; every buffer's live range; the peak, the groups, the timeline),
+so that no change to an analysis goes unseen. A snapshot is not truth: when
+a change is meant, rewrite the snapshots, read the difference this module
+prints, and commit it with the change that made it.
+
+The compiles, all committed (none is made at test time, so a snapshot does
+not move with the installed jax):
+  * `h200/`: the suite's models and the built-in example compiled for an
+    H200 (`h200_support.py`);
+  * `cpu/`: the same compiled for XLA:CPU, with XLA's buffer-assignment and
+    live-range reports (`write_cpu_fixture`; jax `CPU_JAX`);
+  * the GPU dump folders of `tests/hlo_audit/capture/gpu_dumps/`.
+
+  python -m tests.hlo_audit.real_models.snapshots update [KEY...]
+      rewrites the snapshots (all, or those named: `cpu/lstm`, `h200/moe`,
+      `dump/jax-0.11.2/rnn_step`) and prints what changed;
+  python -m tests.hlo_audit.real_models.snapshots cpu NAME...
+      recompiles CPU fixtures (a model's name or `example`) with this jax.
+"""
+
+from __future__ import annotations
+
+import functools
+import gzip
+import json
+import pathlib
+import shutil
+import sys
+import tempfile
+
+import hlo_audit
+
+HERE = pathlib.Path(__file__).resolve().parent
+ROOT = HERE.parents[2]
+SNAPSHOTS = HERE / "snapshots"
+H200 = HERE / "h200"
+CPU = HERE / "cpu"
+DUMPS = HERE.parent / "capture" / "gpu_dumps"
+#: The jax whose XLA:CPU compiled `cpu/` (its HLO differs from release to
+#: release; the audit of a given HLO does not).
+CPU_JAX = "0.10.2"
+
+#: A CPU fixture's files: HLO text, and XLA's reports beside it.
+#: part -> (suffix of XLA's dump file, of the fixture's).
+_CPU_PARTS = {"hlo": ("", ".hlo.gz"),
+              "buffer_assignment": ("-buffer-assignment", ".buffer-assignment.txt.gz"),
+              "live_range": ("-live-range", ".live-range.txt.gz")}
+
+
+def keys() -> tuple[str, ...]:
+  """Every committed compile, as `<kind>/<name>`."""
+  out = [f"h200/{p.name[:-len('.hlo.gz')]}" for p in sorted(H200.glob("*.hlo.gz"))]
+  out += [f"cpu/{p.name[:-len('.hlo.gz')]}" for p in sorted(CPU.glob("*.hlo.gz"))]
+  out += [f"dump/{p.parent.parent.name}/{p.parent.name}"
+          for p in sorted(DUMPS.glob("*/*/*after_optimizations.txt"))]
+  return tuple(out)
+
+
+def _gunzip(path: pathlib.Path) -> str:
+  return gzip.decompress(path.read_bytes()).decode()
+
+
+def audit(key: str) -> hlo_audit.AuditReport:
+  kind, _, name = key.partition("/")
+  if kind == "h200":
+    return hlo_audit.audit_hlo(_gunzip(H200 / f"{name}.hlo.gz"))
+  if kind == "cpu":
+    from hlo_audit._src.capture.capture import capture_text
+    texts = {part: _gunzip(CPU / f"{name}{ours}") for part, (_, ours) in _CPU_PARTS.items()}
+    return hlo_audit.audit_capture(capture_text(
+        texts["hlo"], source=f"cpu/{name}.hlo", buffer_assignment=texts["buffer_assignment"],
+        live_range=texts["live_range"]))
+  if kind == "dump":
+    return hlo_audit.audit_hlo(DUMPS / name)
+  raise KeyError(key)
+
+
+def report_dict(key: str) -> dict:
+  """The audit's JSON report, as JSON reads it back (lists, not tuples),
+  the dump's path taken from the checkout's root (which varies)."""
+  d = json.loads(audit(key).to_json(indent=None))
+  path = d["module"].get("path")
+  if path and pathlib.Path(path).is_absolute():
+    d["module"]["path"] = str(pathlib.Path(path).relative_to(ROOT))
+  return d
+
+
+def snapshot_path(key: str) -> pathlib.Path:
+  return SNAPSHOTS / f"{key.replace('/', '__')}.json.gz"
+
+
+@functools.cache
+def snapshot(key: str) -> dict | None:
+  path = snapshot_path(key)
+  return json.loads(_gunzip(path)) if path.exists() else None
+
+
+def differences(old, new, path: str = "", limit: int = 25) -> list[str]:
+  """Where `new` differs from `old`, as `path: old -> new` lines (at most
+  `limit`; a list that grew or shrank says so once)."""
+  out: list[str] = []
+
+  def walk(a, b, at: str) -> None:
+    if len(out) >= limit:
+      return
+    if isinstance(a, dict) and isinstance(b, dict):
+      for k in sorted(a.keys() | b.keys()):
+        field = f"{at}.{k}" if at else k
+        if k not in b:
+          out.append(f"{field}: removed")
+        elif k not in a:
+          out.append(f"{field}: added {_short(b[k])}")
+        else:
+          walk(a[k], b[k], field)
+    elif isinstance(a, list) and isinstance(b, list):
+      if len(a) != len(b):
+        out.append(f"{at}: {len(a)} -> {len(b)} entries")
+      for i, (x, y) in enumerate(zip(a, b)):
+        walk(x, y, f"{at}[{i}]")
+    elif a != b or type(a) is not type(b):
+      out.append(f"{at}: {_short(a)} -> {_short(b)}")
+
+  walk(old, new, path)
+  return out[:limit]
+
+
+def _short(v, width: int = 160) -> str:
+  s = json.dumps(v)
+  return s if len(s) <= width else s[:width - 3] + "..."
+
+
+def write_snapshot(key: str) -> list[str]:
+  """Rewrites `key`'s snapshot; returns what changed."""
+  new = report_dict(key)
+  old = snapshot(key)
+  SNAPSHOTS.mkdir(exist_ok=True)
+  text = json.dumps(new, indent=1, sort_keys=True) + "\n"
+  snapshot_path(key).write_bytes(gzip.compress(text.encode(), compresslevel=9, mtime=0))
+  snapshot.cache_clear()
+  return ["new snapshot"] if old is None else differences(old, new, limit=10**6)
+
+
+def write_cpu_fixture(name: str) -> pathlib.Path:
+  """Compiles model `name` (or the built-in example) for XLA:CPU and writes
+  its optimized HLO and XLA's reports under `cpu/`."""
+  import jax
+
+  from tests.hlo_audit.real_models import h200_support, truth
+  if name == h200_support.EXAMPLE:
+    from hlo_audit._src.examples.transformer import example
+    fn, args = example()
+  else:
+    m = truth.model(name)
+    fn, args = m.step() if hasattr(m, "step") else m.build()
+  cpu = jax.devices("cpu")[0]
+  lowered = h200_support.lower_step(fn, args, jax.sharding.SingleDeviceSharding(cpu))
+  folder = tempfile.mkdtemp(prefix="hlo_audit_cpu_fixture_")
+  try:
+    lowered.compile(compiler_options={"xla_dump_to": folder, "xla_dump_hlo_as_text": True})
+    # The step's module is the largest one XLA optimized.
+    hlo = max(pathlib.Path(folder).glob("*after_optimizations.txt"),
+              key=lambda p: p.stat().st_size)
+    CPU.mkdir(exist_ok=True)
+    for xla, ours in _CPU_PARTS.values():
+      text = hlo.with_name(hlo.name[:-len(".txt")] + xla + ".txt").read_text()
+      (CPU / f"{name}{ours}").write_bytes(
+          gzip.compress(text.encode(), compresslevel=9, mtime=0))
+  finally:
+    shutil.rmtree(folder, ignore_errors=True)
+  return CPU / f"{name}.hlo.gz"
+
+
+def main(argv: list[str]) -> int:
+  if len(argv) < 1 or argv[0] not in ("update", "cpu"):
+    print(__doc__)
+    return 2
+  if argv[0] == "cpu":
+    import jax
+    if jax.__version__ != CPU_JAX:
+      print(f"note: CPU_JAX says {CPU_JAX}, this is jax {jax.__version__}: update it")
+    for name in argv[1:]:
+      print(write_cpu_fixture(name))
+    return 0
+  for key in argv[1:] or keys():
+    changed = write_snapshot(key)
+    print(f"{key}: {len(changed)} change(s)" + "".join(f"\n  {c}" for c in changed[:40]) +
+          (f"\n  ... {len(changed) - 40} more" if len(changed) > 40 else ""))
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main(sys.argv[1:]))
