@@ -25,6 +25,7 @@ not move with the installed jax):
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import gzip
 import json
@@ -82,12 +83,37 @@ def audit(key: str) -> hlo_audit.AuditReport:
 
 def report_dict(key: str) -> dict:
   """The audit's JSON report, as JSON reads it back (lists, not tuples),
-  the dump's path taken from the checkout's root (which varies)."""
-  d = json.loads(audit(key).to_json(indent=None))
+  the dump's path taken from the checkout's root (which varies); with the
+  split-K gemms and what-ifs the report alone does not hold (`_what_ifs`)."""
+  report = audit(key)
+  d = json.loads(report.to_json(indent=None))
   path = d["module"].get("path")
   if path and pathlib.Path(path).is_absolute():
     d["module"]["path"] = str(pathlib.Path(path).relative_to(ROOT))
-  return d
+  d["split_k"] = [dataclasses.asdict(s) for s in report.split_k]
+  d["what_ifs"] = _what_ifs(report)
+  return json.loads(json.dumps(d))
+
+
+def _what_ifs(report: hlo_audit.AuditReport) -> dict:
+  """The replays a user asks for first: every boundary found fused away,
+  every argument found undonated donated, the split-K sums written once,
+  the three largest intermediates recomputed; a replay refused gives its
+  error's text."""
+  buffers = {b.name for b in report.buffers}
+  asks = {
+      "fuse": dict(fuse=[f for f in report.actionable if f.boundary in buffers]),
+      "donate": dict(donate=[f.boundary for f in report.findings_of("argument not donated")]),
+      "unsplit": dict(unsplit=[s.partials for s in report.split_k]),
+      "remat": dict(remat=[b.name for b in report.intermediates[:3]]),
+  }
+  out = {}
+  for name, ask in asks.items():
+    try:
+      out[name] = report.with_what_if(report.what_if(**ask)).to_dict()["what_if"]
+    except hlo_audit.WhatIfError as e:
+      out[name] = f"WhatIfError: {e}"
+  return out
 
 
 def snapshot_path(key: str) -> pathlib.Path:
