@@ -46,6 +46,27 @@ class FindingKind(enum.Enum):
     """Short id for flags and JSON, e.g. "unfused-epilogue"."""
     return self.name.lower().replace("_", "-")
 
+  @property
+  def fix(self) -> str:
+    """How the finding's change is replayed (`AuditReport.what_if`): "fuse"
+    (a kernel takes its boundary away), "donate", "remat", or "" where the
+    replay has no such change (already fused; a sharding or schedule)."""
+    return _FIX.get(self, "")
+
+
+_FIX = {
+    **{k: "fuse" for k in (
+        FindingKind.STANDALONE_COPY, FindingKind.LAYOUT_CONFLICT,
+        FindingKind.EXPANDED_BROADCAST, FindingKind.UNFUSED_EPILOGUE,
+        FindingKind.UNFUSED_PROLOGUE, FindingKind.SEPARATE_REDUCTION,
+        FindingKind.MATERIALIZED_SLICE, FindingKind.LOOP_INVARIANT, FindingKind.KEEP_REUSE,
+        # The dot reads the gathered shards as they arrive: the gathered
+        # buffer goes, as a fusion's boundary does.
+        FindingKind.COLLECTIVE_MATMUL)},
+    FindingKind.UNDONATED_ARGUMENT: "donate",
+    FindingKind.REMAT_CANDIDATE: "remat",
+}
+
 
 class NumericalClass(enum.Enum):
   """How fusing changes the numbers."""

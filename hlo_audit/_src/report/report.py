@@ -125,6 +125,12 @@ class AuditReport:
     for f in fuse:
       if not isinstance(f, FusionDecisionRecord) or not f.boundary:
         raise WhatIfError(f"fuse: expected findings with a boundary buffer, got {f!r:.80}")
+      if f.kind.fix != "fuse":
+        # Replayed as a fusion, it would take away a buffer no kernel can.
+        raise WhatIfError(
+            f"fuse: a {f.kind.value!r} finding ({f.boundary}) is not closed by a fusion; " + (
+                f"replay it with {f.kind.fix}=[{f.boundary!r}]" if f.kind.fix else
+                "the replay does not model its change"))
       if f.boundary_kept:
         kept.append(f.boundary)  # another reader needs it: traffic goes, not memory
       else:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import json
+import pathlib
 
 import jax
 import jax.numpy as jnp
@@ -26,6 +27,7 @@ F32 = jnp.float32
 PREDICTION_TOLERANCE = 0.05
 #: Per-finding peaks (quick replays) against full replays, as a share of the peak.
 QUICK_TOLERANCE = 0.01
+GPU_DUMPS = pathlib.Path(__file__).parents[1] / "capture" / "gpu_dumps"
 
 
 def loss(params, x):
@@ -82,6 +84,31 @@ def test_what_if_names_what_is_wrong():
     r.what_if(donate=["parms"])
   with pytest.raises(WhatIfError, match="no buffer 'nope.1'"):
     r.what_if(drop=["nope.1"])
+
+
+def test_fuse_takes_only_findings_a_fusion_closes():
+  r = report()
+  undonated, _ = r.findings_of(FindingKind.UNDONATED_ARGUMENT)
+  # Replayed as a fusion, the argument would leave the program.
+  with pytest.raises(WhatIfError, match=r"'argument not donated' finding \(params\) is not "
+                     r"closed by a fusion; replay it with donate=\['params'\]"):
+    r.what_if(fuse=[undonated])
+  assert r.what_if(donate=[undonated.boundary]).peak_bytes < r.peak_bytes
+  dp = hlo_audit.audit_hlo(GPU_DUMPS / "jax-0.11.2" / "dp_step_8gpu")
+  (replicated,) = dp.findings_of(FindingKind.REPLICATED_BUFFER)
+  (exposed,) = dp.findings_of(FindingKind.EXPOSED_COLLECTIVE)
+  with pytest.raises(WhatIfError, match=r"\(param.1\) is not closed by a fusion; the replay "
+                     "does not model its change"):
+    dp.what_if(fuse=[replicated])
+  with pytest.raises(WhatIfError, match=r"'exposed communication' finding \(fusion-start\)"):
+    dp.what_if(fuse=[exposed])
+  (prologue,) = dp.findings_of(FindingKind.UNFUSED_PROLOGUE)
+  assert dp.what_if(fuse=[prologue]).changes == (
+      "fuse loop_multiply_fusion (loop_multiply_fusion -> gemm_fusion_dot.2)",)
+  assert {k.fix for k in FindingKind} == {"fuse", "donate", "remat", ""}
+  assert [k for k in FindingKind if not k.fix] == [
+      FindingKind.ALREADY_FUSED, FindingKind.COSTLY_REMAT, FindingKind.EXPOSED_COLLECTIVE,
+      FindingKind.RESHARD_AROUND_COLLECTIVE, FindingKind.REPLICATED_BUFFER]
 
 
 def test_drop_and_fuse_replays():

@@ -102,7 +102,8 @@ def _what_ifs(report: hlo_audit.AuditReport) -> dict:
   error's text."""
   buffers = {b.name for b in report.buffers}
   asks = {
-      "fuse": dict(fuse=[f for f in report.actionable if f.boundary in buffers]),
+      "fuse": dict(fuse=[f for f in report.actionable
+                         if f.kind.fix == "fuse" and f.boundary in buffers]),
       "donate": dict(donate=[f.boundary for f in report.findings_of("argument not donated")]),
       "unsplit": dict(unsplit=[s.partials for s in report.split_k]),
       "remat": dict(remat=[b.name for b in report.intermediates[:3]]),
