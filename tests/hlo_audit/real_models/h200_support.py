@@ -4,7 +4,7 @@ H200: ../shared/docs/gpu-without-a-gpu.md), and the committed HLO of those
 compiles, so the GPU truth also runs where the CUDA plugin is not installed.
 
 `python -m tests.hlo_audit.real_models.h200_support NAME...` rewrites the
-fixtures (a model's name, one of `VARIANTS`, or `example`; needs jax-cuda12-plugin, jax-cuda12-pjrt and nvidia-cuda-nvcc-cu12
+fixtures (a model's name, one of `VARIANTS`, `example` or `swapped_example`; needs jax-cuda12-plugin, jax-cuda12-pjrt and nvidia-cuda-nvcc-cu12
 at the installed jax's version; run with JAX_PLATFORMS=cpu).
 """
 
@@ -117,15 +117,31 @@ def compile_data_parallel(fn, args, gpus: int) -> str:
 EXAMPLE = "example"
 
 
-def write_fixture(name: str) -> pathlib.Path:
-  from tests.hlo_audit.real_models import truth
-  model, options, gpus = VARIANTS.get(name, (name, None, 1))
+#: The example's train step with pallas_kernels swapped in (as `hlo-audit
+#: swap` builds it): the kernels' launches, as XLA holds them.
+SWAPPED_EXAMPLE = "swapped_example"
+
+
+def program(name: str):
+  """(jitted function, args) of a suite model, `EXAMPLE` or `SWAPPED_EXAMPLE`."""
+  from hlo_audit._src.examples.transformer import example
   if name == EXAMPLE:
-    from hlo_audit._src.examples.transformer import example
-    fn, args = example()
-  else:
-    m = truth.model(model)
-    fn, args = m.step() if hasattr(m, "step") else m.build()
+    return example()
+  if name == SWAPPED_EXAMPLE:
+    import jax
+
+    from hlo_audit._src.cli.swap_cmd import swapped_example
+    fn, (params, tokens, cfg) = example()
+    _, step, _ = swapped_example(fn, cfg)
+    return jax.jit(step), (params, tokens)
+  from tests.hlo_audit.real_models import truth
+  m = truth.model(name)
+  return m.step() if hasattr(m, "step") else m.build()
+
+
+def write_fixture(name: str) -> pathlib.Path:
+  model, options, gpus = VARIANTS.get(name, (name, None, 1))
+  fn, args = program(model)
   text = compile_data_parallel(fn, args, gpus) if gpus > 1 else \
       compile_text(fn, args, options)
   path = fixture_path(name)

@@ -20,7 +20,8 @@ not move with the installed jax):
       rewrites the snapshots (all, or those named: `cpu/lstm`, `h200/moe`,
       `dump/jax-0.11.2/rnn_step`) and prints what changed;
   python -m tests.hlo_audit.real_models.snapshots cpu NAME...
-      recompiles CPU fixtures (a model's name or `example`) with this jax.
+      recompiles CPU fixtures (a model's name, `example` or
+      `swapped_example`) with this jax.
 """
 
 from __future__ import annotations
@@ -177,13 +178,8 @@ def write_cpu_fixture(name: str) -> pathlib.Path:
   its optimized HLO and XLA's reports under `cpu/`."""
   import jax
 
-  from tests.hlo_audit.real_models import h200_support, truth
-  if name == h200_support.EXAMPLE:
-    from hlo_audit._src.examples.transformer import example
-    fn, args = example()
-  else:
-    m = truth.model(name)
-    fn, args = m.step() if hasattr(m, "step") else m.build()
+  from tests.hlo_audit.real_models import h200_support
+  fn, args = h200_support.program(name)
   cpu = jax.devices("cpu")[0]
   lowered = h200_support.lower_step(fn, args, jax.sharding.SingleDeviceSharding(cpu))
   folder = tempfile.mkdtemp(prefix="hlo_audit_cpu_fixture_")
