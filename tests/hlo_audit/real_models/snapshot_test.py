@@ -41,8 +41,10 @@ def test_differences_name_each_changed_field():
       "findings: 1 -> 2 entries",
       'findings[0].verdict: "safe" -> "risky"',
       "groups: added []",
-      "notes: 0 -> 1 entries",
+      'notes: 0 -> 1 entries +["x"]',
   ]
+  assert snapshots.differences({"live": ["a", "b", "c"]}, {"live": ["a", "c", "d", "e"]}) == [
+      'live: 3 -> 4 entries -["b"] +["d", "e"]']
   assert snapshots.differences({"a": 1}, {"a": 1.0}) == ["a: 1 -> 1.0"]
   assert snapshots.differences({"a": 1}, {}) == ["a: removed"]
   assert snapshots.differences(old, old) == []

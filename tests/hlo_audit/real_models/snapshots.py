@@ -26,6 +26,7 @@ not move with the installed jax):
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
 import gzip
@@ -148,6 +149,13 @@ def differences(old, new, path: str = "", limit: int = 25) -> list[str]:
     elif isinstance(a, list) and isinstance(b, list):
       if len(a) != len(b):
         out.append(f"{at}: {len(a)} -> {len(b)} entries")
+        if not any(isinstance(v, (dict, list)) for v in a + b):
+          # Names or numbers gained or lost: which, not where each shifted.
+          gone, new = collections.Counter(map(json.dumps, a)), collections.Counter(
+              map(json.dumps, b))
+          out[-1] += "".join(f" {sign}[{', '.join(sorted(c.elements()))}]"
+                             for sign, c in (("-", gone - new), ("+", new - gone)) if c)
+          return
       for i, (x, y) in enumerate(zip(a, b)):
         walk(x, y, f"{at}[{i}]")
     elif a != b or type(a) is not type(b):
