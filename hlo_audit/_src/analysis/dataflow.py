@@ -123,7 +123,7 @@ def analyze_dataflow(module: HloModule, schedule: Schedule) -> Dataflow:
   uses: dict[ValueId, list[tuple[str, int]]] = {}
   uf = _UnionFind()
   comps = {name: module.computation(name) for name in schedule.span}
-  callers = _callers(comps)
+  callers = _callers(comps, schedule.time)
 
   def held(name: str) -> dict[Index, ValueId]:
     return dict(holds.get(name, ()))
@@ -296,9 +296,15 @@ def _union_at(uf: _UnionFind, holds, src_inst: str, src_prefix: Index,
       uf.union(vid, other)
 
 
-def _callers(comps: Mapping[str, Computation]) -> dict[str, tuple[Instruction, int]]:
+def _callers(comps: Mapping[str, Computation],
+             time: Mapping[str, int]) -> dict[str, tuple[Instruction, int]]:
   """computation -> (the first scheduled instruction calling it, the branch
-  number when it is a conditional's branch, else 0)."""
+  number when it is a conditional's branch, else 0).
+
+  The schedule runs a callee once, at its first caller (`time`: the
+  schedule's step of each instruction): a computation that hand-written HLO
+  calls from two places takes its parameters from that caller's operands,
+  which are the ones already scheduled."""
   out: dict[str, tuple[Instruction, int]] = {}
   for comp in comps.values():
     for inst in comp.instructions:
@@ -307,8 +313,10 @@ def _callers(comps: Mapping[str, Computation]) -> dict[str, tuple[Instruction, i
       called = inst.called_computations
       branches = called.get("branch_computations") or (
           called.get("true_computation", ()) + called.get("false_computation", ()))
+      at = time.get(inst.name)
       for callee in inst.called_computation_names():
-        if callee in comps and callee not in out:
+        if callee in comps and (callee not in out or (
+            at is not None and at < time.get(out[callee][0].name, at + 1))):
           k = branches.index(callee) if callee in branches else 0
           out[callee] = (inst, k)
   return out

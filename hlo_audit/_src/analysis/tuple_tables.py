@@ -62,7 +62,7 @@ def tuple_tables(module: HloModule, schedule: Schedule,
   """
   time, span = schedule.time, schedule.span
   entry = module.entry_name
-  callers = _callers(comps)
+  callers = _callers(comps, time)
   holds: dict[str, dict[tuple[int, ...], tuple]] = {}
   defined: dict[tuple, tuple[str, int]] = {}  # table -> (computation, elements)
   uf = _UnionFind()
@@ -104,7 +104,9 @@ def tuple_tables(module: HloModule, schedule: Schedule,
       caller, branch = callers[comp_name]
       source = _parameter_source(caller, branch, inst.parameter_number)
       if source is not None:
-        union(holds.get(source[0], {}), out)
+        # Scheduled already: operands precede their users, and a callee runs
+        # at its first caller.
+        union(holds[source[0]], out)
     elif op == "while":
       union(holds.get(inst.operands[0], {}) if inst.operands else {}, out)
       for body in inst.called_computations.get("body", ()):

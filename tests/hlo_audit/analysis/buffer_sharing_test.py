@@ -99,6 +99,38 @@ ENTRY %main (x: f32[256], y: f32[256]) -> (f32[256], f32[256]) {
 """
 
 
+COPIED = """
+HloModule m, is_scheduled=true
+%fused_copy (p0: f32[64,128]) -> f32[64,128] {
+  %p0 = f32[64,128]{1,0} parameter(0)
+  %c = f32[64,128]{0,1} copy(%p0)
+  ROOT %e = f32[64,128]{0,1} exponential(%c)
+}
+%fused_exp (p0: f32[64,128]) -> f32[64,128] {
+  %p0 = f32[64,128]{1,0} parameter(0)
+  %n = f32[64,128]{1,0} negate(%p0)
+  ROOT %e = f32[64,128]{1,0} exponential(%n)
+}
+ENTRY %main (x: f32[64,128]) -> (f32[64,128], f32[64,128]) {
+  %x = f32[64,128]{1,0} parameter(0)
+  %y = f32[64,128]{1,0} negate(%x)
+  %f = f32[64,128]{0,1} fusion(%y), kind=kLoop, calls=%fused_copy
+  %z = f32[64,128]{1,0} negate(%x)
+  %g = f32[64,128]{1,0} fusion(%z), kind=kLoop, calls=%fused_exp
+  ROOT %t = (f32[64,128]{0,1}, f32[64,128]{1,0}) tuple(%f, %g)
+}
+"""
+
+
+def test_a_fused_copy_keeps_its_operand_apart_on_the_gpu():
+  # A copy is elementwise on its operand, but it may change the layout: XLA:GPU
+  # lets no output take the memory of a parameter a copy reads, even where
+  # element count and size agree (the layouts here differ).
+  assert _ask(COPIED, "f", 0)[0] is False
+  # The same chain without the copy writes in place.
+  assert _ask(COPIED, "g", 0) == (True, True)
+
+
 def test_one_output_of_a_multi_output_fusion_may_take_an_array_operand():
   # The operand value sits at index (), the output at (1,): XLA asks with both.
   assert _ask(MULTI_OUTPUT, "f", 1, user_index=(1,)) == (True, False)

@@ -95,3 +95,45 @@ def test_no_alias_returns_the_dataflow_itself():
   _, module = modules()[0]
   base = analyze_dataflow(module, flatten_schedule(module))
   assert with_output_aliases(base, module, []) is base
+
+
+# Hand-written HLO may call one computation from two places (XLA's optimized
+# modules clone it instead). The schedule runs %f once, at its first caller
+# %c1, after %t0: %f's parameter holds %t0's elements, not %g's parameter's,
+# which the schedule has not reached yet.
+CALLED_TWICE = """
+HloModule twice, is_scheduled=true
+%f (p: (f32[8], f32[8])) -> (f32[8], f32[8]) {
+  %p = (f32[8]{0}, f32[8]{0}) parameter(0)
+  %a = f32[8]{0} get-tuple-element(%p), index=0
+  %b = f32[8]{0} get-tuple-element(%p), index=1
+  %c = f32[8]{0} add(%a, %b)
+  ROOT %t = (f32[8]{0}, f32[8]{0}) tuple(%c, %a)
+}
+%g (q: (f32[8], f32[8])) -> (f32[8], f32[8]) {
+  %q = (f32[8]{0}, f32[8]{0}) parameter(0)
+  ROOT %r = (f32[8]{0}, f32[8]{0}) call(%q), to_apply=%f
+}
+ENTRY %main (x: f32[8], y: f32[8]) -> f32[8] {
+  %x = f32[8]{0} parameter(0)
+  %y = f32[8]{0} parameter(1)
+  %t0 = (f32[8]{0}, f32[8]{0}) tuple(%x, %y)
+  %c1 = (f32[8]{0}, f32[8]{0}) call(%t0), to_apply=%f
+  %c2 = (f32[8]{0}, f32[8]{0}) call(%c1), to_apply=%g
+  ROOT %o = f32[8]{0} get-tuple-element(%c2), index=0
+}
+"""
+
+
+def test_a_computation_called_twice_takes_its_parameters_from_its_first_caller():
+  from hlo_audit._src.analysis.tuple_tables import tuple_tables
+  module = hlo_audit.parse_hlo(CALLED_TWICE)
+  schedule = flatten_schedule(module)
+  assert schedule.time["c1"] < schedule.time["r"]
+  flow = analyze_dataflow(module, schedule)
+  assert flow.buffer_of[("p", (0,))] == flow.buffer_of[("x", ())]
+  assert flow.buffer_of[("p", (1,))] == flow.buffer_of[("y", ())]
+  # The pointer table of %f's parameter is %t0's, handed in by %c1.
+  comps = {name: module.computation(name) for name in schedule.span}
+  tables = {t.value: t.buffer for t in tuple_tables(module, schedule, comps, {})}
+  assert tables[("p", ())] == tables[("t0", ())]

@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import pytest
 
 import hlo_audit
+from hlo_audit._src.analysis import liveness
 from hlo_audit._src.analysis.dataflow import analyze_dataflow
 from hlo_audit._src.analysis.liveness import analyze_liveness
 from hlo_audit._src.analysis.schedule import flatten_schedule
@@ -56,6 +57,21 @@ def test_elementwise_chain_reuses_each_dying_operand():
   assert live.peak_heap_bytes == 0
   assert live.peak_bytes == 8192
 
+
+
+def test_replays_on_one_program_build_its_tables_once(monkeypatch):
+  # What-if replays run the liveness many times on one module, schedule and
+  # dataflow: the tables no edit changes come from the cache after the first.
+  m, s, d, first = _analyze(CHAIN)
+  built = []
+  real = liveness._Tables
+  monkeypatch.setattr(liveness, "_Tables", lambda *a: built.append(a) or real(*a))
+  cache: dict = {}
+  runs = [analyze_liveness(m, s, d, cache=cache) for _ in range(3)]
+  assert len(built) == 1 and runs == [first] * 3
+  # Another program's dataflow is not served from them.
+  analyze_liveness(m, s, analyze_dataflow(m, s), cache=cache)
+  assert len(built) == 2
 
 FORK = """
 HloModule fork, is_scheduled=true

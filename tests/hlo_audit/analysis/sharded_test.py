@@ -24,7 +24,7 @@ import textwrap
 import pytest
 
 import hlo_audit
-from hlo_audit import FindingKind
+from hlo_audit import Capture, FindingKind
 
 _SCRIPT = textwrap.dedent("""
     import json, os
@@ -172,3 +172,49 @@ def test_async_collectives_exposed_and_overlapped():
   assert [f.boundary for f in exposed] == ["ags"]
   matmul = r.findings_of(FindingKind.COLLECTIVE_MATMUL)
   assert {f.boundary for f in matmul} == {"agd", "agd2"}
+
+
+# A partitioned step as newer XLA prints it optimized: the entry parameters
+# have lost their shardings, which the HLO before optimization still holds.
+_UNANNOTATED = """
+HloModule dp_step, is_scheduled=true, num_partitions=4
+
+%fused_gelu (p0: f32[64,1024]) -> f32[64,1024] {
+  %p0 = f32[64,1024]{1,0} parameter(0)
+  ROOT %t = f32[64,1024]{1,0} tanh(%p0)
+}
+
+ENTRY %main (w: f32[1024,1024], x: f32[64,1024]) -> f32[64,1024] {
+  %w = f32[1024,1024]{1,0} parameter(0), metadata={op_name="params['w']"}
+  %x = f32[64,1024]{1,0} parameter(1), metadata={op_name="x"}
+  %d = f32[64,1024]{1,0} dot(%x, %w), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+  ROOT %g = f32[64,1024]{1,0} fusion(%d), kind=kLoop, calls=%fused_gelu
+}
+"""
+
+_BEFORE_OPTIMIZATION = """
+HloModule dp_step, num_partitions=4
+
+ENTRY %main (w: f32[1024,1024], x: f32[256,1024]) -> f32[256,1024] {
+  %w = f32[1024,1024]{1,0} parameter(0), sharding={replicated}
+  %x = f32[256,1024]{1,0} parameter(1), sharding={devices=[4,1]<=[4]}
+  %d = f32[256,1024]{1,0} dot(%x, %w), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+  ROOT %g = f32[256,1024]{1,0} tanh(%d), sharding={devices=[4,1]<=[4]}
+}
+"""
+
+
+@pytest.mark.parametrize("before", [_BEFORE_OPTIMIZATION, None, "HloModule broken {"])
+def test_replicated_parameters_read_from_the_hlo_before_optimization(before):
+  cap = Capture(module=hlo_audit.parse_hlo(_UNANNOTATED), hlo_text=_UNANNOTATED,
+                pre_optimization=before)
+  found = hlo_audit.audit_hlo(cap).findings_of(FindingKind.REPLICATED_BUFFER)
+  if before is not _BEFORE_OPTIMIZATION:
+    # Nothing says the weight is replicated: no finding (an unreadable module
+    # before optimization is no evidence either).
+    assert found == ()
+    return
+  (f,) = found
+  # 4 MiB held whole on each of 4 devices; x is split already.
+  assert (f.boundary, f.ops, f.peak_saved) == ("w", ("params['w']",), 4 * MiB * 3 // 4)
+  assert f.suggestion == "NamedSharding(mesh, P('data', None)) for params['w']"

@@ -3,6 +3,8 @@ matmul kernel could take in."""
 
 from __future__ import annotations
 
+import pytest
+
 import hlo_audit
 from hlo_audit import FindingKind
 
@@ -34,15 +36,22 @@ ENTRY %main (x: f32[128,256], w: f32[256,512], y: f32[128,512]) -> (f32[128,512]
 """
 
 
-def test_a_reader_that_reduces_is_no_epilogue_even_beside_elementwise_work():
+_WINDOW = ("%w = f32[128,256]{1,0} reduce-window(%p1, %z), "
+           "window={size=1x2 stride=1x2}, to_apply=%max")
+
+
+@pytest.mark.parametrize("reducer", [
+    _WINDOW,
+    "%m = f32[128]{0} reduce(%p1, %z), dimensions={1}, to_apply=%max\n"
+    "  %w = f32[128,256]{1,0} broadcast(%m), dimensions={0}",
+])
+def test_a_reader_that_reduces_is_no_epilogue_even_beside_elementwise_work(reducer):
   # An input fusion (XLA:GPU's transposing emitter runs elementwise work as
   # one too) is an epilogue only where it reduces and scatters nothing: this
-  # one also reduces another operand through a window.
-  report = hlo_audit.audit_hlo(READER)
+  # one also reduces another operand (through a window, or a row reduction).
+  report = hlo_audit.audit_hlo(READER.replace(_WINDOW, reducer))
   assert not report.findings_of(FindingKind.UNFUSED_EPILOGUE)
-  plain = READER.replace(
-      "%w = f32[128,256]{1,0} reduce-window(%p1, %z), window={size=1x2 stride=1x2}, to_apply=%max",
-      "%w = f32[128,256]{1,0} slice(%p1), slice={[0:128], [0:256]}")
+  plain = READER.replace(_WINDOW, "%w = f32[128,256]{1,0} slice(%p1), slice={[0:128], [0:256]}")
   (epi,) = hlo_audit.audit_hlo(plain).findings_of(FindingKind.UNFUSED_EPILOGUE)
   assert (epi.boundary, epi.ops) == ("d", ("activation:tanh",))
 
