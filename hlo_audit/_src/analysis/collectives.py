@@ -363,6 +363,7 @@ def _replicated(program: Program, shardings: Mapping[int, str],
     return []
   peak = program.liveness.peak_bytes
   found = []
+  axes = None  # read from the HLO before optimization only for a finding
   for p in module.entry.parameters:
     sharding = p.sharding or shardings.get(p.parameter_number) or ""
     if p.shape is None or p.shape.is_tuple or sharding.replace(" ", "") != "{replicated}":
@@ -375,7 +376,9 @@ def _replicated(program: Program, shardings: Mapping[int, str],
     split = next((i for i, d in enumerate(dims) if d % n == 0), None)
     if split is None:
       continue
-    spec = ", ".join("'data'" if i == split else "None" for i in range(len(dims)))
+    if axes is None:
+      axes = _mesh_axes(program, n)
+    spec = ", ".join(axes if i == split else "None" for i in range(len(dims)))
     path = p.metadata.op_name or p.name
     # A parameter is a read-only allocation held for the whole run: splitting
     # it takes its replicated share off every step, the peak included.
@@ -395,6 +398,38 @@ def _replicated(program: Program, shardings: Mapping[int, str],
         suggestion=f"NamedSharding(mesh, P({spec})) for {path}",
         peak_after=peak - wasted, peak_saved=wasted))
   return found
+
+
+#: A Shardy mesh as JAX lowers it (`xla.sdy.meshes` of the HLO before
+#: optimization): `#sdy.mesh<["data"=4, "model"=2]>`, its quotes escaped
+#: where the mesh sits inside a string.
+_SDY_MESH = re.compile(r'#sdy\.mesh<\[([^\]]*)\]')
+_SDY_AXIS = re.compile(r'\\?"([^"\\]+)\\?"\s*=\s*(\d+)')
+#: The axis name a suggestion uses when the mesh's names are unknown.
+PLACEHOLDER_AXIS = "'data'"
+
+
+def _mesh_axes(program: Program, n: int) -> str:
+  """The PartitionSpec entry that splits a dimension over all `n`
+  partitions: the mesh axis of that size (`'d'`), or the axes whose sizes
+  multiply to it (`('data', 'model')`), named as the user named them; the
+  optimized HLO keeps no names (`mesh['axis_0'=8]`), the HLO before
+  optimization does. PLACEHOLDER_AXIS where that says nothing or more than
+  one mesh."""
+  meshes = {m.group(1) for m in _SDY_MESH.finditer(program.pre_optimization_text)}
+  if len(meshes) != 1:
+    return PLACEHOLDER_AXIS
+  axes = [(name, int(size)) for name, size in _SDY_AXIS.findall(meshes.pop())]
+  whole = next((name for name, size in axes if size == n), None)
+  if whole is not None:
+    return repr(whole)
+  split = [name for name, size in axes if size > 1]
+  product = 1
+  for _, size in axes:
+    product *= size
+  if product != n or not split:
+    return PLACEHOLDER_AXIS
+  return "(" + ", ".join(map(repr, split)) + ")"
 
 
 def _parameter_shardings(program: Program) -> Mapping[int, str]:

@@ -34,6 +34,7 @@ _SCRIPT = textwrap.dedent("""
     import hlo_audit
 
     mesh = jax.make_mesh((8,), ("d",))
+    mesh2d = jax.make_mesh((4, 2), ("data", "model"))
     ns = lambda *spec: NamedSharding(mesh, P(*spec))
     S = jax.ShapeDtypeStruct
 
@@ -49,6 +50,10 @@ _SCRIPT = textwrap.dedent("""
         "fsdp": jax.jit(grads, in_shardings=(ns("d", None),) * 3,
                         out_shardings=(ns("d", None),) * 2),
         "tp": jax.jit(mlp, in_shardings=(ns(None, "d"), ns("d", None), ns())),
+        # The same step on a 4 x 2 mesh, the weights still replicated.
+        "dp_2d": jax.jit(grads, in_shardings=(
+            NamedSharding(mesh2d, P()), NamedSharding(mesh2d, P()),
+            NamedSharding(mesh2d, P("data", None)))),
         "shard_map": jax.jit(jax.shard_map(
             lambda w, x: jax.lax.psum(x @ w, "d"), mesh=mesh,
             in_specs=(P("d", None), P(None, "d")), out_specs=P())),
@@ -90,7 +95,7 @@ def sharded() -> dict:
   return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.parametrize("name", ["dp", "fsdp", "tp", "shard_map"])
+@pytest.mark.parametrize("name", ["dp", "dp_2d", "fsdp", "tp", "shard_map"])
 def test_per_device_peak_agrees_with_xla(name):
   r = sharded()[name]
   assert abs(r["peak"] - r["xla"]) <= 0.01 * r["xla"], r
@@ -106,9 +111,17 @@ def test_data_parallel_all_reduce_and_replicated_weights():
   replicated = {f[1]: f[2] for f in r["findings"] if f[0] == "replicated-buffer"}
   # 2 MiB each, 7/8 of it held on every device for nothing.
   assert replicated == {"w1": 2 * MiB * 7 // 8, "w2": 2 * MiB * 7 // 8}
-  # Each split along its first axis that eight devices divide.
-  assert r["suggestions"] == {"w1": "NamedSharding(mesh, P('data', None)) for w1",
-                              "w2": "NamedSharding(mesh, P('data', None)) for w2"}
+  # Each split along its first axis that eight devices divide, over the
+  # mesh axis as the user named it (the optimized HLO calls it 'axis_0').
+  assert r["suggestions"] == {"w1": "NamedSharding(mesh, P('d', None)) for w1",
+                              "w2": "NamedSharding(mesh, P('d', None)) for w2"}
+
+
+def test_a_replicated_weight_on_a_two_axis_mesh_splits_over_both_axes():
+  r = sharded()["dp_2d"]
+  assert r["suggestions"] == {
+      "w1": "NamedSharding(mesh, P(('data', 'model'), None)) for w1",
+      "w2": "NamedSharding(mesh, P(('data', 'model'), None)) for w2"}
 
 
 def test_fsdp_gather_feeding_a_dot_is_a_collective_matmul_candidate():
@@ -204,6 +217,24 @@ ENTRY %main (w: f32[1024,1024], x: f32[256,1024]) -> f32[256,1024] {
 """
 
 
+# The mesh as Shardy writes it into the module's frontend attributes, once
+# plain and once inside a string (its quotes escaped).
+_MESHES = ('HloModule dp_step, num_partitions=4, '
+           'frontend_attributes={xla.sdy.meshes={mesh = #sdy.mesh<["batch"=4]>}}',
+           'HloModule dp_step, num_partitions=4, '
+           'frontend_attributes={xla.sdy.meshes="{mesh = #sdy.mesh<[\\"x\\"=2, \\"y\\"=2]>}"}')
+
+
+@pytest.mark.parametrize("mesh, axes", [(_MESHES[0], "'batch'"),
+                                        (_MESHES[1], "('x', 'y')")])
+def test_the_suggested_split_names_the_users_mesh_axes(mesh, axes):
+  before = _BEFORE_OPTIMIZATION.replace("HloModule dp_step, num_partitions=4", mesh)
+  cap = Capture(module=hlo_audit.parse_hlo(_UNANNOTATED), hlo_text=_UNANNOTATED,
+                pre_optimization=before)
+  (f,) = hlo_audit.audit_hlo(cap).findings_of(FindingKind.REPLICATED_BUFFER)
+  assert f.suggestion == f"NamedSharding(mesh, P({axes}, None)) for params['w']"
+
+
 @pytest.mark.parametrize("before", [_BEFORE_OPTIMIZATION, None, "HloModule broken {"])
 def test_replicated_parameters_read_from_the_hlo_before_optimization(before):
   cap = Capture(module=hlo_audit.parse_hlo(_UNANNOTATED), hlo_text=_UNANNOTATED,
@@ -217,4 +248,5 @@ def test_replicated_parameters_read_from_the_hlo_before_optimization(before):
   (f,) = found
   # 4 MiB held whole on each of 4 devices; x is split already.
   assert (f.boundary, f.ops, f.peak_saved) == ("w", ("params['w']",), 4 * MiB * 3 // 4)
+  # No mesh in that text: the axis name is a placeholder.
   assert f.suggestion == "NamedSharding(mesh, P('data', None)) for params['w']"
