@@ -5,7 +5,9 @@ liveness.py) on the program a change would produce, described as edits of the
 original's buffers rather than by recompiling:
 
 - fuse a finding: its boundary buffer is never written; the fused kernel runs
-  where the last consumer ran, so the producer's inputs live until then.
+  where the last consumer ran, so the producer's inputs live until then, or,
+  when the consumers' other inputs are ready by then, where the producer ran,
+  so the consumers' results live from then: the lower peak of the two.
 - donate an argument: the module gains the `input_output_alias` entries JAX
   would add (donation.py), and dataflow and liveness run on that module.
 - remat a buffer: it is kept until its first group of uses only; before the
@@ -27,10 +29,11 @@ from __future__ import annotations
 
 import dataclasses
 import types
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from hlo_audit._src.analysis.dataflow import Dataflow, ValueId, with_output_aliases
 from hlo_audit._src.analysis.donation import aliasing_copies, donation_aliases, with_donation
+from hlo_audit._src.analysis.buffer_sharing import heap_model
 from hlo_audit._src.analysis.liveness import LivenessEdits, analyze_liveness
 from hlo_audit._src.analysis.program import (Program, WhatIfError, buffer_name, find_buffer,
                                              parameter_paths, resolve_arguments,
@@ -80,7 +83,8 @@ class WhatIf:
 def replay(program: Program, *, fuse: Sequence[tuple[str, str, Sequence[str]]] = (),
            donate: Sequence[int | str] = (), remat: Sequence[str] = (),
            drop: Sequence[str] = (), unsplit: Sequence[str] = (),
-           quick: bool = False) -> WhatIf | int:
+           quick: bool = False,
+           second_assignment: Callable[[], bool] = lambda: True) -> WhatIf | int:
   """Replays the liveness of `program` with the changes applied.
 
   With `quick`, returns only the new peak, keeping the audited buffer
@@ -96,6 +100,9 @@ def replay(program: Program, *, fuse: Sequence[tuple[str, str, Sequence[str]]] =
     drop: buffers to remove.
     unsplit: split-K partial sums (buffer names) whose gemm writes its result
       once instead.
+    second_assignment: asked when a fusion has two placements: whether a
+      second full assignment may run (an audit's budget); if not, the quick
+      estimates pick the placement to assign.
 
   Raises:
     WhatIfError: for a name the program lacks, or an `unsplit` buffer that
@@ -143,28 +150,46 @@ def replay(program: Program, *, fuse: Sequence[tuple[str, str, Sequence[str]]] =
   def value_range(v: ValueId) -> tuple[int, int]:
     return ranges.get(v, base_ranges[v])
 
-  def keep_inputs_until(inst_name: str, t: int) -> None:
+  def keep_inputs_until(inst_name: str, t: int, into: dict | None = None) -> None:
+    into = ranges if into is None else into
     inst = program.find_instruction(inst_name)
     if inst is None:
       return
     for operand in inst.operands:
       for _, v in dataflow.holds.get(operand, ()):
         if v in base_ranges:
-          s, e = value_range(v)
+          s, e = into.get(v, base_ranges[v])
           if e < t:
-            ranges[v] = (s, t)
+            into[v] = (s, t)
 
   for name in drop:
     dropped.add(resolve_buffer(dataflow, name))
     changes.append(f"drop {name}")
+  # A fused kernel may run where its last consumer ran (the producer's
+  # inputs then live until there) or, where the consumers' other inputs are
+  # ready by then, where the producer ran (their results then live from
+  # there): the replay keeps the placement with the lower peak, as a
+  # scheduler minimizing memory would. `early` is the second placement
+  # (None: no fusion can move, or a remat's edits would depend on it).
+  early: dict[ValueId, tuple[int, int]] | None = dict(ranges) if fuse and not remat else None
+  moved = False
   for boundary, producer, consumers in fuse:
     b = resolve_buffer(dataflow, boundary)
     dropped.add(b)
     last = max((time[c] for c in consumers if c in time), default=None)
     if last is not None and producer:
       keep_inputs_until(producer, last)
+      if early is not None:
+        at_producer = _run_at_producer(program, b, producer, consumers)
+        if at_producer is None:
+          keep_inputs_until(producer, last, into=early)
+        else:
+          early.update(at_producer)
+          moved = True
     changes.append(f"fuse {boundary} ({producer or 'input'} -> "
                    f"{', '.join(consumers) or '?'})")
+  if not moved:
+    early = None
   partials = split_k_partials(program) if unsplit else {}
   for name in unsplit:
     b = resolve_buffer(dataflow, name)
@@ -199,18 +224,92 @@ def replay(program: Program, *, fuse: Sequence[tuple[str, str, Sequence[str]]] =
     changes.append(f"remat {name}")
   edits = LivenessEdits(dropped=frozenset(dropped),
                         value_ranges=types.MappingProxyType(ranges), extra=tuple(extra))
+  early_edits = None if early is None else dataclasses.replace(
+      edits, value_ranges=types.MappingProxyType(early))
   if quick:
     if donate:
       raise WhatIfError("a quick replay keeps the buffer assignment: donation changes it")
-    return quick_peak(program, edits)
+    peak = quick_peak(program, edits)
+    return peak if early_edits is None else min(peak, quick_peak(program, early_edits))
+  if early_edits is not None and not donate and not second_assignment():
+    # One full assignment, of the placement the quick estimates favour (a
+    # tie goes to the producer's place: it keeps no input longer).
+    if quick_peak(program, early_edits) <= quick_peak(program, edits):
+      edits = early_edits
+      notes.append("fused kernels run where their producers ran (their "
+                   "consumers' other inputs are ready by then)")
+    early_edits = None
   # Tables shared between replays (a donated program's derived from them).
   after = analyze_liveness(module, schedule, dataflow, edits, cache=program.cache,
                            platform=program.platform)
+  if early_edits is not None:
+    at_producers = analyze_liveness(module, schedule, dataflow, early_edits,
+                                    cache=program.cache, platform=program.platform)
+    if at_producers.peak_bytes < after.peak_bytes:
+      notes.append("fused kernels run where their producers ran (their "
+                   "consumers' other inputs are ready by then)")
+      after = at_producers
   return WhatIf(
       changes=tuple(changes), baseline_peak_bytes=base.peak_bytes,
       peak_bytes=after.peak_bytes, peak_time=after.peak_time,
       live_at_peak=tuple(buffer_name(b) for b in after.live_at_peak),
       baseline_timeline=base.timeline, timeline=after.timeline, notes=tuple(notes))
+
+
+def _run_at_producer(program: Program, boundary: ValueId, producer: str,
+                     consumers: Sequence[str]) -> dict[ValueId, tuple[int, int]] | None:
+  """Live ranges when the kernel fusing `producer` into `consumers` runs
+  where the producer ran: the consumers' results written from there, and
+  their inputs read there (a value the consumers read last dies there).
+  None when it cannot run there: a consumer in another computation, or an
+  input of theirs (other than the boundary and each other's results)
+  written later."""
+  dataflow, time = program.dataflow, program.schedule.time
+  ranges = program.liveness.value_ranges
+  t = time.get(producer)
+  produced = dataflow.holds.get(producer)
+  if t is None or not produced or not consumers:
+    return None
+  comp = dataflow.values[produced[0][1]].computation
+  out: dict[ValueId, tuple[int, int]] = {}
+  names = set(consumers)
+  read: set[ValueId] = set()
+  for c in consumers:
+    held = dataflow.holds.get(c)
+    if c not in time or not held:
+      return None
+    inst = program.find_instruction(c)
+    if inst is None:
+      return None
+    for _, v in held:
+      if v[0] == c:
+        if dataflow.values[v].computation != comp or v not in ranges:
+          return None
+        s, e = ranges[v]
+        out[v] = (min(s, t), e)
+    for operand in inst.operands:
+      for _, v in dataflow.holds.get(operand, ()):
+        if dataflow.buffer_of.get(v) == boundary or v[0] in names:
+          continue
+        if v not in ranges or ranges[v][0] > t:
+          return None
+        read.add(v)
+  for v in read:
+    # Read last by the consumers (at their times), it now dies at `t`;
+    # forwarded (a tuple, a get-tuple-element) or read elsewhere, it keeps
+    # its range.
+    s, e = ranges[v]
+    others = [u for u, _ in dataflow.uses.get(v, ()) if u not in names]
+    if v in out or any(u not in time for u in others):
+      continue
+    users = [program.find_instruction(u) for u in others]
+    if any(u is None or u.opcode in ("tuple", "get-tuple-element", "bitcast")
+           for u in users):
+      continue
+    end = max([t, *(time[u] for u in others)])
+    if end < e and e == max(time[c] for c in consumers):
+      out[v] = (s, end)
+  return out
 
 
 def _heap_tables(program: Program) -> dict:
@@ -433,11 +532,13 @@ def peak_after_fusions(program: Program,
                        ) -> list[tuple[int, bool] | None]:
   """(peak, exact) after each fusion alone (None where the boundary is not a
   buffer of the program). A heap boundary away from the peak whose inputs are
-  kept no longer can neither lower nor raise the peak (exact); the others
-  get the quick replay (not exact): those that can move the peak get a full
-  one later, the largest first, while the audit's budget lasts
-  (`exact_peaks`)."""
+  kept no longer can neither lower nor raise the peak (exact, unless the
+  heap is packed, XLA:GPU's: packing it again without the buffer may move
+  the peak by its fragmentation); the others get the quick replay (not
+  exact): those that can move the peak get a full one later, the largest
+  first, while the audit's budget lasts (`exact_peaks`)."""
   base = program.liveness
+  packed = heap_model(program.platform).packing_alignment is not None
   out: list[tuple[int, bool] | None] = [None] * len(fusions)
   for k, fusion in enumerate(fusions):
     if fusion is None:
@@ -447,7 +548,7 @@ def peak_after_fusions(program: Program,
       continue
     if (not peak_mover_bytes(program, *fusion) and b in base.heap_buffers and
         not _inputs_may_raise_peak(program, *fusion)):
-      out[k] = (base.peak_bytes, True)
+      out[k] = (base.peak_bytes, not packed)
     else:
       out[k] = (replay(program, fuse=[fusion], quick=True), False)
   return out
@@ -507,13 +608,18 @@ def exact_peaks(program: Program, findings: Sequence[FusionDecisionRecord],
     fuse = spec.get("fuse")
     size = (peak_mover_bytes(program, *fuse[0]) if fuse else
             peak_mover_bytes(program, spec["remat"][0]))
+    if not size and fuse and _inputs_may_raise_peak(program, *fuse[0]):
+      # The quick replay keeps the buffer assignment: inputs kept longer
+      # may no longer fit where they were placed.
+      b = find_buffer(program.dataflow, fuse[0][0])
+      size = program.liveness.sizes.get(b, 0) if b is not None else 0
     if size:
       wanted.append((-size, k, spec))
   out: list[FusionDecisionRecord | None] = list(findings)
   for _, k, spec in sorted(wanted, key=lambda w: w[:2]):
     if not take_full_replay(program):
       break
-    what = replay(program, **spec)
+    what = replay(program, **spec, second_assignment=lambda: take_full_replay(program))
     f = out[k]
     if f.kind is FindingKind.REMAT_CANDIDATE and what.peak_saved < min_peak_saved:
       out[k] = None

@@ -295,6 +295,53 @@ def test_a_fusion_that_keeps_a_big_input_longer_is_not_called_exact():
   assert not exact and peak >= full
 
 
+# `m` sums the rows of `v` (32 KiB) and `d` adds `o` to it, after `big` and
+# `e` (256 KiB each) have come and gone. `d` is the result (not the heap).
+_PLACEMENT = """
+HloModule place, is_scheduled=true
+%sum (a: f32[], b: f32[]) -> f32[] {
+  %a = f32[] parameter(0)
+  %b = f32[] parameter(1)
+  ROOT %s = f32[] add(%a, %b)
+}
+ENTRY %main (x: f32[8,1024], w: f32[1024], z: f32[]) -> (f32[1024], f32[]) {
+  %x = f32[8,1024]{1,0} parameter(0)
+  %w = f32[1024]{0} parameter(1)
+  %z = f32[] parameter(2)
+  EARLY
+  %v = f32[8,1024]{1,0} exponential(%x)
+  %m = f32[1024]{0} reduce(%v, %z), dimensions={0}, to_apply=%sum
+  %big = f32[65536]{0} broadcast(%z), dimensions={}
+  %e = f32[65536]{0} exponential(%big)
+  %r = f32[] reduce(%e, %z), dimensions={0}, to_apply=%sum
+  LATE
+  %d = f32[1024]{0} add(%m, %o)
+  ROOT %t = (f32[1024]{0}, f32[]) tuple(%d, %r)
+}
+"""
+
+
+@pytest.mark.parametrize("ready", [True, False])
+def test_a_fused_kernel_runs_where_the_producer_ran_when_its_inputs_are_ready(ready):
+  """Fusing `m` into `d`: run where `d` ran, the kernel keeps `v` live over
+  `big` (28 KiB more at the peak); run where `m` ran, it keeps nothing longer
+  and `m`'s 4 KiB are gone. That needs `d`'s other input `o` by then: made
+  from the parameter first, it is; sliced from `e`, it is not."""
+  from hlo_audit._src.analysis import replay
+  other = "%o = f32[1024]{0} negate(%w)" if ready else \
+      "%o = f32[1024]{0} slice(%e), slice={[0:1024]}"
+  text = _PLACEMENT.replace("EARLY" if ready else "LATE", other).replace(
+      "  LATE\n" if ready else "  EARLY\n", "")
+  p = hlo_audit.audit_hlo(text).program
+  what = replay.replay(p, fuse=[("m", "m", ("d",))])
+  if ready:
+    assert what.peak_saved == 1024 * 4
+    assert any("where their producers ran" in n for n in what.notes)
+  else:
+    assert what.peak_saved == -(8 * 1024 - 1024) * 4
+    assert not what.notes
+
+
 PASSED_THROUGH = """
 HloModule passed, is_scheduled=true
 ENTRY %main (a: f32[256,256], b: f32[256,256]) -> (f32[256,256], f32[256,256]) {
