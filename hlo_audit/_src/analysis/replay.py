@@ -236,8 +236,7 @@ def replay(program: Program, *, fuse: Sequence[tuple[str, str, Sequence[str]]] =
     # tie goes to the producer's place: it keeps no input longer).
     if quick_peak(program, early_edits) <= quick_peak(program, edits):
       edits = early_edits
-      notes.append("fused kernels run where their producers ran (their "
-                   "consumers' other inputs are ready by then)")
+      notes.append(_AT_PRODUCERS)
     early_edits = None
   # Tables shared between replays (a donated program's derived from them).
   after = analyze_liveness(module, schedule, dataflow, edits, cache=program.cache,
@@ -246,14 +245,18 @@ def replay(program: Program, *, fuse: Sequence[tuple[str, str, Sequence[str]]] =
     at_producers = analyze_liveness(module, schedule, dataflow, early_edits,
                                     cache=program.cache, platform=program.platform)
     if at_producers.peak_bytes < after.peak_bytes:
-      notes.append("fused kernels run where their producers ran (their "
-                   "consumers' other inputs are ready by then)")
+      notes.append(_AT_PRODUCERS)
       after = at_producers
   return WhatIf(
       changes=tuple(changes), baseline_peak_bytes=base.peak_bytes,
       peak_bytes=after.peak_bytes, peak_time=after.peak_time,
       live_at_peak=tuple(buffer_name(b) for b in after.live_at_peak),
       baseline_timeline=base.timeline, timeline=after.timeline, notes=tuple(notes))
+
+
+#: The note of a fusion replay whose kernels moved to their producers' place.
+_AT_PRODUCERS = ("fused kernels run where their producers ran (their consumers' "
+                 "other inputs are ready by then)")
 
 
 def _run_at_producer(program: Program, boundary: ValueId, producer: str,
