@@ -38,3 +38,32 @@ def test_a_broadcast_written_for_a_matmul_is_expanded_even_through_a_view(shape,
   # 256 KiB written and read, minus the 1 KiB compact vector, twice.
   assert f.bytes_saved == 2 * (256 * 256 * 4 - 256 * 4)
   assert r.buffer("b").lifetime is Lifetime.EXPANDED_BROADCAST
+
+
+MULTI_OUTPUT = """
+HloModule bc2, is_scheduled=true
+
+%fused_two (p0: f32[256]) -> (f32[256], f32[256,256]) {
+  %p0 = f32[256]{0} parameter(0)
+  %n = f32[256]{0} negate(%p0)
+  %e = f32[256,256]{1,0} broadcast(%p0), dimensions={1}
+  ROOT %t = (f32[256]{0}, f32[256,256]{1,0}) tuple(%n, %e)
+}
+
+ENTRY %main (v: f32[256], w: f32[256,512]) -> (f32[256], f32[256,512]) {
+  %v = f32[256]{0} parameter(0)
+  %w = f32[256,512]{1,0} parameter(1)
+  %b = (f32[256]{0}, f32[256,256]{1,0}) fusion(%v), kind=kLoop, calls=%fused_two
+  %n = f32[256]{0} get-tuple-element(%b), index=0
+  %x = f32[256,256]{1,0} get-tuple-element(%b), index=1
+  %d = f32[256,512]{1,0} dot(%x, %w), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+  ROOT %o = (f32[256]{0}, f32[256,512]{1,0}) tuple(%n, %d)
+}
+"""
+
+
+def test_the_expanded_output_of_a_multi_output_fusion_is_its_own_buffers_lifetime():
+  # Output {1} is the broadcast; output {0}, a negation, is not expanded.
+  r = hlo_audit.audit_hlo(MULTI_OUTPUT)
+  assert r.buffer("b{1}").lifetime is Lifetime.EXPANDED_BROADCAST
+  assert r.buffer("b{0}").lifetime is not Lifetime.EXPANDED_BROADCAST

@@ -197,3 +197,45 @@ def test_a_gemm_summing_its_own_result_is_no_reduction_of_its_operands():
   (pro,) = report.findings_of(FindingKind.UNFUSED_PROLOGUE)
   assert (pro.boundary, pro.consumers) == ("ex", ("g",))
   assert not any("separate reduction" in n for n in pro.notes), pro.notes
+
+
+# One kernel sums the written buffer over its rows and, beside it, a
+# parameter over everything.
+TWO_SUMS = """
+HloModule ts, is_scheduled=true
+
+%add (a: f32[], b: f32[]) -> f32[] {
+  %a = f32[] parameter(0)
+  %b = f32[] parameter(1)
+  ROOT %s = f32[] add(%a, %b)
+}
+
+%fused_exp (p0: f32[64,128]) -> f32[64,128] {
+  %p0 = f32[64,128]{1,0} parameter(0)
+  ROOT %e = f32[64,128]{1,0} exponential(%p0), metadata={op_name="jit(f)/exp"}
+}
+
+%fused_sums (p0: f32[64,128], p1: f32[64,128]) -> (f32[64], f32[]) {
+  %p0 = f32[64,128]{1,0} parameter(0)
+  %p1 = f32[64,128]{1,0} parameter(1)
+  %z = f32[] constant(0)
+  %r = f32[64]{0} reduce(%p0, %z), dimensions={1}, to_apply=%add, metadata={op_name="jit(f)/reduce_sum"}
+  %all = f32[] reduce(%p1, %z), dimensions={0,1}, to_apply=%add, metadata={op_name="jit(f)/reduce_sum"}
+  ROOT %t = (f32[64]{0}, f32[]) tuple(%r, %all)
+}
+
+ENTRY %main (x: f32[64,128], y: f32[64,128]) -> (f32[64], f32[]) {
+  %x = f32[64,128]{1,0} parameter(0)
+  %y = f32[64,128]{1,0} parameter(1)
+  %ex = f32[64,128]{1,0} fusion(%x), kind=kLoop, calls=%fused_exp, metadata={op_name="jit(f)/exp"}
+  ROOT %s = (f32[64]{0}, f32[]) fusion(%ex, %y), kind=kInput, calls=%fused_sums, metadata={op_name="jit(f)/reduce_sum"}
+}
+"""
+
+
+def test_the_statistics_are_those_of_the_reduce_reading_the_buffer():
+  # The wider sum over everything reads the parameter, not the buffer.
+  (f,) = hlo_audit.audit_hlo(TWO_SUMS).findings_of(FindingKind.SEPARATE_REDUCTION)
+  assert f.boundary == "ex"
+  assert "reduces dims {1} of [64,128] (128 elements each)" in f.evidence
+  assert "one result per index of axes {0}" in f.evidence
