@@ -21,8 +21,7 @@ from hlo_audit._src.analysis.kernels import Kernel
 from hlo_audit._src.analysis.liveness import Liveness
 from hlo_audit._src.analysis.schedule import Schedule
 from hlo_audit._src.hlo import opcodes
-from hlo_audit._src.hlo.ir import (Computation, HloModule, Instruction, SourceLocation,
-                                   op_names)
+from hlo_audit._src.hlo.ir import Computation, HloModule, Instruction, SourceLocation
 
 
 class Lifetime(enum.Enum):
@@ -98,7 +97,7 @@ def find_buffers(module: HloModule, schedule: Schedule, dataflow: Dataflow,
   # Their op_names, read once (a buffer asks its producer's and its
   # consumers'), by identity: an Instruction hashes its whole content.
   op_name_of = {id(i): n for c in comps.values()
-                for i, n in zip(c.instructions, op_names(c.instructions))}
+                for i, n in zip(c.instructions, c.op_names)}
   kernel_of: dict[str, str] = {}
   for k in kernels:
     kernel_of[k.name] = k.name

@@ -18,7 +18,8 @@ import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
-from hlo_audit._src.analysis.records import FindingKind, FusionDecisionRecord, KernelNeed
+from hlo_audit._src.analysis.records import (FindingKind, FusionDecisionRecord, KernelNeed,
+                                             with_changes)
 from hlo_audit._src.hlo.ir import HloModule
 
 #: The entry-point group kernel libraries advertise themselves under.
@@ -138,7 +139,7 @@ def with_kernels(findings: Sequence[FusionDecisionRecord],
       continue
     installed = bool(libraries.libraries)
     choice = libraries.choose(f) if installed else KernelChoice(None)
-    out.append(dataclasses.replace(
+    out.append(with_changes(
         f, kernel=choice.op, guard=_guard(f, need, choice, installed),
         evidence=f.evidence + _evidence_suffix(f, choice, installed)))
   return out

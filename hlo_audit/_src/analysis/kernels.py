@@ -26,8 +26,7 @@ from hlo_audit._src.analysis.backend_traits import KernelKind
 from hlo_audit._src.analysis.dataflow import Dataflow, ValueId
 from hlo_audit._src.analysis.schedule import Schedule
 from hlo_audit._src.hlo import opcodes
-from hlo_audit._src.hlo.ir import (Computation, HloModule, Instruction, SourceLocation,
-                                   op_names)
+from hlo_audit._src.hlo.ir import Computation, HloModule, Instruction, SourceLocation
 
 
 #: Opcodes that launch no kernel of their own.
@@ -82,7 +81,7 @@ def find_kernels(module: HloModule, schedule: Schedule, dataflow: Dataflow, *,
   multiplicity = _multiplicity(module, comps)
   # Every scheduled instruction's op_name, read once (in text order, and by
   # name): the scopes' grouping scans them all, and each kernel keeps its own.
-  names_of = {c: op_names(comp.instructions) for c, comp in comps.items()}
+  names_of = {c: comp.op_names for c, comp in comps.items()}
   op_name_of = {c: dict(zip(map(_NAME, comp.instructions), names_of[c]))
                 for c, comp in comps.items()}
   groups = _pallas_groups(module, comps, scopes, names_of) if scopes else {}

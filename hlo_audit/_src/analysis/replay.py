@@ -38,7 +38,7 @@ from hlo_audit._src.analysis.liveness import LivenessEdits, analyze_liveness
 from hlo_audit._src.analysis.program import (Program, WhatIfError, buffer_name, find_buffer,
                                              parameter_paths, resolve_arguments,
                                              resolve_buffer)
-from hlo_audit._src.analysis.records import FindingKind, FusionDecisionRecord
+from hlo_audit._src.analysis.records import FindingKind, FusionDecisionRecord, with_changes
 from hlo_audit._src.analysis.schedule import Schedule
 from hlo_audit._src.analysis.split_k import split_k_partials
 
@@ -297,20 +297,23 @@ def _run_at_producer(program: Program, boundary: ValueId, producer: str,
         if v not in ranges or ranges[v][0] > t:
           return None
         read.add(v)
+  last = max(time[c] for c in consumers)
   for v in read:
     # Read last by the consumers (at their times), it now dies at `t`;
     # forwarded (a tuple, a get-tuple-element) or read elsewhere, it keeps
-    # its range.
+    # its range. (Its end first: a weight read by every layer is read later.)
     s, e = ranges[v]
+    if e != last or v in out:
+      continue
     others = [u for u, _ in dataflow.uses.get(v, ()) if u not in names]
-    if v in out or any(u not in time for u in others):
+    if any(u not in time for u in others):
       continue
     users = [program.find_instruction(u) for u in others]
     if any(u is None or u.opcode in ("tuple", "get-tuple-element", "bitcast")
            for u in users):
       continue
     end = max([t, *(time[u] for u in others)])
-    if end < e and e == max(time[c] for c in consumers):
+    if end < e:
       out[v] = (s, end)
   return out
 
@@ -575,7 +578,7 @@ def with_peaks(findings: Sequence[FusionDecisionRecord],
       changes["source_stack"] = source_stacks[i]
     if p is not None and f.peak_after is None:
       changes.update(peak_after=p[0], peak_saved=baseline - p[0], peak_exact=p[1])
-    out.append(dataclasses.replace(f, **changes) if changes else f)
+    out.append(with_changes(f, **changes) if changes else f)
   return out
 
 
@@ -627,6 +630,6 @@ def exact_peaks(program: Program, findings: Sequence[FusionDecisionRecord],
     if f.kind is FindingKind.REMAT_CANDIDATE and what.peak_saved < min_peak_saved:
       out[k] = None
       continue
-    out[k] = dataclasses.replace(f, peak_after=what.peak_bytes,
-                                 peak_saved=what.peak_saved, peak_exact=True)
+    out[k] = with_changes(f, peak_after=what.peak_bytes,
+                          peak_saved=what.peak_saved, peak_exact=True)
   return out

@@ -12,7 +12,7 @@ import dataclasses
 
 from hlo_audit._src.analysis import anchors
 from hlo_audit._src.analysis.kernel_library import Libraries
-from hlo_audit._src.analysis.records import FindingKind, FusionDecisionRecord
+from hlo_audit._src.analysis.records import FindingKind, FusionDecisionRecord, with_changes
 from hlo_audit._src.hlo.ir import HloModule
 
 _CLASSES = (FindingKind.UNFUSED_EPILOGUE, FindingKind.UNFUSED_PROLOGUE,
@@ -38,7 +38,7 @@ def add_suggestions(findings: tuple[FusionDecisionRecord, ...], module: HloModul
                              f"{type(e).__name__}: {e}"))
         continue
       out.append(f if s is None else
-                 dataclasses.replace(f, suggestion=s.call, guard_verdict=s.guard_verdict))
+                 with_changes(f, suggestion=s.call, guard_verdict=s.guard_verdict))
   finally:
     anchors.forget(module)
   return tuple(out)

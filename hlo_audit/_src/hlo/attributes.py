@@ -160,8 +160,15 @@ def bool_list(raw: str, where: Where | None = None) -> tuple[bool, ...]:
   return tuple(out)
 
 
+#: `%comp` as the lexer reads one NAME token (lexer's `_PERCENT_NAME`).
+_ONE_COMPUTATION = re.compile(r"%(" + _NAME + r")\Z")
+
+
 def computation_list(raw: str, where: Where | None = None) -> tuple[str, ...]:
   """`%comp` or `{%a, %b}` -> names."""
+  m = _ONE_COMPUTATION.match(raw)
+  if m is not None:  # nearly every call: no lexer, no search for the offset
+    return (m.group(1),)
   lx, end = _lexer(raw, where)
   names = []
   if grammar.eat(lx, Tok.LBRACE):

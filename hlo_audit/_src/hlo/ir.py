@@ -132,10 +132,20 @@ class Instruction:
       return value
 
   def _decode(self, key: str, decoder, default=None):
+    src = self.attribute_source
+    if type(src) is str and key not in src:
+      return default  # (without splitting the run: most lack most keys)
     raw = self.attributes.get(key)
     if raw is None:
       return default
-    return self._cached(key, lambda: decoder(raw, _Where(self, key, raw)))
+    cache = self._cache
+    if cache is None:
+      cache = {}
+      object.__setattr__(self, "_cache", cache)
+    elif key in cache:
+      return cache[key]
+    value = cache[key] = decoder(raw, _Where(self, key, raw))
+    return value
 
   # --- structure -------------------------------------------------------------
 
@@ -395,7 +405,7 @@ _TYPED_PROPERTIES = (
     "parameter_replication", "channel_id")
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@dataclasses.dataclass(slots=True, eq=False)  # (not frozen: one per decode, built fast)
 class _Where:
   """Where an attribute value sits, for decoder error messages."""
 
@@ -433,10 +443,22 @@ class Computation:
       default_factory=_empty, compare=False, repr=False, init=False)
   _parameters: tuple[Instruction, ...] | None = dataclasses.field(
       default=None, compare=False, repr=False, init=False)
+  _op_names: tuple[str, ...] | None = dataclasses.field(
+      default=None, compare=False, repr=False, init=False)
 
   def __post_init__(self):
     object.__setattr__(self, "_index", types.MappingProxyType(
         {i.name: i for i in self.instructions}))
+
+  @property
+  def op_names(self) -> tuple[str, ...]:
+    """`op_name` of each instruction, in text order (read once: the kernel
+    and buffer tables both ask it of every scheduled instruction)."""
+    names = self._op_names
+    if names is None:
+      names = tuple(op_names(self.instructions))
+      object.__setattr__(self, "_op_names", names)
+    return names
 
   @property
   def root(self) -> Instruction:

@@ -1533,7 +1533,7 @@ class _MutableComputation:
 
 assert _MutableComputation.__slots__ == ("name", "instructions", "root_name", "is_entry",
                                          "execution_thread", "offset", "_index",
-                                         "_parameters")
+                                         "_parameters", "_op_names")
 
 
 def _computation(name, instructions, root_name, is_entry, thread, offset,
@@ -1549,6 +1549,7 @@ def _computation(name, instructions, root_name, is_entry, thread, offset,
   comp.offset = offset
   comp._index = index
   comp._parameters = None
+  comp._op_names = None
   comp.__class__ = Computation
   return comp
 

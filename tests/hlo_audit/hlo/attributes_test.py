@@ -134,6 +134,23 @@ def test_computation_list():
   assert attributes.computation_list("{}") == ()
 
 
+@pytest.mark.parametrize("raw", ["%fused_computation.12", "%a-b_c.3", "%_x", "%a b",
+                                 "%a,", "%1a", "%", "%a%b", "%a\n"])
+def test_one_computation_read_without_the_lexer_agrees_with_it(raw):
+  """`%name` alone skips the lexer: the same name, or the same error."""
+  def through_lexer():
+    # The fast form never matches a leading '{': the lexer's path alone.
+    try:
+      return attributes.computation_list("{" + raw + "}")
+    except HloParseError:
+      return "error"
+  try:
+    fast = attributes.computation_list(raw)
+  except HloParseError:
+    fast = "error"
+  assert fast == through_lexer()
+
+
 def test_program_shape():
   ps = attributes.program_shape("{(f32[2]{0}, (s32[], pred[]))->bf16[3]{0}}")
   assert ps.parameters == (parse_shape("f32[2]{0}"), parse_shape("(s32[], pred[])"))

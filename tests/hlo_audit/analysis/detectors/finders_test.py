@@ -200,3 +200,15 @@ def test_a_remat_saving_exactly_the_threshold_is_reported(monkeypatch):
                       lambda program, remat, quick: peak - (least if remat[0] in before else 0))
   found = [f for f in memory_findings.find(program) if f.kind is K.REMAT_CANDIDATE]
   assert [f.boundary for f in found] == before and {f.peak_saved for f in found} == {least}
+
+
+def test_a_record_copied_with_changes_is_the_record_replace_makes():
+  from hlo_audit._src.analysis.records import with_changes
+  r = record(K.UNFUSED_EPILOGUE, "dot.1", peak_after=5)
+  changes = {"kernel": "matmul", "peak_after": 7, "evidence": "changed"}
+  copied = with_changes(r, **changes)
+  assert copied == dataclasses.replace(r, **changes)
+  assert copied.peak_after == 7 and r.peak_after == 5
+  assert with_changes(r) == r
+  with pytest.raises(TypeError, match="no field"):
+    with_changes(r, kernal="matmul")
