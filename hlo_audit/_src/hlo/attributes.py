@@ -132,6 +132,11 @@ def integer(raw: str, where: Where | None = None) -> int:
 _PLAIN_INT_LIST = re.compile(r"\{(?:-?(?:0|[1-9][0-9]{0,17})(?:,-?(?:0|[1-9][0-9]{0,17}))*)?\}\Z")
 
 
+def is_plain_int_list(raw: str) -> bool:
+  """Whether `raw` is `{1,2}` as XLA prints it (`int_list` reads it at once)."""
+  return _PLAIN_INT_LIST.match(raw) is not None
+
+
 def int_list(raw: str, where: Where | None = None) -> tuple[int, ...]:
   """`{1,2}` -> (1, 2)."""
   if _PLAIN_INT_LIST.match(raw) is not None:

@@ -191,6 +191,21 @@ class Instruction:
 
   @property
   def dimensions(self) -> tuple[int, ...] | None:
+    src = self.attribute_source
+    if type(src) is str:
+      # Read from the unsplit run where that is exact: the first
+      # `, dimensions={` with no string and balanced braces before it is an
+      # attribute of the run, and a flat list of integers its whole value
+      # (broadcasts, reduces and transposes carry little else to split for).
+      at = src.find(_DIMENSIONS_AT)
+      if at >= 0 and src.find('"', 0, at) < 0 and \
+          src.count("{", 0, at) == src.count("}", 0, at):
+        start = at + len(_DIMENSIONS_AT) - 1
+        end = src.find("}", start) + 1
+        raw = src[start:end]
+        if end and (end == len(src) or src[end] == ",") and \
+            src.find("dimensions=", end) < 0 and _attributes.is_plain_int_list(raw):
+          return self._cached("dimensions", lambda: _attributes.int_list(raw))
     return self._decode("dimensions", _attributes.int_list)
 
   @property
@@ -343,6 +358,7 @@ _OP_NAME = re.compile(
     r'op_name="([^"\\]*+(?:\\.[^"\\]*+)*+)"')
 #: How a run starts when metadata comes first and op_name first in it.
 _OP_NAME_FIRST = ', metadata={op_name="'
+_DIMENSIONS_AT = ", dimensions={"
 #: How a split run's raw metadata starts when op_name comes first.
 _OP_NAME_RAW = '{op_name="'
 _METADATA_AT = re.compile(

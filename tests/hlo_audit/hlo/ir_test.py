@@ -547,3 +547,31 @@ def test_op_name_without_decoding_agrees_with_the_decoded_metadata():
   assert [i.op_name for i in split] == fast
   assert [i for i, inst in enumerate(split)
           if "metadata" in (inst._cache or {})] == [1, 2, 5]
+
+
+@pytest.mark.parametrize("attrs", [
+    "dimensions={1}", "dimensions={}", "dimensions={0,1}, metadata={op_name=\"a\"}",
+    'metadata={op_name="x, dimensions={5}"}, dimensions={0}',
+    "frontend_attributes={k={dimensions={7}}}, dimensions={1}",
+    "dimensions={1}, frontend_attributes={k={dimensions={7}}}",
+    "dimensions={01}", "dimensions={1,}", "sharding={replicated}, dimensions={1}",
+    'backend_config="x, dimensions={5},"', 'backend_config="x, dimensions={5},", dimensions={1}',
+])
+def test_dimensions_read_before_the_run_is_split_agree_with_the_split(attrs):
+  """`dimensions` reads the unsplit run where that is exact: the same list,
+  or the same error, as reading it from the split attributes."""
+  text = ("HloModule m\nENTRY e {\n  p = f32[2,2] parameter(0)\n"
+          f"  ROOT t = f32[2,2] transpose(p), {attrs}\n}}\n")
+
+  def read(split_first):
+    try:
+      root = parse_hlo(text).entry.root
+    except HloParseError:
+      return "parse error"
+    try:
+      if split_first:
+        root.attributes  # noqa: B018 - splits the run
+      return root.dimensions
+    except HloParseError as e:
+      return f"error: {e.message}"
+  assert read(False) == read(True)
