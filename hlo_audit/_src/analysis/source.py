@@ -98,7 +98,7 @@ _COMMON_METADATA = re.compile(
 def _frame_fields(inst: Instruction) -> tuple[int, Metadata | None]:
   """(stack_frame_id, the decoded metadata or None when it cannot name a
   source_file) of `inst`, as `inst.metadata` would give them."""
-  raw = inst.attributes.get("metadata")
+  raw = inst.attribute("metadata")
   if raw is None:
     return 0, None
   m = _COMMON_METADATA.fullmatch(raw)

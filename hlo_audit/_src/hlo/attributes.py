@@ -78,6 +78,8 @@ _INTS = r"\[(?:[ \t,]|[0-9]{1,18}(?![0-9]))*\]"
 VALUE = (r"(?>\{[^{}\"\n/]*+(?:(?:" + _STR + r"|/(?![/*]))[^{}\"\n/]*+)*+\}|" + _STR +
          r"|(?:" + _BARE + r")(?![A-Za-z0-9_.?%\-])|" + _braced(6) +
          r"|" + _INTS + r"(?:<=" + _INTS + r"(?:T\((?:[ \t,]|[0-9]{1,18}(?![0-9]))*\))?)?)")
+#: One value where it starts (`Instruction.attribute`'s reads of unsplit runs).
+VALUE_AT = re.compile(VALUE)
 #: One `, name=value` attribute, capturing the whole, the name and the value.
 ATTRIBUTE = re.compile(r"(,[ \t]*(" + _NAME + r")=(" + VALUE + r")[ \t]*)")
 #: A run of attributes, without captures (for embedding in line patterns).
@@ -130,11 +132,6 @@ def integer(raw: str, where: Where | None = None) -> int:
 
 #: `{1,2}` as XLA prints it: integers the lexer reads without question.
 _PLAIN_INT_LIST = re.compile(r"\{(?:-?(?:0|[1-9][0-9]{0,17})(?:,-?(?:0|[1-9][0-9]{0,17}))*)?\}\Z")
-
-
-def is_plain_int_list(raw: str) -> bool:
-  """Whether `raw` is `{1,2}` as XLA prints it (`int_list` reads it at once)."""
-  return _PLAIN_INT_LIST.match(raw) is not None
 
 
 def int_list(raw: str, where: Where | None = None) -> tuple[int, ...]:

@@ -107,6 +107,20 @@ class Instruction:
     object.__setattr__(self, "attribute_source", split)
     return split
 
+  def attribute(self, key: str) -> str | None:
+    """The raw text of attribute `key` (None when absent), as `attributes`
+    has it; read from the unsplit run where that is exact (`_unsplit_value`),
+    so that asking one attribute does not split them all."""
+    src = self.attribute_source
+    if type(src) is str:
+      if key not in src:
+        return None
+      raw = _unsplit_value(src, key)
+      if raw is not _SPLIT:
+        return raw
+      src = self.attributes
+    return src.get(key)
+
   def _key(self) -> tuple:
     return (self.name, self.opcode, self.shape, self.operands,
             tuple(sorted(self.attributes.items())), self.control_predecessors,
@@ -132,10 +146,7 @@ class Instruction:
       return value
 
   def _decode(self, key: str, decoder, default=None):
-    src = self.attribute_source
-    if type(src) is str and key not in src:
-      return default  # (without splitting the run: most lack most keys)
-    raw = self.attributes.get(key)
+    raw = self.attribute(key)
     if raw is None:
       return default
     cache = self._cache
@@ -154,9 +165,11 @@ class Instruction:
     """Names of computations this instruction calls, by role ("calls",
     "to_apply", "condition", "body", "branch_computations", ...)."""
     def decode():
+      src = self.attribute_source
+      found = _simple_roles(src) if type(src) is str else None
       out = {}
       for role in COMPUTATION_ROLES:
-        raw = self.attributes.get(role)
+        raw = self.attributes.get(role) if found is None else found.get(role)
         if raw is not None:
           names = _attributes.computation_list(raw, _Where(self, role, raw))
           renames = self._ctx.computation_renames if self._ctx else _EMPTY
@@ -178,7 +191,7 @@ class Instruction:
   @property
   def fusion_kind(self) -> str | None:
     """"kLoop", "kInput", "kOutput" or "kCustom" for fusions, else None."""
-    return self.attributes.get("kind")
+    return self.attribute("kind")
 
   @property
   def custom_call_target(self) -> str | None:
@@ -191,21 +204,6 @@ class Instruction:
 
   @property
   def dimensions(self) -> tuple[int, ...] | None:
-    src = self.attribute_source
-    if type(src) is str:
-      # Read from the unsplit run where that is exact: the first
-      # `, dimensions={` with no string and balanced braces before it is an
-      # attribute of the run, and a flat list of integers its whole value
-      # (broadcasts, reduces and transposes carry little else to split for).
-      at = src.find(_DIMENSIONS_AT)
-      if at >= 0 and src.find('"', 0, at) < 0 and \
-          src.count("{", 0, at) == src.count("}", 0, at):
-        start = at + len(_DIMENSIONS_AT) - 1
-        end = src.find("}", start) + 1
-        raw = src[start:end]
-        if end and (end == len(src) or src[end] == ",") and \
-            src.find("dimensions=", end) < 0 and _attributes.is_plain_int_list(raw):
-          return self._cached("dimensions", lambda: _attributes.int_list(raw))
     return self._decode("dimensions", _attributes.int_list)
 
   @property
@@ -286,7 +284,7 @@ class Instruction:
   @property
   def backend_config(self) -> str | None:
     """The raw backend_config: a JSON dict or string, as written."""
-    raw = self.attributes.get("backend_config")
+    raw = self.attribute("backend_config")
     if raw is None:
       return None
     if raw.startswith('"'):
@@ -313,7 +311,7 @@ class Instruction:
   @property
   def sharding(self) -> str | None:
     """The raw sharding text, e.g. "{devices=[2,1]<=[2]}"."""
-    return self.attributes.get("sharding")
+    return self.attribute("sharding")
 
   @property
   def output_to_operand_aliasing(self) -> tuple[OutputOperandAlias, ...]:
@@ -322,7 +320,7 @@ class Instruction:
 
   @property
   def custom_call_schedule(self) -> str | None:
-    return self.attributes.get("schedule")
+    return self.attribute("schedule")
 
   @property
   def parameter_replication(self) -> tuple[bool, ...] | None:
@@ -335,7 +333,7 @@ class Instruction:
   @property
   def replica_groups(self) -> str | None:
     """The raw replica_groups text ("{{0,1},{2,3}}" or "[2,2]<=[4]")."""
-    return self.attributes.get("replica_groups")
+    return self.attribute("replica_groups")
 
   def decode_all(self) -> None:
     """Decodes every attribute this module knows how to type.
@@ -353,12 +351,16 @@ _QUOTED = re.compile(r'"[^"]*"')
 #: `role=` for a computation role anywhere in a raw attribute run: a run
 #: without one calls nothing (one inside a string only costs a split).
 _ROLE_KEY = re.compile(r"(?:^|[\s,])(?:" + "|".join(COMPUTATION_ROLES) + r")=")
+#: A role attribute as the split reads it, its value one `%name` (the value
+#: `attributes.computation_list` reads without the lexer), then the next
+#: attribute or the end.
+_SIMPLE_ROLE = re.compile(r", (" + "|".join(COMPUTATION_ROLES) +
+                          r")=(%[A-Za-z_][A-Za-z0-9_.\-]*)(?=,|\Z)")
 _OP_NAME = re.compile(
     r'(?:^|,)[ \t]*metadata=\{(?:op_type="[^"\\]*+(?:\\.[^"\\]*+)*+"[ \t]+)?'
     r'op_name="([^"\\]*+(?:\\.[^"\\]*+)*+)"')
 #: How a run starts when metadata comes first and op_name first in it.
 _OP_NAME_FIRST = ', metadata={op_name="'
-_DIMENSIONS_AT = ", dimensions={"
 #: How a split run's raw metadata starts when op_name comes first.
 _OP_NAME_RAW = '{op_name="'
 _METADATA_AT = re.compile(
@@ -408,6 +410,50 @@ def _op_name_match(src: str) -> tuple[int, re.Match | None]:
         return max(len(head) - 1, 0), m
     at = src.find("metadata={", at + 1)
   return -1, None
+
+
+#: `_unsplit_value`'s answer when only the split can say.
+_SPLIT = object()
+
+
+def _unsplit_value(src: str, key: str) -> str | None | object:
+  """The raw value of attribute `key` in the unsplit run `src` (None: it has
+  none), or `_SPLIT` when reading it so is not exact. Exact: the first
+  `, key=` with no string and balanced braces before it is an attribute of
+  the run (a run kept unsplit is one the parser's pattern took whole), its
+  value is what the split's `VALUE` takes there, and no other `key=` follows
+  (the split would reject a repeated key)."""
+  needle = ", " + key + "="
+  at = src.find(needle)
+  if at < 0:
+    # The split's keys follow ',' and blanks: one with other blanks needs it.
+    return None if src.find(key + "=") < 0 else _SPLIT
+  if src.find('"', 0, at) >= 0 or src.count("{", 0, at) != src.count("}", 0, at) or \
+      src.find(key + "=", 0, at) >= 0:
+    return _SPLIT
+  m = _attributes.VALUE_AT.match(src, at + len(needle))
+  if m is None:
+    return _SPLIT
+  end = m.end()
+  if end != len(src) and src[end] != "," or src.find(key + "=", end) >= 0:
+    return _SPLIT
+  return m.group(0)
+
+
+def _simple_roles(src: str) -> dict[str, str] | None:
+  """{role: raw value} of an unsplit run whose every role key (`_ROLE_KEY`,
+  a superset of the split's) is an attribute with a `%name` value: no
+  string and balanced braces before it, once each. None otherwise (split
+  the run): a fusion's `calls=%c` is read without splitting its metadata."""
+  found = {}
+  for m in _ROLE_KEY.finditer(src):
+    at = m.start() - (src[m.start()] != ",")  # (`_ROLE_KEY` takes the space of ", ")
+    key = _SIMPLE_ROLE.match(src, at) if at >= 0 else None
+    if key is None or src.find('"', 0, at) >= 0 or \
+        src.count("{", 0, at) != src.count("}", 0, at) or key.group(1) in found:
+      return None
+    found[key.group(1)] = key.group(2)
+  return found
 
 
 def _may_call(src: str) -> bool:

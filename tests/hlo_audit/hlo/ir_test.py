@@ -7,6 +7,8 @@ Expected values are worked out by hand from the HLO text in each test.
 from __future__ import annotations
 
 import dataclasses
+import gzip
+import pathlib
 
 import hlo_snippets
 import pytest
@@ -556,10 +558,12 @@ def test_op_name_without_decoding_agrees_with_the_decoded_metadata():
     "dimensions={1}, frontend_attributes={k={dimensions={7}}}",
     "dimensions={01}", "dimensions={1,}", "sharding={replicated}, dimensions={1}",
     'backend_config="x, dimensions={5},"', 'backend_config="x, dimensions={5},", dimensions={1}',
+    'backend_config={"a":{"b":[1,2]}}, dimensions={1}', "dimensions={1},  sharding={maximal device=0}",
 ])
-def test_dimensions_read_before_the_run_is_split_agree_with_the_split(attrs):
-  """`dimensions` reads the unsplit run where that is exact: the same list,
-  or the same error, as reading it from the split attributes."""
+def test_attributes_read_before_the_run_is_split_agree_with_the_split(attrs):
+  """`Instruction.attribute` reads the unsplit run where that is exact: the
+  same raw values (and decoded dimensions), or the same error, as reading
+  them from the split attributes."""
   text = ("HloModule m\nENTRY e {\n  p = f32[2,2] parameter(0)\n"
           f"  ROOT t = f32[2,2] transpose(p), {attrs}\n}}\n")
 
@@ -571,7 +575,82 @@ def test_dimensions_read_before_the_run_is_split_agree_with_the_split(attrs):
     try:
       if split_first:
         root.attributes  # noqa: B018 - splits the run
-      return root.dimensions
+      keys = ("dimensions", "backend_config", "sharding", "metadata", "frontend_attributes",
+              "kind", "absent")
+      return [root.attribute(k) for k in keys], root.dimensions
     except HloParseError as e:
       return f"error: {e.message}"
   assert read(False) == read(True)
+
+
+def _fixture_modules():
+  here = pathlib.Path(__file__).resolve().parents[1] / "real_models"
+  return sorted(here.glob("h200/*.hlo.gz"))[:4] + sorted(here.glob("cpu/*.hlo.gz"))[:4]
+
+
+@pytest.mark.parametrize("path", _fixture_modules(), ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_every_attribute_of_real_compiles_reads_as_the_split_reads_it(path):
+  """On XLA's own output (the committed compiles): every key of every
+  instruction, and a key it lacks, read from the unsplit run as the split
+  reads them."""
+  from hlo_audit._src.hlo import ir
+  text = gzip.decompress(path.read_bytes()).decode()
+  checked = 0
+  for comp in parse_hlo(text).computations:
+    for inst in comp.instructions:
+      run = inst.attribute_source
+      if not isinstance(run, str):
+        continue  # (the parser's slow path splits as it reads)
+      expected = inst.attributes
+      for key in (*expected, "absent", "dimensions", "calls"):
+        unsplit = ir.Instruction(name=inst.name, opcode=inst.opcode, shape=inst.shape,
+                                 attribute_source=run)
+        assert unsplit.attribute(key) == expected.get(key), (inst.name, key)
+        checked += 1
+  assert checked > 1000
+
+
+@pytest.mark.parametrize("run", [
+    ', kind=kLoop, calls=%fused.1, metadata={op_name="a"}', ", to_apply=%add",
+    ", condition=%c, body=%b", ", body=%b, condition=%c", ", to_apply=%r.1, dimensions={0}",
+    ', metadata={op_name="x, calls=%evil,"}, calls=%good',
+    ", frontend_attributes={k={v=1, calls=%evil}}, calls=%good",
+    ", calls=%good, frontend_attributes={k={v=1, calls=%evil}}",
+    ", branch_computations={%a, %b}", ", calls=%a, calls=%b", ", calls=fused",
+    ', custom_call_target="foo", called_computations={%c}', ", scatter=%s, select=%t",
+    ', custom_call_target="x, calls=%evil,"', ", frontend_attributes={k={ calls=%evil, v=1}}",
+    ", frontend_attributes={k=1, calls=%evil, v=1}",
+])
+def test_called_computations_read_before_the_run_is_split_agree_with_the_split(run):
+  """`called_computations` reads `%name` roles from the unsplit run where
+  that is exact: the same names (in role order), or the same error."""
+  from hlo_audit._src.hlo import attributes, ir
+
+  def read(source):
+    try:
+      inst = ir.Instruction(name="i", opcode="fusion", shape=None,
+                            attribute_source=source() if callable(source) else source)
+      return dict(inst.called_computations)
+    except HloParseError as e:
+      return f"error: {e.message}"
+  assert read(run) == read(lambda: attributes.split_attributes(run))
+
+
+@pytest.mark.parametrize("run", [", dimensions={1}x", ", dimensions={1}, dimensions={2}",
+                                 ", kind=kLoop, dimensions={1} , metadata={}"])
+def test_an_attribute_of_a_run_the_split_rejects_is_no_value_either(run):
+  """An unsplit run the parser did not take whole (built by hand): what the
+  split says of it, an error or the value past blanks, is what is read."""
+  from hlo_audit._src.hlo import attributes, ir
+
+  def read(source):
+    try:
+      return ir.Instruction(name="i", opcode="transpose", shape=None,
+                            attribute_source=source).attribute("dimensions")
+    except HloParseError:
+      return "error"
+  try:
+    expected = attributes.split_attributes(run).get("dimensions")
+  except HloParseError:
+    expected = "error"
+  assert read(run) == expected
