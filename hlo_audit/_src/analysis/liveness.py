@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import itertools
 import types
 from collections.abc import Mapping
 
@@ -36,7 +37,7 @@ from hlo_audit._src.analysis.heap_packing import HeapValue, pack_heap
 from hlo_audit._src.analysis.dataflow import Dataflow, ValueId
 from hlo_audit._src.analysis.schedule import Schedule
 from hlo_audit._src.analysis.tuple_tables import tuple_tables
-from hlo_audit._src.hlo.ir import Computation, HloModule
+from hlo_audit._src.hlo.ir import Computation, HloModule, Instruction
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -119,7 +120,7 @@ def analyze_liveness(module: HloModule, schedule: Schedule,
   parameter_buffers = tables.parameter_buffers
   output_buffers = tables.output_buffers
   sizes = tables.sizes
-  order = tables.order
+  placing = tables.placing
   if edits is not None:
     value_ranges = dict(value_ranges)
     for vid, r in edits.value_ranges.items():
@@ -130,7 +131,7 @@ def analyze_liveness(module: HloModule, schedule: Schedule,
       parameter_buffers = parameter_buffers - edits.dropped
       output_buffers = output_buffers - edits.dropped
       sizes = {b: sizes[b] for b in dataflow.buffers}
-      order = [b for b in order if b not in edits.dropped]
+      placing = [x for x in placing if x[0] not in edits.dropped]
 
   ranges = {}
   for b, members in dataflow.buffers.items():
@@ -141,11 +142,9 @@ def analyze_liveness(module: HloModule, schedule: Schedule,
                    max(value_ranges[v][1] for v in members))
 
   sharer = tables.sharer
-  allocation_of, allocation_sizes, heap = _assign(
-      dataflow, order, comps, sizes, value_ranges, parameter_buffers,
-      output_buffers, sharer)
+  allocation_of, allocation_sizes, heap = _assign(tables, placing, value_ranges, sharer)
   model = tables.model
-  heap_reuses = _heap_reuses(dataflow, schedule, comps, heap, ranges, sizes, sharer,
+  heap_reuses = _heap_reuses(tables, dataflow, schedule, heap, ranges, sizes, sharer,
                              strict=model.strict_operand_sharing)
 
   # Heap occupancy over time, buffers that take over another's memory merged.
@@ -154,10 +153,18 @@ def analyze_liveness(module: HloModule, schedule: Schedule,
     root = b
     while root in heap_reuses:
       root = heap_reuses[root]
-    m = merged.setdefault(root, [ranges[b][0], ranges[b][1], sizes[b]])
-    m[0] = min(m[0], ranges[b][0])
-    m[1] = max(m[1], ranges[b][1])
-    m[2] = max(m[2], sizes[b])
+    r = ranges[b]
+    size = sizes[b]
+    m = merged.get(root)
+    if m is None:
+      merged[root] = [r[0], r[1], size]
+      continue
+    if r[0] < m[0]:
+      m[0] = r[0]
+    if r[1] > m[1]:
+      m[1] = r[1]
+    if size > m[2]:
+      m[2] = size
   intervals = list(merged.values())
   if edits is not None:
     intervals.extend(edits.extra)
@@ -170,7 +177,7 @@ def analyze_liveness(module: HloModule, schedule: Schedule,
         dataflow, comps, heap, value_ranges, sizes, sharer, model.packing_alignment,
         edits.extra if edits is not None else (), tables.tuple_tables()))
   fixed = sum(allocation_sizes)
-  live_at_peak = tuple(b for b, (s, e) in ranges.items() if s <= peak_time <= e)
+  live_at_peak = tuple([b for b, r in ranges.items() if r[0] <= peak_time <= r[1]])
   return Liveness(
       value_ranges=types.MappingProxyType(value_ranges),
       ranges=types.MappingProxyType(ranges),
@@ -218,8 +225,9 @@ class _Tables:
   assigner's order and the sharer (what-if replays reuse them)."""
 
   __slots__ = ("module", "schedule", "dataflow", "comps", "value_ranges",
-               "parameter_buffers", "output_buffers", "sizes", "order", "sharer",
-               "position", "unextended", "model", "use_time", "_tables")
+               "parameter_buffers", "output_buffers", "sizes", "order", "placing",
+               "sharer", "position", "unextended", "model", "use_time", "_tables",
+               "value_info", "tops", "reads")
 
   def __init__(self, module: HloModule, schedule: Schedule, dataflow: Dataflow,
                base: _Tables | None = None, model: HeapModel | None = None):
@@ -231,26 +239,53 @@ class _Tables:
     entry = module.entry
     comps = {name: module.computation(name) for name in span}
     if base is None:
+      position, comp_rank = self.position = _post_order_positions(comps)
       time = schedule.time
-      ranges: dict[ValueId, list[int]] = {}
+      uses = dataflow.uses
       use_time = self.use_time = _use_times(comps, time, span)
+      value_ranges: dict[ValueId, tuple[int, int]] = {}
+      # Per value, what no alias changes: its instruction, bytes, whether a
+      # constant defines it, and its part of the assigner's sort key
+      # (post-order position, and the (computation rank, position, index)
+      # XLA's value ids follow).
+      value_info: dict[ValueId, tuple[Instruction, int, bool, int, tuple]] = {}
+      # Values share their Shape objects (the parser's), whose sizes are
+      # computed on each ask.
+      shape_bytes: dict[int, int] = {}
       for vid, value in dataflow.values.items():
-        inst = comps[value.computation].instruction(vid[0])
-        t = time[vid[0]]
-        start = span[value.computation][0] if inst.opcode == "parameter" else t
+        name = vid[0]
+        comp_name = value.computation
+        inst = comps[comp_name].instruction(name)
+        t = time[name]
+        opcode = inst.opcode
+        start = span[comp_name][0] if opcode == "parameter" else t
         last = t
-        for user, _ in dataflow.uses.get(vid, ()):
+        for user, _ in uses.get(vid, ()):
           ut = use_time.get(user, -1)
           if ut > last:
             last = ut
-        ranges[vid] = [start, last]
+        value_ranges[vid] = (start, last)
+        shape = value.shape
+        size = shape_bytes.get(id(shape))
+        if size is None:
+          size = shape_bytes[id(shape)] = value.byte_size
+        p = position.get(name, 0)
+        value_info[vid] = (inst, size, opcode == "constant", p,
+                           (comp_rank.get(comp_name, 0), p, vid[1]))
       for comp_name, comp in comps.items():
+        comp_end = span[comp_name][1]
         for _, vid in dataflow.holds.get(comp.root_name, ()):
-          if vid in ranges:
-            ranges[vid][1] = max(ranges[vid][1], span[comp_name][1])
-      value_ranges = {v: tuple(r) for v, r in ranges.items()}
+          r = value_ranges.get(vid)
+          if r is not None and comp_end > r[1]:
+            value_ranges[vid] = (r[0], comp_end)
+      self.value_info = value_info
+      # Operand values by instruction, filled as the assigner and the heap ask.
+      self.tops: dict[str, list[ValueId]] = {}
+      self.reads: dict[str, list[tuple[str, ValueId]]] = {}
     else:
+      self.position = base.position
       self.use_time = base.use_time
+      self.value_info, self.tops, self.reads = base.value_info, base.tops, base.reads
       # The same values and uses: only the read-only parameters' extension
       # to the end depends on the aliases.
       value_ranges = dict(base.value_ranges)
@@ -268,39 +303,63 @@ class _Tables:
     self.value_ranges = value_ranges
     self.unextended = unextended
     self.parameter_buffers = frozenset(parameter_buffers)
-    self.output_buffers = frozenset(dataflow.buffer_of[vid]
-                                    for _, vid in dataflow.holds.get(entry.root_name, ()))
-    values = dataflow.values
-    self.sizes = {b: (values[members[0]].byte_size if len(members) == 1 else
-                      max(values[v].byte_size for v in members))
-                  for b, members in dataflow.buffers.items()}
+    outputs = self.output_buffers = frozenset(
+        dataflow.buffer_of[vid] for _, vid in dataflow.holds.get(entry.root_name, ()))
     # XLA's order: largest first, live-out first, then the earliest defining
-    # instruction in post order (entry first). Models with many equal-sized
-    # buffers depend on this tie-break.
-    position, comp_rank = self.position = (_post_order_positions(comps) if base is None
-                                           else base.position)
-    sizes, outputs, buffers, values = (self.sizes, self.output_buffers, dataflow.buffers,
-                                       dataflow.values)
-
-    def first(b):
-      members = buffers[b]
-      if len(members) == 1:
-        return position.get(members[0][0], 0)
-      return min(position.get(v[0], 0) for v in members)
-
-    def buffer_id(b):
-      # XLA's HloBuffer ids follow their first value's id: values are made
-      # callees first, in each computation's post order, index by index.
-      return min((comp_rank.get(values[v].computation, 0), position.get(v[0], 0), v[1])
-                 for v in buffers[b])
-
-    self.order = sorted(buffers, key=lambda b: (-sizes[b], b not in outputs, first(b),
-                                                buffer_id(b)))
+    # instruction in post order (entry first), then the buffer's id (its
+    # first value's). Models with many equal-sized buffers depend on this
+    # tie-break.
+    value_info = self.value_info
+    sizes: dict[ValueId, int] = {}
+    keys: list[tuple] = []
+    placing: list[tuple[ValueId, tuple[ValueId, ...], int, bool, bool]] = []
+    for b, members in dataflow.buffers.items():
+      if len(members) == 1:  # most buffers hold one value
+        _, size, constant, first, buffer_id = value_info[members[0]]
+      else:
+        infos = [value_info[v] for v in members]
+        size = max(x[1] for x in infos)
+        constant = value_info[b][2]
+        first = min(x[3] for x in infos)
+        buffer_id = min(x[4] for x in infos)
+      sizes[b] = size
+      live_out = b in outputs
+      keys.append((-size, not live_out, first, buffer_id))
+      placing.append((b, members, size, constant or b in parameter_buffers, live_out))
+    self.sizes = sizes
+    # (Sorting positions keeps ties in the buffers' order, as sorting them would.)
+    ranked = sorted(range(len(keys)), key=keys.__getitem__)
+    #: (buffer, its values, bytes, read-only, live-out) in the assigner's order.
+    self.placing = [placing[i] for i in ranked]
+    self.order = [x[0] for x in self.placing]
     # The sharer reads values, holds and computations only.
     self.model = (model or heap_model("")) if base is None else base.model
     self._tables = None if base is None else base._tables
     self.sharer = (_Sharer(module, comps, dataflow, self.model.can_share)
                    if base is None else base.sharer)
+
+  def tops_of(self, vid: ValueId) -> list[ValueId]:
+    """The top-level values of `vid`'s instruction's operands, in operand
+    order (the allocations the assigner tries first); kept by instruction."""
+    self._operand_values(vid)
+    return self.tops[vid[0]]
+
+  def reads_of(self, vid: ValueId) -> list[tuple[str, ValueId]]:
+    """(operand, value it holds) for every value of `vid`'s instruction's
+    operands, in operand order; kept by instruction."""
+    self._operand_values(vid)
+    return self.reads[vid[0]]
+
+  def _operand_values(self, vid: ValueId) -> None:
+    # Both at once: the heap asks of the instructions the assigner asked of.
+    holds = self.dataflow.holds
+    tops = self.tops[vid[0]] = []
+    reads = self.reads[vid[0]] = []
+    for o in self.value_info[vid][0].operands:
+      for idx, ov in holds.get(o, ()):
+        reads.append((o, ov))
+        if idx == ():
+          tops.append(ov)
 
   def tuple_tables(self) -> list:
     """The tuple values' pointer tables on the heap (tuple_tables.py)."""
@@ -352,10 +411,9 @@ class _Sharer:
     self.comps = comps
     self.dataflow = dataflow
     self.rule = rule
-    self._holders: dict[ValueId, list[str]] = {}
-    for inst, pairs in dataflow.holds.items():
-      for _, vid in pairs:
-        self._holders.setdefault(vid, []).append(inst)
+    # user instruction -> value -> (operand number, index in that operand)
+    # of each place its operands hold the value; made as users are asked of.
+    self._slots: dict[str, dict[ValueId, list[tuple[int, tuple[int, ...]]]]] = {}
     self._cache: dict = {}
 
   def can_follow(self, operand: ValueId, user: ValueId) -> bool:
@@ -370,32 +428,29 @@ class _Sharer:
     comp = self.comps[user_value.computation]
     user_inst = comp.instruction(user[0])
     if user_inst.opcode != "copy" and user_inst.opcode not in ("parameter", "constant"):
-      holders = set(self._holders.get(operand, ()))
-      for k, o in enumerate(user_inst.operands):
-        if o in holders:
-          held = [idx for idx, v in self.dataflow.holds.get(o, ()) if v == operand]
-          if any(self.rule(self.module, comp, user_inst, k, idx, user[1]) for idx in held):
-            result = True
-            break
+      slots = self._slots.get(user[0])
+      if slots is None:
+        slots = self._slots[user[0]] = {}
+        holds = self.dataflow.holds
+        for k, o in enumerate(user_inst.operands):
+          for idx, v in holds.get(o, ()):
+            at = slots.get(v)
+            if at is None:
+              slots[v] = [(k, idx)]
+            else:
+              at.append((k, idx))
+      for k, idx in slots.get(operand, ()):
+        if self.rule(self.module, comp, user_inst, k, idx, user[1]):
+          result = True
+          break
     self._cache[key] = result
     return result
-
-
-def _interferes(a: tuple[int, int], a_id: ValueId, b: tuple[int, int],
-                b_id: ValueId, sharer: _Sharer) -> bool:
-  if a[0] > b[1] or b[0] > a[1]:
-    return False
-  if a[1] == b[0]:
-    return not sharer.can_follow(a_id, b_id)
-  if b[1] == a[0]:
-    return not sharer.can_follow(b_id, a_id)
-  return True
 
 
 class _Allocation:
   """One allocation: its size and the values in it, sorted by start."""
 
-  __slots__ = ("size", "readonly", "starts", "spans", "reach")
+  __slots__ = ("size", "readonly", "starts", "spans", "reach", "covered")
 
   def __init__(self, size: int, readonly: bool):
     self.size = size
@@ -405,32 +460,56 @@ class _Allocation:
     # reach[j]: the furthest end among spans[:j + 1]. A buffer's own values
     # may overlap (loop state), so a span can hide behind later ones.
     self.reach: list[int] = []
+    # The spans hold every time from 0 to `covered` (-1: not time 0). All
+    # spans starting at or before it are within it.
+    self.covered = -1
 
   def fits(self, values, sharer: _Sharer) -> bool:
+    starts, spans, reach = self.starts, self.spans, self.reach
     for start, last, vid in values:
       # Only spans starting at or before `last` can overlap, and of those
-      # only the ones reaching `start`.
-      j = bisect.bisect_right(self.starts, last) - 1
-      reach = self.reach
+      # only the ones reaching `start`; one overlapping other than at an end
+      # interferes, one touching an end unless a value may follow the other
+      # (LiveRangeInterferes).
+      j = bisect.bisect_right(starts, last) - 1
       while j >= 0 and reach[j] >= start:
-        s, e, other = self.spans[j]
-        if e >= start and _interferes((start, last), vid, (s, e), other, sharer):
-          return False
+        s, e, other = spans[j]
+        if e >= start:
+          if last == s:
+            if not sharer.can_follow(vid, other):
+              return False
+          elif e == start:
+            if not sharer.can_follow(other, vid):
+              return False
+          else:
+            return False
         j -= 1
     return True
 
   def add(self, values) -> None:
-    reach = self.reach
+    starts, spans, reach = self.starts, self.spans, self.reach
     for start, last, vid in values:
-      i = bisect.bisect_right(self.starts, start)
-      self.starts.insert(i, start)
-      self.spans.insert(i, (start, last, vid))
+      i = bisect.bisect_right(starts, start)
+      starts.insert(i, start)
+      spans.insert(i, (start, last, vid))
       r = max(last, reach[i - 1]) if i else last
       reach.insert(i, r)
       k = i + 1
       while k < len(reach) and reach[k] < r:
         reach[k] = r
         k += 1
+      covered = self.covered
+      joined = covered if covered > 0 else 0
+      if start <= joined and last > covered:
+        # The span extends the covered times, up to the later spans it
+        # reaches (the ones starting at or before `joined` are within).
+        covered = last
+        k = bisect.bisect_right(starts, joined)
+        while k < len(starts) and starts[k] <= covered:
+          if spans[k][1] > covered:
+            covered = spans[k][1]
+          k += 1
+        self.covered = covered
 
 
 class _Occupancy:
@@ -440,8 +519,8 @@ class _Occupancy:
   A segment tree over doubled time: a span [s, e] of allocation i sets bit i
   on the points 2s..2e, and a value [s, e] can only fit allocations with no
   bit set on 2s+1..2e-1. That is exactly "no span overlaps it other than at
-  an end" (what `_interferes` rejects without asking the sharer); touching
-  ends are left to `_Allocation.fits`. Each node keeps `cover`, the
+  an end" (what `_Allocation.fits` rejects without asking the sharer);
+  touching ends are left to it. Each node keeps `cover`, the
   allocations occupying all of it, and `any`, those occupying some point
   under it; updates and queries OR O(log T) integers used as bit sets. With
   it a buffer that fits nowhere (it goes to the heap) costs one query, not a
@@ -462,19 +541,22 @@ class _Occupancy:
 
   def add(self, values, i: int) -> None:
     bit = 1 << i
-    cover, any_ = self.cover, self.any
+    cover, any_, size = self.cover, self.any, self.size
     for start, last, _ in values:
-      lo = 2 * max(start, 0) + self.size
-      hi = 2 * last + self.size + 1
+      lo = 2 * (start if start > 0 else 0) + size
+      hi = 2 * last + size + 1
       if lo >= hi:
         continue
       # Every node on the paths from the ends to the root holds a point of
       # the span (and a node holding the bit has ancestors holding it).
-      for leaf in (lo, hi - 1):
-        node = leaf >> 1
-        while node and not any_[node] & bit:
-          any_[node] |= bit
-          node >>= 1
+      node = lo >> 1
+      while node and not any_[node] & bit:
+        any_[node] |= bit
+        node >>= 1
+      node = (hi - 1) >> 1
+      while node and not any_[node] & bit:
+        any_[node] |= bit
+        node >>= 1
       l, r = lo, hi
       while l < r:
         if l & 1:
@@ -488,15 +570,30 @@ class _Occupancy:
         l >>= 1
         r >>= 1
 
-  def busy(self, values) -> int:
-    """The allocations (bits) some value overlaps other than at an end."""
+  def busy(self, values, mask: int = -1) -> int:
+    """The allocations (bits) some value overlaps other than at an end;
+    of those in `mask` only: the walk stops once all of them are found."""
     out = 0
-    cover, any_ = self.cover, self.any
+    cover, any_, size = self.cover, self.any, self.size
     for start, last, _ in values:
-      lo = 2 * max(start, 0) + 1 + self.size
-      hi = 2 * last - 1 + self.size + 1
+      lo = 2 * (start if start > 0 else 0) + 1 + size
+      hi = 2 * last + size
       if lo >= hi:
         continue
+      # First the nodes above the ones read that a span covers whole: the
+      # two ends' paths to the root, shared above where they meet. Every
+      # span holding the first point is among them, which on long-lived
+      # allocations often settles the whole mask.
+      a, b = lo >> 1, (hi - 1) >> 1
+      while a != b:
+        out |= cover[a] | cover[b]
+        a >>= 1
+        b >>= 1
+      while a:
+        out |= cover[a]
+        a >>= 1
+      if out & mask == mask:
+        return out
       l, r = lo, hi
       while l < r:
         if l & 1:
@@ -507,89 +604,119 @@ class _Occupancy:
           out |= any_[r]
         l >>= 1
         r >>= 1
-      # Nodes above the ones read that a span covers whole: the two ends'
-      # paths to the root, shared above where they meet.
-      a, b = lo >> 1, (hi - 1) >> 1
-      while a != b:
-        out |= cover[a] | cover[b]
-        a >>= 1
-        b >>= 1
-      while a:
-        out |= cover[a]
-        a >>= 1
     return out
 
 
-def _assign(dataflow, order, comps, sizes, value_ranges, parameter_buffers,
-            output_buffers, sharer):
-  """XLA's BufferAssigner over our buffers, in `order` (`_Tables.order`);
-  returns (allocation of each placed buffer, allocation sizes, heap
-  buffers)."""
+def _assign(tables, placing, value_ranges, sharer):
+  """XLA's BufferAssigner over our buffers, in `placing`'s order
+  (`_Tables.placing`); returns (allocation of each placed buffer, allocation
+  sizes, heap buffers)."""
   allocations: list[_Allocation] = []
   program_end = max((r[1] for r in value_ranges.values()), default=0)
   occupancy = _Occupancy(program_end)
+  busy_of, occupy = occupancy.busy, occupancy.add
   reusable = 0  # bits of the allocations a temporary may join
+  # size -> bits of the reusable allocations of that size (the only ones a
+  # live-out buffer may join).
+  reusable_sized: dict[int, int] = {}
+  # Bits of the allocations holding every time: a value other than a point
+  # overlaps them (they are busy for it); the occupancy leaves them out.
+  full = 0
   allocation_of: dict[ValueId, int] = {}
+  # value -> the reusable allocation its buffer is in (what an operand's
+  # value offers).
+  value_allocation: dict[ValueId, int] = {}
   heap: list[ValueId] = []
-  for b in order:
-    members = dataflow.buffers[b]
-    values = [(value_ranges[v][0], value_ranges[v][1], v) for v in members]
-    size = sizes[b]
-    first = dataflow.values[b]
-    inst = comps[first.computation].instruction(first.instruction)
-    if inst.opcode == "constant" or b in parameter_buffers:
-      allocations.append(_Allocation(size, readonly=True))
-      allocations[-1].add(values)
-      allocation_of[b] = len(allocations) - 1
-      continue
-    live_out = b in output_buffers
-    busy = occupancy.busy(values)
-
-    def try_place(i: int) -> bool:
-      alloc = allocations[i]
-      if alloc.readonly or alloc.size < size or (live_out and alloc.size != size):
-        return False
-      if busy >> i & 1 or not alloc.fits(values, sharer):
-        return False
+  tops, tops_of = tables.tops, tables.tops_of
+  for b, members, size, readonly, live_out in placing:
+    if len(members) == 1:
+      v = members[0]
+      r = value_ranges[v]
+      values = [(r[0], r[1], v)]
+    else:
+      values = [(value_ranges[v][0], value_ranges[v][1], v) for v in members]
+    if readonly:
+      alloc = _Allocation(size, readonly=True)
       alloc.add(values)
-      allocation_of[b] = i
-      occupancy.add(values, i)
-      return True
-
-    placed = False
-    # Operands' allocations first (top-level values only), for locality.
-    for v in members:
-      if v[1] != () or placed:
-        continue
-      user = comps[dataflow.values[v].computation].instruction(v[0])
-      for operand in user.operands:
-        for idx, ov in dataflow.holds.get(operand, ()):
-          if idx != ():
-            continue
-          i = allocation_of.get(dataflow.buffer_of[ov])
-          if i is not None and try_place(i):
-            placed = True
-            break
-        if placed:
+      allocation_of[b] = len(allocations)
+      allocations.append(alloc)
+      continue
+    # Every allocation a buffer may join is in `candidates`; which of them a
+    # value overlaps other than at an end (they cannot fit) is asked once,
+    # and only if one passes the cheaper tests.
+    candidates = reusable_sized.get(size, 0) if live_out else reusable
+    if candidates & full:
+      for start, last, _ in values:
+        if last > start and last > 0:
+          candidates &= ~full
           break
-    if not placed:
+    busy = -1
+    where = -1
+    # Operands' allocations first (top-level values only), for locality.
+    for v in members if candidates else ():
+      if v[1] != ():
+        continue
+      operand_values = tops.get(v[0])
+      if operand_values is None:
+        operand_values = tops_of(v)
+      for ov in operand_values:
+        i = value_allocation.get(ov)
+        # (Read-only allocations are not offered; the other allocations not
+        # in `candidates` are of the wrong size for a live-out buffer, or busy.)
+        if i is None or not candidates >> i & 1:
+          continue
+        alloc = allocations[i]
+        if alloc.size < size:
+          continue
+        if busy < 0:
+          busy = busy_of(values, candidates)
+        if busy >> i & 1 or not alloc.fits(values, sharer):
+          continue
+        where = i
+        break
+      if where >= 0:
+        break
+    if where < 0 and candidates:
       # Reusable allocations newest first (XLA's order), skipping those a
-      # value overlaps other than at an end (they cannot fit).
-      free = reusable & ~busy
-      while free and not placed:
+      # value overlaps other than at an end.
+      if busy < 0:
+        busy = busy_of(values, candidates)
+      free = candidates & ~busy
+      while free:
         i = free.bit_length() - 1
         free ^= 1 << i
-        placed = try_place(i)
-    if placed:
+        alloc = allocations[i]
+        if alloc.size >= size and alloc.fits(values, sharer):
+          where = i
+          break
+    if where >= 0:
+      alloc = allocations[where]
+      alloc.add(values)
+      allocation_of[b] = where
+      for v in members:
+        value_allocation[v] = where
+      if alloc.covered >= program_end:
+        full |= 1 << where
+      else:
+        occupy(values, where)
       continue
     if not live_out:
       heap.append(b)
       continue
-    allocations.append(_Allocation(size, readonly=False))
-    allocations[-1].add(values)
-    allocation_of[b] = len(allocations) - 1
-    reusable |= 1 << (len(allocations) - 1)
-    occupancy.add(values, len(allocations) - 1)
+    i = len(allocations)
+    alloc = _Allocation(size, readonly=False)
+    alloc.add(values)
+    allocations.append(alloc)
+    allocation_of[b] = i
+    for v in members:
+      value_allocation[v] = i
+    bit = 1 << i
+    reusable |= bit
+    reusable_sized[size] = reusable_sized.get(size, 0) | bit
+    if alloc.covered >= program_end:
+      full |= bit
+    else:
+      occupy(values, i)
   return allocation_of, [a.size for a in allocations], heap
 
 
@@ -604,9 +731,15 @@ def _post_order_positions(comps: Mapping[str, Computation]
   callee_first: list[str] = []
   seen: set[str] = set()
   for top in comps:
-    stack = [(top, iter(comps[top].instructions))] if top not in seen else []
+    if top in seen:
+      continue
     seen.add(top)
+    stack = [(top, iter(comps[top].instructions))]
     while stack:
+      if len(seen) == len(comps):
+        # Nothing is left to find: what remains finishes as stacked.
+        callee_first.extend(name for name, _ in reversed(stack))
+        break
       name, it = stack[-1]
       inst = next(it, None)
       if inst is None:
@@ -620,58 +753,67 @@ def _post_order_positions(comps: Mapping[str, Computation]
   position: dict[str, int] = {}
   for name in reversed(callee_first):
     comp = comps[name]
+    instruction = comp.instruction
     used = {o for inst in comp.instructions for o in inst.operands}
     visiting: set[str] = set()
     for start in comp.instructions:
       if start.name in used or start.name in position:
         continue
       stack = [start.name]
+      push, pop = stack.append, stack.pop
       while stack:
         cur = stack[-1]
         if cur in position:
-          stack.pop()
+          pop()
         elif cur in visiting:
-          stack.pop()
+          pop()
           position[cur] = len(position)
         else:
           visiting.add(cur)
-          inst = comp.instruction(cur)
-          stack.extend(o for o in reversed(inst.operands) if o not in position)
+          inst = instruction(cur)
+          for o in reversed(inst.operands):
+            if o not in position:
+              push(o)
           # Pushed last, so visited first (XLA's stack order).
-          stack.extend(o for o in inst.control_predecessors
-                       if o not in position and o in comp)
+          for o in inst.control_predecessors:
+            if o not in position and o in comp:
+              push(o)
   return position, {name: i for i, name in enumerate(callee_first)}
 
 
-def _heap_reuses(dataflow, schedule, comps, heap, ranges, sizes, sharer, *,
+def _heap_reuses(tables, dataflow, schedule, heap, ranges, sizes, sharer, *,
                  strict: bool = False):
   """Heap buffers that take over a dying operand's heap memory in place (the
   heap simulator's ShareWith): buffer -> the buffer whose memory it takes.
   `strict`: as XLA's heap simulator has it, only between buffers of one
   value each, whatever their sizes."""
-  in_heap = set(heap)
+  buffers = dataflow.buffers
+  heap_buffer_of = {v: b for b in heap for v in buffers[b]}
   reuses: dict[ValueId, ValueId] = {}
   taken: set[ValueId] = set()
+  time = schedule.time
+  reads, reads_of = tables.reads, tables.reads_of
   for b in sorted(heap, key=lambda b: ranges[b][0]):
     start = ranges[b][0]
-    for v in dataflow.buffers[b]:
-      if start != schedule.time.get(v[0]):
+    members = buffers[b]
+    size = sizes[b]
+    for v in members:
+      if start != time.get(v[0]):
         continue
-      user = comps[dataflow.values[v].computation].instruction(v[0])
-      for operand in user.operands:
-        for idx, ov in dataflow.holds.get(operand, ()):
-          ob = dataflow.buffer_of[ov]
-          if ob not in in_heap or strict and (
-              len(dataflow.buffers[b]) != 1 or len(dataflow.buffers[ob]) != 1
-              or ov[0] != operand):  # XLA: a value its direct operand defines
-            continue
-          if (ob not in taken and ob != b and
-              ranges[ob][1] == start and (strict or sizes[ob] >= sizes[b]) and
-              sharer.can_follow(ov, v)):
-            reuses[b] = ob
-            taken.add(ob)
-            break
-        if b in reuses:
+      pairs = reads.get(v[0])
+      if pairs is None:
+        pairs = reads_of(v)
+      for operand, ov in pairs:
+        ob = heap_buffer_of.get(ov)
+        if ob is None or strict and (
+            len(members) != 1 or len(buffers[ob]) != 1
+            or ov[0] != operand):  # XLA: a value its direct operand defines
+          continue
+        if (ob not in taken and ob != b and
+            ranges[ob][1] == start and (strict or sizes[ob] >= size) and
+            sharer.can_follow(ov, v)):
+          reuses[b] = ob
+          taken.add(ob)
           break
       if b in reuses:
         break
@@ -683,9 +825,4 @@ def _timeline(intervals, end: int) -> list[int]:
   for start, last, size in intervals:
     delta[max(start, 0)] += size
     delta[min(last, end) + 1] -= size
-  out = []
-  cur = 0
-  for t in range(end):
-    cur += delta[t]
-    out.append(cur)
-  return out
+  return list(itertools.accumulate(delta[:end]))
