@@ -61,6 +61,9 @@ class Tables:
   anchors: dict[str, str | None] = dataclasses.field(default_factory=dict)
   #: kernel name -> for each operand, the kernels whose outputs it holds.
   inputs: dict[str, tuple[tuple[str, ...], ...]] = dataclasses.field(default_factory=dict)
+  #: kernel name -> the reduce summing a gemm's split-K partial sums in it
+  #: (`detectors.common.split_k_site`).
+  split_k: dict[str, Instruction | None] = dataclasses.field(default_factory=dict)
   #: kernel name -> whether it does same-index work only.
   same_index: dict[str, bool] = dataclasses.field(default_factory=dict)
   #: (fused computation, past reduces) -> instruction name -> the parameter
@@ -70,17 +73,17 @@ class Tables:
   #: fused computation -> its reduce and reduce-window instructions that are
   #: no split-K sum (`detectors.reductions`).
   reduces: dict[str, tuple[Instruction, ...]] = dataclasses.field(default_factory=dict)
-  #: (dims, broadcast dims) -> {kernel name: source dims}
-  #: (`detectors.reductions`; None until asked).
-  scales: dict | None = None
+  #: result dims -> kernel name -> (broadcast, parameter) of its fusion's
+  #: broadcasts of a parameter (`detectors.reductions`; None until asked).
+  broadcasts: dict[tuple[int, ...], dict[str, list[tuple[Instruction, Instruction]]]] | None = None
   #: The program's collectives (`collectives.find_collectives`; None until asked).
   collectives: tuple | None = None
 
   def clear(self) -> None:
     """Drops every table (a report keeps its program, not these)."""
-    self.primitives, self.users, self.anchors, self.fused = {}, {}, {}, {}
+    self.primitives, self.users, self.anchors, self.fused, self.split_k = {}, {}, {}, {}, {}
     self.inputs, self.same_index, self.reached, self.reduces = {}, {}, {}, {}
-    self.scales = self.collectives = None
+    self.broadcasts = self.collectives = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

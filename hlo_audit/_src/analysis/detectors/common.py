@@ -68,10 +68,13 @@ def split_k_site(program: Program, k: Kernel) -> Instruction | None:
   over dimension 0), when kernel `k` runs one."""
   if "reduce" not in k.fused_ops:
     return None
-  fused = fused_computation(program, k)
-  if fused is None:
-    return None
-  return next((i for i in fused.instructions if bt.is_split_k_reduce(i)), None)
+  try:
+    return program.tables.split_k[k.name]
+  except KeyError:  # (asked of every reduction kernel, and of anchors)
+    fused = fused_computation(program, k)
+    found = program.tables.split_k[k.name] = None if fused is None else next(
+        (i for i in fused.instructions if bt.is_split_k_reduce(i)), None)
+    return found
 
 
 def primitive(inst: Instruction) -> str:

@@ -43,15 +43,24 @@ def find(program: Program) -> tuple[FusionDecisionRecord, ...]:
   readers: dict[ValueId, dict[str, Kernel]] = {}
   # Values read as a gemm's split-K partial sums (each reader sums them).
   partials: set[ValueId] = set()
+  holds = program.dataflow.holds
   for r in program.kernels.values():
     if not _is_reduction_kernel(program, r):
       continue
+    fed = _fed_operands(program, r)
+    split_k = None  # (partial sums need a split-K reduce to sum them)
     for n, operand in enumerate(program.inst(r).operands):
-      if not _feeds_reduce(program, r, n):
+      if fed is not None and not fed >> n & 1:
         continue  # read beside the reduction, or a gemm's partial sums summed alone
-      for _, vid in program.dataflow.holds.get(operand, ()):
+      held = holds.get(operand, ())
+      if not held:
+        continue
+      if split_k is None:
+        split_k = split_k_site(program, r) is not None
+      sums = split_k and _sums_partials(program, r, n)
+      for _, vid in held:
         readers.setdefault(vid, {}).setdefault(r.name, r)
-        if _sums_partials(program, r, n):
+        if sums:
           partials.add(vid)
   out = []
   for vid, by_name in readers.items():
@@ -161,27 +170,33 @@ def find(program: Program) -> tuple[FusionDecisionRecord, ...]:
 
 def _is_reduction_kernel(program: Program, r: Kernel) -> bool:
   inst = program.inst(r)
-  if inst.opcode == "reduce" and bt.is_split_k_reduce(inst):
+  opcode, ops = inst.opcode, r.fused_ops
+  if opcode == "reduce" and bt.is_split_k_reduce(inst):
     return False
-  if split_k_site(program, r) is not None and r.fused_ops.get("reduce", 0) == 1:
-    return False  # the gemm's own split-K sum (and its epilogue)
   # XLA:CPU lowers some column sums (bias gradients) to reduce-window.
-  return inst.opcode in ("reduce", "reduce-window") or bool(
-      {"reduce", "reduce-window"} & set(r.fused_ops)
-      and not {"dot", "convolution"} & set(r.fused_ops)
-      and r.kind is not KernelKind.PALLAS)
+  if not (opcode in ("reduce", "reduce-window") or (
+      ("reduce" in ops or "reduce-window" in ops)
+      and "dot" not in ops and "convolution" not in ops
+      and r.kind is not KernelKind.PALLAS)):
+    return False
+  # (Asked last: it looks through the fused computation.)
+  return ops.get("reduce", 0) != 1 or split_k_site(program, r) is None
 
 
-def _feeds_reduce(program: Program, r: Kernel, operand: int) -> bool:
-  """Whether reduction kernel `r`'s operand `operand` reaches one of its
-  reduces (not a scatter's destination, say, or an output written beside).
-  A split-K sum is its gemm's: partial sums count where what they sum is
+def _fed_operands(program: Program, r: Kernel) -> int | None:
+  """The operands of reduction kernel `r` that reach one of its reduces
+  (bit n: operand n; not a scatter's destination, say, or an output written
+  beside); None for an unfused reduction, which reduces all of them. A
+  split-K sum is its gemm's: partial sums count where what they sum is
   reduced further (a norm's statistics over the gemm's result)."""
   fused = fused_computation(program, r)
   if fused is None:
-    return True
+    return None
   masks = _reach_masks(program, fused, True)
-  return any(masks.get(i.name, 0) >> operand & 1 for i in _fused_reduces(program, fused))
+  fed = 0
+  for i in _fused_reduces(program, fused):
+    fed |= masks.get(i.name, 0)
+  return fed
 
 
 def _fused_reduces(program: Program, fused: Computation) -> tuple[Instruction, ...]:
@@ -217,6 +232,8 @@ def _tree_stage(program: Program, producer: Kernel, buf: Buffer, r: Kernel) -> b
   """Whether `buf` holds partial results of one reduction XLA split over two
   kernels (a tree reduction: `producer` reduces part of the axes, `r`
   reduces the rest with the same reducer computation)."""
+  if "reduce" not in producer.fused_ops and producer.kind is not KernelKind.PALLAS:
+    return False  # (a fusion's ops count its body's; a Pallas group's, its members')
   found = fused_root(program.module, program.inst(producer), buf.index)
   if found is None:
     return False
@@ -243,18 +260,23 @@ def _needs_later_values(program: Program, r: Kernel, buf: Buffer, producer: Kern
   """Whether reduction `r` reads a value computed from `producer`'s output,
   other than the results of the reductions in `siblings` read directly (the
   other statistics of the same buffer, which one fused kernel computes too)."""
-  start = producer.time
+  start, kernels = producer.time, program.kernels
+  # Only what ran after the producer, beside it, can be computed from its
+  # output: where no operand is, which operands feed the reduces is moot.
+  later = [(n, p) for n, producers in enumerate(operand_producers(program, r))
+           for p in producers if p != producer.name and p not in siblings and
+           kernels[p].time > start and kernels[p].computation == producer.computation]
+  if not later:
+    return False
   inputs = _reduce_inputs(program, r, operand_number(program, r, buf))
-  frontier = {p for n, producers in enumerate(operand_producers(program, r))
-              if inputs is None or n in inputs
-              for p in producers if p != producer.name and p not in siblings}
+  frontier = {p for n, p in later if inputs is None or inputs >> n & 1}
   seen: set[str] = set()
   while frontier:
     name = frontier.pop()
     if name in seen:
       continue
     seen.add(name)
-    k = program.kernels[name]
+    k = kernels[name]
     if k.time <= start or k.computation != producer.computation:
       continue  # ran before the producer (or elsewhere): not from its output
     for producers in operand_producers(program, k):
@@ -266,22 +288,22 @@ def _needs_later_values(program: Program, r: Kernel, buf: Buffer, producer: Kern
   return False
 
 
-def _reduce_inputs(program: Program, r: Kernel, operand: int | None) -> set[int] | None:
+def _reduce_inputs(program: Program, r: Kernel, operand: int | None) -> int | None:
   """The operands of fusion `r` the inputs of the reduces that its operand
-  `operand` reaches are computed from (not those applied to a reduced result
-  only, nor those of other reductions the kernel runs beside); None for an
-  unfused reduce."""
+  `operand` reaches are computed from (bit n: operand n; not those applied
+  to a reduced result only, nor those of other reductions the kernel runs
+  beside); None for an unfused reduce."""
   fused = fused_computation(program, r)
   if fused is None:
     return None
   # The first reduces the operand reaches: what reduces their results is the
   # small final combine, after the partial reductions.
-  mine = _reached(program, fused, operand, past_reduces=False) if operand is not None else \
-      {i.name for i in fused.instructions}
-  stack = [o for i in _fused_reduces(program, fused) if i.name in mine
+  first = _reach_masks(program, fused, False) if operand is not None else None
+  stack = [o for i in _fused_reduces(program, fused)
+           if first is None or first.get(i.name, 0) >> operand & 1
            for o in i.operands[:max(1, len(i.operands) // 2)]]
   seen: set[str] = set()
-  found: set[int] = set()
+  found = 0
   while stack:
     name = stack.pop()
     if name in seen or name not in fused:
@@ -289,7 +311,7 @@ def _reduce_inputs(program: Program, r: Kernel, operand: int | None) -> set[int]
     seen.add(name)
     inst = fused.instruction(name)
     if inst.opcode == "parameter":
-      found.add(inst.parameter_number)
+      found |= 1 << inst.parameter_number
     stack.extend(inst.operands)
   return found
 
@@ -369,46 +391,58 @@ def _reduce_sites(program: Program, r: Kernel,
   if fused is not None:
     sites += [(fused, i) for i in _fused_reduces(program, fused)]
     if operand is not None:
-      reached = _reached(program, fused, operand)
-      mine = [(c, i) for c, i in sites if i.name in reached]
+      masks = _reach_masks(program, fused, True)
+      mine = [(c, i) for c, i in sites if masks.get(i.name, 0) >> operand & 1]
       sites = mine or sites
   return sites
-
-
-def _reached(program: Program, fused: Computation, operand: int,
-             past_reduces: bool = True) -> frozenset[str]:
-  """Instructions of `fused` computed from its parameter `operand`; without
-  `past_reduces`, up to the first reduces (a split-K sum is no stop: it
-  finishes a gemm) and not what is computed from their results."""
-  return frozenset(name for name, mask in _reach_masks(program, fused, past_reduces).items()
-                   if mask >> operand & 1)
 
 
 def _reach_masks(program: Program, fused: Computation,
                  past_reduces: bool) -> dict[str, int]:
   """Instruction name -> the parameters of `fused` it is computed from (bit
-  n: parameter n), as `_reached` defines it: one pass over the computation
-  for all its parameters (the rules ask of each operand of every reduction)."""
-  key = (fused.name, past_reduces)
-  masks = program.tables.reached.get(key)
+  n: parameter n); without `past_reduces`, up to the first reduces (a
+  split-K sum is no stop: it finishes a gemm) and not what is computed from
+  their results. One pass over the computation for all its parameters, and
+  for both kinds (the rules ask both, of each operand of every reduction)."""
+  masks = program.tables.reached.get((fused.name, past_reduces))
   if masks is not None:
     return masks
-  flows: dict[str, int] = {}  # what an instruction passes on to its users
-  masks = {}
-  for inst in _operands_first(fused):
+  # XLA prints operands first: text order serves unless it does not.
+  both = _masks_in_order(fused, fused.instructions, strict=True) or \
+      _masks_in_order(fused, _operands_first(fused), strict=False)
+  program.tables.reached[(fused.name, True)], program.tables.reached[(fused.name, False)] = both
+  return both[0] if past_reduces else both[1]
+
+
+def _masks_in_order(fused: Computation, order: Sequence[Instruction],
+                    strict: bool) -> tuple[dict[str, int], dict[str, int]] | None:
+  """`_reach_masks` over `fused`'s instructions in `order` (an operand not
+  yet seen passes nothing on), past reduces and up to them; `strict`: None
+  where an operand of `fused` comes after its user, or a name twice."""
+  # What an instruction passes on to its users, past reduces and up to them.
+  flows: dict[str, int] = {}
+  firsts: dict[str, int] = {}
+  past: dict[str, int] = {}
+  upto: dict[str, int] = {}
+  for inst in order:
+    name = inst.name
     if inst.opcode == "parameter":
-      flows[inst.name] = 1 << (inst.parameter_number or 0)
-      masks[inst.name] = 0  # (a parameter is not computed from itself)
+      flows[name] = firsts[name] = 1 << (inst.parameter_number or 0)
+      past[name] = upto[name] = 0  # (a parameter is not computed from itself)
       continue
-    mask = 0
+    mask = first = 0
     for o in inst.operands:
-      mask |= flows.get(o, 0)
-    masks[inst.name] = mask
-    stops = not past_reduces and inst.opcode in ("reduce", "reduce-window") and \
-        not bt.is_split_k_reduce(inst)
-    flows[inst.name] = 0 if stops else mask
-  program.tables.reached[key] = masks
-  return masks
+      flow = flows.get(o)
+      if flow is not None:
+        mask |= flow
+        first |= firsts[o]
+      elif strict and o in fused:
+        return None
+    past[name] = flows[name] = mask
+    upto[name] = first
+    stops = inst.opcode in ("reduce", "reduce-window") and not bt.is_split_k_reduce(inst)
+    firsts[name] = 0 if stops else first
+  return None if strict and len(past) != len(order) else (past, upto)
 
 
 def _operands_first(comp: Computation) -> list[Instruction]:
@@ -518,36 +552,42 @@ def _affine(program: Program, r: Kernel, buf: Buffer, dims: tuple[int, ...],
   """The dims of a scale broadcast over exactly the reduced axes (gamma) in
   the kernels around the reduction: the boundary's readers and the readers
   of what the reduction writes."""
-  holders = _broadcast_scales(program).get((dims, axes))
-  if not holders:
+  by_kernel = _broadcasts(program).get(dims)
+  if not by_kernel:
     return None
   near = {c for c in buf.consumers} | {c for b in program.writes.get(r.name, ())
                                        for c in b.consumers}
   near |= {c for name in tuple(near) for b in program.writes.get(name, ())
            for c in b.consumers}
-  found = [name for name in holders if name in near]
-  return holders[min(found)] if found else None
+  # The first kernel by name with such a scale; in it, the first such
+  # broadcast (their dimensions decoded only here, for the near kernels).
+  for name in sorted(near.intersection(by_kernel)):
+    for i, src in by_kernel[name]:
+      if tuple(i.dimensions or ()) == axes:
+        return tuple(src.shape.dims)
+  return None
 
 
-def _broadcast_scales(program: Program) -> dict:
-  """(dims, broadcast dims) -> {kernel name: source dims} of the fusion
-  parameters each kernel broadcasts so (the first of each kind in a kernel,
-  in text order), built once per audit."""
-  if program.tables.scales is not None:
-    return program.tables.scales
-  table: dict = {}
-  for k in program.kernels.values():
-    fused = fused_computation(program, k)
-    for i in fused.instructions if fused is not None else ():
-      if i.opcode != "broadcast" or i.shape is None or not i.operands:
+def _broadcasts(program: Program) -> dict[tuple[int, ...],
+                                          dict[str, list[tuple[Instruction, Instruction]]]]:
+  """Result dims -> kernel name -> (broadcast, the parameter it
+  broadcasts) of each of the fusion's broadcasts of a parameter (through
+  bitcasts), in text order, made once per audit."""
+  table = program.tables.broadcasts
+  if table is None:
+    table = program.tables.broadcasts = {}
+    for k in program.kernels.values():
+      # (A fusion's ops count its body's; a Pallas group's, its members'.)
+      if "broadcast" not in k.fused_ops and k.kind is not KernelKind.PALLAS:
         continue
-      by_kernel = table.setdefault((tuple(i.shape.dims), tuple(i.dimensions or ())), {})
-      if k.name in by_kernel:
+      fused = fused_computation(program, k)
+      if fused is None:
         continue
-      src = through_bitcasts(fused, i.operands[0])
-      if src is not None and src.opcode == "parameter":
-        by_kernel[k.name] = tuple(src.shape.dims)
-  program.tables.scales = table
+      for i in [i for i in fused.instructions if i.opcode == "broadcast"]:
+        if i.shape is not None and i.operands:
+          src = through_bitcasts(fused, i.operands[0])
+          if src is not None and src.opcode == "parameter":
+            table.setdefault(tuple(i.shape.dims), {}).setdefault(k.name, []).append((i, src))
   return table
 
 
@@ -564,19 +604,16 @@ def _reduction_pattern(program: Program, r: Kernel, producer: Kernel,
   "column_reduction" (the leading axes: a bias or gamma gradient, a pooled
   sum) or None (described by its axes alone)."""
   # What reads the reduction's result: statistics feed an rsqrt there (the
-  # producer's own ops say nothing: x_hat holds an rsqrt too).
-  after = set(primitives(program, r))
-  for b in program.writes.get(r.name, ()):
-    for c in b.consumers:
-      if c in program.kernels:
-        after |= primitives(program, program.kernels[c])
-  names = after | primitives(program, producer)
+  # producer's own ops say nothing: x_hat holds an rsqrt too). Each kernel's
+  # primitives are read only as far as the answer needs them.
+  after = [r] + [program.kernels[c] for b in program.writes.get(r.name, ())
+                 for c in b.consumers if c in program.kernels]
   backward = "transpose(" in r.op_name or "transpose(" in producer.op_name
   if stats is not None:
     rank, axes = len(stats.dims), stats.axes
     trailing = bool(axes) and axes == tuple(range(rank - len(axes), rank)) and len(axes) < rank
     if not trailing:
-      if "rsqrt" in after and not backward:
+      if not backward and any("rsqrt" in primitives(program, k) for k in after):
         return "batch_norm_stats" if 0 in axes else "group_norm_stats"
       leading = rank >= 2 and axes == tuple(range(len(axes)))
       if (not leading or not backward) and _contracts(program, r, buf):
@@ -585,7 +622,11 @@ def _reduction_pattern(program: Program, r: Kernel, producer: Kernel,
         return "column_reduction"
       return None
   if backward:
-    return "norm_backward" if "rsqrt" in names else None
+    return "norm_backward" if any("rsqrt" in primitives(program, k)
+                                  for k in (producer, *after)) else None
+  names = set(primitives(program, producer))
+  for k in after:
+    names |= primitives(program, k)
   if "rsqrt" in names:
     return "layer_norm" if names & {"sub", "subtract"} else "rms_norm"
   if names & {"exp", "exponential"} and names & {"reduce_max", "max"}:
@@ -603,9 +644,10 @@ def _contracts(program: Program, r: Kernel, buf: Buffer) -> bool:
   fused = fused_computation(program, r)
   if operand is None or fused is None:
     return False
-  reached = _reached(program, fused, operand, past_reduces=False)
+  first = _reach_masks(program, fused, False)
   for comp, red in _reduce_sites(program, r, operand):
-    if red.opcode != "reduce" or red.name not in reached or not red.dimensions:
+    if red.opcode != "reduce" or not first.get(red.name, 0) >> operand & 1 or \
+        not red.dimensions:
       continue
     prod = through_moves(comp, red.operands[0])
     if prod is None or prod.opcode != "multiply" or prod.shape is None or \
