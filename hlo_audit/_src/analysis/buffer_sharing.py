@@ -72,18 +72,19 @@ def can_share_buffer(module: HloModule, comp: Computation, user: Instruction,
     calls = user.called_computations.get("calls", ())
     if not calls or calls[0] not in module:
       return False
-    return _uses_elementwise(module.computation(calls[0]), operand_number)
+    return _uses_elementwise(module, module.computation(calls[0]), operand_number)
   return user.opcode in opcodes.ELEMENTWISE and user.opcode not in (
       "convert", "bitcast-convert", "reduce-precision")
 
 
-def _uses_elementwise(fused: Computation, parameter_number: int) -> bool:
+def _uses_elementwise(module: HloModule, fused: Computation, parameter_number: int) -> bool:
   """XLA's AreTransitiveUsesElementwiseOrTuple for a fused parameter."""
   params = [p for p in fused.instructions if p.opcode == "parameter" and
             p.parameter_number == parameter_number]
   if not params:
     return False
-  users = _users(fused)
+  # (Asked of each operand of a fusion: its body's users are found once.)
+  users = module._cached(("fused users", fused.name), lambda: _users(fused))
   stack = [params[0].name]
   seen = set()
   while stack:
@@ -273,7 +274,7 @@ def _elementwise_on(module: HloModule, inst: Instruction, operand_number: int) -
     calls = inst.called_computations.get("calls", ())
     if not calls or calls[0] not in module:
       return False
-    return _uses_elementwise(module.computation(calls[0]), operand_number)
+    return _uses_elementwise(module, module.computation(calls[0]), operand_number)
   return op in opcodes.ELEMENTWISE
 
 

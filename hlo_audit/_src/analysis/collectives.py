@@ -379,7 +379,7 @@ def _replicated(program: Program, shardings: Mapping[int, str],
     if axes is None:
       axes = _mesh_axes(program, n)
     spec = ", ".join(axes if i == split else "None" for i in range(len(dims)))
-    path = p.metadata.op_name or p.name
+    path = p.op_name or p.name
     # A parameter is a read-only allocation held for the whole run: splitting
     # it takes its replicated share off every step, the peak included.
     found.append(FusionDecisionRecord(

@@ -51,6 +51,8 @@ def _under_remat(op_name: str) -> bool:
   """Whether an op_name's scopes (after the `jit(f)` one) include a remat:
   a scope named by a marker, alone or with its parameters (`remat[...]`).
   Not a substring test: a function named `checkpointed` marks nothing."""
+  if not any(marker in op_name for marker in _REMAT_MARKERS):
+    return False  # (a scope named by one holds it: most kernels are quickly done)
   for scope in op_name.split("/")[1:]:
     head = scope.split("[", 1)[0].split("(", 1)[0]
     if head in _REMAT_MARKERS:
@@ -272,6 +274,12 @@ def _dot_flops(module: HloModule, comp: Computation, inst: Instruction) -> int:
 def _costly_remats(program: Program) -> list[FusionDecisionRecord]:
   module = program.module
   kernels = program.kernels.values()
+  # The rematerialized kernels: forward work the backward pass runs again
+  # (none in most programs: then no dot's flops are counted).
+  remat = [k for k in kernels if _under_remat(k.op_name or "") and
+           ("rematted_computation" in k.op_name or "transpose(" not in k.op_name)]
+  if not remat:
+    return []
   flops = {}
   for k in kernels:
     comp = module.computation(k.computation) if k.computation in module else None
@@ -280,10 +288,7 @@ def _costly_remats(program: Program) -> list[FusionDecisionRecord]:
   total = sum(flops.values())
   if not total:
     return []
-  # The rematerialized dots: forward work the backward pass runs again.
-  again = [k for k in kernels if flops.get(k.name) and
-           _under_remat(k.op_name or "") and
-           ("rematted_computation" in k.op_name or "transpose(" not in k.op_name)]
+  again = [k for k in remat if flops.get(k.name)]  # the rematerialized dots
   recomputed = sum(flops[k.name] for k in again)
   share = recomputed / total
   if not again or share < COSTLY_REMAT_FLOP_SHARE:

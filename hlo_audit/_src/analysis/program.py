@@ -183,7 +183,7 @@ def arguments_of(module: HloModule, argument_names: Sequence[str]) -> tuple[Argu
   out = []
   star = next((i for i, n in enumerate(argument_names) if n.startswith("*")), None)
   for p in module.entry.parameters:
-    path = p.metadata.op_name or p.name
+    path = p.op_name or p.name
     head = re.match(r"[A-Za-z_][A-Za-z_0-9]*", path)
     name = head.group(0) if head else None
     argnum = None
@@ -250,7 +250,7 @@ def parameter_paths(module: HloModule) -> Mapping[int, str]:
   """Entry parameter number -> the argument path JAX wrote in its metadata
   (`op_name`), or the parameter's name when there is none."""
   return module._cached("parameter_paths", lambda: types.MappingProxyType({
-      p.parameter_number: (p.metadata.op_name or p.name)
+      p.parameter_number: (p.op_name or p.name)
       for p in module.entry.parameters}))
 
 

@@ -237,8 +237,33 @@ def _pad_pairs(lx: Lexer, text: str, width: tuple[int, ...]) -> list[list[int]]:
   return out
 
 
+_WINDOW_INT = r"(?:0|[1-9][0-9]{0,8})"
+_WINDOW_DXD = _WINDOW_INT + r"(?:x" + _WINDOW_INT + r")*"
+#: A window as XLA prints most: plain sizes, strides, paddings and dilations
+#: in its order, each once (`window` reads the rest with the lexer).
+_PLAIN_WINDOW = re.compile(
+    r"\{size=(" + _WINDOW_DXD + r")(?: stride=(" + _WINDOW_DXD + r"))?"
+    r"(?: pad=(" + _WINDOW_INT + "_" + _WINDOW_INT + r"(?:x" + _WINDOW_INT + "_" +
+    _WINDOW_INT + r")*))?(?: lhs_dilate=(" + _WINDOW_DXD + r"))?(?: rhs_dilate=(" +
+    _WINDOW_DXD + r"))?\}")
+_PLAIN_WINDOW_KEYS = ("size", "stride", "pad", "lhs_dilate", "rhs_dilate")
+
+
 def window(raw: str, where: Where | None = None) -> tuple[WindowDim, ...]:
   """`{size=3x3 stride=2x2 pad=1_1x1_1 lhs_dilate=.. rhs_dilate=.. rhs_reversal=..}`."""
+  m = _PLAIN_WINDOW.fullmatch(raw)
+  if m is not None:  # (pooling and their gradients: every reduce-window)
+    fields: dict[str, list] = {}
+    for key, text in zip(_PLAIN_WINDOW_KEYS, m.groups()):
+      if text is not None:
+        fields[key] = ([[int(n) for n in p.split("_")] for p in text.split("x")]
+                       if key == "pad" else [int(n) for n in text.split("x")])
+    return _window_dims(fields)
+  return _window_dims(_window_fields(raw, where))
+
+
+def _window_fields(raw: str, where: Where | None = None) -> dict[str, list]:
+  """A window's sub-attributes, read with the lexer."""
   lx, end = _lexer(raw, where)
   grammar.expect(lx, Tok.LBRACE, "expected '{' to start a window")
   fields: dict[str, list] = {}
@@ -260,6 +285,10 @@ def window(raw: str, where: Where | None = None) -> tuple[WindowDim, ...]:
       lx.error(f"unknown window attribute {key!r}", at)
   grammar.expect(lx, Tok.RBRACE, "expected '}' to end a window")
   _finish(lx, end)
+  return fields
+
+
+def _window_dims(fields: dict[str, list]) -> tuple[WindowDim, ...]:
   # XLA takes the rank from `size` and does not insist that the other
   # sub-attributes cover every dimension; missing entries take defaults.
   rank = len(fields["size"]) if "size" in fields else max(

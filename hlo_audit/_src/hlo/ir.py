@@ -389,11 +389,17 @@ def op_names(instructions: Iterable[Instruction]) -> list[str]:
   append = out.append
   for inst in instructions:
     src = inst.attribute_source
-    if src.__class__ is str and src.startswith(first):
-      end = src.find('"', n)
-      if end > 0 and src.find("\\", n, end) < 0:
-        append(src[n:end])
-        continue
+    if src.__class__ is str:
+      # `op_name`'s first test, inline: metadata first, or after attributes
+      # holding no string (`dimensions={0}, metadata=`), its name plain.
+      at = src.find(first)
+      if at == 0 or at > 0 and src.find('"', 0, at) < 0 and \
+          src.count("{", 0, at) == src.count("}", 0, at):
+        start = at + n
+        end = src.find('"', start)
+        if end > 0 and src.find("\\", start, end) < 0:
+          append(src[start:end])
+          continue
     append(inst.op_name)
   return out
 
@@ -419,18 +425,28 @@ _SPLIT = object()
 def _unsplit_value(src: str, key: str) -> str | None | object:
   """The raw value of attribute `key` in the unsplit run `src` (None: it has
   none), or `_SPLIT` when reading it so is not exact. Exact: the first
-  `, key=` with no string and balanced braces before it is an attribute of
-  the run (a run kept unsplit is one the parser's pattern took whole), its
-  value is what the split's `VALUE` takes there, and no other `key=` follows
-  (the split would reject a repeated key)."""
+  `, key=` outside strings and braces (an even number of quotes before it,
+  none escaped, and balanced braces outside them) is an attribute of the run
+  (a run kept unsplit is one the parser's pattern took whole), its value is
+  what the split's `VALUE` takes there, and no other `key=` follows (the
+  split would reject a repeated key)."""
   needle = ", " + key + "="
   at = src.find(needle)
   if at < 0:
     # The split's keys follow ',' and blanks: one with other blanks needs it.
     return None if src.find(key + "=") < 0 else _SPLIT
-  if src.find('"', 0, at) >= 0 or src.count("{", 0, at) != src.count("}", 0, at) or \
-      src.find(key + "=", 0, at) >= 0:
+  if src.find(key + "=", 0, at) >= 0:
     return _SPLIT
+  quotes = src.count('"', 0, at)
+  if not quotes:
+    if src.count("{", 0, at) != src.count("}", 0, at):
+      return _SPLIT
+  else:  # after metadata, say: its strings' braces are no structure
+    if quotes % 2 or src.find("\\", 0, at) >= 0:
+      return _SPLIT
+    bare = _QUOTED.sub("", src[:at])
+    if bare.count("{") != bare.count("}"):
+      return _SPLIT
   m = _attributes.VALUE_AT.match(src, at + len(needle))
   if m is None:
     return _SPLIT

@@ -363,3 +363,34 @@ def test_metadata_fast_path_agrees_with_the_lexer(raw):
     except HloParseError as e:
       return ("error", e.message)
   assert run(attributes.metadata) == run(attributes._metadata_slow)
+
+
+_WINDOWS = ["{size=32 stride=32}", "{size=32x32 stride=32x32}", "{size=3x3 pad=1_1x1_1}",
+            "{size=12x32 stride=12x32 pad=0_0x8_8}", "{size=2 stride=2 pad=0_1 lhs_dilate=2}",
+            "{size=3 rhs_dilate=2}", "{size=1x2x3 stride=1 pad=0_0}", "{size=03}",
+            "{size=3 pad=-1_0}", "{size=3 pad=1}", "{stride=2 size=3}", "{size=3 size=3}",
+            "{size=3 rhs_reversal=1}", "{size=3x}", "{size=3  stride=2}", "{}"]
+
+
+def _fixture_windows() -> list[str]:
+  import gzip
+  import pathlib
+  import re
+  here = pathlib.Path(__file__).resolve().parents[1] / "real_models"
+  found = set()
+  for path in sorted(here.glob("*/*.hlo.gz")):
+    found |= set(re.findall(r"window=(\{[^}\n]*\})", gzip.decompress(path.read_bytes()).decode()))
+  return sorted(found)
+
+
+@pytest.mark.parametrize("raw", _WINDOWS + _fixture_windows())
+def test_a_plain_window_read_without_the_lexer_agrees_with_it(raw):
+  """`window` reads XLA's common form at once: the same dims, or the same
+  error, as the lexer's reading (the committed compiles' windows included)."""
+  def read(fn):
+    try:
+      return fn(raw)
+    except HloParseError as e:
+      return f"error: {e.message}"
+  assert read(attributes.window) == read(
+      lambda r: attributes._window_dims(attributes._window_fields(r)))

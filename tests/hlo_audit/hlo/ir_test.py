@@ -536,9 +536,11 @@ def test_op_name_without_decoding_agrees_with_the_decoded_metadata():
   text = ("HloModule m\n\nENTRY %e (" + ", ".join(
       f"p{i}: f32[2]" for i in range(len(metadata))) + ") -> f32[2] {\n" +
       "\n".join(lines) + "\n}\n")
+  from hlo_audit._src.hlo import ir
+  in_one_pass = ir.op_names(hlo_audit.parse_hlo(text).entry.instructions)
   insts = list(hlo_audit.parse_hlo(text).entry.instructions)
   fast = [i.op_name for i in insts]  # before anything splits the runs
-  assert fast == [i.metadata.op_name for i in insts]
+  assert fast == [i.metadata.op_name for i in insts] == in_one_pass
   assert fast[:3] == ["jit(f)/add", 'a"b/c', "t/u"]
   assert fast[-4:] == ["after/sharding", "after/dims", "", "root"]
   # Runs another attribute's read has split: the raw metadata value is read
@@ -559,6 +561,12 @@ def test_op_name_without_decoding_agrees_with_the_decoded_metadata():
     "dimensions={01}", "dimensions={1,}", "sharding={replicated}, dimensions={1}",
     'backend_config="x, dimensions={5},"', 'backend_config="x, dimensions={5},", dimensions={1}',
     'backend_config={"a":{"b":[1,2]}}, dimensions={1}', "dimensions={1},  sharding={maximal device=0}",
+    # Strings before the key: XLA writes backend configs after metadata.
+    'dimensions={1}, metadata={op_name="a"}, backend_config={"x":1}',
+    'dimensions={1}, metadata={op_name="a, backend_config={1},"}',
+    'dimensions={1}, metadata={op_name="a\\"b"}, backend_config={"x":1}',
+    'dimensions={1}, frontend_attributes={k="}"}, backend_config={"x":1}',
+    'dimensions={1}, frontend_attributes={k="{", x={y=1, backend_config={1}, z=2}}',
 ])
 def test_attributes_read_before_the_run_is_split_agree_with_the_split(attrs):
   """`Instruction.attribute` reads the unsplit run where that is exact: the

@@ -73,7 +73,8 @@ def split_k_site(program: Program, k: Kernel) -> Instruction | None:
   except KeyError:  # (asked of every reduction kernel, and of anchors)
     fused = fused_computation(program, k)
     found = program.tables.split_k[k.name] = None if fused is None else next(
-        (i for i in fused.instructions if bt.is_split_k_reduce(i)), None)
+        (i for i in fused.instructions if i.opcode == "reduce" and bt.is_split_k_reduce(i)),
+        None)
     return found
 
 
