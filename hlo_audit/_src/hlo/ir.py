@@ -115,8 +115,20 @@ class Instruction:
     if type(src) is str:
       if key not in src:
         return None
+      # Kept as read (under `key=`, no decoded value's key): analyses ask a
+      # fusion's kind, and attribution a metadata, again and again.
+      slot = key + "="
+      cache = self._cache
+      if cache is not None:
+        raw = cache.get(slot, _SPLIT)
+        if raw is not _SPLIT:
+          return raw
       raw = _unsplit_value(src, key)
       if raw is not _SPLIT:
+        if cache is None:
+          cache = {}
+          object.__setattr__(self, "_cache", cache)
+        cache[slot] = raw
         return raw
       src = self.attributes
     return src.get(key)
@@ -175,6 +187,9 @@ class Instruction:
           renames = self._ctx.computation_renames if self._ctx else _EMPTY
           out[role] = tuple(renames.get(n, n) for n in names)
       return types.MappingProxyType(out) if out else _EMPTY
+    cache = self._cache
+    if cache is not None and "called_computations" in cache:
+      return cache["called_computations"]
     src = self.attribute_source
     if not src or (isinstance(src, str) and not _may_call(src)):
       return _EMPTY  # (without splitting the run: callers() asks every instruction)
