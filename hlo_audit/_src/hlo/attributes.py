@@ -162,15 +162,16 @@ def bool_list(raw: str, where: Where | None = None) -> tuple[bool, ...]:
   return tuple(out)
 
 
-#: `%comp` as the lexer reads one NAME token (lexer's `_PERCENT_NAME`).
-_ONE_COMPUTATION = re.compile(r"%(" + _NAME + r")\Z")
+#: A `%name` reference as the lexer reads one NAME token (its `_PERCENT_NAME`).
+COMPUTATION_REF = "%" + _NAME
+_ONE_COMPUTATION = re.compile("(" + COMPUTATION_REF + r")\Z")
 
 
 def computation_list(raw: str, where: Where | None = None) -> tuple[str, ...]:
   """`%comp` or `{%a, %b}` -> names."""
   m = _ONE_COMPUTATION.match(raw)
   if m is not None:  # nearly every call: no lexer, no search for the offset
-    return (m.group(1),)
+    return (m.group(1)[1:],)
   lx, end = _lexer(raw, where)
   names = []
   if grammar.eat(lx, Tok.LBRACE):

@@ -161,6 +161,7 @@ class Instruction:
     raw = self.attribute(key)
     if raw is None:
       return default
+    # `_cached`, inline: no closure per read (every typed property comes here).
     cache = self._cache
     if cache is None:
       cache = {}
@@ -370,7 +371,7 @@ _ROLE_KEY = re.compile(r"(?:^|[\s,])(?:" + "|".join(COMPUTATION_ROLES) + r")=")
 #: `attributes.computation_list` reads without the lexer), then the next
 #: attribute or the end.
 _SIMPLE_ROLE = re.compile(r", (" + "|".join(COMPUTATION_ROLES) +
-                          r")=(%[A-Za-z_][A-Za-z0-9_.\-]*)(?=,|\Z)")
+                          r")=(" + _attributes.COMPUTATION_REF + r")(?=,|\Z)")
 _OP_NAME = re.compile(
     r'(?:^|,)[ \t]*metadata=\{(?:op_type="[^"\\]*+(?:\\.[^"\\]*+)*+"[ \t]+)?'
     r'op_name="([^"\\]*+(?:\\.[^"\\]*+)*+)"')
