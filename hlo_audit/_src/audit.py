@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Callable
 from typing import Any
 
 from hlo_audit._src.analysis import collectives, custom_calls, detectors, memory_findings
@@ -25,7 +26,7 @@ from hlo_audit._src.analysis.records import FusionDecisionRecord
 from hlo_audit._src.analysis.replay import exact_peaks
 from hlo_audit._src.analysis.schedule import flatten_schedule
 from hlo_audit._src.analysis.source import release_tables
-from hlo_audit._src.capture.capture import Capture, capture, capture_text
+from hlo_audit._src.capture.capture import Capture, capture_text, start_capture
 from hlo_audit._src.capture.dump import load_dump
 from hlo_audit._src.errors import HloAuditError
 from hlo_audit._src.gc_pause import paused_gc
@@ -77,8 +78,9 @@ def audit(fn: Any, *args: Any, xla_reports: bool = False,
     if args or kwargs or xla_reports or target is not None:
       raise HloAuditError("audit(capture) takes no further arguments")
     return audit_capture(fn)
-  return audit_capture(capture(fn, *args, xla_reports=xla_reports, target=target,
-                               **kwargs))
+  pending = start_capture(fn, *args, xla_reports=xla_reports, target=target, **kwargs)
+  with paused_gc():
+    return _audit_capture(pending.partial, AuditOptions(), pending.result)
 
 
 def audit_hlo(source: str | os.PathLike | HloModule | Capture, *,
@@ -118,7 +120,11 @@ def audit_capture(cap: Capture, options: AuditOptions | None = None) -> AuditRep
     return _audit_capture(cap, options or AuditOptions())
 
 
-def _audit_capture(cap: Capture, options: AuditOptions) -> AuditReport:
+def _audit_capture(cap: Capture, options: AuditOptions,
+                   complete: Callable[[], Capture] | None = None) -> AuditReport:
+  """The audit of `cap`; with `complete`, `cap` lacks XLA's analyses of the
+  executable (still running beside the analyses here), and `complete()`
+  gives the whole capture once they are needed."""
   module = cap.module
   schedule = flatten_schedule(module)
   dataflow = analyze_dataflow(module, schedule)
@@ -150,6 +156,8 @@ def _audit_capture(cap: Capture, options: AuditOptions) -> AuditReport:
   release_tables(module)  # every finding has its source by now
   program_collectives = collectives.find_collectives(program)
   program.tables.clear()  # the report keeps the program, not the finders' tables
+  if complete is not None:
+    cap = complete()  # XLA's peak and cost: now wait for its analyses
   xla_peak = _xla_peak(cap)
   notes = list(cap.notes) + list(libraries.notes)
   if not optimized:

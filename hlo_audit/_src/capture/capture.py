@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import functools
 import os
 import shutil
 import tempfile
@@ -82,6 +83,40 @@ def capture(fn: Any, *args: Any, xla_reports: bool = False,
     TargetError: for an unknown target, or missing plugin wheels (the
       message names the pip command).
   """
+  return start_capture(fn, *args, xla_reports=xla_reports, target=target,
+                       **kwargs).result()
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PendingCapture:
+  """A capture whose module is parsed while XLA's memory and cost analyses
+  of the executable still run on a second thread.
+
+  `partial` holds everything but those analyses (the module, its text, the
+  platform, the argument names): an audit reads them first, and asks
+  `result()`, which waits for XLA, only for the facts XLA's analyses give
+  (its peak, cost, buffer assignment).
+  """
+
+  partial: Capture
+  _finish: Callable[[], Capture] = dataclasses.field(repr=False)
+
+  def result(self) -> Capture:
+    """The whole capture (waits for XLA's analyses)."""
+    return self._finish()
+
+  def with_changes(self, **changes: Any) -> PendingCapture:
+    """This capture with `changes` to its fields, now and in `result()`."""
+    finish = self._finish
+    return PendingCapture(dataclasses.replace(self.partial, **changes),
+                          functools.cache(lambda: dataclasses.replace(finish(), **changes)))
+
+
+def start_capture(fn: Any, *args: Any, xla_reports: bool = False,
+                  target: str | os.PathLike | Target | None = None,
+                  **kwargs: Any) -> PendingCapture:
+  """`capture`, returning as soon as the module is parsed (see
+  `PendingCapture`); the arguments and errors are `capture`'s."""
   import jax  # Imported here: parsing HLO text must not need JAX.
   from jax import stages
 
@@ -124,9 +159,9 @@ def capture(fn: Any, *args: Any, xla_reports: bool = False,
     raise CaptureError(f"could not trace {name}{_signature(args, kwargs)}"
                        f"{' for ' + target.label if target else ''}: "
                        f"{type(e).__name__}: {_first_line(e)}") from e
-  cap = _compile_and_capture(lowered, origin=origin, xla_reports=xla_reports,
-                             options=target.compiler_options() if target else None)
-  return dataclasses.replace(cap, argument_names=_argument_names(fn), target=target)
+  pending = _compile_and_capture(lowered, origin=origin, xla_reports=xla_reports,
+                                 options=target.compiler_options() if target else None)
+  return pending.with_changes(argument_names=_argument_names(fn), target=target)
 
 
 def _argument_names(fn) -> tuple[str, ...]:
@@ -162,7 +197,7 @@ def _jax_stage(obj: Any, kind) -> Any:
 
 
 def _compile_and_capture(lowered, *, origin: str, xla_reports: bool,
-                         options: dict[str, str] | None = None) -> Capture:
+                         options: dict[str, str] | None = None) -> PendingCapture:
   pre = _lazy_pre_optimization(lowered)
   try:
     # No options: jax's cache returns the executable jit built (or will run).
@@ -180,7 +215,7 @@ def _lazy_pre_optimization(lowered) -> Callable[[], str | None]:
 
 
 def _with_dump_reports(lowered, compiled, *, origin: str, pre,
-                       options: dict[str, str] | None = None) -> Capture:
+                       options: dict[str, str] | None = None) -> PendingCapture:
   """Compiles again with per-compile dump options (a second compile: the
   options are part of jax's cache key) and reads XLA's reports; the module
   and analyses stay those of `compiled`, the executable jit runs."""
@@ -199,9 +234,11 @@ def _with_dump_reports(lowered, compiled, *, origin: str, pre,
     dumped = [m for m in read_dump_dir(dump_dir) if m.after_optimizations]
     if not dumped and not notes:
       notes.append(_no_reports_note())
-    return _from_compiled(compiled, origin=origin,
-                          dumped=dumped[-1] if dumped else None,
-                          pre=pre, notes=notes)
+    pending = _from_compiled(compiled, origin=origin,
+                             dumped=dumped[-1] if dumped else None,
+                             pre=pre, notes=notes)
+    pending.result()  # the reports are read before their folder goes
+    return pending
   finally:
     shutil.rmtree(dump_dir, ignore_errors=True)
 
@@ -217,7 +254,7 @@ def _no_reports_note() -> str:
 
 
 def _from_compiled(compiled, *, origin: str, dumped=None, pre=None,
-                   notes=None) -> Capture:
+                   notes=None) -> PendingCapture:
   import jax
   import jaxlib
 
@@ -225,39 +262,60 @@ def _from_compiled(compiled, *, origin: str, dumped=None, pre=None,
   text = compiled.as_text()
   if not text:
     raise CaptureError("the compiled executable has no HLO text")
-  # XLA's memory and cost analyses run in C++ and let go of the GIL: asked on
-  # a second thread, they take no time from the parse (a tenth of a second
-  # on a 30k-instruction module, over a tenth of an audit).
-  with concurrent.futures.ThreadPoolExecutor(1, "hlo_audit-xla-analyses") as pool:
-    analyses = pool.submit(lambda: (_raw_memory(compiled), _cost(compiled)))
-    module = parse_hlo(text, source=f"<optimized HLO of {origin}>")
-    raw_memory, cost = analyses.result()
-  buffer_assignment = live_range = report = None
-  source = ""
-  if dumped is not None:
-    buffer_assignment = dumped.read_buffer_assignment()
-    live_range = dumped.read_live_range()
-    report = dumped.read_memory_usage_report()
-    source = "dump reports" if buffer_assignment is not None else ""
-    if buffer_assignment is None:
-      notes.append(_no_reports_note())
-    if pre is None:
-      pre = dumped.read_before_optimizations
-  allocated = None
-  if buffer_assignment is None:
-    buffer_assignment, allocated = _proto_buffer_assignment(compiled, raw_memory, notes)
-    if buffer_assignment is not None:
-      source = "buffer-assignment proto"
   device = _device(compiled)
-  return Capture(
+  # XLA's memory analysis (a fifth of a second on a 30k-instruction module,
+  # most of it serializing the buffer assignment) runs in C++ without the
+  # GIL: asked on a second thread, it overlaps the parse and the analyses
+  # until the audit reads XLA's peak (`PendingCapture.result`). Nothing
+  # else asks the executable anything until then.
+  pool = concurrent.futures.ThreadPoolExecutor(1, "hlo_audit-xla-analyses")
+  analyses = pool.submit(lambda: (_raw_memory(compiled), _cost(compiled)))
+  pool.shutdown(wait=False)  # the thread ends with its one task
+  if dumped is None and pre is not None:
+    lowered_text = pre
+    # Converting the lowered module waits for XLA's analyses: jaxlib is
+    # asked one thing at a time.
+    pre = lambda: (analyses.result(), lowered_text())[1]  # noqa: E731
+  try:
+    module = parse_hlo(text, source=f"<optimized HLO of {origin}>")
+  except BaseException:
+    analyses.cancel()
+    raise
+  partial = Capture(
       module=module, hlo_text=text, pre_optimization=pre,
       platform=device.platform if device is not None else jax.default_backend(),
       device_kind=device.device_kind if device is not None else "",
       jax_version=jax.__version__, jaxlib_version=jaxlib.__version__,
-      cost_analysis=cost, memory_stats=_memory(raw_memory),
-      xla_buffer_assignment=buffer_assignment, xla_allocated_bytes=allocated,
-      live_range=live_range, memory_usage_report=report,
-      xla_memory_source=source, origin=origin, notes=tuple(notes))
+      origin=origin, notes=tuple(notes))
+
+  @functools.cache
+  def finish() -> Capture:
+    raw_memory, cost = analyses.result()
+    buffer_assignment = live_range = report = None
+    source = ""
+    more = list(notes)
+    pre_text = partial.pre_optimization
+    if dumped is not None:
+      buffer_assignment = dumped.read_buffer_assignment()
+      live_range = dumped.read_live_range()
+      report = dumped.read_memory_usage_report()
+      source = "dump reports" if buffer_assignment is not None else ""
+      if buffer_assignment is None:
+        more.append(_no_reports_note())
+      if pre_text is None:
+        pre_text = dumped.read_before_optimizations
+    allocated = None
+    if buffer_assignment is None:
+      buffer_assignment, allocated = _proto_buffer_assignment(compiled, raw_memory, more)
+      if buffer_assignment is not None:
+        source = "buffer-assignment proto"
+    return dataclasses.replace(
+        partial, pre_optimization=pre_text, cost_analysis=cost,
+        memory_stats=_memory(raw_memory), xla_buffer_assignment=buffer_assignment,
+        xla_allocated_bytes=allocated, live_range=live_range,
+        memory_usage_report=report, xla_memory_source=source, notes=tuple(more))
+
+  return PendingCapture(partial, finish)
 
 
 def _proto_buffer_assignment(compiled, raw_memory, notes):

@@ -158,6 +158,50 @@ def test_audit_before_jit_compiles_once_for_both():
   assert compiles.count == 1
 
 
+def test_audit_reads_xla_analyses_only_after_its_own(monkeypatch):
+  """XLA's memory analysis runs beside the audit's analyses: the audit asks
+  for its result only to report XLA's peak, after the findings."""
+  import threading
+
+  from hlo_audit._src import audit as audit_mod
+  from hlo_audit._src.capture import capture as capture_mod
+  started, order = threading.Event(), []
+  real_memory, real_kernels = capture_mod._raw_memory, audit_mod.find_kernels
+
+  def slow_memory(compiled):  # XLA's analysis, done only once the audit runs
+    order.append("analyses waited" if started.wait(timeout=30) else "analyses first")
+    return real_memory(compiled)
+
+  def kernels(*args, **kwargs):
+    started.set()
+    return real_kernels(*args, **kwargs)
+
+  monkeypatch.setattr(capture_mod, "_raw_memory", slow_memory)
+  monkeypatch.setattr(audit_mod, "find_kernels", kernels)
+  report = hlo_audit.audit(jax.jit(mlp), X, W)
+  assert order == ["analyses waited"]
+  # The same report as from the whole capture: XLA's peak and cost included.
+  whole = hlo_audit.audit_capture(hlo_audit.capture(jax.jit(mlp), X, W))
+  assert report.xla_peak_bytes == whole.xla_peak_bytes > 0
+  assert report.module.xla_peak_source == "buffer-assignment proto"
+  assert report.cost_analysis == whole.cost_analysis and report.cost_analysis["flops"] > 0
+  assert report.to_json() == whole.to_json()
+
+
+def test_a_pending_capture_holds_the_module_then_xla_analyses():
+  from hlo_audit._src.capture.capture import start_capture
+  pending = start_capture(jax.jit(mlp), X, W)
+  assert pending.partial.module.name == "jit_mlp"
+  assert pending.partial.memory_stats is None and pending.partial.cost_analysis is None
+  assert pending.partial.argument_names == ("x", "w")
+  whole = pending.result()
+  assert whole is pending.result()  # waited for once
+  assert whole.memory_stats.output_bytes == 8 * 32 * 4
+  assert whole.xla_memory_source == "buffer-assignment proto"
+  assert whole.argument_names == ("x", "w") and whole.module is pending.partial.module
+  assert whole.pre_optimization_text and "HloModule" in whole.pre_optimization_text
+
+
 def test_plain_callable_real_arrays_kwargs_and_lowered():
   x = np.ones((8, 16), np.float32)
   w = np.ones((16, 32), np.float32)
