@@ -6,9 +6,14 @@ audits each, and prints our peak, XLA's footprint (argument + output + temp
 - alias, from `memory_analysis()`) and the gap. Needs
 `pip install -e '.[test,gpu-target]'` and JAX_PLATFORMS=cpu.
 
+With --gpus, the example's train step in three sizes, data parallel over
+each number of GPUs instead (the batch split, the parameters replicated, the
+gradients all-reduced).
+
 Usage:
   JAX_PLATFORMS=cpu python scripts/gpu_peaks.py --target=h200
   JAX_PLATFORMS=cpu python scripts/gpu_peaks.py --models=lstm --verbose
+  JAX_PLATFORMS=cpu python scripts/gpu_peaks.py --gpus=2,4,8
 
 Exit codes: 0 every gap within --tolerance, 1 otherwise, 2 bad flags or
 missing extras.
@@ -28,6 +33,14 @@ _TARGET = flags.DEFINE_string("target", "h200", "the GPU to compile for")
 _MODELS = flags.DEFINE_list("models", None, "programs to run (default: all)")
 _TOLERANCE = flags.DEFINE_float("tolerance", 0.01, "largest accepted relative gap")
 _VERBOSE = flags.DEFINE_bool("verbose", False, "print each report's peak line and notes")
+_GPUS = flags.DEFINE_list("gpus", None, "data parallel over these numbers of GPUs")
+
+#: The example's sizes (`TransformerConfig` fields) the data-parallel runs use.
+DATA_PARALLEL_SIZES = {
+    "example": dict(batch=8),
+    "two_layers": dict(batch=8, layers=2),
+    "small": dict(batch=8, seq=64, d_model=128, heads=4, d_ff=512, layers=2, vocab=256),
+}
 
 
 def programs():
@@ -42,11 +55,32 @@ def programs():
   return out
 
 
+def data_parallel_programs(target_name: str, counts):
+  """name -> a function of no arguments returning (fn, args, target)."""
+  import hlo_audit
+  from hlo_audit._src.examples import transformer
+
+  def build(sizes, n):
+    target = hlo_audit.get_target(target_name, gpus=n)
+    fn, args = transformer.example(transformer.TransformerConfig(**sizes))
+    return fn, transformer.data_parallel(args, n, target), target
+
+  return {f"{name}_x{n}": (lambda sizes=sizes, n=n: build(sizes, n))
+          for name, sizes in DATA_PARALLEL_SIZES.items() for n in counts}
+
+
 def main(argv) -> int:
   del argv
   import hlo_audit
   try:
-    progs = programs()
+    if _GPUS.value:
+      progs = data_parallel_programs(_TARGET.value, [int(n) for n in _GPUS.value])
+    else:
+      progs = {name: (lambda build=build: (*build(), None))
+               for name, build in programs().items()}
+  except ValueError:
+    print(f"gpu_peaks: --gpus takes numbers, got {_GPUS.value}", file=sys.stderr)
+    return 2
   except ImportError as e:
     print(f"gpu_peaks: {e} (pip install -e '.[test]')", file=sys.stderr)
     return 2
@@ -64,8 +98,8 @@ def main(argv) -> int:
   print(f"{'program':16s} {'ours':>12s} {'XLA':>12s} {'gap':>8s} {'s':>6s}")
   for name in names:
     start = time.perf_counter()
-    fn, args = progs[name]()
-    r = hlo_audit.audit(fn, *args, target=target)
+    fn, args, placed = progs[name]()
+    r = hlo_audit.audit(fn, *args, target=placed or target)
     gap = (r.peak_bytes - r.xla_peak_bytes) / r.xla_peak_bytes
     worst = max(worst, abs(gap))
     print(f"{name:16s} {r.peak_bytes:12d} {r.xla_peak_bytes:12d} {100 * gap:+7.2f}% "

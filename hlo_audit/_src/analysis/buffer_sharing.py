@@ -341,9 +341,9 @@ def infer_platform(module: HloModule) -> str:
     return ""  # none of the marks anywhere: no instruction to decode
   for comp in module.computations:
     for inst in comp.instructions:
-      config = inst.backend_config or ""
-      target = inst.custom_call_target or ""
+      config = inst.backend_config
+      target = inst.custom_call_target
       if config and any(mark in config for mark in _GPU_MARKS) or \
-          target.startswith(("__cublas", "__cudnn")):
+          target and target.startswith(("__cublas", "__cudnn")):
         return "gpu"
   return ""

@@ -128,9 +128,13 @@ def analyze_dataflow(module: HloModule, schedule: Schedule) -> Dataflow:
   def held(name: str) -> dict[Index, ValueId]:
     return dict(holds.get(name, ()))
 
-  def define(inst: Instruction, comp: Computation) -> list[tuple[Index, ValueId]]:
+  def define(inst: Instruction, comp: Computation,
+             skip: Mapping[Index, int] = types.MappingProxyType({})
+             ) -> list[tuple[Index, ValueId]]:
     out = []
     for index, leaf in _array_leaves(inst.shape):
+      if index in skip:
+        continue
       vid = (inst.name, index)
       values[vid] = Value(inst.name, index, comp.name, leaf)
       uf.add(vid)
@@ -175,14 +179,30 @@ def analyze_dataflow(module: HloModule, schedule: Schedule) -> Dataflow:
       continue
     if op in _DONE_SOURCE or (op == "all-reduce-done" and inst.operands):
       start = held(inst.operands[0]) if inst.operands else {}
-      base = _DONE_SOURCE.get(op, ())
-      if op == "all-reduce-done" and any(len(i) > 0 for i in start):
-        base = (1,) if any(i[:1] == (1,) for i in start) else ()
-      pairs = [(idx, start.get(base + idx)) for idx, _ in _array_leaves(inst.shape)]
+      leaves = _array_leaves(inst.shape)
+      if op == "all-reduce-done":
+        # The start holds the results as the done does (an array, or a
+        # combined all-reduce's tuple), or ((operands), results) as newer
+        # XLA prints it (or (operand, result)): then the done is element 1.
+        base = () if all(idx in start for idx, _ in leaves) else (1,)
+      else:
+        base = _DONE_SOURCE[op]
+      pairs = [(idx, start.get(base + idx)) for idx, _ in leaves]
       if pairs and all(v is not None for _, v in pairs):
         forward(inst, pairs)
         continue
-    define(inst, comp)
+    aliased = _start_operands(inst, comp) if op in _STARTS else None
+    if aliased:
+      # The leaves that are the start's operands hold their values (the
+      # operands stay live until the done); the rest are the start's own.
+      out = define(inst, comp, skip=aliased)
+      for index, operand in aliased.items():
+        src = held(inst.operands[operand]).get(())
+        if src is not None:
+          out.append((index, src))
+      out.sort()
+    else:
+      define(inst, comp)
     if op == "while" and inst.operands:
       _union_at(uf, holds, inst.operands[0], (), inst.name, ())
       for body in inst.called_computations.get("body", ()):
@@ -271,6 +291,50 @@ def with_output_aliases(dataflow: Dataflow, module: HloModule,
   return dataclasses.replace(
       dataflow, buffer_of=types.MappingProxyType(new_buffer_of),
       buffers=types.MappingProxyType(buffers))
+
+
+#: Asynchronous starts whose result holds their operands beside what they
+#: write (XLA's dataflow forwards the operands' values there).
+_STARTS = frozenset({"all-gather-start", "all-reduce-start", "collective-permute-start",
+                     "copy-start", "send"})
+
+
+def _start_operands(inst: Instruction, comp: Computation) -> dict[Index, int]:
+  """{leaf index: operand number} of the leaves of an asynchronous start's
+  result that are its operands, as XLA's dataflow reads them: `copy-start`'s
+  (destination, operand, context) and `send`'s (operand, context, token);
+  the collectives' ((operands), results[, contexts]), or (operand, result[,
+  contexts]) for one operand. A combined all-reduce's tuple of results holds
+  no operand. A leaf whose shape is not its operand's is left out."""
+  shape, operands = inst.shape, inst.operands
+  if shape is None or not shape.is_tuple or not shape.tuple_shapes or not operands:
+    return {}
+  op = inst.opcode
+  if op == "copy-start":
+    pairs = {(1,): 0}
+  elif op == "send":
+    pairs = {(0,): 0}
+  else:
+    first = shape.tuple_shapes[0]
+    if first.is_tuple:
+      pairs = {(0, k): k for k in range(len(operands))}
+    elif op != "all-reduce-start" or (len(operands) == 1 and len(shape.tuple_shapes) == 2):
+      pairs = {(0,): 0}
+    else:
+      return {}
+  out = {}
+  for index, k in pairs.items():
+    if k >= len(operands) or operands[k] not in comp:
+      continue
+    try:
+      leaf = shape.subshape(index)
+    except IndexError:
+      continue
+    src = comp.instruction(operands[k]).shape
+    if leaf.is_array and src is not None and src.is_array and \
+        (leaf.element_type, leaf.dims) == (src.element_type, src.dims):
+      out[index] = k
+  return out
 
 
 def _array_leaves(shape: Shape | None):

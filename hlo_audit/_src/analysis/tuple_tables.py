@@ -92,8 +92,8 @@ def tuple_tables(module: HloModule, schedule: Schedule,
       continue
     if op == "tuple":
       out = {(): new(name, (), len(inst.operands), comp_name)}
-      for k, o in enumerate(inst.operands):
-        out.update({(k,) + idx: v for idx, v in holds.get(o, {}).items()})
+      for k, o in enumerate(inst.operands):  # (held: scheduled before their users)
+        out.update({(k,) + idx: v for idx, v in holds[o].items()})
       holds[name] = out
       continue
     out = {idx: new(name, idx, n, comp_name) for idx, n in _nodes(inst.shape)}

@@ -137,3 +137,41 @@ def test_a_computation_called_twice_takes_its_parameters_from_its_first_caller()
   comps = {name: module.computation(name) for name in schedule.span}
   tables = {t.value: t.buffer for t in tuple_tables(module, schedule, comps, {})}
   assert tables[("p", ())] == tables[("t0", ())]
+
+
+# XLA:GPU's asynchronous all-reduce in the three forms its start takes: the
+# result (an array), a combined all-reduce's tuple of results, and
+# ((operands), result) as XLA:GPU prints it since jax 0.12. Each done is the
+# start's result buffer.
+ASYNC_ALL_REDUCE = """
+HloModule ar, is_scheduled=true
+%add (a: f32[], b: f32[]) -> f32[] {
+  %a = f32[] parameter(0)
+  %b = f32[] parameter(1)
+  ROOT %s = f32[] add(%a, %b)
+}
+ENTRY %main (x: f32[8], y: f32[4]) -> (f32[8], f32[8], f32[4], f32[8]) {
+  %x = f32[8]{0} parameter(0)
+  %y = f32[4]{0} parameter(1)
+  %n = f32[8]{0} negate(%x)
+  %ars = f32[8]{0} all-reduce-start(%n), channel_id=1, replica_groups={{0,1}}, to_apply=%add
+  %ard = f32[8]{0} all-reduce-done(%ars)
+  %m = f32[4]{0} negate(%y)
+  %tup = (f32[8]{0}, f32[4]{0}) all-reduce-start(%n, %m), channel_id=2, replica_groups={{0,1}}, to_apply=%add
+  %tud = (f32[8]{0}, f32[4]{0}) all-reduce-done(%tup)
+  %t0 = f32[8]{0} get-tuple-element(%tud), index=0
+  %t1 = f32[4]{0} get-tuple-element(%tud), index=1
+  %new = ((f32[8]{0}), f32[8]{0}) all-reduce-start(%n), channel_id=3, replica_groups={{0,1}}, to_apply=%add
+  %newd = f32[8]{0} all-reduce-done(%new)
+  ROOT %r = (f32[8]{0}, f32[8]{0}, f32[4]{0}, f32[8]{0}) tuple(%ard, %t0, %t1, %newd)
+}
+"""
+
+
+def test_an_all_reduce_done_is_its_starts_result_buffer():
+  module = hlo_audit.parse_hlo(ASYNC_ALL_REDUCE)
+  flow = analyze_dataflow(module, flatten_schedule(module))
+  # A done defines no value: it hands on its start's, element by element.
+  for done in ("ard", "tud", "newd"):
+    assert not [v for v in flow.values if v[0] == done]
+  assert flow.values_of("r") == (("ars", ()), ("tup", (0,)), ("tup", (1,)), ("new", (1,)))

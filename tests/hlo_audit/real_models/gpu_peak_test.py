@@ -37,3 +37,24 @@ def test_peak_within_one_percent_of_xla_gpu(name):
   assert r.module.platform == "gpu" and r.xla_peak_bytes
   assert abs(r.peak_bytes - r.xla_peak_bytes) <= 0.01 * r.xla_peak_bytes, \
       (r.peak_bytes, r.xla_peak_bytes)
+
+
+#: Data-parallel train steps: the example's sizes (`TransformerConfig`
+#: fields) and the GPUs the batch is split over.
+DATA_PARALLEL = {
+    "two_layers_4": (dict(batch=8, layers=2), 4),
+    "small_8": (dict(batch=8, seq=64, d_model=128, heads=4, d_ff=512, layers=2, vocab=256), 8),
+}
+
+
+@pytest.mark.parametrize("name", DATA_PARALLEL)
+def test_a_data_parallel_peak_within_one_percent_of_xla_gpu(name):
+  # The batch split over the GPUs, the parameters replicated: the gradients
+  # are all-reduced asynchronously, in place.
+  sizes, gpus = DATA_PARALLEL[name]
+  target = hlo_audit.get_target("h200", gpus=gpus)
+  fn, args = transformer.example(transformer.TransformerConfig(**sizes))
+  r = hlo_audit.audit(fn, *transformer.data_parallel(args, gpus, target), target=target)
+  assert any(c.opcode == "all-reduce" and c.is_async for c in r.collectives)
+  assert abs(r.peak_bytes - r.xla_peak_bytes) <= 0.01 * r.xla_peak_bytes, \
+      (r.peak_bytes, r.xla_peak_bytes)

@@ -407,24 +407,20 @@ def _reach_masks(program: Program, fused: Computation,
   masks = program.tables.reached.get((fused.name, past_reduces))
   if masks is not None:
     return masks
-  # XLA prints operands first: text order serves unless it does not.
-  both = _masks_in_order(fused, fused.instructions, strict=True) or \
-      _masks_in_order(fused, _operands_first(fused), strict=False)
+  # Text order: XLA's parser, and ours, take no operand before its definition.
+  both = _masks_in_order(fused)
   program.tables.reached[(fused.name, True)], program.tables.reached[(fused.name, False)] = both
   return both[0] if past_reduces else both[1]
 
 
-def _masks_in_order(fused: Computation, order: Sequence[Instruction],
-                    strict: bool) -> tuple[dict[str, int], dict[str, int]] | None:
-  """`_reach_masks` over `fused`'s instructions in `order` (an operand not
-  yet seen passes nothing on), past reduces and up to them; `strict`: None
-  where an operand of `fused` comes after its user, or a name twice."""
+def _masks_in_order(fused: Computation) -> tuple[dict[str, int], dict[str, int]]:
+  """`_reach_masks` over `fused`'s instructions, past reduces and up to them."""
   # What an instruction passes on to its users, past reduces and up to them.
   flows: dict[str, int] = {}
   firsts: dict[str, int] = {}
   past: dict[str, int] = {}
   upto: dict[str, int] = {}
-  for inst in order:
+  for inst in fused.instructions:
     name = inst.name
     if inst.opcode == "parameter":
       flows[name] = firsts[name] = 1 << (inst.parameter_number or 0)
@@ -432,36 +428,13 @@ def _masks_in_order(fused: Computation, order: Sequence[Instruction],
       continue
     mask = first = 0
     for o in inst.operands:
-      flow = flows.get(o)
-      if flow is not None:
-        mask |= flow
-        first |= firsts[o]
-      elif strict and o in fused:
-        return None
+      mask |= flows[o]
+      first |= firsts[o]
     past[name] = flows[name] = mask
     upto[name] = first
     stops = inst.opcode in ("reduce", "reduce-window") and not bt.is_split_k_reduce(inst)
     firsts[name] = 0 if stops else first
-  return None if strict and len(past) != len(order) else (past, upto)
-
-
-def _operands_first(comp: Computation) -> list[Instruction]:
-  """`comp`'s instructions, each after its operands (XLA prints them so;
-  hand-written text need not)."""
-  order: list[Instruction] = []
-  entered: set[str] = set()  # (a cycle, which no valid HLO has, ends the walk)
-  for start in comp.instructions:
-    stack = [(start, False)]
-    while stack:
-      inst, expanded = stack.pop()
-      if expanded:
-        order.append(inst)
-      elif inst.name not in entered:
-        entered.add(inst.name)
-        stack.append((inst, True))
-        stack.extend((comp.instruction(o), False) for o in reversed(inst.operands)
-                     if o in comp and o not in entered)
-  return order
+  return past, upto
 
 
 def _reduced_dims(comp: Computation, inst: Instruction) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
@@ -469,7 +442,7 @@ def _reduced_dims(comp: Computation, inst: Instruction) -> tuple[tuple[int, ...]
   its window spans. A reduce of another reduce's result in the same
   computation (XLA reduces dims {0,2} as {2}, then {0}) counts as one,
   over the first one's operand."""
-  if not inst.operands or inst.operands[0] not in comp:
+  if not inst.operands:
     return None
   src = comp.instruction(inst.operands[0])
   shape = src.shape
