@@ -175,3 +175,35 @@ def test_an_all_reduce_done_is_its_starts_result_buffer():
   for done in ("ard", "tud", "newd"):
     assert not [v for v in flow.values if v[0] == done]
   assert flow.values_of("r") == (("ars", ()), ("tup", (0,)), ("tup", (1,)), ("new", (1,)))
+
+
+# The other async starts hold their operands too, each as XLA's dataflow
+# reads it: an all-gather's (operand, result), a permute's (operand,
+# result, contexts), a copy's (destination, operand, context).
+ASYNC_STARTS = """
+HloModule starts, is_scheduled=true
+ENTRY %main (x: f32[8]) -> (f32[32], f32[8], f32[8]) {
+  %x = f32[8]{0} parameter(0)
+  %n = f32[8]{0} negate(%x)
+  %ags = (f32[8]{0}, f32[32]{0}) all-gather-start(%n), replica_groups={{0,1,2,3}}, dimensions={0}
+  %agd = f32[32]{0} all-gather-done(%ags)
+  %cps = (f32[8]{0}, f32[8]{0}, u32[], u32[]) collective-permute-start(%n), source_target_pairs={{0,1},{1,0}}
+  %cpd = f32[8]{0} collective-permute-done(%cps)
+  %cs = (f32[8]{0}, f32[8]{0}, u32[]) copy-start(%n)
+  %cd = f32[8]{0} copy-done(%cs)
+  ROOT %r = (f32[32]{0}, f32[8]{0}, f32[8]{0}) tuple(%agd, %cpd, %cd)
+}
+"""
+
+
+def test_async_starts_hold_their_operands_until_the_done():
+  module = hlo_audit.parse_hlo(ASYNC_STARTS)
+  flow = analyze_dataflow(module, flatten_schedule(module))
+  assert dict(flow.holds["ags"]) == {(0,): ("n", ()), (1,): ("ags", (1,))}
+  assert dict(flow.holds["cps"]) == {(0,): ("n", ()), (1,): ("cps", (1,)),
+                                     (2,): ("cps", (2,)), (3,): ("cps", (3,))}
+  assert dict(flow.holds["cs"]) == {(0,): ("cs", (0,)), (1,): ("n", ()), (2,): ("cs", (2,))}
+  assert flow.values_of("r") == (("ags", (1,)), ("cps", (1,)), ("cs", (0,)))
+  # The operand is read until each done: its uses name the dones.
+  readers = {user for user, _ in flow.uses[("n", ())]}
+  assert {"agd", "cpd", "cd"} <= readers
