@@ -288,3 +288,31 @@ def test_a_buffer_updated_in_a_slice_then_read_elementwise_may_become_the_output
                .replace("(%p0, %p1, %p2)", "(%p1, %p0, %p2)")
                .replace("u: f32[16]", "u: f32[256]").replace("%u = f32[16]{0}", "%u = f32[256]{0}"))
   assert _ask(as_update, "f", 0)[0] is False
+
+
+# Top-level ops XLA:GPU's hint leaves to the default rule: elementwise ops
+# of the same shape may write over an operand, a dynamic-update-slice over
+# its operand 0 only, a bitcast-convert to another element type never (not
+# the same shape).
+TOP_LEVEL = """
+HloModule m, is_scheduled=true
+ENTRY %main (a: f32[8], b: f32[8], u: f32[2], i: s32[]) -> (f32[8], f32[8], s32[8], f32[8]) {
+  %a = f32[8]{0} parameter(0)
+  %b = f32[8]{0} parameter(1)
+  %u = f32[2]{0} parameter(2)
+  %i = s32[] parameter(3)
+  %add = f32[8]{0} add(%a, %b)
+  %dus = f32[8]{0} dynamic-update-slice(%b, %u, %i)
+  %bc = s32[8]{0} bitcast-convert(%a)
+  %neg = f32[8]{0} negate(%add)
+  ROOT %t = (f32[8]{0}, f32[8]{0}, s32[8]{0}, f32[8]{0}) tuple(%add, %dus, %bc, %neg)
+}
+"""
+
+
+def test_the_gpu_rule_falls_back_to_the_default_for_plain_ops():
+  assert _ask(TOP_LEVEL, "add", 0) == (True, True)
+  assert _ask(TOP_LEVEL, "neg", 0) == (True, True)
+  assert _ask(TOP_LEVEL, "dus", 0)[0] is True
+  assert _ask(TOP_LEVEL, "dus", 1)[0] is False  # the update is not the output
+  assert _ask(TOP_LEVEL, "bc", 0) == (False, False)

@@ -60,3 +60,11 @@ def test_values_of_one_buffer_share_its_chunk():
   values = [_v("init", 0, 2, 32, "loop"), _v("body", 3, 6, 32, "loop"),
             _v("tmp", 1, 4, 32)]
   assert _pack(values) == 64
+
+
+def test_a_chain_of_outputs_each_over_the_last_is_one_chunk():
+  # b overwrites a, c overwrites b: a's chunk holds all three, so x, live
+  # beside c, goes above it (128); were c not placed with a, x would fit at
+  # offset 0 once b is gone (64).
+  values = [_v("a", 0, 3, 64), _v("b", 3, 6, 64), _v("c", 6, 9, 64), _v("x", 7, 9, 64)]
+  assert _pack(values, shares={("a", "b"), ("b", "c")}) == 128

@@ -199,6 +199,31 @@ def test_allocation_fits_sees_a_span_hidden_behind_later_ones():
   assert a.fits([(11, 12, ("x", ()))], sharer=None)
 
 
+def test_an_allocations_covered_times_are_the_union_of_its_spans():
+  # `covered`: the spans, closed intervals, hold every time from 0 to it
+  # (-1: not time 0); the first-fit skips allocations busy at every time.
+  import random
+
+  from hlo_audit._src.analysis.liveness import _Allocation
+  rng = random.Random(1)
+  for trial in range(300):
+    a = _Allocation(8, readonly=False)
+    spans = []
+    for n in range(rng.randrange(1, 8)):
+      s = rng.randrange(0, 12)
+      e = s + rng.randrange(0, 5)
+      a.add([(s, e, ("v", (trial, n)))])
+      spans.append((s, e))
+      want = -1
+      grew = True
+      while grew:  # the fixpoint: a span starting within the covered times
+        grew = False
+        for s0, e0 in spans:
+          if s0 <= max(want, 0) and e0 > want:
+            want, grew = e0, True
+      assert a.covered == want, (spans, a.covered, want)
+
+
 def test_no_allocation_holds_two_overlapping_buffers():
   """A buffer whose values overlap (loop state) once made the assigner's walk
   over an allocation's spans miss later overlaps."""

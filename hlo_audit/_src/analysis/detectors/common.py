@@ -185,11 +185,14 @@ def activation_of(names: set[str], ops: set[str], comp: Computation,
     return "silu" if gated else "sigmoid"
   # A relu acts on the data itself: a maximum with zero on a smaller value
   # is a clamp of statistics (a norm's variance, max(E[x^2] - E[x]^2, 0)).
-  widest = max((i.shape.num_elements for i in chain if i.opcode in opcodes.ELEMENTWISE
-                and i.shape is not None and i.shape.is_array), default=0)
-  for i in chain:
-    if i.opcode == "maximum" and i.shape is not None and i.shape.is_array and \
-        i.shape.num_elements == widest:
+  maxima = [i for i in chain
+            if i.opcode == "maximum" and i.shape is not None and i.shape.is_array]
+  if not maxima:
+    return None
+  widest = max(i.shape.num_elements for i in chain if i.opcode in opcodes.ELEMENTWISE
+               and i.shape is not None and i.shape.is_array)  # (the maxima among them)
+  for i in maxima:
+    if i.shape.num_elements == widest:
       for o in i.operands:
         if o in comp and _is_zero(comp, comp.instruction(o)):
           return "relu"
