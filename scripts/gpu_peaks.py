@@ -58,12 +58,12 @@ def programs():
 def data_parallel_programs(target_name: str, counts):
   """name -> a function of no arguments returning (fn, args, target)."""
   import hlo_audit
-  from hlo_audit._src.examples import transformer
+  from hlo_audit import examples
 
   def build(sizes, n):
     target = hlo_audit.get_target(target_name, gpus=n)
-    fn, args = transformer.example(transformer.TransformerConfig(**sizes))
-    return fn, transformer.data_parallel(args, n, target), target
+    fn, args = examples.example(examples.TransformerConfig(**sizes))
+    return fn, examples.data_parallel(args, n, target), target
 
   return {f"{name}_x{n}": (lambda sizes=sizes, n=n: build(sizes, n))
           for name, sizes in DATA_PARALLEL_SIZES.items() for n in counts}
