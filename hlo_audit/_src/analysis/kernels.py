@@ -502,12 +502,13 @@ def _find_scope(op_name: str, scopes: tuple[str, ...]) -> int:
   return found
 
 
-def _call_name(op_name: str, scopes: tuple[str, ...]) -> str:
+def _call_name(op_name: str, scopes: tuple[str, ...]) -> tuple[str, ...]:
   """The scope and the `pallas_call` name under it, e.g.
-  "pallas_kernels.matmul/pallas_kernels_matmul_dact_bgrad"."""
+  ("pallas_kernels.matmul", "pallas_kernels_matmul_dact_bgrad"); only
+  compared: the instructions of one call share it."""
   i = _find_scope(op_name, scopes)
   parts = op_name[i:].split("/")[:2] if i >= 0 else []
-  return "/".join(p.rstrip(")") for p in parts)
+  return tuple(p.rstrip(")") for p in parts)
 
 
 def _scope_of(op_name: str, scopes: tuple[str, ...]) -> str:

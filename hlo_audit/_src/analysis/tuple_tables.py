@@ -85,7 +85,7 @@ def tuple_tables(module: HloModule, schedule: Schedule,
     if op == "get-tuple-element" and inst.operands:
       i = inst.tuple_index or 0
       src = holds.get(inst.operands[0], {})
-      holds[name] = {idx[1:]: v for idx, v in src.items() if idx[:1] == (i,) and len(idx) > 1}
+      holds[name] = {idx[1:]: v for idx, v in src.items() if idx[:1] == (i,)}
       continue
     if op in _FORWARDING and inst.operands:
       holds[name] = dict(holds.get(inst.operands[0], {}))

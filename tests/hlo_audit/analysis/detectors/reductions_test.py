@@ -239,3 +239,36 @@ def test_the_statistics_are_those_of_the_reduce_reading_the_buffer():
   assert f.boundary == "ex"
   assert "reduces dims {1} of [64,128] (128 elements each)" in f.evidence
   assert "one result per index of axes {0}" in f.evidence
+
+
+# A reduce XLA left unfused (a top-level instruction, as XLA wrote a single
+# op before it wrapped single ops in fusions, and as hand-written modules
+# do) reading a loop fusion's buffer, which is also an output.
+UNFUSED_SUM = """
+HloModule us, is_scheduled=true
+
+%add (a: f32[], b: f32[]) -> f32[] {
+  %a = f32[] parameter(0)
+  %b = f32[] parameter(1)
+  ROOT %s = f32[] add(%a, %b)
+}
+
+%fused_exp (p0: f32[64,128]) -> f32[64,128] {
+  %p0 = f32[64,128]{1,0} parameter(0)
+  ROOT %e = f32[64,128]{1,0} exponential(%p0), metadata={op_name="jit(f)/exp"}
+}
+
+ENTRY %main (x: f32[64,128]) -> (f32[64,128], f32[64]) {
+  %x = f32[64,128]{1,0} parameter(0)
+  %ex = f32[64,128]{1,0} fusion(%x), kind=kLoop, calls=%fused_exp, metadata={op_name="jit(f)/exp"}
+  %z = f32[] constant(0)
+  %sum = f32[64]{0} reduce(%ex, %z), dimensions={1}, to_apply=%add, metadata={op_name="jit(f)/reduce_sum"}
+  ROOT %out = (f32[64,128]{1,0}, f32[64]{0}) tuple(%ex, %sum)
+}
+"""
+
+
+def test_an_unfused_reduce_is_a_separate_reduction():
+  (f,) = hlo_audit.audit_hlo(UNFUSED_SUM).findings_of(FindingKind.SEPARATE_REDUCTION)
+  assert (f.boundary, f.consumers) == ("ex", ("sum",))
+  assert "reduces dims {1} of [64,128] (128 elements each)" in f.evidence
