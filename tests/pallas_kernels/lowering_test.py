@@ -227,6 +227,26 @@ def test_softmax_lowers_to_one_kernel_each_way(dtype, variant):
   _check(_lower_for_gpu(grad, x, mask), 2)
 
 
+_TRITON_LAUNCH = re.compile(r"num_stages = (\d+) : i32, num_warps = (\d+) : i32")
+
+
+@pytest.mark.parametrize("op", ["softmax", "layer_norm"])
+def test_a_configs_warps_and_stages_reach_the_triton_call(op):
+  from pallas_kernels._src.ops.normalization.config import Config as NormConfig
+  from pallas_kernels._src.ops.softmax.config import Config as SoftmaxConfig
+  x, g = S((256, 512), jnp.float32), S((512,), jnp.float32)
+  if op == "softmax":
+    cfg = SoftmaxConfig(block_rows=8, block_cols=512, num_warps=2, num_stages=2)
+    fn = lambda x, g: pk.softmax(x, implementation="pallas", config=cfg)  # noqa: E731
+  else:
+    cfg = NormConfig(block_rows=8, block_cols=512, num_warps=2, num_stages=2)
+    fn = lambda x, g: pk.layer_norm(x, g, g, implementation="pallas", config=cfg)  # noqa: E731
+  text = _lower_for_gpu(fn, x, g)
+  if "__gpu$xla.gpu.triton" not in text:
+    pytest.skip("this JAX serializes the Triton call's launch parameters")
+  assert _TRITON_LAUNCH.findall(text) == [("2", "2")]
+
+
 def test_target_follows_the_abstract_device():
   with jax.sharding.use_abstract_mesh(_mesh("NVIDIA A100-SXM4-80GB", 108)):
     t = backend.target()

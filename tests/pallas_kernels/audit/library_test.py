@@ -93,6 +93,34 @@ def test_a_suggestion_is_written_from_the_anchor_the_audit_read():
   assert f.guard_verdict.startswith("kernel runs (guard passes on ")
 
 
+@pytest.mark.parametrize("fn,shapes,call", [
+    (lambda x, w, b: jax.nn.relu(x.T @ w + b), ((256, 64), (256, 512)),
+     "pallas_kernels.matmul(x, w, bias=bias, transpose_x=True, activation='relu')  "
+     "# x: f32[256,64], w: f32[256,512], bias: f32[512] -> f32[64,512]"),
+    (lambda x, w, b: jax.nn.relu(x @ w.T + b), ((64, 256), (512, 256)),
+     "pallas_kernels.matmul(x, w, bias=bias, transpose_w=True, activation='relu')  "
+     "# x: f32[64,256], w: f32[512,256], bias: f32[512] -> f32[64,512]"),
+])
+def test_a_suggestion_transposes_the_operand_the_dot_contracts_first(fn, shapes, call):
+  # XLA folds x.T (w.T) into the dot's contracting dimensions: the call
+  # reads the operand as stored and says which one the kernel transposes.
+  x, w = (jax.ShapeDtypeStruct(s, "float32") for s in shapes)
+  b = jax.ShapeDtypeStruct((512,), "float32")
+  (f,) = hlo_audit.audit(jax.jit(fn), x, w, b).findings_of(E)
+  assert f.suggestion == call
+
+
+def test_a_prologue_suggestion_reads_the_operand_in_its_stored_dtype():
+  # An int8 weight dequantized by a per-column scale before the matmul: the
+  # kernel reads the int8 weight and its scale; the result is the dot's.
+  x, w, s = (jax.ShapeDtypeStruct(*a) for a in
+             (((64, 256), "float32"), ((256, 512), "int8"), ((512,), "float32")))
+  fn = lambda x, w, s: x @ (w.astype(jax.numpy.float32) * s)  # noqa: E731
+  (f,) = hlo_audit.audit(jax.jit(fn), x, w, s).findings_of(P)
+  assert f.suggestion == ("pallas_kernels.matmul(x, w, w_scale=w_scale)  "
+                          "# x: f32[64,256], w: s8[256,512] -> f32[64,512]")
+
+
 @pytest.mark.parametrize("op", ["matmul", "layer_norm", "rms_norm", "softmax"])
 def test_sweep_cases_have_the_grid_shapes(op):
   spec = registry.get_spec(op)

@@ -441,3 +441,25 @@ def test_backward_kernel_lowers_to_triton(transpose_out):
 
   _lower(fn, S(shape, jnp.bfloat16), S((2, m, n), jnp.bfloat16), S(shape, jnp.bfloat16),
          S((n,), jnp.float32))
+
+
+def test_the_forward_kernel_masks_both_ragged_edges_of_its_stores(monkeypatch):
+  # Triton writes a whole block wherever it lies; the interpreter clips a
+  # block at the array's edge, so values computed here cannot show a missing
+  # mask: the stores' masks are read instead. M = 20 and N = 40 in 16 x 16
+  # tiles: the output and the aux saved for the backward both need rows and
+  # columns masked.
+  seen = []
+  real = gpu.store
+
+  def store(view, value, mask):
+    seen.append((tuple(view.shape), None if mask is None else tuple(mask.shape)))
+    return real(view, value, mask)
+
+  monkeypatch.setattr(gpu, "store", store)
+  x, w, extra = operands(20, 32, 40, "float32", residual=True, tag="edges")
+  cfg = Config(block_m=16, block_n=16, block_k=16, num_stages=1, group_m=1)
+  loss = lambda x: pk.matmul(x, w, activation="gelu", implementation="pallas",  # noqa: E731
+                             interpret=True, config=cfg, **extra).sum()
+  jax.grad(loss)(x)
+  assert seen[:2] == [((16, 16), (16, 16))] * 2, seen  # the aux, then the output

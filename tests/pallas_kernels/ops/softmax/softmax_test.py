@@ -6,8 +6,8 @@ import jax
 import pytest
 
 import pallas_kernels as pk
-from pallas_kernels._src.ops.softmax import kernel
-from softmax_base import SoftmaxTestBase, normal
+from pallas_kernels._src.ops.softmax import kernel, reference
+from softmax_base import SoftmaxTestBase, assert_close, normal, ref_f32
 
 
 class TestSoftmaxInterpret(SoftmaxTestBase):
@@ -77,3 +77,23 @@ def test_backward_kernel_carries_the_named_scope_too():
   scopes = _pallas_call_scopes(jax.make_jaxpr(jax.grad(loss))(x).jaxpr)
   assert len(scopes) == 2, scopes  # forward and backward
   assert all("pallas_kernels.softmax/" in s for s in scopes), scopes
+
+
+def test_the_specification_casts_to_the_inputs_dtype_by_default():
+  # reference.py is the semantics every implementation matches: its result
+  # is in x's dtype unless out_dtype says otherwise, not in the float32 it
+  # computes in (the API passes out_dtype resolved; the default is its own).
+  x = normal((4, 40), "bfloat16")
+  assert reference.softmax(x).dtype == jax.numpy.bfloat16
+  assert reference.softmax(x, out_dtype=jax.numpy.float16).dtype == jax.numpy.float16
+  assert reference.softmax_f32(x).dtype == jax.numpy.float32
+
+
+@pytest.mark.parametrize("implementation", ["xla", "pallas"])
+def test_the_result_takes_the_inputs_dtype_unless_out_dtype_says(implementation):
+  x = normal((4, 40), "bfloat16")
+  out = pk.softmax(x, implementation=implementation, interpret=True)
+  assert out.dtype == jax.numpy.bfloat16
+  assert_close(out, ref_f32(x))
+  wide = pk.softmax(x, out_dtype="float32", implementation=implementation, interpret=True)
+  assert wide.dtype == jax.numpy.float32
