@@ -505,7 +505,8 @@ def match_rows(program: Program, red: Node, taken: set[int]) -> Result:
   if red.index in taken:
     return None
   shape = _shape(program, red.ins[0])
-  if not shape or tuple(red.params.get("axes", ())) != (len(shape) - 1,):
+  # (REGISTRY calls this for reduce_sum and reduce_max: both have axes.)
+  if not shape or tuple(red.params["axes"]) != (len(shape) - 1,):
     return None
   for h in _starts(program, red.ins[0]):
     try:
@@ -589,9 +590,9 @@ def _is_fill(program: Program, v: Val, dtype) -> bool:
   if value is None:
     return False
   arr = np.asarray(value, np.float64)
-  if arr.size == 0 or not np.all(arr == arr.reshape(-1)[0]):
+  if arr.size == 0 or not np.all(arr == arr.flat[0]):
     return False
-  f = float(arr.reshape(-1)[0])
+  f = float(arr.flat[0])
   return f == -np.inf or f <= _MASK_FILL or f <= float(jnp.finfo(dtype).min)
 
 

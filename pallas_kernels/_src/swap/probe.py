@@ -394,8 +394,8 @@ def _rms_norm(h, gamma, eps):
 
 
 def _rel_err(out, ref) -> float:
-  out = np.asarray(out, np.float64).reshape(-1)
-  ref = np.asarray(ref, np.float64).reshape(-1)
+  out = np.asarray(out, np.float64).ravel()
+  ref = np.asarray(ref, np.float64).ravel()
   if out.shape != ref.shape or not np.all(np.isfinite(out)):
     return float("inf")
   return float(np.linalg.norm(out - ref) / max(np.linalg.norm(ref), 1e-30))
@@ -472,7 +472,7 @@ class RowProbe:
     outs = [self.env(k, r).get(out) for k, r in enumerate(self.rows)]
     if any(o is None for o in outs):
       return None
-    outs = [o.reshape(-1) for o in outs]
+    outs = [o.ravel() for o in outs]
     rows = [r.astype(np.float64) for r in self.rows]
     if all(_agrees(o, _softmax(r), ROW_TOL) for o, r in zip(outs, rows)):
       return RowOp("softmax")
@@ -480,7 +480,7 @@ class RowProbe:
     ones, zeros = np.ones(n), np.zeros(n)
 
     def vec(p):
-      return ones if p is None else self.params[p].reshape(-1).astype(np.float64)
+      return ones if p is None else self.params[p].ravel().astype(np.float64)
 
     if len(params) == 2:
       ln_assign, rms_assign = [tuple(params), tuple(params[::-1])], []
@@ -496,7 +496,7 @@ class RowProbe:
         tiny_out = self.env(("eps", eps), tiny).get(out)
         if tiny_out is None:
           return None
-        probes.append((tiny_out.reshape(-1), tiny.astype(np.float64)))
+        probes.append((tiny_out.ravel(), tiny.astype(np.float64)))
       for g, b in ln_assign:
         bv = zeros if b is None else vec(b)
         if all(_agrees(o, _layer_norm(r, vec(g), bv, eps), ROW_TOL) for o, r in probes):
@@ -559,7 +559,7 @@ class PointProbe:
     y = self.env.get(out)
     if not nodes or y is None:
       return None
-    y = y.reshape(-1)
+    y = y.ravel()
     program = self.program
     consts = sorted({float(np.asarray(program.value_of(v)).reshape(()))
                      for i in nodes for v in program.nodes[i].ins

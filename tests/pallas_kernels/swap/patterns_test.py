@@ -286,6 +286,10 @@ _SOFTMAX = {
     "a mask that is almost causal is a mask": (
         lambda s: jax.nn.softmax(jnp.where(_causal(1), s, -jnp.inf)), "softmax + mask",
         "softmax(x=f32[2,8,16], mask=pred[8,16])"),
+    "an additive mask of the causal triangle's values is no causal mask": (
+        # tril(ones) added to the logits: numbers, not which keys are kept.
+        lambda s: jax.nn.softmax(s + _causal(0).astype(np.float32)), "softmax + mask",
+        "softmax(x=f32[2,8,16], mask=f32[8,16])"),
     "a scale shared with another reader stays XLA's": (
         lambda s: (lambda y: (jax.nn.softmax(y), y))(s * 0.5), "softmax",
         "softmax(x=f32[2,8,16])"),

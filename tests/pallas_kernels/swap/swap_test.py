@@ -55,6 +55,25 @@ def test_report_true_returns_report_through_jit(mlp_args):
   _close(out, mlp(*mlp_args))
 
 
+def test_a_residual_sum_read_before_the_norm_is_computed_there(keys):
+  # The pre-norm residual stream h is read (h * 2) before the norm's
+  # statistics: the kernel, which writes h too, runs before that reader.
+  # (No affine: gamma's broadcast would come after the reader in the jaxpr,
+  # and the kernel would then have no place to run.)
+  def fn(x, r):
+    h = x + r
+    side = h * 2.0
+    mean = h.mean(-1, keepdims=True)
+    var = ((h - mean) ** 2).mean(-1, keepdims=True)
+    return (h - mean) * jax.lax.rsqrt(var + 1e-5), side
+
+  x, r = (jax.random.normal(k, (4, 8, 32)) for k in keys[:2])
+  swapped = pallas_kernels.swap(fn)
+  (site,) = swapped.report(x, r).sites
+  assert site.replaced and site.pattern == "layer_norm + residual", site
+  _close(jax.jit(swapped)(x, r), fn(x, r))
+
+
 def test_residual_layer_norm(keys):
   x, r = (jax.random.normal(k, (4, 8, 32)) for k in keys[:2])
   g, b = (jax.random.normal(k, (32,)) for k in keys[2:4])
