@@ -195,12 +195,9 @@ def analyze_dataflow(module: HloModule, schedule: Schedule) -> Dataflow:
     if aliased:
       # The leaves that are the start's operands hold their values (the
       # operands stay live until the done); the rest are the start's own.
-      out = define(inst, comp, skip=aliased)
-      for index, operand in aliased.items():
-        src = held(inst.operands[operand]).get(())
-        if src is not None:
-          out.append((index, src))
-      out.sort()
+      held_operands = [(index, held(inst.operands[k]).get(())) for index, k in aliased.items()]
+      holds[inst.name] = sorted(define(inst, comp, skip=aliased) +
+                                [(i, v) for i, v in held_operands if v is not None])
     else:
       define(inst, comp)
     if op == "while" and inst.operands:
