@@ -20,6 +20,11 @@ from hlo_audit._src.target.specs import GpuSpec as GpuSpec
 from hlo_audit._src.target.target import Target as Target
 from hlo_audit._src.target.target import get_target as get_target
 from hlo_audit._src.target.target import list_targets as list_targets
+from hlo_audit._src.target.target import device_facts as device_facts
+from hlo_audit._src.target.devices import DeviceFacts as DeviceFacts
+from hlo_audit._src.target.calibration import cpu_facts as cpu_facts
+from hlo_audit._src.target.profile import KernelProfile as KernelProfile
+from hlo_audit._src.target.profile import profile_kernels as profile_kernels
 from hlo_audit._src.capture.capture import Capture as Capture
 from hlo_audit._src.capture.capture import MemoryStats as MemoryStats
 from hlo_audit._src.capture.capture import capture as capture
@@ -45,4 +50,7 @@ from hlo_audit._src.report.units import fmt_source as format_source
 from hlo_audit._src.report.report import AuditReport as AuditReport
 from hlo_audit._src.analysis.collectives import Collective as Collective
 from hlo_audit._src.analysis.replay import WhatIf as WhatIf
+from hlo_audit._src.analysis.time_model import Bound as Bound
+from hlo_audit._src.analysis.time_model import KernelTime as KernelTime
+from hlo_audit._src.analysis.time_model import StepTime as StepTime
 from hlo_audit._src.analysis.program import WhatIfError as WhatIfError

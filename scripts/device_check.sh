@@ -19,11 +19,16 @@
 #   4. the built-in examples compiled for the GPU, their optimized HLO with
 #      XLA's buffer assignment saved as test fixtures (capture_fixtures.py),
 #      and the audit of the example;
-#   5. the GPU-marked tests.
-# $OUT gets 7 files, nothing deeper than $OUT itself: summary.md (the one
-# page: device, versions, verdicts, the three tables), validate.json,
-# bench.json, backends.json, example_audit.json, fixtures.tar.gz,
-# logs.tar.gz. Every step has its own timeout (together under 8 minutes) and
+#   5. the time model against the GPU's own kernel times: the ground-truth
+#      suite's programs profiled (jax.profiler), each kernel's estimate beside
+#      its measured time, Spearman and the step ratio per program
+#      (bench_time_model.py; the estimates are XLA's H200 spec's until this
+#      step has run);
+#   6. the GPU-marked tests.
+# $OUT gets 8 files, nothing deeper than $OUT itself: summary.md (the one
+# page: device, versions, verdicts, the four tables), validate.json,
+# bench.json, backends.json, example_audit.json, time_model.json,
+# fixtures.tar.gz, logs.tar.gz. Every step has its own timeout (together under 8 minutes) and
 # the script goes on after a failure; the summary says which failed.
 set -uo pipefail
 MODE=gpu
@@ -42,7 +47,8 @@ if [[ $MODE == gpu ]]; then
   BENCH=(--tags=device --repeats=20 --warmup=3)
   BACKENDS=(--tags=backends --repeats=20 --warmup=3)
   FIXTURES=()
-  T_VALIDATE=190 T_BENCH=75 T_BACKENDS=60 T_FIXTURES=60 T_AUDIT=45 T_TESTS=40
+  TIME_MODEL=(--runs=10)
+  T_VALIDATE=165 T_BENCH=70 T_BACKENDS=55 T_FIXTURES=55 T_AUDIT=40 T_TIME=60 T_TESTS=35
   "$PY" -m pip install -q --no-deps --no-build-isolation -e . >"$OUT/logs/install.log" 2>&1
   status install $?
   nvidia-smi >"$OUT/logs/nvidia-smi.txt" 2>&1
@@ -52,7 +58,8 @@ else
   BENCH=(--tags=ci --ops=softmax --repeats=2 --warmup=1)
   BACKENDS=(--tags=backends_dry --repeats=1 --warmup=1)
   FIXTURES=(--tiny)
-  T_VALIDATE=400 T_BENCH=300 T_BACKENDS=300 T_FIXTURES=300 T_AUDIT=60 T_TESTS=120
+  TIME_MODEL=(--runs=3 --models=linen_mlp,grad_accum)
+  T_VALIDATE=400 T_BENCH=300 T_BACKENDS=300 T_FIXTURES=300 T_AUDIT=60 T_TIME=300 T_TESTS=120
   echo "dry run: no GPU, kernels interpreted" >"$OUT/logs/nvidia-smi.txt"
 fi
 "$PY" -c "import jax, jaxlib; print('jax', jax.__version__, 'jaxlib', jaxlib.__version__, jax.devices())" \
@@ -79,6 +86,10 @@ timeout "$T_AUDIT" "$PY" -m hlo_audit example --json >"$OUT/example_audit.json" 
   2>"$OUT/logs/audit.err"
 status audit $?
 
+timeout "$T_TIME" "$PY" scripts/bench_time_model.py "${TIME_MODEL[@]}" --verbose \
+  --json="$OUT/time_model.json" >"$OUT/logs/time_model.log" 2>&1
+status time-model $?
+
 timeout "$T_TESTS" "$PY" -m pytest -q -m gpu -p no:cacheprovider tests \
   >"$OUT/logs/pytest_gpu.log" 2>&1
 status gpu-tests $?
@@ -94,6 +105,8 @@ status gpu-tests $?
   if [[ -f "$OUT/bench.md" ]]; then cat "$OUT/bench.md"; else tail -20 "$OUT/logs/bench.log"; fi
   echo; echo "## Matmul: Mosaic GPU, Triton and XLA (same inputs, one run)"; echo
   if [[ -f "$OUT/backends.md" ]]; then cat "$OUT/backends.md"; else tail -20 "$OUT/logs/backends.log"; fi
+  echo; echo "## Time model: estimated against measured kernel times"; echo; echo '```'
+  grep -v "^ " "$OUT/logs/time_model.log" | tail -20; echo '```'
   echo; echo "## Fixtures and audit"; echo; echo '```'
   tail -6 "$OUT/logs/fixtures.log"; tail -3 "$OUT/logs/audit.err"
   echo '```'; echo; echo "## GPU tests"; echo; echo '```'

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from hlo_audit._src.analysis import collectives, custom_calls, detectors, memory_findings
+from hlo_audit._src.analysis import time_model
 from hlo_audit._src.analysis import source as source_mod
 from hlo_audit._src.analysis.buffer_sharing import infer_platform
 from hlo_audit._src.analysis.buffers import find_buffers
@@ -32,7 +33,10 @@ from hlo_audit._src.errors import HloAuditError
 from hlo_audit._src.gc_pause import paused_gc
 from hlo_audit._src.hlo.ir import HloModule
 from hlo_audit._src.report.report import AuditReport, ModuleInfo
-from hlo_audit._src.target.target import Target
+from hlo_audit._src.errors import TargetError
+from hlo_audit._src.target import devices
+from hlo_audit._src.target.devices import DeviceFacts
+from hlo_audit._src.target.target import Target, device_facts, facts_for_device_kind
 
 #: Our peak and XLA's are expected to agree this closely.
 PEAK_TOLERANCE = 0.01
@@ -155,6 +159,11 @@ def _audit_capture(cap: Capture, options: AuditOptions,
   findings = _one_per_boundary([f for f in found if f is not None])
   release_tables(module)  # every finding has its source by now
   program_collectives = collectives.find_collectives(program)
+  facts, device_note = device_facts_for(cap, options, platform)
+  step = None
+  if facts is not None:
+    step = time_model.estimate(program, facts)
+    findings = time_model.price_findings(findings, step)
   program.tables.clear()  # the report keeps the program, not the finders' tables
   if complete is not None:
     cap = complete()  # XLA's peak and cost: now wait for its analyses
@@ -164,6 +173,8 @@ def _audit_capture(cap: Capture, options: AuditOptions,
     notes.insert(0, NOT_OPTIMIZED)
   elif not module.is_scheduled:
     notes.append("the module is not scheduled: text order stands in for XLA's schedule")
+  if device_note:
+    notes.append(device_note)
   unknown = custom_calls.unknown_targets(module)
   if unknown:
     notes.append("unknown custom-call targets (opaque: their reads and writes count, "
@@ -197,7 +208,28 @@ def _audit_capture(cap: Capture, options: AuditOptions,
       live_at_peak=tuple(names[b] for b in liveness.live_at_peak),
       cost_analysis=cap.cost_analysis, notes=tuple(notes), options=options,
       collectives=program_collectives, program=program,
-      kernel_libraries=tuple(lib.name for lib in libraries.libraries))
+      kernel_libraries=tuple(lib.name for lib in libraries.libraries), timing=step)
+
+
+def device_facts_for(cap: Capture, options: AuditOptions,
+                     platform: str = "") -> tuple[DeviceFacts | None, str]:
+  """The facts that price the capture's kernels, and a note for the report
+  ("" when none): why there are none, or whose they are. The options' device, else the target compiled for, else
+  the device jax compiled on (this machine's CPU is calibrated once)."""
+  if options.device is not None:  # asked for: an unknown name is an error
+    return device_facts(options.device), ""
+  try:
+    if cap.target is not None and cap.target.spec is not None:
+      return devices.gpu_facts(cap.target.spec), ""
+    facts = facts_for_device_kind(cap.platform or platform, cap.device_kind)
+  except TargetError as e:
+    return None, f"time not estimated: {e}"
+  if facts is None:
+    return None, ("time not estimated: the device is unknown (name it: "
+                  "AuditOptions(device='h200'), or --device h200)")
+  if not cap.platform and facts.platform == "cpu":
+    return facts, "time priced on this machine's CPU (HLO text names no device)"
+  return facts, ""
 
 
 #: What the report says of a module XLA has not optimized.

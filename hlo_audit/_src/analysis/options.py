@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 from hlo_audit._src.analysis import source as source_mod
 
@@ -29,4 +30,8 @@ class AuditOptions:
   #: The kernel libraries to consult, by name (None: every installed one;
   #: (): none, as if none were installed).
   kernel_libraries: tuple[str, ...] | None = None
+  #: The device whose facts price the kernels' time: a name ("h200", "cpu":
+  #: `hlo_audit.device_facts`) or a `DeviceFacts`; None: the device the
+  #: module was compiled for, where known.
+  device: Any = None
 

@@ -255,6 +255,10 @@ class FusionDecisionRecord:
   #: False where the audit's replay budget left it the quick estimate, which
   #: keeps the audited buffer assignment (replay.replay_budget).
   peak_exact: bool = True
+  #: Estimated seconds per step the change saves on the audited device
+  #: (`time_model.time_saved`): negative where it costs time (a remat's
+  #: recompute); None where the device is unknown or the model has no price.
+  time_saved: float | None = None
   #: What a fused kernel must compute to close the finding (None: no kernel
   #: applies, e.g. a change to the program); kernel libraries answer it with
   #: `kernel`. Not compared: it is the question, `kernel` the answer kept.

@@ -58,6 +58,11 @@ class WhatIf:
   baseline_timeline: tuple[int, ...]
   timeline: tuple[int, ...]
   notes: tuple[str, ...] = ()
+  #: The estimated step before and after the changes (seconds; None without
+  #: a time estimate): fusions save their findings' `time_saved`, a remat
+  #: costs its recompute.
+  baseline_step_time: float | None = None
+  step_time: float | None = None
 
   @property
   def peak_saved(self) -> int:
@@ -69,7 +74,8 @@ class WhatIf:
             "peak_bytes": self.peak_bytes, "peak_saved": self.peak_saved,
             "peak_time": self.peak_time, "live_at_peak": list(self.live_at_peak),
             "baseline_timeline": list(self.baseline_timeline),
-            "timeline": list(self.timeline), "notes": list(self.notes)}
+            "timeline": list(self.timeline), "notes": list(self.notes),
+            "baseline_step_time": self.baseline_step_time, "step_time": self.step_time}
 
   def __str__(self) -> str:
     from hlo_audit._src.report.what_if_text import render_what_if

@@ -11,7 +11,7 @@ import sys
 from hlo_audit._src.errors import HloParseError
 from hlo_audit._src.report import layout
 from hlo_audit._src.report.report import AuditReport, finding_kind
-from hlo_audit._src.report.units import fmt_bytes, parse_bytes
+from hlo_audit._src.report.units import fmt_bytes, fmt_time, parse_bytes, parse_time
 from hlo_audit._src.target import wheels
 
 #: Text report width when stdout is not a terminal (and COLUMNS is unset).
@@ -47,14 +47,24 @@ def add_output_flags(p: argparse.ArgumentParser) -> None:
                    help="every table: kernels, intermediate tensors, every finding group "
                         "with its members and decision record")
   out.add_argument("--top", type=int, default=None, metavar="N",
-                   help="finding groups in the default view (default: 20)")
+                   help="finding groups in the default view (default: 15)")
+  out.add_argument("--sort", choices=("time", "bytes", "peak"), default="time",
+                   help="rank finding groups by estimated time saved (default), by "
+                        "memory traffic saved, or by peak memory saved")
   out.add_argument("--html", metavar="PATH", help="also write a self-contained HTML report")
+  out.add_argument("--trace", metavar="PATH",
+                   help="also write the estimated timeline as Chrome trace JSON (opens in "
+                        "https://ui.perfetto.dev or chrome://tracing)")
   out.add_argument("--fail-on", metavar="CLASS", action="append", default=[],
                    help="exit 1 if a finding of this class appears (repeatable or "
                         "comma-separated; e.g. unfused-epilogue,standalone-copy)")
   out.add_argument("--min-bytes", metavar="SIZE", type=_size, default=0,
                    help="with --fail-on: only finding groups (the same pattern at one "
                         "source line) saving at least SIZE per run fail, e.g. 1MiB")
+  out.add_argument("--min-time", metavar="TIME", type=_time, default=None,
+                   help="with --fail-on: only finding groups whose estimated saving is at "
+                        "least TIME per step fail, e.g. 5us, 1.5ms (needs a time estimate: "
+                        "a known device)")
   out.add_argument("--what-if", metavar="CHANGES", default=None,
                    help="replay the peak with changes made, e.g. 'donate=0,1', "
                         "'donate=params;remat=fusion.3', 'drop=NAME', 'fuse=2' (finding "
@@ -71,6 +81,20 @@ def _size(text: str) -> int:
     return parse_bytes(text)
   except ValueError as e:
     raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _time(text: str) -> float:
+  try:
+    return parse_time(text)
+  except ValueError as e:
+    raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def add_device_flag(p: argparse.ArgumentParser) -> None:
+  p.add_argument("--device", metavar="NAME", default=None,
+                 help="price the kernels' time on this device: a GPU (h200, h100, b200, "
+                      "...: hlo-audit targets) or cpu (this machine, calibrated once); "
+                      "default: the device the HLO was compiled for, where known")
 
 
 def fail_on_classes(values: list[str]):
@@ -225,6 +249,14 @@ def emit(report: AuditReport, args, out=None, *, prefix: list[str] | None = None
 
   out = out or sys.stdout
   kinds = fail_on_classes(args.fail_on)
+  sort = getattr(args, "sort", "time")
+  min_time = getattr(args, "min_time", None)
+  if min_time is not None and not kinds:
+    raise UsageError("--min-time applies to --fail-on: name the classes that fail")
+  if min_time is not None and report.timing is None:
+    raise UsageError("--min-time needs a time estimate, and this report has none ("
+                     + next((n for n in report.notes if n.startswith("time not estimated")),
+                            "the device is unknown") + ")")
   if getattr(args, "what_if", None):
     report = report.with_what_if(replay_what_if(report, args.what_if))
   if args.json:
@@ -235,10 +267,10 @@ def emit(report: AuditReport, args, out=None, *, prefix: list[str] | None = None
     width = layout.text_width(out, args.width)
     top = args.top if args.top is not None else terminal.TOP
     if args.all:
-      lines = terminal.full_lines(report, width)
+      lines = terminal.full_lines(report, width, sort=sort)
     else:
       swap = report.kernel_libraries[0] if swap_hint and report.kernel_libraries else None
-      lines = terminal.compact_lines(report, width, top=top,
+      lines = terminal.compact_lines(report, width, top=top, sort=sort,
                                      hints=hints(prefix or ["hlo-audit"], swap))
     out.write("\n".join(lines) + "\n")
   if args.html:
@@ -248,17 +280,34 @@ def emit(report: AuditReport, args, out=None, *, prefix: list[str] | None = None
       raise UsageError(f"cannot write {args.html!r}: {e.strerror}") from None
     if not (args.json or args.markdown):
       out.write(f"HTML report written to {args.html}\n")
+  trace = getattr(args, "trace", None)
+  if trace:
+    if report.timing is None:
+      raise UsageError("--trace needs a time estimate, and this report has none ("
+                       + next((n for n in report.notes if n.startswith("time not estimated")),
+                              "the device is unknown") + ")")
+    try:
+      report.to_trace(trace)
+    except OSError as e:
+      raise UsageError(f"cannot write {trace!r}: {e.strerror}") from None
+    if not (args.json or args.markdown):
+      out.write(f"estimated timeline written to {trace} (Chrome trace JSON)\n")
   if not kinds:
     return ExitCode.OK
-  hits = [g for g in ranked_groups(report.findings)
-          if g.kind in kinds and g.actionable and g.bytes_saved >= args.min_bytes]
+  hits = [g for g in ranked_groups(report.findings, sort)
+          if g.kind in kinds and g.actionable and g.bytes_saved >= args.min_bytes
+          and (min_time is None or (g.time_saved or 0.0) >= min_time)]
   if hits:
     width = layout.text_width(sys.stderr, args.width)
-    floor = f" saving >= {fmt_bytes(args.min_bytes)}" if args.min_bytes else ""
+    floor = " and ".join(filter(None, (
+        f"saving >= {fmt_bytes(args.min_bytes)}" if args.min_bytes else "",
+        f"saving >= {fmt_time(min_time)}" if min_time is not None else "")))
+    floor = f" {floor}" if floor else ""
     print(f"hlo-audit: {sum(g.count for g in hits)} finding(s) of class "
           f"{', '.join(sorted({g.kind.slug for g in hits}))}{floor} (--fail-on):",
           file=sys.stderr)
-    print("\n".join(terminal.group_lines(hits, width)), file=sys.stderr)
+    step = report.timing.step_time if report.timing is not None else None
+    print("\n".join(terminal.group_lines(hits, width, step=step)), file=sys.stderr)
     return ExitCode.FINDINGS
   return ExitCode.OK
 

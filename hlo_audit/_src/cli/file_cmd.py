@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from hlo_audit._src.cli.common import ExitCode, add_output_flags, emit
+from hlo_audit._src.cli.common import ExitCode, add_device_flag, add_output_flags, emit
 
 
 def add_parser(sub) -> None:
@@ -17,11 +17,13 @@ def add_parser(sub) -> None:
                  help="pick the dump's module whose name matches (default: the largest)")
   p.add_argument("--list", action="store_true",
                  help="list the dump's optimized modules and exit")
+  add_device_flag(p)
   add_output_flags(p)
   p.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> ExitCode:
+  from hlo_audit._src.analysis.options import AuditOptions
   from hlo_audit._src.audit import audit_capture
   from hlo_audit._src.capture.dump import load_dump
 
@@ -31,4 +33,6 @@ def run(args: argparse.Namespace) -> ExitCode:
       print(f"{m.id:6d}  {m.name:40s}  {m.stage:36s}  {m.size:>10d} bytes")
     return ExitCode.OK
   prefix = ["hlo-audit", "file", args.path] + (["--module", args.module] if args.module else [])
-  return emit(audit_capture(dump.capture(args.module)), args, prefix=prefix)
+  prefix += ["--device", args.device] if args.device else []
+  options = AuditOptions(device=args.device)
+  return emit(audit_capture(dump.capture(args.module), options), args, prefix=prefix)

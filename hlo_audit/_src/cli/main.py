@@ -1,7 +1,7 @@
 """The `hlo-audit` command line.
 
 Verbs live in their own modules (`example`, `file`, `run`, `diff`, `sweep`,
-`targets`). `run(argv)`
+`targets`, `calibrate`). `run(argv)`
 returns an `ExitCode` and is callable from Python; `main()` is the console
 script (also `python -m hlo_audit`). The CLI uses argparse rather than absl
 flags: absl's flags are process-global, which does not suit several verbs
@@ -14,8 +14,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from hlo_audit._src.cli import (diff_cmd, example_cmd, file_cmd, run_cmd, sweep_cmd,
-                                targets_cmd)
+from hlo_audit._src.cli import (calibrate_cmd, diff_cmd, example_cmd, file_cmd, run_cmd,
+                                sweep_cmd, targets_cmd)
 from hlo_audit._src.cli.common import ExitCode, UsageError, describe_error
 from hlo_audit._src.errors import HloAuditError
 from hlo_audit._src.target import wheels
@@ -28,7 +28,8 @@ def build_parser() -> argparse.ArgumentParser:
                   "would close the gaps.")
   sub = p.add_subparsers(dest="verb", metavar="VERB")
   sub.required = True
-  for verb in (example_cmd, file_cmd, run_cmd, diff_cmd, sweep_cmd, targets_cmd):
+  for verb in (example_cmd, file_cmd, run_cmd, diff_cmd, sweep_cmd, targets_cmd,
+               calibrate_cmd):
     verb.add_parser(sub)
   return p
 

@@ -23,6 +23,7 @@ def add_parser(sub) -> None:
 def run(args: argparse.Namespace, out=None) -> ExitCode:
   from hlo_audit._src.report.units import fmt_bytes
   from hlo_audit._src.target import specs, wheels
+  from hlo_audit._src.target.devices import gpu_facts
 
   out = out or sys.stdout
   known = specs.known_specs()
@@ -30,26 +31,31 @@ def run(args: argparse.Namespace, out=None) -> ExitCode:
   aliases = {}
   for alias, name in specs.ALIASES.items():
     aliases.setdefault(name, []).append(alias)
+  facts = {s.name: gpu_facts(s) for s in known}
   if args.json:
     out.write(json.dumps({
         "targets": [{"name": s.name, "aliases": aliases.get(s.name, []),
                      "device_kind": s.device_kind,
                      "compute_capability": s.compute_capability,
                      "sm_count": s.core_count, "memory_bytes": s.memory_bytes,
-                     "source": s.source} for s in known],
+                     "source": s.source, "device_facts": facts[s.name].to_dict()}
+                    for s in known],
         "ready": not problems, "problems": problems,
         "install": wheels.pip_command() if problems else None}, indent=2) + "\n")
     return ExitCode.OK
   rows = [(s.name + (f" ({', '.join(aliases[s.name])})" if s.name in aliases else ""),
            s.device_kind, f"sm_{s.compute_capability}", str(s.core_count),
-           fmt_bytes(s.memory_bytes)) for s in known]
-  head = ("name", "device", "arch", "SMs", "memory")
+           fmt_bytes(s.memory_bytes), f"{facts[s.name].memory_bandwidth / 1e12:.2f}",
+           f"{facts[s.name].matrix_rate('bf16') / 1e12:.0f}") for s in known]
+  head = ("name", "device", "arch", "SMs", "memory", "HBM TB/s", "bf16 TFLOP/s")
   widths = [max(len(r[i]) for r in (head, *rows)) for i in range(len(head))]
   fmt = lambda r: "  ".join(c.rjust(w) if i >= 3 else c.ljust(w)  # noqa: E731
                              for i, (c, w) in enumerate(zip(r, widths))).rstrip()
   lines = [fmt(head), fmt(tuple("-" * w for w in widths)), *map(fmt, rows), ""]
   sources = sorted({s.source for s in known})
   lines.append("specs: " + "; ".join(sources))
+  lines.append("rates: XLA's spec (dense, per GPU); the time model prices kernels with "
+               "them (hlo-audit calibrate measures this machine's CPU)")
   if problems:
     lines.append(f"not ready: {'; '.join(problems)}: {wheels.pip_command()}")
   else:

@@ -61,6 +61,17 @@ _TABLE: dict[str, tuple[int, Kind]] = {
 #: Element type names the HLO lexer treats as reserved words.
 ELEMENT_TYPES = frozenset(_TABLE)
 
+#: XLA's `PrimitiveType` numbers (xla/xla_data.proto) -> element type name:
+#: XLA's GPU specs key their per-type unit rates by these numbers.
+PRIMITIVE_TYPES = types.MappingProxyType({
+    1: "pred", 2: "s8", 3: "s16", 4: "s32", 5: "s64", 6: "u8", 7: "u16",
+    8: "u32", 9: "u64", 10: "f16", 11: "f32", 12: "f64", 15: "c64", 16: "bf16",
+    18: "c128", 19: "f8e5m2", 20: "f8e4m3fn", 21: "s4", 22: "u4",
+    23: "f8e4m3b11fnuz", 24: "f8e5m2fnuz", 25: "f8e4m3fnuz", 26: "s2", 27: "u2",
+    28: "f8e4m3", 29: "f8e3m4", 30: "s1", 31: "u1", 32: "f4e2m1fn",
+    33: "f8e8m0fnu",
+})
+
 #: name -> numpy dtype name, for the types numpy (with ml_dtypes) knows.
 NUMPY_NAMES = types.MappingProxyType({
     "pred": "bool", "s4": "int4", "s8": "int8", "s16": "int16", "s32": "int32",

@@ -10,7 +10,12 @@ from __future__ import annotations
 import dataclasses
 
 from hlo_audit._src.analysis.records import FindingKind, FusionDecisionRecord, Verdict
+from hlo_audit._src.analysis.time_model import CAPACITY_KINDS
 from hlo_audit._src.hlo.ir import SourceLocation
+
+#: How groups can be ranked: by estimated time saved (the default), by
+#: traffic bytes saved, or by peak memory saved.
+SORTS = ("time", "bytes", "peak")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -38,6 +43,19 @@ class FindingGroup:
   @property
   def launches_removed(self) -> int:
     return sum(f.launches_removed for f in self.members)
+
+  @property
+  def time_saved(self) -> float | None:
+    """Estimated seconds per step, summed over the members that have one;
+    None when none has (the device is unknown)."""
+    values = [f.time_saved for f in self.members if f.time_saved is not None]
+    return sum(values) if values else None
+
+  @property
+  def capacity(self) -> bool:
+    """A change to what memory holds (donation, remat, a replicated
+    buffer's split), not to the work: ranked apart, by peak saved."""
+    return self.kind in CAPACITY_KINDS
 
   @property
   def peak_saved(self) -> int | None:
@@ -76,13 +94,32 @@ def group_findings(findings) -> tuple[FindingGroup, ...]:
       for m in groups.values())
 
 
-def rank_key(g: FindingGroup) -> tuple:
-  """Actionable groups first; then by peak bytes saved where known, then by
-  traffic bytes saved, then by class order."""
+def rank_key(g: FindingGroup, sort: str = "time") -> tuple:
+  """Actionable groups first; then by `sort`: estimated time saved (groups
+  without an estimate, e.g. the device unknown, by traffic bytes), traffic
+  bytes saved, or peak bytes saved; ties by the other measures and class."""
   kinds = list(FindingKind)
-  return (not g.actionable, -(g.peak_saved or 0), -g.bytes_saved, kinds.index(g.kind))
+  time = g.time_saved
+  if sort == "peak":
+    key = (-(g.peak_saved or 0), -(time or 0.0), -g.bytes_saved)
+  elif sort == "bytes":
+    key = (-g.bytes_saved, -(time or 0.0), -(g.peak_saved or 0))
+  elif sort == "time":
+    key = (time is None, -(time or 0.0), -g.bytes_saved, -(g.peak_saved or 0))
+  else:
+    raise ValueError(f"unknown sort {sort!r}; known: {', '.join(SORTS)}")
+  return (not g.actionable, *key, kinds.index(g.kind))
 
 
-def ranked_groups(findings) -> tuple[FindingGroup, ...]:
+def ranked_groups(findings, sort: str = "time") -> tuple[FindingGroup, ...]:
   """`group_findings`, most valuable first (`rank_key`; stable otherwise)."""
-  return tuple(sorted(group_findings(findings), key=rank_key))
+  return tuple(sorted(group_findings(findings), key=lambda g: rank_key(g, sort)))
+
+
+def split_capacity(groups) -> tuple[tuple[FindingGroup, ...], tuple[FindingGroup, ...]]:
+  """(groups that change the work, capacity groups ranked by peak saved):
+  the report's two sections."""
+  work = tuple(g for g in groups if not g.capacity)
+  capacity = tuple(sorted((g for g in groups if g.capacity),
+                          key=lambda g: rank_key(g, "peak")))
+  return work, capacity

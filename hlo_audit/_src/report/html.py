@@ -1,7 +1,10 @@
 """HTML rendering: one self-contained page (inline CSS, SVG and a few lines of
 script; nothing fetched from the network).
 
-Sections: summary; live bytes over the schedule with the peak marked (hover
+Sections: summary; the estimated timeline on the device (kernels over
+estimated time, one row per track, coloured by what bounds each, the kernels
+a finding names marked; bars narrower than a pixel merged, hover for what
+they hold); live bytes over the schedule with the peak marked (hover
 for a step's bytes); the memory view (buffers stacked over the schedule, each
 a band from definition to last use coloured by lifetime, hover for name,
 shape, bytes and source, the peak and its live buffers marked); the kernel
@@ -17,6 +20,7 @@ groups and rows are capped (largest first) and the page says what it left out.
 
 from __future__ import annotations
 
+import dataclasses
 import html
 import json
 import linecache
@@ -28,8 +32,8 @@ from hlo_audit._src.analysis.records import Verdict
 from hlo_audit._src.report import text
 from hlo_audit._src.report.grouping import ranked_groups
 from hlo_audit._src.report.memory_view import aggregate_columns, live_at, stack_buffers
-from hlo_audit._src.report import units
-from hlo_audit._src.report.units import fmt_bytes, fmt_source
+from hlo_audit._src.report import trace, units
+from hlo_audit._src.report.units import fmt_bytes, fmt_source, fmt_time
 
 #: The page style, shared with the sweep report.
 CSS = """
@@ -54,6 +58,7 @@ ul.cols{columns:3 260px;font-size:12.5px;margin:6px 0}
 details.group{margin:3px 0;padding:3px 10px} details.group>summary{font-weight:400;list-style-position:outside}
 details.group>summary .grow{display:inline-grid;width:calc(100% - 16px)}
 #mem-tip{font:12px ui-monospace,monospace;min-height:1.5em;color:#1b1f24;margin:4px 0}
+#step-timeline rect.wide{stroke:#fff;stroke-width:.6}
 """
 
 #: Sorts a `table.sortable` by the clicked column: by `data-v` where a cell has
@@ -461,6 +466,207 @@ def memory_svg(report, width: int = 960, height: int = 320) -> str:
   return "".join(legend) + note + "".join(out) + listed
 
 
+#: Bar colours by what bounds a kernel's estimated time.
+BOUND_COLORS = {"memory": "#0969da", "compute": "#8250df", "launch": "#8c959f",
+                "communication": "#1a7f37"}
+#: Bars narrower than this many pixels merge with their neighbours.
+MIN_BAR_PX = 1.0
+#: Kernels a merged bar's tooltip names, and findings a bar's.
+_TIP_KERNELS = 5
+_TIP_FINDINGS = 3
+
+
+def _finding_tip(findings) -> str:
+  out = []
+  for f in findings[:_TIP_FINDINGS]:
+    t = f.time_saved
+    saving = ("time not estimated" if t is None else f"costs ~{fmt_time(-t)} per step"
+              if t < 0 else f"saves ~{fmt_time(t)} per step")
+    out.append(f"{f.kind.value} at {f.boundary or f.producer} ({saving})")
+  more = len(findings) - _TIP_FINDINGS
+  return "; ".join(out) + (f"; {more} more" if more > 0 else "")
+
+
+@dataclasses.dataclass(slots=True)
+class _Merged:
+  """Bars narrower than a pixel gathered into one: where it starts and ends
+  (pixels) and what it holds."""
+
+  x0: float
+  x1: float
+  count: int = 0
+  seconds: float = 0.0
+  by_bound: dict = dataclasses.field(default_factory=dict)
+  by_kernel: dict = dataclasses.field(default_factory=dict)
+  #: Kernels in it that findings name, in order (a dict as an ordered set).
+  found: dict = dataclasses.field(default_factory=dict)
+
+  def add(self, launch, x1: float, bound: str, named: bool) -> None:
+    self.x1 = max(self.x1, x1)
+    self.count += launch.count
+    self.seconds += launch.duration
+    self.by_bound[bound] = self.by_bound.get(bound, 0.0) + launch.duration
+    self.by_kernel[launch.kernel] = self.by_kernel.get(launch.kernel, 0.0) + launch.duration
+    if named:
+      self.found[launch.kernel] = None
+
+
+def step_timeline_svg(report, width: int = 960) -> str:
+  """The estimated step: one row per track (compute; communication, more
+  rows where collectives overlap), a bar per kernel launch coloured by its
+  bound, kernels a finding names marked above their bar in red, a
+  `<title>` on each bar. Bars narrower than MIN_BAR_PX merge into one per
+  pixel (coloured by the bound holding most of their time), so the drawing
+  stays small for any number of launches."""
+  step = report.timing
+  laid = trace.rows(step.launches)
+  if not laid:
+    return '<p class="muted">No kernel runs.</p>'
+  found = trace.findings_by_kernel(report)
+  span = max([step.step_time] + [l.start + l.duration for r in laid for l in r.launches])
+  if not span > 0:
+    return '<p class="muted">The estimated step takes no time.</p>'
+  pad_l, pad_t, row_h, gap, axis = 110, 14, 24, 12, 34
+  w = width - pad_l - 10
+  height = pad_t + len(laid) * (row_h + gap) + axis
+
+  def x(t: float) -> float:
+    return pad_l + t / span * w
+
+  out = [f'<svg xmlns="http://www.w3.org/2000/svg" id="step-timeline" width="{width}" '
+         f'height="{height}" role="img" aria-label="estimated timeline">']
+  base = pad_t + len(laid) * (row_h + gap)
+  for r_i, row in enumerate(laid):
+    y = pad_t + r_i * (row_h + gap)
+    out.append(f'<rect x="{pad_l}" y="{y}" width="{w}" height="{row_h}" fill="#f6f8fa"/>')
+  for frac in (0, 0.25, 0.5, 0.75, 1):
+    xx = x(frac * span)
+    out.append(f'<line x1="{xx:.1f}" x2="{xx:.1f}" y1="{pad_t}" y2="{base}" stroke="#d0d7de"/>')
+    # The ends' labels inside the chart: a centred one spills over its edge.
+    anchor = {0: "start", 1: "end"}.get(frac, "middle")
+    out.append(f'<text x="{xx:.1f}" y="{base + 12}" text-anchor="{anchor}">'
+               f'{_e(fmt_time(frac * span))}</text>')
+  merged_any = False
+  for r_i, row in enumerate(laid):
+    y = pad_t + r_i * (row_h + gap)
+    out.append(f'<text x="{pad_l - 8}" y="{y + row_h / 2 + 4}" text-anchor="end">'
+               f'{_e(row.name)}</text>')
+    marks: set[int] = set()
+    pending: _Merged | None = None
+    for l in row.launches:
+      x0, x1 = x(l.start), x(l.start + l.duration)
+      k = step.kernel(l.kernel)
+      bound = k.bound.value if k is not None else row.track
+      names = found.get(l.kernel, ())
+      if x1 - x0 >= MIN_BAR_PX:
+        if pending is not None:
+          _merged_bar(out, marks, pending, y, row_h, step, found)
+          pending = None
+        _bar(out, marks, x0, x1 - x0, y, row_h, bound,
+             _bar_tip(step, l.kernel, l.duration, l.count, bound, names), bool(names), l.count)
+        continue
+      # A narrow bar joins the merged one before it unless that one is a
+      # pixel wide already or a gap lies between them.
+      if pending is not None and (x0 - pending.x1 > MIN_BAR_PX / 2
+                                  or pending.x1 - pending.x0 >= MIN_BAR_PX):
+        _merged_bar(out, marks, pending, y, row_h, step, found)
+        pending = None
+      if pending is None:
+        pending = _Merged(x0, x0)
+        merged_any = True
+      pending.add(l, x1, bound, bool(names))
+    if pending is not None:
+      _merged_bar(out, marks, pending, y, row_h, step, found)
+  out.append(f'<text x="{pad_l + w / 2:.1f}" y="{height - 4}" text-anchor="middle">'
+             "estimated time from the start of the step</text>")
+  out.append("</svg>")
+  legend = ['<p class="legend">']
+  for bound, color in BOUND_COLORS.items():
+    legend.append(f'<span><i class="sw" style="background:{color}"></i>{bound}-bound</span>')
+  legend.append('<span><svg width="12" height="10" style="vertical-align:-1px">'
+                '<path d="M2,2h8l-4,6z" fill="#cf222e"/></svg> a finding names the kernel</span>')
+  if merged_any:
+    legend.append("<span>bars narrower than a pixel are merged: hover for what they hold</span>")
+  legend.append("</p>")
+  return "".join(legend) + "".join(out)
+
+
+def _merged_bar(out: list[str], marks: set[int], m: _Merged, y: float, h: float, step,
+                found) -> None:
+  """A merged bar, coloured by the bound holding most of its time; its
+  tooltip counts its launches and names its longest kernels (as a kernel's
+  own bar where it holds one kernel)."""
+  bound = max(m.by_bound, key=m.by_bound.get)
+  if len(m.by_kernel) == 1:
+    (name,) = m.by_kernel
+    tip = _bar_tip(step, name, m.seconds, m.count, bound, found.get(name, ()))
+  else:
+    top = sorted(m.by_kernel.items(), key=lambda kv: -kv[1])[:_TIP_KERNELS]
+    share = ", ".join(f"{b} {100 * v / m.seconds:.0f}%" for b, v in sorted(
+        m.by_bound.items(), key=lambda kv: -kv[1])) if m.seconds else bound
+    tip = (f"{m.count} launches of {len(m.by_kernel)} kernels in {fmt_time(m.seconds)} "
+           f"({share}); longest: " + ", ".join(f"{k} {fmt_time(v)}" for k, v in top))
+    if m.found:
+      more = len(m.found) - _TIP_KERNELS
+      tip += ("; named by findings: " + ", ".join(list(m.found)[:_TIP_KERNELS])
+              + (f" and {more} more" if more > 0 else ""))
+  _bar(out, marks, m.x0, max(MIN_BAR_PX, m.x1 - m.x0), y, h, bound, tip, bool(m.found),
+       m.count)
+
+
+def _bar_tip(step, name: str, seconds: float, count: int, bound: str, findings) -> str:
+  """A kernel's bar: its name, time, bound, bytes per launch, findings."""
+  k = step.kernel(name)
+  tip = (f"{name}: {fmt_time(seconds)}" + (f" for {count} launches" if count > 1 else "")
+         + f", {bound}-bound")
+  if k is not None and k.bytes:
+    tip += f", {fmt_bytes(k.bytes)} per launch"
+  return tip + ("; " + _finding_tip(findings) if findings else "")
+
+
+def _bar(out: list[str], marks: set[int], x0: float, width: float, y: float, h: float,
+         bound: str, tip: str, found: bool, count: int) -> None:
+  """One bar, and the marker above it where a finding names its kernel (one
+  per pixel column)."""
+  # Wide bars get a hairline edge so neighbours of one colour stay apart.
+  cls = " ".join(c for c, on in (("found", found), ("wide", width >= 4)) if on)
+  cls = f' class="{cls}"' if cls else ""
+  out.append(f'<rect x="{x0:.1f}" y="{y}" width="{width:.2f}" height="{h}" '
+             f'fill="{BOUND_COLORS.get(bound, "#0969da")}"{cls} data-n="{count}">'
+             f"<title>{_e(tip)}</title></rect>")
+  cx = round(x0 + width / 2)
+  if found and cx not in marks:
+    marks.add(cx)
+    out.append(f'<path d="M{cx - 4},{y - 9}h8l-4,6z" fill="#cf222e" class="marker">'
+               f"<title>{_e(tip)}</title></path>")
+
+
+def step_timeline_html(report) -> str:
+  """The "Estimated timeline" section's body: the step and its split, the
+  timeline, what the model assumed; one sentence when there is no estimate."""
+  why = trace.no_timeline_reason(report)
+  step = report.timing
+  if step is None:
+    return f'<p class="muted">No timeline: {_e(why)}.</p>'
+  head = text.time_line(report)
+  if step.overlapped_communication:
+    head += f"; {fmt_time(step.overlapped_communication)} of communication hidden under kernels"
+  if why is not None:
+    return f'<p>{_e(head)}</p><p class="muted">No timeline: {_e(why)}.</p>'
+  launches = sum(l.count for l in step.launches)
+  folded = any(l.count > 1 for l in step.launches)
+  parts = [f"<p>{_e(head)}</p>",
+           f'<p class="muted">{launches:,} launches'
+           + (f" in {len(step.launches)} bars (loops folded: one bar per kernel for all its "
+              "iterations)" if folded else "")
+           + "; <code>report.to_trace(path)</code> writes them for ui.perfetto.dev.</p>",
+           step_timeline_svg(report)]
+  if step.assumptions:
+    parts.append("<details><summary>What the estimate assumes</summary><ul>"
+                 + "".join(f"<li>{_e(a)}</li>" for a in step.assumptions) + "</ul></details>")
+  return "".join(parts)
+
+
 def findings_html(report) -> str:
   """Finding groups (as in the terminal), filterable by class and sortable
   by bytes saved; each expands to its members and decision record."""
@@ -563,6 +769,7 @@ def render_html(report) -> str:
            f"<style>{CSS}</style></head><body>",
            f"<h1>hlo-audit: <code>{_e(m.name)}</code></h1>",
            f'<pre class="summary">{_e(text.summary(report))}</pre>']
+  parts += ["<h2>Estimated timeline</h2>", step_timeline_html(report)]
   parts += ["<h2>Live bytes over the schedule</h2>", timeline_svg(report),
             f"<p>{_e(text.peak_line(report))}</p>"]
   parts += ["<h2>Memory view: buffers over the schedule</h2>", memory_svg(report)]

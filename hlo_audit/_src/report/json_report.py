@@ -1,18 +1,23 @@
 """JSON rendering: `dataclasses.asdict` shapes, enums as values, stable keys.
 
-Schema (version 2), top level:
+Schema (version 4), top level:
   schema_version, module, peak_bytes, xla_peak_bytes, xla_reported_peak_bytes,
   allocation_bytes, heap_peak_bytes, peak_time, kernels_by_kind, kernels,
   buffers, intermediates (buffer names), findings, timeline, notes,
   collectives (per device: opcode, group_size, bytes_sent, bytes_received,
   start_time, done_time, overlapped kernels), what_if
   (the selected what-if replay: changes, peak_bytes, peak_saved, timeline and
-  baseline_timeline, live_at_peak; null when none).
+  baseline_timeline, live_at_peak; null when none), timing (the estimated
+  step on the device: step_time and its split in seconds, assumptions, the
+  device facts used with their sources, and every kernel's estimate with the
+  model's inputs: bytes, FLOPs by unit, launches, bound; null when the
+  device is unknown).
 Each finding has at least: class (slug), class_name, bytes_saved,
 launches_removed, source ("file:line" or null), kernel, verdict, peak_after
 and peak_saved (the peak after the finding's change alone, from a what-if
 replay; null when not replayed), peak_exact (false: the quick estimate,
-which keeps the audited buffer assignment; absent in older files: true).
+which keeps the audited buffer assignment; absent in older files: true),
+time_saved (estimated seconds per step; null without an estimate).
 """
 
 from __future__ import annotations
@@ -132,6 +137,7 @@ def finding_dict(f, frames: Frames) -> dict:
       "peak_after": f.peak_after, "peak_saved": f.peak_saved,
       "peak_exact": f.peak_exact,
       "notes": list(f.notes), "boundary_kept": f.boundary_kept,
+      "time_saved": f.time_saved,
   }
 
 
@@ -144,6 +150,7 @@ def groups_list(report) -> list[dict]:
            "boundary_shape": g.boundary_shape, "ops": list(g.ops), "kernel": g.kernel,
            "verdict": g.verdict.value, "count": g.count, "bytes_saved": g.bytes_saved,
            "launches_removed": g.launches_removed, "peak_saved": g.peak_saved,
+           "time_saved": g.time_saved,
            "actionable": g.actionable, "members": [index[id(f)] for f in g.members]}
           for g in ranked_groups(report.findings)]
 
@@ -194,6 +201,7 @@ def to_dict(report) -> dict:
       "collectives": [collective_dict(c) for c in report.collectives],
       "what_if": (report.what_if_replay.to_dict()
                   if report.what_if_replay is not None else None),
+      "timing": report.timing.to_dict() if report.timing is not None else None,
       "frames": frames.table,
   }
 
@@ -255,7 +263,8 @@ def report_from_dict(d: dict):
   from hlo_audit._src.report.report import AuditReport, ModuleInfo
 
   version = d.get("schema_version")
-  if version not in (1, 2, SCHEMA_VERSION):  # 1 lacks what 2 added; 2 inlines frames
+  # 1 lacks what 2 added; 2 inlines frames; 3 has no time estimates.
+  if version not in (1, 2, 3, SCHEMA_VERSION):
     raise ValueError(f"schema_version {version!r}; this hlo-audit reads 1 to {SCHEMA_VERSION}")
   frames = [_loc(f) for f in d["frames"]] if version >= 3 else None
   m = d["module"]
@@ -292,7 +301,8 @@ def report_from_dict(d: dict):
       source_stack=_stack(f, frames), peak_after=f.get("peak_after"),
       peak_saved=f.get("peak_saved"), peak_exact=bool(f.get("peak_exact", True)),
       notes=tuple(f.get("notes", ())),
-      boundary_kept=bool(f.get("boundary_kept", False)))
+      boundary_kept=bool(f.get("boundary_kept", False)),
+      time_saved=f.get("time_saved"))
       for f in d["findings"])
   info = ModuleInfo(**{k: m[k] for k in (
       "name", "platform", "device_kind", "jax_version", "jaxlib_version",
@@ -309,7 +319,16 @@ def report_from_dict(d: dict):
       live_at_peak=tuple(d["live_at_peak"]),
       cost_analysis=d.get("cost_analysis"), notes=tuple(d["notes"]),
       what_if_replay=_what_if(d.get("what_if")),
-      collectives=tuple(_collective(c) for c in d.get("collectives", ())))
+      collectives=tuple(_collective(c) for c in d.get("collectives", ())),
+      timing=_timing(d.get("timing")))
+
+
+def _timing(d: dict | None):
+  if not d:
+    return None
+  from hlo_audit._src.analysis.time_model import StepTime
+
+  return StepTime.from_dict(d)
 
 
 def _collective(c: dict):
@@ -327,4 +346,5 @@ def _what_if(d: dict | None):
                 peak_bytes=d["peak_bytes"], peak_time=d["peak_time"],
                 live_at_peak=tuple(d["live_at_peak"]),
                 baseline_timeline=tuple(d["baseline_timeline"]),
-                timeline=tuple(d["timeline"]), notes=tuple(d["notes"]))
+                timeline=tuple(d["timeline"]), notes=tuple(d["notes"]),
+                baseline_step_time=d.get("baseline_step_time"), step_time=d.get("step_time"))

@@ -21,8 +21,8 @@ from hlo_audit._src.analysis.records import FindingKind, FusionDecisionRecord, V
 
 #: Version of the JSON schema written by `to_json` (2: findings' peak_after
 #: and peak_saved, the what_if section; 3: rows' `source_stack` as indices
-#: into the document's "frames").
-SCHEMA_VERSION = 3
+#: into the document's "frames"; 4: the time estimate, findings' time_saved).
+SCHEMA_VERSION = 4
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -93,6 +93,10 @@ class AuditReport:
   program: Any = dataclasses.field(default=None, compare=False, repr=False)
   #: The kernel libraries the audit consulted, by name (e.g. "pallas_kernels").
   kernel_libraries: tuple[str, ...] = ()
+  #: The estimated step on the device (`time_model.StepTime`): every
+  #: kernel's time and bound, the step and its split; None where the device
+  #: is unknown (the notes say why).
+  timing: Any = None
 
   # --------------------------------------------------------- what-ifs ----
 
@@ -137,11 +141,28 @@ class AuditReport:
         fusions.append((f.boundary, f.producer, f.consumers))
     result = replay(self.program, fuse=fusions, donate=list(donate), remat=list(remat),
                     drop=list(drop), unsplit=list(unsplit))
+    if self.timing is not None:
+      result = dataclasses.replace(
+          result, baseline_step_time=self.timing.step_time,
+          step_time=self._step_after(fuse, remat))
     if kept:
       result = dataclasses.replace(result, notes=(*result.notes, *(
           f"fuse {b}: other readers keep the buffer (fewer reads, the same memory)"
           for b in kept)))
     return result
+
+  def _step_after(self, fuse, remat) -> float:
+    """The estimated step once `fuse` findings are fixed and the `remat`
+    buffers are recomputed (each producer kernel runs once more)."""
+    from hlo_audit._src.analysis.time_model import step_after
+
+    step = step_after(self.timing, list(fuse))
+    for name in remat:
+      producer = self.program.buffers.get(name)
+      k = self.timing.kernel(producer.producer) if producer is not None else None
+      if k is not None:
+        step += k.time_per_launch
+    return step
 
   @property
   def split_k(self):
@@ -283,6 +304,23 @@ class AuditReport:
       with open(path, "w", encoding="utf-8") as f:
         f.write(page)
     return page
+
+  def to_trace(self, path: str | None = None) -> str:
+    """The estimated timeline as Chrome trace JSON (one event per kernel
+    launch; open it in https://ui.perfetto.dev or chrome://tracing);
+    written to `path` when given.
+
+    Raises:
+      HloAuditError: when the report has no time estimate (the notes say
+        why), or was read from JSON (which keeps no timeline).
+    """
+    from hlo_audit._src.report import trace
+
+    doc = trace.render_trace(self)
+    if path is not None:
+      with open(path, "w", encoding="utf-8") as f:
+        f.write(doc)
+    return doc
 
   def diff(self, other: AuditReport):
     """What changed from this report to `other` (see `AuditDiff`)."""

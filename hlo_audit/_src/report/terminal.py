@@ -14,13 +14,16 @@ import os
 import sys
 
 from hlo_audit._src.report import layout, text
-from hlo_audit._src.report.grouping import FindingGroup, ranked_groups
+from hlo_audit._src.report.grouping import FindingGroup, ranked_groups, split_capacity
 from hlo_audit._src.report.layout import Column
 from hlo_audit._src.report import units
-from hlo_audit._src.report.units import fmt_bytes, fmt_source
+from hlo_audit._src.report.units import fmt_bytes, fmt_source, fmt_time
 
-#: Finding groups the default view lists.
-TOP = 20
+#: Finding groups the default view lists (the capacity section's included):
+#: with the summary and the next commands, a screen at 100 columns.
+TOP = 15
+#: Capacity groups the default view lists at most.
+TOP_CAPACITY = 3
 
 #: What to do next, from Python (the CLI passes its own commands); the
 #: report's kernel libraries add their swap (`python_hints`).
@@ -42,10 +45,16 @@ def python_hints(report) -> tuple[tuple[str, str], ...]:
       for lib in libs)
 
 
-def group_cells(g: FindingGroup) -> dict[str, str]:
-  """A group's cells, by column: what every one-line view shows."""
+def group_cells(g: FindingGroup, step: float | None = None) -> dict[str, str]:
+  """A group's cells, by column: what every one-line view shows (`step`:
+  the estimated step, for the time's share of it)."""
   peak = g.peak_saved
-  return {"saves": fmt_bytes(g.bytes_saved), "peak": fmt_bytes(peak) if peak else "",
+  t = g.time_saved
+  if g.capacity and not t:
+    t = None  # a capacity change that costs no time: nothing to say
+  share = f"{100 * t / step:.1f}%" if t is not None and step else ""
+  return {"time": fmt_time(t) if t is not None else "", "share": share,
+          "saves": fmt_bytes(g.bytes_saved), "peak": fmt_bytes(peak) if peak else "",
           "class": g.kind.value, "count": f"x{g.count}" if g.count > 1 else "",
           "shape": g.boundary_shape,
           "kernel": units.short_kernel(g.kernel),
@@ -53,11 +62,18 @@ def group_cells(g: FindingGroup) -> dict[str, str]:
 
 
 def group_lines(groups, width: int, *, number_from: int = 1, title: str | None = None,
-                indent: int = 2) -> list[str]:
-  """One line per group (the source under it when the width is too small)."""
+                indent: int = 2, step: float | None = None) -> list[str]:
+  """One line per group (the source under it when the width is too small);
+  the estimated time saved and its share of `step` lead where known."""
   with_peak = any(g.peak_saved is not None for g in groups)
-  cols = [Column("#", "num"), Column("saves", "num")]
-  keys = ["#", "saves"]
+  with_time = any(g.time_saved is not None for g in groups)
+  cols = [Column("#", "num")]
+  keys = ["#"]
+  if with_time:
+    cols += [Column("time", "num"), Column("step", "num", optional=True)]
+    keys += ["time", "share"]
+  cols.append(Column("saves", "num"))
+  keys.append("saves")
   if with_peak:
     cols.append(Column("peak", "num"))
     keys.append("peak")
@@ -67,7 +83,7 @@ def group_lines(groups, width: int, *, number_from: int = 1, title: str | None =
   keys += ["class", "count", "shape", "kernel", "source"]
   rows = []
   for i, g in enumerate(groups, number_from):
-    c = group_cells(g)
+    c = group_cells(g, step)
     c["#"] = str(i)
     rows.append([c[k] for k in keys])
   return layout.table(cols, rows, width, indent=indent, title=title)
@@ -100,6 +116,7 @@ def compact_summary(report, groups, width: int) -> list[str]:
   if n_act:
     items.append(f"closing every gap would save {fmt_bytes(report.bytes_saved)} "
                  "of memory traffic per run")
+  items += time_lines(report, groups)
   items += [f"note: {n}" for n in report.notes]
   out = layout.hang(items[0], width)
   for item in items[1:]:
@@ -107,12 +124,36 @@ def compact_summary(report, groups, width: int) -> list[str]:
   return out
 
 
-def compact_lines(report, width: int, *, top: int = TOP, hints=None) -> list[str]:
-  """The default view: summary, top finding groups, what is left, what next
+#: Fixes the header sums up ("top 5 fixes: ...").
+TOP_FIXES = 5
+
+
+def time_lines(report, groups) -> list[str]:
+  """The header's estimate: the step on the device and its split, and what
+  the top fixes save; [] without an estimate (the notes say why)."""
+  t = report.timing
+  if t is None:
+    return []
+  out = [text.time_line(report)]
+  work, _ = split_capacity([g for g in groups if g.actionable])
+  timed = sorted((g for g in work if g.time_saved), key=lambda g: -g.time_saved)
+  top = timed[:TOP_FIXES]
+  if top and t.step_time:
+    saved = sum(g.time_saved for g in top)
+    out.append(f"top {len(top)} fixes: ~{fmt_time(saved)} of {fmt_time(t.step_time)} "
+               f"({100 * saved / t.step_time:.1f}%)")
+  return out
+
+
+def compact_lines(report, width: int, *, top: int = TOP, hints=None,
+                  sort: str = "time") -> list[str]:
+  """The default view: summary, top finding groups (by `sort`: "time",
+  "bytes" or "peak"), capacity findings apart, what is left, what next
   (`hints`; None: `python_hints`)."""
   hints = python_hints(report) if hints is None else hints
-  groups = ranked_groups(report.findings)
+  groups = ranked_groups(report.findings, sort)
   act = [g for g in groups if g.actionable]
+  work, capacity = split_capacity(act) if sort != "peak" else (act, ())
   out = compact_summary(report, groups, width)
   out.append("")
   if report.what_if_replay is not None:
@@ -120,24 +161,45 @@ def compact_lines(report, width: int, *, top: int = TOP, hints=None) -> list[str
     for line in render_what_if(report.what_if_replay).splitlines():
       out += layout.hang(line, width, "", "    ")
     out.append("")
+  step = report.timing.step_time if report.timing is not None else None
   if not act:
     out.append("No fusion gaps found: nothing XLA wrote to memory would be removed "
                "by a fusion this audit knows.")
   else:
-    shown = act[:top]
-    by = "peak memory, then bytes" if any(g.peak_saved for g in shown) else "bytes"
-    out += group_lines(shown, width, title=(
-        f"Top {len(shown)} of {len(act)} finding groups, by {by} saved per run "
-        f"(xN: N alike at one source line)"))
-    rest = act[top:]
+    all_capacity = capacity
+    capacity = capacity[:min(TOP_CAPACITY, max(0, top - 1))] if work else capacity[:top]
+    shown = work[:max(0, top - len(capacity))]
+    if shown:
+      out += group_lines(shown, width, step=step, title=(
+          f"Top {len(shown)} of {len(work)} finding groups, by {_by(sort, shown)} saved "
+          f"per step (xN: N alike at one source line)"))
+    listed = {id(g) for g in (*shown, *capacity)}
+    rest = [g for g in act if id(g) not in listed]
+    if capacity:
+      out.append("")
+      out += group_lines(capacity, width, number_from=len(shown) + 1, step=step, title=(
+          f"Memory capacity: {len(capacity)}"
+          + (f" of {len(all_capacity)}" if len(all_capacity) > len(capacity) else "")
+          + f" finding group{'s' if len(all_capacity) > 1 else ''}, by peak memory saved"))
     out.append("")
     if rest:
       out += layout.wrap(
           f"{len(rest)} more groups ({sum(g.count for g in rest)} findings) would save "
-          f"{fmt_bytes(sum(g.bytes_saved for g in rest))} more.", width)
+          f"{fmt_bytes(sum(g.bytes_saved for g in rest))} more"
+          + (f" and ~{fmt_time(sum(g.time_saved or 0.0 for g in rest))}"
+             if any(g.time_saved for g in rest) else "") + ".", width)
   if hints:
     out += hint_lines(hints, width)
   return out
+
+
+def _by(sort: str, shown) -> str:
+  """What the table is ranked by, in words."""
+  if sort == "peak":
+    return "peak memory"
+  if sort == "bytes" or not any(g.time_saved is not None for g in shown):
+    return "memory traffic"
+  return "estimated time"
 
 
 def hint_lines(hints, width: int) -> list[str]:
@@ -164,7 +226,8 @@ def _aligned(hints, width: int) -> list[str]:
   return out
 
 
-def full_lines(report, width: int, *, max_kernels: int | None = None) -> list[str]:
+def full_lines(report, width: int, *, max_kernels: int | None = None,
+               sort: str = "time") -> list[str]:
   """Every table: the summary, kernels, intermediate tensors, peak, finding
   groups with their members, and each group's decision record."""
   out = []
@@ -182,8 +245,10 @@ def full_lines(report, width: int, *, max_kernels: int | None = None) -> list[st
       (Column("Kernel", "name", min_width=10), Column("Kind", "text"),
        Column("Detail", "name", optional=True), Column("Fused ops", "text", min_width=10),
        Column("Read", "num"), Column("Written", "num"), Column("Runs", "num"),
+       Column("Time", "num", optional=True), Column("Bound", "text", optional=True),
        Column("Source", "source")), rows, width,
-      title=f"Kernels by bytes moved ({len(rows)}" + (f" of {len(report.kernels)})"
+      title=("Kernels by estimated time" if report.timing is not None else
+             "Kernels by bytes moved") + f" ({len(rows)}" + (f" of {len(report.kernels)})"
                                                      if more > 0 else ")"))
   out.append("")
   inter = text.intermediate_rows(report, short=True)
@@ -208,10 +273,11 @@ def full_lines(report, width: int, *, max_kernels: int | None = None) -> list[st
   if not report.findings:
     out.append("Findings: none")
     return out
-  groups = ranked_groups(report.findings)
+  groups = ranked_groups(report.findings, sort)
   out += layout.table(
       (Column("#", "num"), Column("Class", "text", min_width=9),
        Column("Boundary", "name", min_width=10), Column("Shape", "name", min_width=10),
+       Column("Time saved", "num", optional=True),
        Column("Bytes saved", "num"), Column("Launches", "num", optional=True),
        Column("Kernel", "name", optional=True), Column("Verdict", "text", min_width=4),
        Column("Source", "source")),
@@ -233,22 +299,25 @@ def full_lines(report, width: int, *, max_kernels: int | None = None) -> list[st
 
 
 def render_text(report, width: int | None = None, *, all: bool = False,  # noqa: A002
-                top: int = TOP, hints=None) -> str:
+                top: int = TOP, hints=None, sort: str = "time") -> str:
   """The terminal report as text; `width` None follows `layout.text_width`."""
   width = layout.text_width(None, width)
-  lines = full_lines(report, width) if all else compact_lines(report, width, top=top,
-                                                             hints=hints)
+  lines = full_lines(report, width, sort=sort) if all else compact_lines(
+      report, width, top=top, hints=hints, sort=sort)
   return "\n".join(lines)
 
 
 def render_terminal(report, console=None, *, all: bool = False,  # noqa: A002
-                    top: int = TOP, width: int | None = None, hints=None) -> None:
+                    top: int = TOP, width: int | None = None, hints=None,
+                    sort: str = "time") -> None:
   """Writes the report to `console`: a rich Console (its width is used), a
   text stream, or stdout when None."""
   if console is not None and hasattr(console, "export_text"):
-    body = render_text(report, width or console.width, all=all, top=top, hints=hints)
+    body = render_text(report, width or console.width, all=all, top=top, hints=hints,
+                       sort=sort)
     console.print(body, markup=False, highlight=False, soft_wrap=True)
     return
   out = console or sys.stdout
-  body = render_text(report, layout.text_width(out, width), all=all, top=top, hints=hints)
+  body = render_text(report, layout.text_width(out, width), all=all, top=top, hints=hints,
+                     sort=sort)
   out.write(body + "\n")

@@ -9,7 +9,7 @@ from hlo_audit._src.analysis.buffers import Buffer, Lifetime
 from hlo_audit._src.analysis.records import FindingKind, FusionDecisionRecord, Verdict
 from hlo_audit._src.report import units
 from hlo_audit._src.report.units import (fmt_bytes, fmt_pct, fmt_source,
-                                         fmt_source_context, fmt_trip)
+                                         fmt_source_context, fmt_time, fmt_trip)
 
 #: Columns of the method's intermediate-tensor table.
 INTERMEDIATE_COLUMNS = ("Buffer", "Shape", "Dtype", "Bytes", "Producer",
@@ -17,10 +17,10 @@ INTERMEDIATE_COLUMNS = ("Buffer", "Shape", "Dtype", "Bytes", "Producer",
                         "Removable?", "Strategy", "Source")
 
 KERNEL_COLUMNS = ("Kernel", "Kind", "Detail", "Fused ops", "Read", "Written",
-                  "Runs", "Source")
+                  "Runs", "Time", "Bound", "Source")
 
-FINDING_COLUMNS = ("#", "Class", "Boundary", "Shape", "Bytes saved", "Launches",
-                   "Kernel", "Verdict", "Source")
+FINDING_COLUMNS = ("#", "Class", "Boundary", "Shape", "Time saved", "Bytes saved",
+                   "Launches", "Kernel", "Verdict", "Source")
 
 
 def removable(report, b: Buffer, related=None, short: bool = False) -> tuple[str, str]:
@@ -65,16 +65,28 @@ def intermediate_rows(report, limit: int | None = None,
 
 
 def kernel_rows(report, limit: int | None = None) -> list[tuple[str, ...]]:
-  kernels = sorted(report.kernels, key=lambda k: -k.bytes_moved)
+  """KERNEL_COLUMNS rows, the longest estimated time first (the most bytes
+  moved first without an estimate)."""
+  timing = report.timing
+  if timing is not None:
+    def key(k):
+      t = timing.kernel(k.name)
+      return (-(t.time if t is not None else 0.0), -k.bytes_moved)
+  else:
+    def key(k):
+      return -k.bytes_moved
+  kernels = sorted(report.kernels, key=key)
   if limit is not None:
     kernels = kernels[:limit]
   rows = []
   for k in kernels:
     fused = ", ".join(f"{op}" + (f"x{n}" if n > 1 else "")
                       for op, n in sorted(k.fused_ops.items(), key=lambda x: -x[1])[:6])
+    t = timing.kernel(k.name) if timing is not None else None
     rows.append((k.name, k.kind.value, k.detail if k.detail != k.opcode else "",
                  fused, fmt_bytes(k.bytes_read), fmt_bytes(k.bytes_written),
-                 fmt_trip(k.trip_count), fmt_source(k.source)))
+                 fmt_trip(k.trip_count), fmt_time(t.time) if t is not None else "",
+                 t.bound.value if t is not None else "", fmt_source(k.source)))
   return rows
 
 
@@ -86,12 +98,17 @@ def group_rows(groups) -> list[tuple[str, ...]]:
     f = g.first
     boundary = (f.boundary or f.producer) if g.count == 1 else f"x{g.count} buffers"
     rows.append((str(i), g.kind.value, boundary, g.boundary_shape,
-                 fmt_bytes(g.bytes_saved), str(g.launches_removed), g.kernel or "-",
-                 g.verdict.value, fmt_source(g.source)))
+                 _time(g.time_saved), fmt_bytes(g.bytes_saved), str(g.launches_removed),
+                 g.kernel or "-", g.verdict.value, fmt_source(g.source)))
     if g.count > 1:
-      rows += [("", "", "- " + (m.boundary or m.producer), "", fmt_bytes(m.bytes_saved),
-                str(m.launches_removed), "", "", "") for m in g.members]
+      rows += [("", "", "- " + (m.boundary or m.producer), "", _time(m.time_saved),
+                fmt_bytes(m.bytes_saved), str(m.launches_removed), "", "", "")
+               for m in g.members]
   return rows
+
+
+def _time(seconds: float | None) -> str:
+  return fmt_time(seconds) if seconds is not None else "-"
 
 
 def group_sentence(g) -> str:
@@ -111,7 +128,8 @@ def finding_sentence(f: FusionDecisionRecord) -> str:
     return f"already fused{where}: {f.evidence}"
   if f.kind is FindingKind.KEEP_REUSE:
     return f"keep {f.boundary} ({f.boundary_shape}){where}: {f.evidence}"
-  saving = f"saves {fmt_bytes(f.bytes_saved)} of HBM traffic"
+  saving = (f"saves ~{fmt_time(f.time_saved)} and " if f.time_saved else "saves ") + \
+      f"{fmt_bytes(f.bytes_saved)} of HBM traffic"
   if f.launches_removed:
     saving += f" and {f.launches_removed} launch{'es' if f.launches_removed != 1 else ''}"
   saving += " per run"
@@ -127,6 +145,7 @@ def record_fields(f: FusionDecisionRecord) -> list[tuple[str, str]]:
       ("logical bytes saved", f"{fmt_bytes(f.bytes_saved)} of HBM traffic per run"
        + (f" (x{fmt_trip(f.trip_count)} in loops)" if f.trip_count not in (1, None) else "")),
       ("launches removed", str(f.launches_removed)),
+      ("time saved", _time_saved(f)),
       ("extra arithmetic", f.extra_arithmetic),
       ("extra registers/shared memory", f.extra_resources),
       ("numerical class", f.numerical_class.value),
@@ -140,6 +159,28 @@ def record_fields(f: FusionDecisionRecord) -> list[tuple[str, str]]:
                         + ("" if f.peak_exact else "; estimated, assignment kept") + ")")]
        if f.peak_after is not None else []) + ([("suggested call", f.suggestion), ("guard verdict", f.guard_verdict)]
        if f.suggestion else [])
+
+
+def _time_saved(f: FusionDecisionRecord) -> str:
+  if f.time_saved is None:
+    return "not estimated (the device is unknown)"
+  if f.time_saved < 0:
+    return f"costs ~{fmt_time(-f.time_saved)} per step (estimated)"
+  return f"~{fmt_time(f.time_saved)} per step (estimated)"
+
+
+def time_line(report) -> str | None:
+  """The estimated step in one line, or None without an estimate."""
+  t = report.timing
+  if t is None:
+    return None
+  split = ", ".join(f"{name} {fmt_time(v)}" for name, v in (
+      ("memory-bound", t.memory_time), ("compute-bound", t.compute_time),
+      ("launch", t.launch_time), ("communication", t.communication_time)) if v > 0)
+  facts = t.facts
+  return (f"estimated step on {facts.name} ({facts.description}): {fmt_time(t.step_time)}"
+          + (f" ({split})" if split else "")
+          + ("" if facts.measured else f"; {facts.checked}"))
 
 
 def peak_line(report) -> str:
@@ -190,6 +231,9 @@ def summary(report) -> str:
                f"{len(report.intermediates)} intermediates >= "
                f"{100 * report.options.intermediate_fraction:g}% of peak")
   lines.append("  " + peak_line(report))
+  step = time_line(report)
+  if step:
+    lines.append("  " + step)
   by_class = {}
   for f in report.findings:
     by_class[f.kind.value] = by_class.get(f.kind.value, 0) + 1

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import math
 import os
 import re
 
@@ -98,3 +99,58 @@ def parse_bytes(text: str | int) -> int:
   if m is None or unit not in _SIZE_UNITS:
     raise ValueError(f"{text!r} is not a size: expected e.g. 4096, 512KiB, 1MiB, 2GB")
   return int(float(m.group(1)) * _SIZE_UNITS[unit])
+
+
+#: Time units, largest first: (unit, seconds).
+_TIME_STEPS = (("s", 1.0), ("ms", 1e-3), ("us", 1e-6), ("ns", 1e-9))
+
+#: Units `parse_time` reads: (unit, per second); divided by, so "5us" is
+#: exactly the float 5e-6.
+_PER_SECOND = {"": 1.0, "s": 1.0, "ms": 1e3, "us": 1e6, "\u00b5s": 1e6, "\u03bcs": 1e6,
+               "ns": 1e9}
+
+
+def fmt_time(seconds: float | None) -> str:
+  """Three significant figures in the largest unit that keeps them at 1 or
+  more: 1.23e-5 -> "12.3 us", 1.25e-3 -> "1.25 ms", 2 -> "2.00 s",
+  8.5e-7 -> "850 ns"; negative with a sign (a change that costs time);
+  None -> "n/a"."""
+  if seconds is None:
+    return "n/a"
+  if seconds == 0 or not math.isfinite(seconds):
+    return f"{seconds:g} s"
+  sign = "-" if seconds < 0 else ""
+  x = abs(seconds)
+  for unit, scale in _TIME_STEPS:
+    v = x / scale
+    digits = 0 if v >= 99.95 else 1 if v >= 9.995 else 2
+    # Rounded first, so 999.96 us reads "1.00 ms", not "1000 us".
+    if round(v, digits) >= 1 or unit == "ns":
+      return f"{sign}{v:.{digits}f} {unit}"
+  raise AssertionError("unreachable")  # pragma: no cover
+
+
+def parse_time(text: str | float | int) -> float:
+  """"5us", "1.5ms", "2s", "850 ns", 2e-6 -> seconds (a bare number is
+  seconds; "\u00b5s" is "us").
+
+  Raises:
+    ValueError: naming the text and the accepted forms (for a negative,
+      infinite or NaN time too).
+  """
+  bad = ValueError(f"{text!r} is not a time: expected seconds as a number, or a "
+                   "number and a unit (ns, us, ms, s), e.g. 850ns, 5us, 1.5ms, 2s")
+  if isinstance(text, bool):
+    raise bad
+  if isinstance(text, (int, float)):
+    value = float(text)
+  else:
+    m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]*)?(?:[eE][-+]?[0-9]+)?|\.[0-9]+)\s*"
+                     r"([A-Za-z\u00b5\u03bc]*)\s*", str(text))
+    unit = m.group(2).lower() if m else None
+    if m is None or unit not in _PER_SECOND:
+      raise bad
+    value = float(m.group(1)) / _PER_SECOND[unit]
+  if not math.isfinite(value) or value < 0:
+    raise bad
+  return value

@@ -1,6 +1,7 @@
 """Sweep plots (PNG, matplotlib's Agg canvas): bytes a fusion would save and
-materialized bytes, peak memory (ours and XLA's), and kernel speedup, each
-against one grid name, with a line per combination of the other varying names.
+materialized bytes, peak memory (ours and XLA's), the estimated step time and
+its split, and kernel speedup, each against one grid name, with a line per
+combination of the other varying names.
 
 matplotlib is imported inside the functions (hlo_audit itself does not need
 it), and only through `Figure` and the Agg canvas: no pyplot, no global
@@ -98,7 +99,16 @@ def tick_bytes(v: float) -> str:
   return f"{v:.3g} TiB"  # pragma: no cover
 
 
-def _style_axes(ax, x, xs_all, categories, ylabel, byte_axis: bool, ys_all):
+def tick_time(v: float) -> str:
+  """A compact time label for ticks: 850 ns, 12.5 us, 2 s."""
+  for unit, scale in (("s", 1.0), ("ms", 1e-3), ("us", 1e-6)):
+    if abs(v) >= scale:
+      return f"{v / scale:.3g} {unit}"
+  return "0" if v == 0 else f"{v / 1e-9:.3g} ns"
+
+
+def _style_axes(ax, x, xs_all, categories, ylabel, byte_axis: bool, ys_all,
+                time_axis: bool = False):
   from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullLocator
 
   ax.set_xlabel(x or "point")
@@ -117,6 +127,8 @@ def _style_axes(ax, x, xs_all, categories, ylabel, byte_axis: bool, ys_all):
   log_y = bool(ys) and max(ys) / min(ys) > 50
   if log_y:
     ax.set_yscale("log", base=2 if byte_axis else 10)
+  if time_axis:
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: tick_time(v)))
   if not byte_axis:
     return
   if log_y:
@@ -179,8 +191,9 @@ def unavailable_reason() -> str | None:
 
 def plot_sweep(records: Sequence[Mapping], out_dir: str, names: Sequence[str],
                plot_x: str | None = None, title: str = "") -> list[str]:
-  """Writes bytes.png, peak.png and (when any point was timed) speedup.png
-  into `out_dir`; returns their paths. Only points that finished ok are drawn.
+  """Writes bytes.png, peak.png, and time.png (when any point has an
+  estimated step) and speedup.png (when any point was timed) into `out_dir`;
+  returns their paths. Only points that finished ok are drawn.
 
   Raises:
     GridError: if `plot_x` is not a parameter of the records.
@@ -220,6 +233,10 @@ def plot_sweep(records: Sequence[Mapping], out_dir: str, names: Sequence[str],
   ax.legend(fontsize=7)
   written.append(_save(fig, out_dir, "peak.png"))
 
+  estimated = [r for r in ok if r["audit"].get("step_time") is not None]
+  if estimated:
+    written.append(_plot_time(estimated, out_dir, x, names, title, palette))
+
   timed = [r for r in ok if r.get("timing")]
   if timed:
     tseries = _series(timed, x, names)
@@ -239,6 +256,44 @@ def plot_sweep(records: Sequence[Mapping], out_dir: str, names: Sequence[str],
   return written
 
 
+#: The parts of the estimated step drawn in time.png: (audit key, label, style).
+_SPLIT = (("memory_time", "memory", "-o"), ("compute_time", "compute", "--x"),
+          ("launch_time", "launch", ":^"), ("communication_time", "communication", "-.s"))
+
+
+def _plot_time(records, out_dir, x, names, title, palette) -> str:
+  """time.png: the estimated step per point (left) and its split by what
+  bounds it (right), on the device the records name."""
+  from matplotlib.lines import Line2D
+
+  series = _series(records, x, names)
+  devices = sorted({str(r["audit"].get("time_device") or "?") for r in records})
+  fig = _new_figure(2)
+  ax1, ax2 = fig.subplots(1, 2)
+  xs, ys, cats = _line_plot(ax1, series, x, lambda r: r["audit"]["step_time"],
+                            colors=palette)
+  _style_axes(ax1, x, xs, cats, "estimated step time", False, ys, time_axis=True)
+  ax1.set_title(_title("estimated step (seconds per run)", series), fontsize=10)
+  ax1.legend(fontsize=7)
+  xs_all, ys_all, keys = [], [], []
+  for key, label, style in _SPLIT:
+    if not any(r["audit"].get(key) for r in records):
+      continue  # (communication: none on one device)
+    xs, ys, cats = _line_plot(ax2, series, x, lambda r, k=key: r["audit"].get(k),
+                              style=style, colors=palette)
+    xs_all += xs
+    ys_all += ys
+    # The colours are the left panel's series; the legend names the parts.
+    keys.append(Line2D([], [], color="#444444", linestyle=style.rstrip("ox^s"),
+                       marker=style[-1], label=label))
+  _style_axes(ax2, x, xs_all, cats, "part of the step", False, ys_all, time_axis=True)
+  ax2.set_title(_title("the step's split by what bounds it", series), fontsize=10)
+  ax2.legend(handles=keys, fontsize=7)
+  fig.suptitle(f"{title + ': ' if title else ''}estimated step on {', '.join(devices)} "
+               f"against {x or 'point'}", fontsize=11)
+  return _save(fig, out_dir, "time.png")
+
+
 def _save(fig, out_dir: str, name: str) -> str:
   path = os.path.join(out_dir, name)
   fig.savefig(path)
@@ -246,13 +301,14 @@ def _save(fig, out_dir: str, name: str) -> str:
 
 
 def plot_data(records: Sequence[Mapping[str, Any]], names: Sequence[str],
-              plot_x: str | None = None) -> dict[str, list[tuple]]:
-  """The (series label, x, y) points of the bytes-saved plot, for tests and
-  tables: what `plot_sweep` draws."""
+              plot_x: str | None = None, metric: str = "bytes_saved"
+              ) -> dict[str, list[tuple]]:
+  """The (series label, x, y) points `plot_sweep` draws of an audit summary's
+  `metric` ("bytes_saved", "peak_bytes", "step_time", ...), for tests and
+  tables; points without the metric are left out, as the plots leave them."""
   ok = [r for r in records if r.get("status") == "ok" and r.get("audit")]
   x = choose_x(ok, names, plot_x)
-  pos, _ = _xvalues(ok, x)
-  out: dict[str, list[tuple]] = {}
-  for label, rs in _series(ok, x, names):
-    out[label] = sorted((pos[id(r)], r["audit"]["bytes_saved"]) for r in rs)
-  return out
+  has = [r for r in ok if r["audit"].get(metric) is not None]
+  pos, _ = _xvalues(has, x)
+  return {label: sorted((pos[id(r)], r["audit"][metric]) for r in rs)
+          for label, rs in _series(has, x, names)}

@@ -16,13 +16,20 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from hlo_audit._src.report.html import CSS, SORT_SCRIPT, Raw, table_html
-from hlo_audit._src.report.units import fmt_bytes, fmt_pct
+from hlo_audit._src.report.units import fmt_bytes, fmt_pct, fmt_time
 from hlo_audit._src.sweep import plots as plots_lib
 from hlo_audit._src.sweep import store as store_lib
 
 #: Metric columns of the report's table (after the parameters).
 COLUMNS = ("status", "kernels", "materialized", "peak", "XLA peak", "ours vs XLA",
            "HBM traffic saved", "findings", "top class", "compile s")
+
+#: Columns of the estimated step, shown when any point has one.
+TIME_COLUMNS = ("est. step", "bound by")
+
+#: The split of the step, as `bound by` names its parts.
+_PARTS = (("memory_time", "memory"), ("compute_time", "compute"),
+          ("launch_time", "launch"), ("communication_time", "communication"))
 
 
 def _e(s) -> str:
@@ -37,13 +44,32 @@ def _cell(v) -> str:
   return str(v)
 
 
+def _estimated(r: Mapping) -> bool:
+  """Whether a finished point has an estimated step (records written before
+  estimates, and audits of an unknown device, have none)."""
+  return r.get("status") == "ok" and (r.get("audit") or {}).get("step_time") is not None
+
+
+def bound_by(audit: Mapping) -> str:
+  """The largest part of the estimated step and its share: "compute 66%"."""
+  step = audit.get("step_time")
+  parts = [(audit.get(key) or 0.0, name) for key, name in _PARTS]
+  value, name = max(parts, key=lambda p: p[0])
+  if not step or not value:
+    return "-"
+  return f"{name} {100 * value / step:.0f}%"
+
+
 def table(records: Sequence[Mapping], params: Sequence[str], out_dir: str | None = None
           ) -> tuple[list[str], list[list[Any]], dict[tuple[int, int], Any]]:
   """(columns, rows, sort values) of the report's table; a `Raw` link to a
   point's HTML audit when `out_dir` holds one."""
   timed = any(r.get("timing") for r in records)
   validated = any(r.get("validation") for r in records)
+  estimated = any(_estimated(r) for r in records)
   columns = ["id", *params, *COLUMNS]
+  if estimated:
+    columns += TIME_COLUMNS
   if validated:
     columns.append("valid")
   if timed:
@@ -73,6 +99,12 @@ def table(records: Sequence[Mapping], params: Sequence[str], out_dir: str | None
         sort_values[(i, base + offset)] = a[key] if a[key] is not None else -1
     else:
       row += ["FAILED"] + ["-"] * (len(COLUMNS) - 1)
+    if estimated:
+      if _estimated(r):
+        sort_values[(i, len(row))] = a["step_time"]
+        row += [fmt_time(a["step_time"]), bound_by(a)]
+      else:
+        row += ["-"] * len(TIME_COLUMNS)
     if validated:
       v = r.get("validation")
       row.append("-" if not v else ("yes" if v["passed"] else "NO"))
@@ -126,6 +158,7 @@ def _summary_lines(target: str, records, missing: int, command: str,
            f"points: {len(records)} recorded ({ok} ok, {failed} failed)"
            + (f"; {missing} of the grid not yet run" if missing else ""),
            f"platform: {', '.join(platforms) or 'unknown'}",
+           _time_line(records, ok),
            "generated: " + datetime.datetime.now(datetime.timezone.utc)
            .strftime("%Y-%m-%d %H:%M UTC")]
   total = sum(r.get("seconds", {}).get("total", 0.0) for r in records)
@@ -136,6 +169,18 @@ def _summary_lines(target: str, records, missing: int, command: str,
   if command:
     lines.append(f"command: {command}")
   return lines
+
+
+def _time_line(records, ok: int) -> str:
+  """Which device the estimated steps are for, and how many points have one."""
+  timed = [r for r in records if _estimated(r)]
+  if not timed:
+    return "estimated step: none (the device was unknown, or the results predate estimates)"
+  devices = sorted({str(r["audit"].get("time_device") or "?") for r in timed})
+  steps = [r["audit"]["step_time"] for r in timed]
+  line = (f"estimated step on {', '.join(devices)}: {fmt_time(min(steps))} to "
+          f"{fmt_time(max(steps))}")
+  return line + (f" ({len(timed)} of {ok} ok points estimated)" if len(timed) < ok else "")
 
 
 def render_markdown(target: str, records, params, pngs, missing: int = 0,
@@ -183,7 +228,7 @@ def render_html(target: str, records, params, pngs, out_dir: str | None = None,
     parts += [f'<img class="plot" src="{_e(os.path.basename(p))}" '
               f'alt="{_e(os.path.basename(p))}">' for p in pngs]
   columns, rows, sort_values = table(records, params, out_dir)
-  numeric = set(COLUMNS[1:]) | set(params) | {"kernel ms", "XLA ms", "speedup"}
+  numeric = set(COLUMNS[1:]) | set(params) | {"est. step", "kernel ms", "XLA ms", "speedup"}
   parts += [f"<h2>Points ({len(records)})</h2>",
             table_html(columns, rows, numeric, sort_values)]
   totals = class_totals(records)

@@ -418,7 +418,7 @@ class Reporter:
 def point_line(record: Mapping, label_names: Sequence[str] | None = None) -> str:
   """One line about a finished point: its values (those of `label_names`, or
   all), outcome and key numbers."""
-  from hlo_audit._src.report.units import fmt_bytes
+  from hlo_audit._src.report.units import fmt_bytes, fmt_time
 
   params = record.get("params", {})
   names = [k for k in params if k != "args"] if label_names is None else label_names
@@ -430,6 +430,8 @@ def point_line(record: Mapping, label_names: Sequence[str] | None = None) -> str
   parts = [f"ok   {label} ({secs:.1f} s):", f"{a['kernels']} kernels,",
            f"peak {fmt_bytes(a['peak_bytes'])} (XLA {fmt_bytes(a['xla_peak_bytes'])}),",
            f"saves {fmt_bytes(a['bytes_saved'])}"]
+  if a.get("step_time") is not None:
+    parts.append(f", est. step {fmt_time(a['step_time'])} on {a.get('time_device')}")
   v, t = record.get("validation"), record.get("timing")
   if v:
     parts.append(", valid" if v["passed"] else ", INVALID")

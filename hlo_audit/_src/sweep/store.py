@@ -43,6 +43,14 @@ METRIC_COLUMNS: tuple[tuple[str, tuple[str, ...]], ...] = (
     *((f"findings_{k.slug.replace('-', '_')}", ("audit", "findings_by_class", k.slug))
       for k in FindingKind),
     ("flops", ("audit", "flops")),
+    # The estimated step on `time_device` and its split (blank where the
+    # device was unknown, and in records written before the estimate).
+    ("step_time_s", ("audit", "step_time")),
+    ("memory_time_s", ("audit", "memory_time")),
+    ("compute_time_s", ("audit", "compute_time")),
+    ("launch_time_s", ("audit", "launch_time")),
+    ("communication_time_s", ("audit", "communication_time")),
+    ("time_device", ("audit", "time_device")),
     ("hlo_fingerprint", ("hlo_fingerprint",)),
     ("kernel_bytes_moved", ("kernel", "bytes_moved")),
     ("validation_passed", ("validation", "passed")),

@@ -250,10 +250,27 @@ def audit_summary(report) -> dict[str, Any]:
       "instructions": report.module.instruction_count,
       "schedule_length": report.module.schedule_length,
       "flops": cost.get("flops"),
+      **step_summary(report.timing),
       "platform": report.module.platform,
       # Only for a GPU target: earlier records keep their keys.
       **({"target": report.module.target} if report.module.target else {}),
   }
+
+
+#: The estimate's keys in a point's audit summary: the step and its split,
+#: in seconds (they sum to the step).
+TIME_KEYS = ("step_time", "memory_time", "compute_time", "launch_time",
+             "communication_time")
+
+
+def step_summary(timing) -> dict[str, Any]:
+  """The estimated step (`time_model.StepTime`) as a sweep keeps it: seconds
+  per step, its split, and the device it is for (`time_device`); None in
+  each where the audit has no estimate (the device unknown)."""
+  if timing is None:
+    return {**dict.fromkeys(TIME_KEYS), "time_device": None}
+  return {**{k: float(getattr(timing, k)) for k in TIME_KEYS},
+          "time_device": timing.facts.name}
 
 
 def compile_and_audit(fn, args, html_path: str | None = None,

@@ -24,8 +24,10 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from hlo_audit._src.errors import TargetError
+from hlo_audit._src.target import calibration, devices
 from hlo_audit._src.target import specs as specs_mod
 from hlo_audit._src.target import wheels
+from hlo_audit._src.target.devices import DeviceFacts
 from hlo_audit._src.target.specs import GpuSpec
 
 #: What a compile without the GPU leaves out, for the report's header.
@@ -250,6 +252,43 @@ def resolve_target(target: str | os.PathLike | Target | None, *,
       raise TargetError("gpus and autotune_results need a target (e.g. target='h200')")
     return None
   return get_target(target, gpus=gpus, autotune_results=autotune_results)
+
+
+def device_facts(name: str | os.PathLike | Target | DeviceFacts) -> DeviceFacts:
+  """What a device does per second, with each fact's source: a GPU target
+  ("h200", "h100", a spec file, a `Target`, or what jax calls the device,
+  "NVIDIA H200 141GB HBM3e": from XLA's spec of it), or
+  "cpu" (this machine's CPU, measured once and cached: `hlo-audit
+  calibrate`).
+
+  Raises:
+    TargetError: for an unknown name (the message lists the known ones).
+  """
+  if isinstance(name, DeviceFacts):
+    return name
+  if isinstance(name, Target):
+    if name.spec is None:
+      raise TargetError(f"target {name.label}: no spec to read its facts from")
+    return devices.gpu_facts(name.spec)
+  if os.fspath(name).strip().lower() in ("cpu", "host"):
+    return calibration.cpu_facts()
+  for spec in specs_mod.known_specs():  # what jax calls it: a device's kind
+    if spec.device_kind == name:
+      return devices.gpu_facts(spec)
+  return devices.gpu_facts(specs_mod.find_spec(name))
+
+
+def facts_for_device_kind(platform: str, device_kind: str) -> DeviceFacts | None:
+  """The facts of the device a module was compiled for, from what jax calls
+  it: this machine's CPU, or a GPU XLA has a spec for; None when unknown."""
+  platform = (platform or "").lower()
+  if platform in ("cpu", "host"):
+    return calibration.cpu_facts()
+  if platform in ("gpu", "cuda") and device_kind:
+    for spec in specs_mod.known_specs():
+      if spec.device_kind == device_kind:
+        return devices.gpu_facts(spec)
+  return None
 
 
 def list_targets() -> tuple[GpuSpec, ...]:

@@ -6,6 +6,9 @@ raises `AssertionError` whose message lists the offending finding groups, one
 line each with its source, so a failing test says what regressed and where.
 `target="h200"` audits the program XLA compiles for that GPU (on any
 machine: `hlo_audit.get_target`), so CI without a GPU can hold GPU fusions.
+`min_time="5us"` keeps only groups whose estimated time saved per step
+(`AuditReport.timing`) reaches it; a report without an estimate fails the
+assertion rather than pass with nothing checked.
 """
 
 from __future__ import annotations
@@ -21,7 +24,8 @@ from hlo_audit._src.hlo.ir import HloModule
 from hlo_audit._src.report import layout
 from hlo_audit._src.report.grouping import ranked_groups
 from hlo_audit._src.report.report import AuditReport, finding_kind
-from hlo_audit._src.report.units import fmt_bytes, fmt_source, parse_bytes
+from hlo_audit._src.report.units import (fmt_bytes, fmt_source, fmt_time, parse_bytes,
+                                         parse_time)
 
 #: Width of assertion messages (pytest shows them as they are).
 MESSAGE_WIDTH = 120
@@ -80,23 +84,60 @@ def audited(fn_or_report: Any, *args: Any, target: Any = None) -> Audited:
   return Audited(audit_capture(cap), cap.module)
 
 
+def time_floor(report: AuditReport, min_time: float | str | None) -> float | None:
+  """`min_time` in seconds (None: no time threshold).
+
+  Raises:
+    ValueError: for text that is not a time (`parse_time`).
+    AssertionError: when a threshold is given and the report has no time
+      estimate (the device is unknown): the threshold cannot be checked, and
+      a gate that checked nothing must not pass.
+  """
+  if min_time is None:
+    return None
+  floor = parse_time(min_time)
+  if report.timing is None:
+    prefix = "time not estimated: "
+    why = next((n[len(prefix):] for n in report.notes if n.startswith(prefix)),
+               "the device is unknown")
+    raise AssertionError(f"{report.module.name}: min_time={min_time!r} cannot be checked: "
+                         f"the audit estimated no time: {why}")
+  return floor
+
+
 def select(report: AuditReport, kinds=None, min_bytes: int | str = 0,
-           where: str | Callable[[FusionDecisionRecord], bool] | None = None):
+           where: str | Callable[[FusionDecisionRecord], bool] | None = None,
+           min_time: float | str | None = None):
   """The ranked finding groups that propose a change, of `kinds` (classes or
   slugs; default all), at a source matching `where` (a substring of
   `path:line` or a predicate on the record), saving at least `min_bytes`
-  per run as a group."""
+  per run and, when given, `min_time` per step (seconds, or "5us", "1.5ms")
+  as a group. A group the time model could not price is kept: it is not
+  known to be below `min_time`.
+
+  Raises:
+    AssertionError: for `min_time` on a report without a time estimate.
+  """
   floor = parse_bytes(min_bytes)
+  time_min = time_floor(report, min_time)
   wanted = None if kinds is None else {_kind(k) for k in _iter(kinds)}
   records = [f for f in report.findings if _matches(f, where)]
   return [g for g in ranked_groups(records)
-          if g.actionable and (wanted is None or g.kind in wanted) and g.bytes_saved >= floor]
+          if g.actionable and (wanted is None or g.kind in wanted) and g.bytes_saved >= floor
+          and time_reaches(g.time_saved, time_min)]
+
+
+def time_reaches(saved: float | None, floor: float | None) -> bool:
+  """Whether a group's time saved passes a `min_time` floor (None: no floor;
+  an unpriced group passes)."""
+  return floor is None or saved is None or saved >= floor
 
 
 def assert_no_findings(fn_or_report: Any, *args: Any, kinds=None,
                        min_bytes: int | str = 0,
                        where: str | Callable[[FusionDecisionRecord], bool] | None = None,
-                       target: Any = None) -> AuditReport:
+                       target: Any = None, min_time: float | str | None = None
+                       ) -> AuditReport:
   """Fails when the audit finds a fusion gap.
 
   Args:
@@ -106,6 +147,9 @@ def assert_no_findings(fn_or_report: Any, *args: Any, kinds=None,
     kinds: finding classes to check ("unfused-epilogue", `FindingKind`s);
       default: every class that proposes a change.
     min_bytes: ignore groups saving less per run (int or "1MiB").
+    min_time: ignore groups whose estimated time saved per step is less
+      (seconds, or "5us", "1.5ms", "2s"); it fails when the report has no
+      time estimate (the device is unknown), as nothing could be checked.
     where: only findings whose source contains this text (e.g. "model.py:42"
       or "model.py"), or for which this predicate is true.
     target: compile the function for this device instead of this machine's
@@ -117,22 +161,26 @@ def assert_no_findings(fn_or_report: Any, *args: Any, kinds=None,
   """
   __tracebackhide__ = True  # pytest shows the caller's line, not ours
   a = audited(fn_or_report, *args, target=target)
-  groups = select(a.report, kinds, min_bytes, where)
+  groups = select(a.report, kinds, min_bytes, where, min_time)
   if groups:
     what = ", ".join(sorted({g.kind.slug for g in groups}))
+    floor = "" if min_time is None else (
+        f" saving at least {fmt_time(parse_time(min_time))} per step on "
+        f"{a.report.timing.facts.name}")
     raise AssertionError(_message(
         a.report, f"{sum(g.count for g in groups)} finding(s) ({what}) in "
-        f"{len(groups)} group(s)", groups))
+        f"{len(groups)} group(s){floor}", groups))
   return a.report
 
 
 def assert_no_copies(fn_or_report: Any, *args: Any, min_bytes: int | str = 0,
-                     where=None, target: Any = None) -> AuditReport:
+                     where=None, target: Any = None,
+                     min_time: float | str | None = None) -> AuditReport:
   """Fails on standalone copies or transposes and on layout conflicts."""
   __tracebackhide__ = True  # pytest shows the caller's line, not ours
   return assert_no_findings(fn_or_report, *args, min_bytes=min_bytes, where=where,
                             kinds=(FindingKind.STANDALONE_COPY, FindingKind.LAYOUT_CONFLICT),
-                            target=target)
+                            target=target, min_time=min_time)
 
 
 def assert_peak_below(fn_or_report: Any, *args: Any, bytes: int | str,  # noqa: A002
@@ -215,20 +263,26 @@ def assert_fused(fn_or_report: Any, *args: Any, op: str, into: str = "dot",
     lines.append(f"  {k.kind.value} {layout.elide(k.name, 40)}{feed}  "
                  f"{fmt_source(k.source) or '?'}")
   if gaps:
-    from hlo_audit._src.report.terminal import group_lines
-    lines += group_lines(gaps, MESSAGE_WIDTH, title="findings:")
+    lines += _group_lines(r, gaps, title="findings:")
   raise AssertionError("\n".join(lines))
 
 
 # ----------------------------------------------------------- helpers ----
 
 
-def _message(report: AuditReport, head: str, groups) -> str:
+def _group_lines(report: AuditReport, groups, title: str | None = None) -> list[str]:
+  """The groups as the terminal report lists them: the estimated time saved
+  (and its share of the step) beside the bytes, where the audit has one."""
   from hlo_audit._src.report.terminal import group_lines
 
+  step = report.timing.step_time if report.timing is not None else None
+  return group_lines(groups, MESSAGE_WIDTH, title=title, step=step)
+
+
+def _message(report: AuditReport, head: str, groups) -> str:
   lines = [f"{report.module.name}: {head}"]
   if groups:
-    lines += group_lines(groups, MESSAGE_WIDTH)
+    lines += _group_lines(report, groups)
     lines.append("  (hlo_audit.audit(fn, *args).to_text(all=True) shows each decision record)")
   return "\n".join(lines)
 

@@ -40,16 +40,20 @@ def snapshot_path(node, name: str | None = None) -> str:
 def hlo_audit_snapshot(request):
   """Audits a function (or takes a report) and compares its finding groups
   with the test's stored snapshot; returns the report. Keywords: `name`
-  (several snapshots in one test), `min_bytes` (ignore smaller groups),
-  `target` (compile for that GPU: "h200", a `hlo_audit.Target`)."""
+  (several snapshots in one test), `min_bytes` and `min_time` (ignore
+  groups saving less: "1MiB", "5us"; `min_time` fails the test when the
+  audit has no time estimate), `target` (compile for that GPU: "h200", a
+  `hlo_audit.Target`)."""
   from hlo_audit._src.testing.assertions import audited
 
   update = request.config.getoption("hlo_audit_update")
   root = str(request.config.rootpath)
 
-  def check(fn_or_report, *args, name: str | None = None, min_bytes=0, target=None):
+  def check(fn_or_report, *args, name: str | None = None, min_bytes=0, target=None,
+            min_time=None):
+    __tracebackhide__ = True  # pytest shows the test's line, not ours
     report = audited(fn_or_report, *args, target=target).report
-    current = snap.snapshot_of(report, root, min_bytes)
+    current = snap.snapshot_of(report, root, min_bytes, min_time)
     path = snapshot_path(request.node, name)
     if update:
       snap.write_snapshot(path, report.module.name, current)

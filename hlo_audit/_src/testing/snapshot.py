@@ -23,15 +23,27 @@ SNAPSHOT_VERSION = 1
 _KEY = ("class", "source", "shape", "ops", "kernel", "verdict", "count")
 
 
-def snapshot_of(report, root: str | None = None, min_bytes: int | str = 0) -> list[dict]:
+def snapshot_of(report, root: str | None = None, min_bytes: int | str = 0,
+                min_time: float | str | None = None) -> list[dict]:
   """The report's finding groups as snapshot entries; sources relative to
   `root` (e.g. the test suite's root folder) so snapshots travel between
-  machines."""
+  machines. Groups that propose a change and save less than `min_bytes`, or
+  than `min_time` per step (estimated; `assertions.select`), are left out.
+  Estimated times are not stored: they change with the machine's
+  calibration, and a snapshot must not.
+
+  Raises:
+    AssertionError: for `min_time` on a report without a time estimate.
+  """
+  from hlo_audit._src.testing.assertions import time_floor, time_reaches
+
   floor = parse_bytes(min_bytes)
+  time_min = time_floor(report, min_time)
   root = os.path.abspath(root or os.getcwd())
   out = []
   for g in ranked_groups(report.findings):
-    if g.kind is FindingKind.KEEP_REUSE or (g.actionable and g.bytes_saved < floor):
+    small = g.bytes_saved < floor or not time_reaches(g.time_saved, time_min)
+    if g.kind is FindingKind.KEEP_REUSE or (g.actionable and small):
       continue
     src = None
     if g.source is not None:

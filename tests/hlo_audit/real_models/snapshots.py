@@ -68,18 +68,32 @@ def _gunzip(path: pathlib.Path) -> str:
   return gzip.decompress(path.read_bytes()).decode()
 
 
+#: The CPU the `cpu/` snapshots are priced on: fixed facts, of the order of
+#: a two-core server VM's, so that a snapshot's times do not move with the
+#: machine that runs the tests (this machine's own are measured).
+REFERENCE_CPU = hlo_audit.DeviceFacts(
+    name="reference-cpu", description="a fixed two-core CPU for the snapshots",
+    platform="cpu", memory_bandwidth=40e9, cache_bandwidths=((2 ** 20, 60e9),),
+    matrix_flops={"f32": 150e9, "bf16": 150e9}, matrix_variants={"nt": 0.8, "plain": 1.5},
+    narrow_contraction={"": ((16, 0.3), (64, 0.7), (256, 1.0))},
+    vector_flops={"f32": 60e9}, transcendentals_per_second=1e9, launch_overhead=1e-6,
+    parallel_overhead=25e-6, strided_bandwidth=10e9, loop_reduction_rate=0.35e9)
+#: The H200 compiles (committed, and the dumps') are priced on the H200.
+_H200 = hlo_audit.AuditOptions(device="h200")
+
+
 def audit(key: str) -> hlo_audit.AuditReport:
   kind, _, name = key.partition("/")
   if kind == "h200":
-    return hlo_audit.audit_hlo(_gunzip(H200 / f"{name}.hlo.gz"))
+    return hlo_audit.audit_hlo(_gunzip(H200 / f"{name}.hlo.gz"), options=_H200)
   if kind == "cpu":
     from hlo_audit._src.capture.capture import capture_text
     texts = {part: _gunzip(CPU / f"{name}{ours}") for part, (_, ours) in _CPU_PARTS.items()}
     return hlo_audit.audit_capture(capture_text(
         texts["hlo"], source=f"cpu/{name}.hlo", buffer_assignment=texts["buffer_assignment"],
-        live_range=texts["live_range"]))
+        live_range=texts["live_range"]), hlo_audit.AuditOptions(device=REFERENCE_CPU))
   if kind == "dump":
-    return hlo_audit.audit_hlo(DUMPS / name)
+    return hlo_audit.audit_hlo(DUMPS / name, options=_H200)
   raise KeyError(key)
 
 

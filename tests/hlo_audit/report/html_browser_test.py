@@ -80,7 +80,7 @@ def test_every_section_renders_with_the_report_contents(page):
   browser, *_ = page
   r = report()
   headings = browser.evaluate("Array.from(document.querySelectorAll('h2'), h => h.textContent)")
-  for h in ("Live bytes over the schedule", "Memory view", "Kernels and the buffers between them",
+  for h in ("Estimated timeline", "Live bytes over the schedule", "Memory view", "Kernels and the buffers between them",
             "Kernels by kind", "Intermediate tensors", "Findings"):
     assert any(x.startswith(h) for x in headings), (h, headings)
   rows = browser.evaluate("""(function(){
@@ -146,6 +146,40 @@ def test_hovering_the_chart_names_a_step_and_headers_sort_tables(page):
       return Array.from(t.tBodies[0].rows, r => r.cells[i].textContent); })()""")
   values = [_bytes(v) for v in col]
   assert values == sorted(values) and values[0] < values[-1]
+  assert browser.errors() == []
+
+
+def test_the_estimated_timeline_draws_its_bars_coloured_by_bound(page):
+  browser, *_ = page
+  r = report()
+  count, launches, thin, box, tips = browser.evaluate("""(function(){
+      var s = document.getElementById('step-timeline');
+      s.scrollIntoView({block: 'center'});
+      var bars = Array.from(s.querySelectorAll('rect[data-n]'));
+      var b = s.getBoundingClientRect();
+      return [bars.length, bars.reduce((a, e) => a + +e.getAttribute('data-n'), 0),
+              bars.filter(e => e.getBBox().width < 0.99 || e.getBBox().height < 10).length,
+              [b.left + window.scrollX, b.top + window.scrollY, b.width, b.height],
+              Array.from(s.querySelectorAll('rect.found > title'), t => t.textContent)]; })()""")
+  assert launches == sum(l.count for l in r.timing.launches) and count > 10 and thin == 0
+  classes = {f.kind.value for f in r.actionable}
+  assert tips and all(any(c in t for c in classes) for t in tips)
+  x, y, w, h = box
+  assert w > 500 and h > 40
+  px = np.asarray(_png(browser.screenshot(clip={"x": x, "y": y, "width": w, "height": h})))
+  px = px.astype(int)
+  # Each bound holding a tenth of the step shows in its colour.
+  share: dict[str, float] = {}
+  for l in r.timing.launches:
+    bound = r.timing.kernel(l.kernel).bound.value
+    share[bound] = share.get(bound, 0.0) + l.duration / r.timing.step_time
+  for bound, color in html.BOUND_COLORS.items():
+    rgb = np.array([int(color[i:i + 2], 16) for i in (1, 3, 5)])
+    seen = (np.abs(px - rgb).sum(axis=2) < 40).mean()
+    if share.get(bound, 0.0) > 0.1:
+      assert seen > 0.02, (bound, share, seen)
+  red = ((px[..., 0] > 150) & (px[..., 0] - px[..., 2] > 80) & (px[..., 0] - px[..., 1] > 80))
+  assert red.sum() > 20   # the finding markers
   assert browser.errors() == []
 
 

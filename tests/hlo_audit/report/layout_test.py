@@ -51,31 +51,43 @@ def test_table_moves_the_source_under_the_row_instead_of_breaking_it():
   assert narrow[-1].strip() == "hlo_audit/_src/examples/transformer.py:93"
 
 
-def test_groups_merge_the_same_pattern_at_one_line_and_rank_by_bytes():
+def test_groups_merge_the_same_pattern_at_one_line_and_rank_by_time():
   r = example_report()
   groups = ranked_groups(r.findings)
   assert sum(g.count for g in groups) == len(r.findings)
   assert len(groups) < len(r.findings)                  # two layers: repeats merge
   act = [g for g in groups if g.actionable]
-  # Ranked by what lowers the peak (the what-if replay), then by traffic.
-  keys = [(g.peak_saved or 0, g.bytes_saved) for g in act]
+  # Ranked by the estimated time saved; by peak, then traffic, on request.
+  times = [g.time_saved for g in act]
+  assert None not in times and times == sorted(times, reverse=True)
+  by_peak = [g for g in ranked_groups(r.findings, "peak") if g.actionable]
+  keys = [(g.peak_saved or 0, g.time_saved) for g in by_peak]
   assert keys == sorted(keys, reverse=True)
+  by_bytes = [g.bytes_saved for g in ranked_groups(r.findings, "bytes") if g.actionable]
+  assert by_bytes == sorted(by_bytes, reverse=True)
   assert all(not g.actionable for g in groups[len(act):])
   for g in groups:
     assert len({(f.kind, f.boundary_shape, f.ops, f.source.line if f.source else None)
                 for f in g.members}) == 1
-  # Peak savings (another analysis may add them) rank first when present.
+  # Another analysis's savings rank a group first under their own sort.
   @dataclasses.dataclass(frozen=True)
-  class WithPeak:
+  class Boosted:
     f: object
     peak_saved: int | None
+    time_saved: float | None
 
     def __getattr__(self, name):
       return getattr(self.f, name)
 
   small = act[-1].first
-  boosted = [WithPeak(f, 10 ** 9 if f is small else None) for f in r.findings]
+  boosted = [Boosted(f, 10 ** 9 if f is small else None,
+                     1.0 if f is small else f.time_saved) for f in r.findings]
   assert ranked_groups(boosted)[0].first.f is small
+  assert ranked_groups(boosted, "peak")[0].first.f is small
+  unpriced = [Boosted(f, f.peak_saved, None) for f in r.findings]
+  # Without an estimate (an unknown device) the traffic ranks.
+  by_traffic = [g.bytes_saved for g in ranked_groups(unpriced) if g.actionable]
+  assert by_traffic == sorted(by_traffic, reverse=True)
   assert group_findings(r.findings) == group_findings(r.findings)
 
 

@@ -28,10 +28,15 @@ def rep():
 
 def test_json_schema_has_the_documented_fields():
   d = json.loads(rep().to_json())
-  assert d["schema_version"] == 3
+  assert d["schema_version"] == 4
   for key in ("module", "kernels", "buffers", "findings", "peak_bytes",
-              "xla_peak_bytes", "intermediates", "timeline"):
+              "xla_peak_bytes", "intermediates", "timeline", "timing"):
     assert key in d
+  # On this machine's CPU: every kernel priced, the step their sum.
+  assert d["timing"]["device"]["platform"] == "cpu"
+  assert len(d["timing"]["kernels"]) == len(d["kernels"])
+  assert d["timing"]["step_time"] > 0
+  assert all("time_saved" in f for f in d["findings"])
   (f,) = [f for f in d["findings"] if f["class"] == "unfused-epilogue"]
   assert f["bytes_saved"] == 2 * 64 * 256 * 4 and f["launches_removed"] == 1
   assert f["source"].endswith("report_test.py:" + str(mlp.__code__.co_firstlineno + 1))

@@ -12,7 +12,7 @@ PIL = pytest.importorskip("PIL.Image")
 pytest.importorskip("matplotlib")
 
 
-def rec(i, seq, dtype, *, saved, status="ok", speedup=None):
+def rec(i, seq, dtype, *, saved, status="ok", speedup=None, step=None):
   r = {"id": f"p{i}", "target": "example", "status": status,
        "params": {"batch": 1, "seq": seq, "dtype": dtype},
        "seconds": {"compile": 1.0, "total": 1.5}, "error": None}
@@ -27,6 +27,10 @@ def rec(i, seq, dtype, *, saved, status="ok", speedup=None):
   else:
     r.update(error="ValueError: d_model=33 is not divisible by heads=2",
              traceback="Traceback ...")
+  if step is not None:
+    # Memory 60%, compute 30%, launch 10%, on a made-up device.
+    r["audit"].update(step_time=step, memory_time=0.6 * step, compute_time=0.3 * step,
+                      launch_time=0.1 * step, communication_time=0.0, time_device="h200")
   if speedup is not None:
     r["timing"] = {"kernel_ms": 1.0, "xla_ms": speedup, "speedup": speedup,
                    "interpret": True}
@@ -91,3 +95,47 @@ def test_report_gathers_table_plots_classes_and_failures():
   assert '<img class="plot" src="bytes.png"' in page
   assert 'data-v="16384"' in page and "Failed points (1)" in page
   assert "<script>" in page and "http" not in page.replace("http-equiv", "")
+
+
+TIMED = [rec(0, 16, "float32", saved=1024, step=2e-6), rec(1, 32, "float32", saved=4096, step=8e-6),
+         rec(2, 64, "float32", saved=8192, step=3.2e-5),
+         rec(3, 16, "bfloat16", saved=1024, step=1.5e-6),
+         # Resumed from results written before estimates: drawn nowhere in time.png.
+         rec(4, 32, "bfloat16", saved=4096)]
+
+
+def test_the_estimated_step_is_plotted_for_the_points_that_have_one(tmp_path):
+  written = plots.plot_sweep(TIMED, str(tmp_path), NAMES, title="example")
+  assert [p.rsplit("/", 1)[-1] for p in written] == ["bytes.png", "peak.png", "time.png"]
+  assert PIL.open(written[-1]).format == "PNG" and _ink(written[-1]) > 0.02
+  assert plots.plot_data(TIMED, NAMES, metric="step_time") == {
+      "dtype=float32": [(16, 2e-6), (32, 8e-6), (64, 3.2e-5)], "dtype=bfloat16": [(16, 1.5e-6)]}
+  assert plots.plot_data(TIMED, NAMES, metric="memory_time")["dtype=bfloat16"] == [
+      (16, pytest.approx(0.9e-6))]
+  # Old records only: no time plot.
+  assert "time.png" not in str(plots.plot_sweep(TIMED[4:], str(tmp_path), NAMES))
+
+
+def test_tick_time():
+  assert plots.tick_time(8.5e-7) == "850 ns"
+  assert plots.tick_time(1.25e-5) == "12.5 us"
+  assert plots.tick_time(2e-3) == "2 ms"
+  assert plots.tick_time(3.0) == "3 s"
+  assert plots.tick_time(0) == "0"
+
+
+def test_report_shows_the_estimated_step_where_there_is_one():
+  md = report.render_markdown("example", TIMED, NAMES, [])
+  assert "- estimated step on h200: 1.50 us to 32.0 us (4 of 5 ok points estimated)" in md
+  header = next(line for line in md.splitlines() if line.startswith("| id |"))
+  assert header.endswith("| compile s | est. step | bound by |")
+  assert "| p1 | 1 | 32 | float32 | ok |" in md
+  assert md.split("| p1 |")[1].split("\n")[0].endswith("| 1.00 | 8.00 us | memory 60% |")
+  assert md.split("| p4 |")[1].split("\n")[0].endswith("| 1.00 | - | - |")
+  page = report.render_html("example", TIMED, NAMES, [])
+  assert 'data-v="3.2e-05">32.0 us</td>' in page
+  # Results without any estimate: no columns for it, and the summary says so.
+  old = report.render_markdown("example", RECORDS, NAMES, [])
+  assert "est. step" not in old and "- estimated step: none (the device was unknown" in old
+  assert report.bound_by(TIMED[0]["audit"]) == "memory 60%"
+  assert report.bound_by({"step_time": None}) == "-"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import json
 import os
 
 import pytest
@@ -61,11 +62,19 @@ def test_in_process_sweep_records_every_point_and_a_rerun_skips_them(model, tmp_
   assert a["bytes_saved_by_class"] == {"unfused-epilogue": a["bytes_saved"]}
   assert a["peak_bytes"] == a["xla_peak_bytes"]
   assert ok[0]["params"]["args"] == f"f32[{ok[0]['params']['b']},64];f32[64,128]"
+  # The step estimated on this machine's CPU, split into parts that sum to it.
+  assert a["time_device"] == "cpu" and a["step_time"] > 0
+  assert sum(a[k] for k in ("memory_time", "compute_time", "launch_time",
+                            "communication_time")) == pytest.approx(a["step_time"])
   with open(out / "results.csv", newline="") as f:
     rows = list(csv.DictReader(f))
   assert [r["id"] for r in rows] == [r["id"] for r in records]
+  row = next(r for r in rows if r["id"] == ok[0]["id"])
+  assert float(row["step_time_s"]) == pytest.approx(a["step_time"], rel=1e-5)
+  assert row["time_device"] == "cpu"
   assert {os.path.basename(p) for p in result.files} == {
-      "bytes.png", "peak.png", "report.md", "report.html"}
+      "bytes.png", "peak.png", "time.png", "report.md", "report.html"}
+  assert "est. step" in point_line(ok[0]) and "on cpu" in point_line(ok[0])
 
   again = run_sweep(opts)
   assert (again.ran, again.skipped) == (0, 4)
@@ -125,3 +134,24 @@ def test_workers_survive_crashes_and_hangs(model, tmp_path):
   assert "boom" in by_id["p3"]["error"]
   assert by_id["p0"]["pid"] != os.getpid()
   assert point_line(by_id["p1"], ["b", "mode"]).startswith("FAIL b=3 mode=segv")
+
+
+def test_a_sweep_written_before_estimates_resumes_and_reports(model, tmp_path):
+  out = tmp_path / "out"
+  run_sweep(options(model, out, "b=8;d=16", report=False))
+  # As an older version wrote it: no estimate in the records or the CSV.
+  (old,) = read_jsonl(str(out / "results.jsonl"))[0]
+  for key in ("step_time", "memory_time", "compute_time", "launch_time",
+              "communication_time", "time_device"):
+    del old["audit"][key]
+  (out / "results.jsonl").write_text(json.dumps(old) + "\n")
+  header = (out / "results.csv").read_text().splitlines()[0]
+  (out / "results.csv").write_text(header.replace(",step_time_s", "") + "\n")
+  result = run_sweep(options(model, out, "b=8,16;d=16"))
+  assert (result.ran, result.skipped, result.failed) == (1, 1, 0)
+  with open(out / "results.csv", newline="") as f:
+    rows = {r["b"]: r for r in csv.DictReader(f)}
+  assert rows["8"]["step_time_s"] == "" and float(rows["16"]["step_time_s"]) > 0
+  md = (out / "report.md").read_text()
+  assert "(1 of 2 ok points estimated)" in md and "![time.png](time.png)" in md
+  assert (out / "time.png").exists()

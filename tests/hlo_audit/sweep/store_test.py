@@ -107,3 +107,31 @@ def test_unwritable_out_folder(tmp_path):
   blocker.write_text("")
   with pytest.raises(StoreError, match="cannot write"):
     ResultStore(str(blocker / "out"), []).open()
+
+
+TIME_COLUMNS = ["step_time_s", "memory_time_s", "compute_time_s", "launch_time_s",
+                "communication_time_s", "time_device"]
+
+
+def test_the_estimated_step_has_columns_and_older_records_leave_them_blank(tmp_path):
+  old = rec(1)  # written before estimates: no time keys at all
+  unknown = rec(2)
+  unknown["audit"].update(step_time=None, memory_time=None, compute_time=None,
+                          launch_time=None, communication_time=None, time_device=None)
+  new = rec(3)
+  new["audit"].update(step_time=1.5e-3, memory_time=1e-3, compute_time=2.5e-4,
+                      launch_time=2e-4, communication_time=5e-5, time_device="h200")
+  # An older sweep's files, resumed: the CSV is rebuilt with the new columns.
+  (tmp_path / "results.jsonl").write_text(json.dumps(old) + "\n")
+  (tmp_path / "results.csv").write_text("id,status,batch\np1,ok,1\n")
+  with ResultStore(str(tmp_path), ["batch"]) as s:
+    assert s.state.done == {"p1"}
+    s.append(unknown)
+    s.append(new)
+  header = (tmp_path / "results.csv").read_text().splitlines()[0].split(",")
+  assert header[header.index("flops") + 1:header.index("time_device") + 1] == TIME_COLUMNS
+  rows = {r["id"]: r for r in csv_rows(tmp_path / "results.csv")}
+  assert [rows["p1"][c] for c in TIME_COLUMNS] == [""] * 6
+  assert [rows["p2"][c] for c in TIME_COLUMNS] == [""] * 6
+  assert [rows["p3"][c] for c in TIME_COLUMNS] == ["0.0015", "0.001", "0.00025", "0.0002",
+                                                   "5e-05", "h200"]

@@ -5,9 +5,13 @@ from __future__ import annotations
 import jax
 import pytest
 
+import hlo_audit
 from hlo_audit._src.sweep.grid import GridError
-from hlo_audit._src.sweep.targets import (KernelTarget, Measure, TargetRef, kernel_targets,
-                                          make_target, render_args, template_names)
+from hlo_audit._src.sweep.targets import (TIME_KEYS, KernelTarget, Measure, TargetRef,
+                                          audit_summary, kernel_targets, make_target,
+                                          render_args, template_names)
+from tests.hlo_audit.testing.assertions_test import GPU_UNFUSED
+from tests.hlo_audit.testing.min_time_test import FACTS
 
 
 def test_example_exposes_its_sizes_and_fills_defaults():
@@ -129,3 +133,19 @@ def test_kernel_point_audits_xla_and_validates_and_times_the_kernel():
   assert out["validation"]["passed"] is True
   assert out["timing"]["speedup"] > 0 and out["timing"]["interpret"] is True
   assert set(out["seconds"]) == {"compile", "analysis", "validate", "time"}
+
+
+def test_audit_summary_keeps_the_estimated_step_its_split_and_device():
+  report = hlo_audit.audit_hlo(GPU_UNFUSED, options=hlo_audit.AuditOptions(device=FACTS))
+  t = report.timing
+  a = audit_summary(report)
+  assert a["time_device"] == "test"
+  assert [a[k] for k in TIME_KEYS] == [t.step_time, t.memory_time, t.compute_time,
+                                       t.launch_time, t.communication_time]
+  # Two kernels, each paying its launch: the parts differ and sum to the step.
+  assert a["launch_time"] == 2e-6 and a["memory_time"] != a["compute_time"]
+  assert sum(a[k] for k in TIME_KEYS[1:]) == pytest.approx(a["step_time"])
+  # The device unknown: the keys are there, empty.
+  unknown = audit_summary(hlo_audit.audit_hlo(GPU_UNFUSED))
+  assert {k: unknown[k] for k in (*TIME_KEYS, "time_device")} == dict.fromkeys(
+      (*TIME_KEYS, "time_device"))

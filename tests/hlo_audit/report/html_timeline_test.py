@@ -1,0 +1,223 @@
+"""The HTML page's estimated timeline: the step and its split, every launch
+drawn once (narrow bars merged), bars coloured by bound, the kernels a
+finding names marked with the finding in the tooltip, names escaped, a small
+drawing for many launches, and one sentence without an estimate."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from html.parser import HTMLParser
+import json
+import types
+
+import pytest
+
+import hlo_audit
+from hlo_audit._src.analysis.time_model import KernelTime, Launch, StepTime
+from hlo_audit._src.examples.transformer import TransformerConfig, example
+from hlo_audit._src.report import html, text, trace
+from hlo_audit._src.report.json_report import report_from_dict
+from hlo_audit._src.report.units import fmt_time
+
+#: Two asynchronous all-gathers beside three kernels (see trace_test.py):
+#: few bars, each wider than a pixel, on two tracks.
+GATHERS = """
+HloModule async_gathers, is_scheduled=true, num_partitions=4
+
+%neg_f {
+  %p = f32[256,256]{1,0} parameter(0)
+  ROOT %n = f32[256,256]{1,0} negate(%p)
+}
+
+ENTRY %main {
+  %x = f32[64,256]{1,0} parameter(0)
+  %y = f32[64,256]{1,0} parameter(1)
+  %z = f32[256,256]{1,0} parameter(2)
+  %ags = (f32[64,256]{1,0}, f32[256,256]{1,0}) all-gather-start(%x), channel_id=1, replica_groups=[1,4]<=[4], dimensions={0}, use_global_device_ids=true
+  %agd = f32[256,256]{1,0} all-gather-done(%ags)
+  %ags2 = (f32[64,256]{1,0}, f32[256,256]{1,0}) all-gather-start(%y), channel_id=2, replica_groups={{0,1,2,3}}, dimensions={0}, use_global_device_ids=true
+  %neg = f32[256,256]{1,0} fusion(%z), kind=kLoop, calls=%neg_f
+  %agd2 = f32[256,256]{1,0} all-gather-done(%ags2)
+  %dot = f32[256,256]{1,0} dot(%agd, %agd2), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+  ROOT %out = f32[256,256]{1,0} add(%dot, %neg)
+}
+"""
+
+
+@functools.cache
+def transformer():
+  cfg = TransformerConfig(batch=2, seq=32, d_model=64, heads=2, d_ff=128, vocab=128)
+  fn, args = example(cfg)
+  return hlo_audit.audit(fn, *args)
+
+
+@functools.cache
+def gathers():
+  return hlo_audit.audit_hlo(GATHERS, options=hlo_audit.AuditOptions(device="h200"))
+
+
+@dataclasses.dataclass
+class Mark:
+  tag: str
+  attrs: dict
+  title: str = ""
+
+
+class _Timeline(HTMLParser):
+  """The bars (rects with a launch count) and markers of svg#step-timeline,
+  each with its tooltip, and the row labels; text unescaped as a browser
+  would."""
+
+  def __init__(self):
+    super().__init__(convert_charrefs=True)
+    self.inside = False
+    self.marks: list[Mark] = []
+    self.labels: list[str] = []
+    self._open: Mark | None = None
+    self._in_text = False
+
+  def handle_starttag(self, tag, attrs):
+    a = dict(attrs)
+    if tag == "svg" and a.get("id") == "step-timeline":
+      self.inside = True
+    elif self.inside and (tag == "rect" and "data-n" in a or tag == "path"):
+      self._open = Mark(tag, a)
+      self.marks.append(self._open)
+    elif self.inside and tag == "text":
+      self._in_text = True
+
+  def handle_endtag(self, tag):
+    if tag == "svg":
+      self.inside = False
+    elif tag in ("rect", "path"):
+      self._open = None
+    elif tag == "text":
+      self._in_text = False
+
+  def handle_data(self, data):
+    if self._open is not None:
+      self._open.title += data
+    elif self._in_text:
+      self.labels.append(data)
+
+
+def timeline(page: str) -> _Timeline:
+  p = _Timeline()
+  p.feed(page)
+  return p
+
+
+def bars(page: str) -> list[Mark]:
+  return [m for m in timeline(page).marks if m.tag == "rect"]
+
+
+def _by_hand(report, names: list[str], launches: list[Launch]):
+  """`report` with a hand-made estimate: kernels `names`, the `launches`."""
+  kernels = tuple(KernelTime(name=n, bytes=1 << 20, matrix_flops=0, vector_flops=1 << 18,
+                             transcendentals=0, launches=1, memory_time=2e-6,
+                             compute_time=1e-6, launch_time=1e-7) for n in names)
+  step = max(l.start + l.duration for l in launches)
+  timing = StepTime(facts=report.timing.facts, kernels=kernels, step_time=step,
+                    memory_time=step, compute_time=0.0, launch_time=0.0,
+                    communication_time=0.0, launches=tuple(launches),
+                    _by_name=types.MappingProxyType({k.name: k for k in kernels}))
+  return dataclasses.replace(report, timing=timing)
+
+
+def test_the_section_heads_with_the_estimated_step_and_its_split():
+  r = gathers()
+  page = r.to_html()
+  start = page.index("<h2>Estimated timeline</h2>")
+  assert start < page.index("<h2>Live bytes over the schedule</h2>")
+  line = text.time_line(r)
+  assert "communication" in line and fmt_time(r.timing.step_time) in line
+  assert f"<p>{html._e(line)}; {fmt_time(r.timing.overlapped_communication)} of " \
+         "communication hidden under kernels</p>" in page[start:]
+  t = timeline(page)
+  assert [l for l in t.labels if l in ("compute", "communication")] == ["compute",
+                                                                        "communication"]
+  assert fmt_time(r.timing.step_time) in t.labels
+
+
+@pytest.mark.parametrize("audit", [transformer, gathers], ids=["example", "async-gathers"])
+def test_every_launch_is_drawn_once_coloured_by_its_bound(audit):
+  r = audit()
+  drawn = bars(r.to_html())
+  assert sum(int(b.attrs["data-n"]) for b in drawn) == sum(l.count for l in r.timing.launches)
+  single = [b for b in drawn if b.attrs["data-n"] == "1" and " launches of " not in b.title]
+  assert single
+  for b in single:
+    name = b.title.split(": ", 1)[0]
+    k = r.timing.kernel(name)
+    assert b.attrs["fill"] == html.BOUND_COLORS[k.bound.value], b.title
+    assert f", {k.bound.value}-bound" in b.title
+  assert all(float(b.attrs["width"]) >= html.MIN_BAR_PX for b in drawn)
+
+
+def test_kernels_a_finding_names_are_marked_with_the_finding_in_the_tooltip():
+  r = gathers()
+  named = trace.findings_by_kernel(r)
+  t = timeline(r.to_html())
+  drawn = [m for m in t.marks if m.tag == "rect"]
+  markers = [m for m in t.marks if m.tag == "path" and m.attrs.get("class") == "marker"]
+  assert len(drawn) == 5
+  for b in drawn:
+    name = b.title.split(": ", 1)[0]
+    assert ("found" in b.attrs.get("class", "")) == (name in named), name
+    for f in named.get(name, ()):
+      assert f.kind.value in b.title
+  assert len(markers) == sum(1 for b in drawn if "found" in b.attrs.get("class", "")) > 0
+  (ags,) = [b for b in drawn if b.title.startswith("ags: ")]
+  assert ags.attrs["fill"] == html.BOUND_COLORS["communication"]
+  exposed = next(f for f in named["ags"] if f.kind.slug == "exposed-collective")
+  assert f"exposed communication at ags (saves ~{fmt_time(exposed.time_saved)} per step)" \
+      in ags.title
+
+
+def test_names_from_the_hlo_are_escaped():
+  odd = '<b onmouseover="x()">fusion&amp;</b>'
+  base = gathers()
+  f = dataclasses.replace(base.actionable[0], producer=odd, consumers=())
+  r = dataclasses.replace(_by_hand(base, [odd, "neg"], [Launch(odd, 0.0, 4e-6),
+                                                        Launch("neg", 4e-6, 1e-6)]),
+                          findings=(f,))
+  page = r.to_html()
+  section = page[page.index("<h2>Estimated timeline</h2>"):
+                 page.index("<h2>Live bytes over the schedule</h2>")]
+  assert "<b" not in section and "&amp;amp;" in section
+  titles = [b.title for b in bars(page)]
+  assert titles[0].startswith(odd + ": ") and f.kind.value in titles[0]
+
+
+def test_thousands_of_launches_draw_one_mark_per_pixel_or_wider_bar():
+  # 60,000 launches of 1 us, one in every thousand 10 ms long: the short ones
+  # merge (the last ones too), the long ones are drawn one by one.
+  launches, clock = [], 0.0
+  for i in range(60_000):
+    d = 1e-2 if i % 1000 == 500 else 1e-6
+    launches.append(Launch("long" if d > 1e-3 else f"k{i % 7}", clock, d))
+    clock += d
+  r = _by_hand(gathers(), ["long", *(f"k{i}" for i in range(7))], launches)
+  page = r.to_html()
+  drawn = bars(page)
+  svg = page[page.index('id="step-timeline"'):]
+  svg = svg[:svg.index("</svg>")]
+  assert sum(int(b.attrs["data-n"]) for b in drawn) == 60_000
+  assert 60 <= len(drawn) <= 2 * 840
+  assert sum(1 for b in drawn if b.title.startswith("long: ")) == 60
+  assert len(svg) < 200_000
+
+
+def test_without_an_estimate_one_sentence_says_why():
+  r = dataclasses.replace(gathers(), timing=None, notes=(
+      "time not estimated: the device is unknown (name it: --device h200)",))
+  page = r.to_html()
+  assert ("<h2>Estimated timeline</h2>\n<p class=\"muted\">No timeline: the device is "
+          "unknown (name it: --device h200).</p>") in page
+  assert 'id="step-timeline"' not in page
+  read = report_from_dict(json.loads(gathers().to_json()))
+  page = read.to_html()
+  assert text.time_line(read) in page
+  assert "No timeline: the report was read from JSON, which keeps the estimate" in page
+  assert 'id="step-timeline"' not in page
