@@ -47,6 +47,7 @@ def run(argv: list[str] | None = None) -> ExitCode:
   wheels.cpu_unless_gpu()
   wheels.import_jax_quietly()
   try:
+    _say_when_calibrating(args)
     return args.handler(args)
   except (UsageError, HloAuditError, OSError) as e:
     # One line; --verbose adds the offending lines.
@@ -54,6 +55,20 @@ def run(argv: list[str] | None = None) -> ExitCode:
     return ExitCode.USAGE
   except KeyboardInterrupt:
     return ExitCode.USAGE
+
+
+def _say_when_calibrating(args: argparse.Namespace) -> None:
+  """One line on stderr before a verb compiles for this machine's CPU the
+  first time: the audit measures the CPU then (a few seconds, once)."""
+  if args.verb not in ("example", "run") or getattr(args, "target", None):
+    return
+  import jax
+
+  from hlo_audit._src.target import calibration
+
+  if jax.default_backend() == "cpu" and not calibration.cache_path().exists():
+    print("hlo-audit: measuring this machine's CPU for the time model, once (a few "
+          f"seconds; cached in {calibration.cache_path().parent})", file=sys.stderr)
 
 
 def main() -> None:

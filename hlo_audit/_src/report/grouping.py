@@ -100,6 +100,9 @@ def rank_key(g: FindingGroup, sort: str = "time") -> tuple:
   bytes saved, or peak bytes saved; ties by the other measures and class."""
   kinds = list(FindingKind)
   time = g.time_saved
+  # In whole picoseconds: sums of the same floats differ in their last bits
+  # between Pythons (3.12's sum() compensates), and must rank alike.
+  time = None if time is None else round(time * 1e12)
   if sort == "peak":
     key = (-(g.peak_saved or 0), -(time or 0.0), -g.bytes_saved)
   elif sort == "bytes":

@@ -140,7 +140,8 @@ def time_lines(report, groups) -> list[str]:
   top = timed[:TOP_FIXES]
   if top and t.step_time:
     saved = sum(g.time_saved for g in top)
-    out.append(f"top {len(top)} fixes: ~{fmt_time(saved)} of {fmt_time(t.step_time)} "
+    fixes = "the top fix" if len(top) == 1 else f"top {len(top)} fixes"
+    out.append(f"{fixes}: ~{fmt_time(saved)} of {fmt_time(t.step_time)} "
                f"({100 * saved / t.step_time:.1f}%)")
   return out
 

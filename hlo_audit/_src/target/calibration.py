@@ -1,23 +1,32 @@
 """This machine's CPU, measured: the device facts of XLA:CPU here.
 
 A CPU has no datasheet XLA reads, and its rates depend on the cores a
-process gets, the caches and XLA:CPU's kernels (YNNPACK, Eigen). So the
-facts are measured once per machine and jax version, with small programs run
-under JAX's profiler (`profile.py`: the kernels' own times, without Python's
-dispatch):
+process gets, the caches and XLA:CPU's kernels (YNNPACK, Eigen, its own loop
+emitter). So the facts are measured once per machine and jax version, with
+small programs run under JAX's profiler (`profile.py`: the kernels' own
+times, without Python's dispatch), in three passes over them all (medians
+of nine runs each):
 
 - launch overhead: a chain of 64 tiny dependent dots (8x8; dots never fuse
   with each other), the step's span over 64;
-- memory bandwidth, by working set: one elementwise kernel reading and
-  writing f32 arrays of 96 KiB to 96 MiB each (a fresh output each run, as a
-  program's temporaries are);
-- matrix FLOP/s: f32 and bf16 dots of 512^3;
-- vector FLOP/s: 32 fused multiply-adds per element, on data in cache;
-- transcendentals per second: 16 fused `exp`s per element, in cache.
+- memory bandwidth, by working set: one elementwise kernel updating f32
+  arrays of 16 KiB to 64 MiB in place (a program's buffers are reused:
+  fresh pages would cost their faults); the smallest of them XLA:CPU splits
+  over threads, less their bytes, give what the split adds;
+- strided access: the median of five transposes that move the minor
+  dimension;
+- matrix FLOP/s: the median of nine f32 and bf16 dots of layer-like shapes;
+  the same f32 dots with a transposed operand give the library's transposed
+  variant and XLA:CPU's own Eigen dots (the larger ones: a small one is its
+  hand-off to the thread pool); 128x512xK dots, how narrow contractions slow;
+- vector FLOP/s: 32 fused multiply-adds per element; transcendentals: 16
+  fused exps per element;
+- reductions: a row sum (a library kernel) and an argmax (XLA:CPU's loop
+  emitter, one element at a time).
 
-The result is cached as JSON (`cache_path()`; `$HLO_AUDIT_CACHE_DIR`
-moves it) and re-measured by `hlo-audit calibrate` or `cpu_facts(
-recalibrate=True)`. About two seconds.
+The result is cached as JSON (`cache_path()`; `$HLO_AUDIT_CACHE_DIR` moves
+it) and measured again by `hlo-audit calibrate` or `cpu_facts(
+recalibrate=True)`. About five seconds.
 """
 
 from __future__ import annotations
@@ -155,6 +164,8 @@ _DOT_SHAPES = ((128, 256, 512), (512, 512, 512), (256, 1024, 256), (1024, 64, 51
 #: reaches the matrix rate.
 _NARROW = (16, 64)
 _FULL_CONTRACTION = 256
+#: FLOPs from which a plain (Eigen) dot's rate is read.
+_PLAIN_FLOPS = 64 * 2 ** 20
 #: (type, orientation) of the dots measured: f32 each way, bf16 as is.
 _DOT_KINDS = (("float32", "nn"), ("float32", "nt"), ("float32", "tn"), ("bfloat16", "nn"))
 #: a @ b with b transposed ("nt") or a ("tn") in memory.
@@ -200,10 +211,8 @@ def measure(runs: int = 3, passes: int = 3) -> DeviceFacts:
                         (put(np.ones(_ARGMAX, np.float32)),), False)
   programs["rowsum"] = (lambda x: x.sum(axis=1), (put(np.ones(_ROWSUM, np.float32)),), False)
   for k in _NARROW:
-    for orientation in ("nn", "tn"):
-      a = put(np.ones((k, 128) if orientation == "tn" else (128, k), np.float32))
-      programs[f"narrow_{orientation}_{k}"] = (_DOTS[orientation],
-                                                (a, put(np.ones((k, 512), np.float32))), False)
+    programs[f"narrow_nn_{k}"] = (_DOTS["nn"], (put(np.ones((128, k), np.float32)),
+                                                 put(np.ones((k, 512), np.float32))), False)
   for dtype, orientation in _DOT_KINDS:
     for m, n, k in _DOT_SHAPES:
       a = put(jnp.ones((k, m) if orientation[0] == "t" else (m, k), dtype))
@@ -263,7 +272,9 @@ def measure(runs: int = 3, passes: int = 3) -> DeviceFacts:
       events = profile.read_trace_events(d)
     except HloAuditError as e:
       raise TargetError(f"calibrating the CPU: {e}") from None
-  got = {name: profile.kernel_profile(events, module)
+  # One kernel a program: its time runs to the run's end (an Eigen dot's
+  # event ends when it hands its work to the thread pool).
+  got = {name: profile.kernel_profile(events, module, asynchronous=True)
          for name, (_, _, _, module, _) in compiled.items()}
   for name, p in got.items():
     if not p.runs or not p.kernel_times:
@@ -311,15 +322,18 @@ def measure(runs: int = 3, passes: int = 3) -> DeviceFacts:
                              for m, n, k in _DOT_SHAPES)
 
   matrix = {"f32": dot_rate("float32", "nn"), "bf16": dot_rate("bfloat16", "nn")}
-  variants = {_VARIANT_OF[o]: dot_rate("float32", o) / matrix["f32"]
-              for dtype, o in _DOT_KINDS if dtype == "float32" and o != "nn"}
-  narrow = {}
-  for orientation in ("nn", "tn"):
-    variant = _VARIANT_OF[orientation]
-    full = matrix["f32"] * variants.get(variant, 1.0)
-    narrow[variant] = tuple(
-        (k, min(1.0, 2 * 128 * 512 * k / seconds(f"narrow_{orientation}_{k}") / full))
-        for k in _NARROW) + ((_FULL_CONTRACTION, 1.0),)
+  # XLA:CPU gives a dot of a transposed left operand to Eigen ("plain"),
+  # whose hand-off to its thread pool and back costs a small dot alone far
+  # more than its FLOPs (a program's next kernel takes over without that
+  # wait): the rate of the larger dots, where the FLOPs dominate.
+  large = [s for s in _DOT_SHAPES if 2 * math.prod(s) >= _PLAIN_FLOPS]
+  plain = statistics.median(2 * m * n * k / seconds(f"dot_float32_tn_{m}_{n}_{k}")
+                            for m, n, k in large)
+  variants = {"nt": dot_rate("float32", "nt") / matrix["f32"],
+              "plain": plain / matrix["f32"]}
+  narrow = {"": tuple(
+      (k, min(1.0, 2 * 128 * 512 * k / seconds(f"narrow_nn_{k}") / matrix["f32"]))
+      for k in _NARROW) + ((_FULL_CONTRACTION, 1.0),)}
   def work_seconds(name: str) -> float:
     return max(seconds(name) - (overhead if split(name) else 0.0), 1e-9)
 
@@ -346,10 +360,11 @@ def measure(runs: int = 3, passes: int = 3) -> DeviceFacts:
                        f"{'x'.join(map(str, _DOT_SHAPES[0]))} to "
                        f"{'x'.join(map(str, _DOT_SHAPES[1]))}), in f32 and bf16"),
       "matrix_variants": (f"{how}: the same f32 dots with the right operand "
-                          "transposed (nt, the library's) and the left one (plain: "
-                          "XLA:CPU emits those itself), over the matrix rate"),
-      "narrow_contraction": (f"{how}: 128x512xK f32 dots of each implementation, K = "
-                             f"{' and '.join(map(str, _NARROW))}, over its rate"),
+                          "transposed (nt, the library's), and those of 64 MFLOP or more "
+                          "with the left one transposed (plain: XLA:CPU's own Eigen "
+                          "dots), over the matrix rate"),
+      "narrow_contraction": (f"{how}: 128x512xK f32 dots, K = "
+                             f"{' and '.join(map(str, _NARROW))}, over the matrix rate"),
       "reduction_rate": (f"{how}: a row sum of {_ROWSUM[0]}x{_ROWSUM[1]} f32 (a library "
                          "kernel)" if library_reduce else
                          f"{how}: XLA:CPU's row sum ran in a loop-emitted kernel: none"),

@@ -5,10 +5,10 @@
 kernel's event after the HLO instruction that launches it (`hlo_op`, with
 the module's name in `hlo_module` and the execution in `run_id`), on XLA:CPU
 and XLA:GPU alike. What comes back is per kernel the median over runs of its
-time in one run (a kernel in a loop runs many times; see `kernel_profile`
-for kernels that finish after their event), and per run the span from its
-first kernel's start to its end: the step as the device saw it, without
-Python's dispatch.
+time in one run (a kernel in a loop runs many times; `kernel_profile` says
+how kernels that finish after their event are timed), and per run the span
+from its first kernel's start to its end: the step as the device saw it,
+without Python's dispatch.
 
 The calibration of this machine's CPU (`calibration.py`) and the time
 model's benchmark (scripts/bench_time_model.py) read kernel times this way.
@@ -25,7 +25,7 @@ import os
 import statistics
 import tempfile
 import types
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
 from hlo_audit._src.errors import HloAuditError
@@ -89,18 +89,20 @@ _RUN_WAIT = "ThunkExecutor::Execute (wait for completion)"
 
 
 def kernel_profile(events: Sequence[Mapping[str, Any]], module: str,
-                   kernels: Sequence[str] | None = None) -> KernelProfile:
+                   kernels: Sequence[str] | None = None,
+                   asynchronous: Collection[str] | bool = ()) -> KernelProfile:
   """Per-kernel and per-run times of `module` from trace events (`kernels`:
   the instruction names to keep; default every `hlo_op` of the module).
 
   Events of one execution share a `run_id` (else a `group_id`; events with
   neither count as one run); runs with no kernel event of the module are
-  not counted. A kernel's time runs from its event's start to the next
-  kernel's start when that comes later than its event's end: XLA:CPU runs
-  some kernels asynchronously (an Eigen dot's event ends when it has handed
-  its work to the thread pool; what depends on it starts when that work is
-  done), so the step's time until the next kernel is the kernel's. The last
-  kernel's runs to the run's end (the executor's wait, where recorded).
+  not counted. XLA:CPU runs some kernels asynchronously: an Eigen dot's or
+  convolution's event ends when it has handed its work to the thread pool,
+  and what depends on it starts when that work is done. The time of a kernel
+  named in `asynchronous` (True: every kernel) therefore runs from its
+  event's start to the next kernel's start where that is later than its
+  event's end, the last one's to the run's end (the executor's wait for
+  completion, where recorded).
   """
   wanted = None if kernels is None else frozenset(kernels)
   by_run: dict[str, list[tuple[float, float, str]]] = collections.defaultdict(list)
@@ -128,8 +130,9 @@ def kernel_profile(events: Sequence[Mapping[str, Any]], module: str,
     times: dict[str, float] = collections.defaultdict(float)
     counts: dict[str, int] = collections.defaultdict(int)
     for i, (ts, te, op) in enumerate(spans):
-      after = spans[i + 1][0] if i + 1 < len(spans) else waits.get(run, te)
-      times[op] += max(te, after) - ts
+      if asynchronous is True or op in asynchronous:
+        te = max(te, spans[i + 1][0] if i + 1 < len(spans) else waits.get(run, te))
+      times[op] += te - ts
       counts[op] += 1
     per_run[run], count[run] = times, counts
     steps.append((end - spans[0][0]) * 1e-6)
@@ -150,7 +153,8 @@ def kernel_profile(events: Sequence[Mapping[str, Any]], module: str,
 def profile_kernels(compiled: Any, *args: Any, runs: int = 5, warmup: int = 2,
                     kernels: Sequence[str] | None = None,
                     module: str | None = None,
-                    fresh_args: Callable[[], tuple] | None = None) -> KernelProfile:
+                    fresh_args: Callable[[], tuple] | None = None,
+                    asynchronous: Collection[str] | bool = ()) -> KernelProfile:
   """Runs `compiled` (a `jax.stages.Compiled`, or any callable running one
   module) `warmup` times, then `runs` times under the profiler, and returns
   what the trace says of its kernels.
@@ -165,6 +169,7 @@ def profile_kernels(compiled: Any, *args: Any, runs: int = 5, warmup: int = 2,
     module: the HLO module's name in the trace.
     fresh_args: makes the arguments of each run instead of `args` (a
       program that donates them consumes its arguments).
+    asynchronous: kernels whose work outlasts their event (`kernel_profile`).
 
   Raises:
     HloAuditError: when the profiler writes no trace or records no kernel
@@ -190,7 +195,7 @@ def profile_kernels(compiled: Any, *args: Any, runs: int = 5, warmup: int = 2,
         call_args = arguments()
         jax.block_until_ready(compiled(*call_args))
     events = read_trace_events(d)
-  out = kernel_profile(events, module, kernels)
+  out = kernel_profile(events, module, kernels, asynchronous)
   if not out.runs:
     raise HloAuditError(f"the profiler recorded no kernel of module {module!r}")
   return out

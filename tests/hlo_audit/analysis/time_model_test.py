@@ -14,6 +14,7 @@ from hlo_audit import AuditOptions, Bound, DeviceFacts, FindingKind
 from hlo_audit._src.analysis import time_model
 from hlo_audit._src.analysis.records import with_changes
 from hlo_audit._src.report.grouping import ranked_groups
+from tests.gpu_target import gpu_target  # noqa: F401 - a fixture
 
 FIXTURES = pathlib.Path(__file__).parent / "time_fixtures"
 
@@ -374,3 +375,32 @@ def test_the_estimate_survives_json():
   assert d["timing"]["device"]["sources"] == {}
   assert {k["name"] for k in d["timing"]["kernels"]} == {"sum", "exp"}
   assert d["timing"]["kernels"][0]["bound"] == "memory"
+
+
+# ------------------------------------------- compiled here for an H200 ----
+
+
+def test_h200_compiles_here_price_as_the_committed_ones(gpu_target):
+  """The same programs compiled now, through the CUDA plugin on this machine:
+  the physics holds for the installed XLA's kernels, and the head's logits
+  still rank first."""
+  import jax
+  import jax.numpy as jnp
+
+  from tests.hlo_audit.analysis import ce_head
+
+  S = jax.ShapeDtypeStruct
+  mm = hlo_audit.audit(jax.jit(lambda a, b: a @ b), S((4096, 4096), jnp.bfloat16),
+                       S((4096, 4096), jnp.bfloat16), target="h200")
+  (gemm,) = [k for k in mm.timing.kernels if k.matrix_flops]
+  assert gemm.bound is Bound.COMPUTE
+  assert 0.5 <= gemm.time / (2 * 4096 ** 3 / 989e12) <= 2
+  n = 64 * 1024 * 1024
+  add = hlo_audit.audit(jax.jit(lambda x, y: x + y), S((n,), jnp.float32),
+                        S((n,), jnp.float32), target="h200")
+  (k,) = add.timing.kernels
+  assert k.bound is Bound.MEMORY and 0.5 <= k.time / (3 * 4 * n / 4.8e12) <= 2
+  fn, args = ce_head.build()
+  head = hlo_audit.audit(fn, *args, target="h200")
+  assert head.groups[0].boundary_shape == "bf16[256,32768]"
+  assert head.timing.facts.name == "h200"

@@ -37,6 +37,7 @@ import sys
 import tempfile
 
 import hlo_audit
+from hlo_audit._src.target import devices, specs
 
 HERE = pathlib.Path(__file__).resolve().parent
 ROOT = HERE.parents[2]
@@ -78,8 +79,14 @@ REFERENCE_CPU = hlo_audit.DeviceFacts(
     narrow_contraction={"": ((16, 0.3), (64, 0.7), (256, 1.0))},
     vector_flops={"f32": 60e9}, transcendentals_per_second=1e9, launch_overhead=1e-6,
     parallel_overhead=25e-6, strided_bandwidth=10e9, loop_reduction_rate=0.35e9)
-#: The H200 compiles (committed, and the dumps') are priced on the H200.
-_H200 = hlo_audit.AuditOptions(device="h200")
+#: The H200 compiles (committed, and the dumps') are priced on the H200, as
+#: hlo-audit's copy of XLA's spec gives it (the installed CUDA plugin's
+#: would name itself as the source).
+_H200 = hlo_audit.AuditOptions(device=devices.gpu_facts(
+    next(s for s in specs.bundled_specs() if s.name == "h200")))
+#: Significant digits a snapshot keeps of a float: sums of the same floats
+#: differ in the last digits between Pythons (3.12's sum() compensates).
+_DIGITS = 10
 
 
 def audit(key: str) -> hlo_audit.AuditReport:
@@ -108,7 +115,18 @@ def report_dict(key: str) -> dict:
     d["module"]["path"] = str(pathlib.Path(path).relative_to(ROOT))
   d["split_k"] = [dataclasses.asdict(s) for s in report.split_k]
   d["what_ifs"] = _what_ifs(report)
-  return json.loads(json.dumps(d))
+  return _rounded(json.loads(json.dumps(d)))
+
+
+def _rounded(x):
+  """`x` with every float to `_DIGITS` significant digits."""
+  if isinstance(x, float):
+    return float(f"{x:.{_DIGITS}g}")
+  if isinstance(x, list):
+    return [_rounded(v) for v in x]
+  if isinstance(x, dict):
+    return {k: _rounded(v) for k, v in x.items()}
+  return x
 
 
 def _what_ifs(report: hlo_audit.AuditReport) -> dict:

@@ -168,7 +168,9 @@ def test_the_estimated_timeline_draws_its_bars_coloured_by_bound(page):
   assert w > 500 and h > 40
   px = np.asarray(_png(browser.screenshot(clip={"x": x, "y": y, "width": w, "height": h})))
   px = px.astype(int)
-  # Each bound holding a tenth of the step shows in its colour.
+  # Each bound holding a quarter of the step shows in its colour (thin bars
+  # merge into pixels coloured by their majority: a bound of many small
+  # launches shows less than its share).
   share: dict[str, float] = {}
   for l in r.timing.launches:
     bound = r.timing.kernel(l.kernel).bound.value
@@ -176,7 +178,7 @@ def test_the_estimated_timeline_draws_its_bars_coloured_by_bound(page):
   for bound, color in html.BOUND_COLORS.items():
     rgb = np.array([int(color[i:i + 2], 16) for i in (1, 3, 5)])
     seen = (np.abs(px - rgb).sum(axis=2) < 40).mean()
-    if share.get(bound, 0.0) > 0.1:
+    if share.get(bound, 0.0) > 0.25:
       assert seen > 0.02, (bound, share, seen)
   red = ((px[..., 0] > 150) & (px[..., 0] - px[..., 2] > 80) & (px[..., 0] - px[..., 1] > 80))
   assert red.sum() > 20   # the finding markers

@@ -19,30 +19,9 @@ from hlo_audit._src.examples.transformer import TransformerConfig, example
 from hlo_audit._src.report import html, text, trace
 from hlo_audit._src.report.json_report import report_from_dict
 from hlo_audit._src.report.units import fmt_time
-
-#: Two asynchronous all-gathers beside three kernels (see trace_test.py):
-#: few bars, each wider than a pixel, on two tracks.
-GATHERS = """
-HloModule async_gathers, is_scheduled=true, num_partitions=4
-
-%neg_f {
-  %p = f32[256,256]{1,0} parameter(0)
-  ROOT %n = f32[256,256]{1,0} negate(%p)
-}
-
-ENTRY %main {
-  %x = f32[64,256]{1,0} parameter(0)
-  %y = f32[64,256]{1,0} parameter(1)
-  %z = f32[256,256]{1,0} parameter(2)
-  %ags = (f32[64,256]{1,0}, f32[256,256]{1,0}) all-gather-start(%x), channel_id=1, replica_groups=[1,4]<=[4], dimensions={0}, use_global_device_ids=true
-  %agd = f32[256,256]{1,0} all-gather-done(%ags)
-  %ags2 = (f32[64,256]{1,0}, f32[256,256]{1,0}) all-gather-start(%y), channel_id=2, replica_groups={{0,1,2,3}}, dimensions={0}, use_global_device_ids=true
-  %neg = f32[256,256]{1,0} fusion(%z), kind=kLoop, calls=%neg_f
-  %agd2 = f32[256,256]{1,0} all-gather-done(%ags2)
-  %dot = f32[256,256]{1,0} dot(%agd, %agd2), lhs_contracting_dims={1}, rhs_contracting_dims={0}
-  ROOT %out = f32[256,256]{1,0} add(%dot, %neg)
-}
-"""
+# Two asynchronous all-gathers beside three kernels: few bars, each wider
+# than a pixel, on two tracks.
+from tests.hlo_audit.report.trace_test import GATHERS
 
 
 @functools.cache

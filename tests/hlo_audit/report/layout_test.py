@@ -59,9 +59,11 @@ def test_groups_merge_the_same_pattern_at_one_line_and_rank_by_time():
   act = [g for g in groups if g.actionable]
   # Ranked by the estimated time saved; by peak, then traffic, on request.
   times = [g.time_saved for g in act]
-  assert None not in times and times == sorted(times, reverse=True)
+  assert None not in times
+  ps = [round(t * 1e12) for t in times]  # ranked in whole picoseconds
+  assert ps == sorted(ps, reverse=True)
   by_peak = [g for g in ranked_groups(r.findings, "peak") if g.actionable]
-  keys = [(g.peak_saved or 0, g.time_saved) for g in by_peak]
+  keys = [(g.peak_saved or 0, round(g.time_saved * 1e12)) for g in by_peak]
   assert keys == sorted(keys, reverse=True)
   by_bytes = [g.bytes_saved for g in ranked_groups(r.findings, "bytes") if g.actionable]
   assert by_bytes == sorted(by_bytes, reverse=True)

@@ -158,7 +158,7 @@ def test_measuring_this_cpu_gives_plausible_facts(tmp_path, monkeypatch):
   assert 0 <= f.parallel_overhead < 1e-2 and f.strided_bandwidth > 0
   assert all(size > 0 and rate > 0 for size, rate in f.cache_bandwidths)
   assert set(f.matrix_variants) == {"nt", "plain"}
-  assert set(f.narrow_contraction) == {"", "plain"}
+  assert set(f.narrow_contraction) == {""}
   assert all(0 < e <= 1 for points in f.narrow_contraction.values() for _, e in points)
   for fact in ("launch_overhead", "memory_bandwidth", "matrix_flops", "vector_flops",
                "transcendentals_per_second", "strided_bandwidth", "parallel_overhead"):

@@ -43,7 +43,7 @@ def test_kernel_times_are_medians_over_runs_of_each_runs_sum():
   assert set(only.kernel_times) == {"out"}
 
 
-def test_a_kernel_lasts_until_the_next_starts_and_the_last_until_the_run_ends():
+def test_an_asynchronous_kernel_lasts_until_the_next_starts_or_the_run_ends():
   # XLA:CPU's Eigen dot: its event ends when its work is handed to the
   # thread pool; the next kernel starts 480 us later, and the run's wait for
   # completion ends after the last kernel's asynchronous work.
@@ -54,12 +54,17 @@ def test_a_kernel_lasts_until_the_next_starts_and_the_last_until_the_run_ends():
       # Kernels that overlap (run at once on two threads) keep their own time.
       _event("a", 2000, 100, "8", module="jit_h"), _event("b", 2010, 50, "8", module="jit_h"),
   ]
-  p = kernel_profile(events, "jit_f")
+  p = kernel_profile(events, "jit_f", asynchronous={"dot", "dot2"})
   assert p.kernel_times["dot"] == pytest.approx(500e-6)
   assert p.kernel_times["add"] == pytest.approx(10e-6)
   assert p.kernel_times["dot2"] == pytest.approx(405e-6)  # to the run's end at 915
   assert p.step_times[0] == pytest.approx(915e-6)
-  both = kernel_profile(events, "jit_h")
+  # Kernels not named keep their events' times; the run's end stands.
+  plain = kernel_profile(events, "jit_f")
+  assert plain.kernel_times["dot"] == pytest.approx(20e-6)
+  assert plain.kernel_times["dot2"] == pytest.approx(5e-6)
+  assert plain.step_times[0] == pytest.approx(915e-6)
+  both = kernel_profile(events, "jit_h", asynchronous=True)
   assert both.kernel_runs["a"] == pytest.approx((100e-6,))
   assert both.kernel_runs["b"] == pytest.approx((50e-6,))
 
