@@ -62,11 +62,10 @@ def _say_when_calibrating(args: argparse.Namespace) -> None:
   first time: the audit measures the CPU then (a few seconds, once)."""
   if args.verb not in ("example", "run") or getattr(args, "target", None):
     return
-  import jax
-
   from hlo_audit._src.target import calibration
 
-  if jax.default_backend() == "cpu" and not calibration.cache_path().exists():
+  # Without starting JAX's backends: --devices sets their flags later.
+  if not wheels.has_nvidia_gpu() and not calibration.cache_path().exists():
     print("hlo-audit: measuring this machine's CPU for the time model, once (a few "
           f"seconds; cached in {calibration.cache_path().parent})", file=sys.stderr)
 

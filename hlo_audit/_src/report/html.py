@@ -52,7 +52,7 @@ svg text{font:11px system-ui,sans-serif} .legend span{display:inline-block;margi
 ul.cols{columns:3 260px;font-size:12.5px;margin:6px 0}
 .toolbar{display:flex;flex-wrap:wrap;gap:6px 14px;align-items:center;margin:6px 0;font-size:12.5px}
 .toolbar button{font:inherit;padding:2px 8px;cursor:pointer}
-.grow{display:grid;grid-template-columns:3em minmax(9em,13em) 3.5em minmax(8em,12em) 7.5em 5.5em minmax(6em,9em) 4em 1fr;gap:0 8px;align-items:baseline;font-size:12.5px}
+.grow{display:grid;grid-template-columns:3em minmax(9em,13em) 3.5em minmax(8em,12em) 6.5em 7.5em 5.5em minmax(6em,9em) 4em 1fr;gap:0 8px;align-items:baseline;font-size:12.5px}
 .grow span{overflow:hidden;text-overflow:ellipsis;white-space:nowrap} .grow .n{text-align:right;font-variant-numeric:tabular-nums}
 .ghead{font-weight:600;color:#57606a;padding:0 10px 0 24px}
 details.group{margin:3px 0;padding:3px 10px} details.group>summary{font-weight:400;list-style-position:outside}
@@ -668,8 +668,9 @@ def step_timeline_html(report) -> str:
 
 
 def findings_html(report) -> str:
-  """Finding groups (as in the terminal), filterable by class and sortable
-  by bytes saved; each expands to its members and decision record."""
+  """Finding groups (as in the terminal: by estimated time saved), filterable
+  by class and sortable by bytes saved; each expands to its members and
+  decision record."""
   groups = ranked_groups(report.findings)
   if not groups:
     return '<p class="muted">None.</p>'
@@ -684,7 +685,8 @@ def findings_html(report) -> str:
   bar.append('<button id="sort-bytes" type="button">sort by bytes saved</button>'
              '<span id="groups-shown" class="muted"></span></div>')
   head = ('<div class="grow ghead"><span>#</span><span>class</span><span>count</span>'
-          '<span>shape</span><span class="n">bytes saved</span><span class="n">launches</span>'
+          '<span>shape</span><span class="n">time saved</span><span class="n">bytes saved</span>'
+          '<span class="n">launches</span>'
           '<span>kernel</span><span>verdict</span><span>source</span></div>')
   out = bar + [head, '<div id="groups">']
   for i, g in enumerate(groups[:MAX_GROUPS], 1):
@@ -705,6 +707,7 @@ def _group_html(i: int, g, full: bool) -> str:
   f = g.first
   row = (f'<span>{i}</span><span>{_e(g.kind.value)}</span><span>x{g.count}</span>'
          f'<span title="{_e(g.boundary_shape)}">{_e(g.boundary_shape)}</span>'
+         f'<span class="n">{_e(fmt_time(g.time_saved)) if g.time_saved is not None else "-"}</span>'
          f'<span class="n">{_e(fmt_bytes(g.bytes_saved))}</span><span class="n">{g.launches_removed}</span>'
          f'<span title="{_e(g.kernel or "")}">{_e(_short_kernel(g.kernel))}</span><span class="{cls}">{_e(cls)}</span>'
          f'<span title="{_e(fmt_source(g.source))}">{_e(fmt_source(g.source) or "?")}</span>')

@@ -260,19 +260,21 @@ class AuditReport:
     return self.to_text()
 
   def to_text(self, width: int | None = None, *, all: bool = False,  # noqa: A002
-              top: int | None = None) -> str:
-    """The terminal report as text: the summary and the `top` (default 20)
-    finding groups ranked by bytes saved; `all=True` adds every table and
+              top: int | None = None, sort: str = "time") -> str:
+    """The terminal report as text: the summary and the `top` (default 15)
+    finding groups ranked by `sort` ("time": the estimated time saved, where
+    the device is known; "bytes"; "peak"); `all=True` adds every table and
     every group's decision record. Names never break mid-word."""
     from hlo_audit._src.report import terminal
 
-    return terminal.render_text(self, width, all=all,
+    return terminal.render_text(self, width, all=all, sort=sort,
                                 top=terminal.TOP if top is None else top)
 
   @property
   def groups(self):
     """Findings grouped (same class and pattern at one source line) and
-    ranked: actionable first, by bytes saved (see `grouping`)."""
+    ranked: actionable first, by estimated time saved (by traffic where the
+    device is unknown; see `grouping`)."""
     from hlo_audit._src.report.grouping import ranked_groups
 
     return ranked_groups(self.findings)
