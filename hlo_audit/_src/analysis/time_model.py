@@ -26,7 +26,7 @@ facts (`target/devices.py`) and nothing else:
   fusion removes (at the boundary's bandwidth) and does their work, with
   the launches it removes; hoisting loop-invariant work saves its
   repetitions; a remat costs its recompute; exposed communication saves what
-  was exposed.
+  was exposed; a resharding copy saves the copy.
 
 What the model leaves out is listed in `StepTime.assumptions`.
 """
@@ -501,6 +501,10 @@ def time_saved(f: FusionDecisionRecord, step: StepTime) -> float | None:
     dots = [step.kernel(c) for c in f.consumers]
     hide = sum(d.time for d in dots if d is not None)
     return min(k.time, hide) if hide else 0.0
+  if kind is FindingKind.RESHARD_AROUND_COLLECTIVE:
+    # The copy goes (the boundary names it); the collective stays.
+    k = step.kernel(f.boundary)
+    return k.time if k is not None else None
   if kind is FindingKind.LOOP_INVARIANT:
     k = step.kernel(f.producer)
     if k is None:

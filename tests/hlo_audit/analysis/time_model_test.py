@@ -325,10 +325,15 @@ def test_a_remat_costs_its_recompute_and_a_donation_costs_nothing():
   assert time_model.time_saved(donate, r.timing) == 0.0
 
 
-def test_exposed_communication_saves_the_collective():
+def test_exposed_communication_saves_the_collective_and_a_reshard_its_copy():
   r = audit(_ASYNC.replace("SIZE", "16"))
   f = _record(r, FindingKind.EXPOSED_COLLECTIVE, "ars", ["ard"], 0, launches=0)
   assert time_model.time_saved(f, r.timing) == pytest.approx(r.timing.kernel("ars").time)
+  # A resharding copy around the collective: the copy (here the "work"
+  # kernel stands in) goes, the collective stays.
+  copy = with_changes(_record(r, FindingKind.RESHARD_AROUND_COLLECTIVE, "ars", ["ard"], 0,
+                              launches=0), boundary="work")
+  assert time_model.time_saved(copy, r.timing) == pytest.approx(r.timing.kernel("work").time)
 
 
 def test_the_step_after_fixes_counts_each_boundary_once():
