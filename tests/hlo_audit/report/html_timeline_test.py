@@ -6,7 +6,6 @@ drawing for many launches, and one sentence without an estimate."""
 from __future__ import annotations
 
 import dataclasses
-import functools
 from html.parser import HTMLParser
 import json
 import types
@@ -15,25 +14,12 @@ import pytest
 
 import hlo_audit
 from hlo_audit._src.analysis.time_model import KernelTime, Launch, StepTime
-from hlo_audit._src.examples.transformer import TransformerConfig, example
 from hlo_audit._src.report import html, text, trace
 from hlo_audit._src.report.json_report import report_from_dict
 from hlo_audit._src.report.units import fmt_time
-# Two asynchronous all-gathers beside three kernels: few bars, each wider
-# than a pixel, on two tracks.
-from tests.hlo_audit.report.trace_test import GATHERS
-
-
-@functools.cache
-def transformer():
-  cfg = TransformerConfig(batch=2, seq=32, d_model=64, heads=2, d_ff=128, vocab=128)
-  fn, args = example(cfg)
-  return hlo_audit.audit(fn, *args)
-
-
-@functools.cache
-def gathers():
-  return hlo_audit.audit_hlo(GATHERS, options=hlo_audit.AuditOptions(device="h200"))
+# The small example, and two asynchronous all-gathers beside three kernels
+# (few bars, each wider than a pixel, on two tracks): audited once, there.
+from tests.hlo_audit.report.trace_test import gathers, transformer
 
 
 @dataclasses.dataclass
