@@ -29,12 +29,10 @@ from hlo_audit._src.analysis.schedule import flatten_schedule
 from hlo_audit._src.analysis.source import release_tables
 from hlo_audit._src.capture.capture import Capture, capture_text, start_capture
 from hlo_audit._src.capture.dump import load_dump
-from hlo_audit._src.errors import HloAuditError
+from hlo_audit._src.errors import HloAuditError, TargetError
 from hlo_audit._src.gc_pause import paused_gc
 from hlo_audit._src.hlo.ir import HloModule
 from hlo_audit._src.report.report import AuditReport, ModuleInfo
-from hlo_audit._src.errors import TargetError
-from hlo_audit._src.target import devices
 from hlo_audit._src.target.devices import DeviceFacts
 from hlo_audit._src.target.target import Target, device_facts, facts_for_device_kind
 
@@ -214,13 +212,14 @@ def _audit_capture(cap: Capture, options: AuditOptions,
 def device_facts_for(cap: Capture, options: AuditOptions,
                      platform: str = "") -> tuple[DeviceFacts | None, str]:
   """The facts that price the capture's kernels, and a note for the report
-  ("" when none): why there are none, or whose they are. The options' device, else the target compiled for, else
-  the device jax compiled on (this machine's CPU is calibrated once)."""
+  ("" when none): why there are none, or whose they are. The options'
+  device, else the target compiled for, else the device jax compiled on
+  (this machine's CPU is calibrated once)."""
   if options.device is not None:  # asked for: an unknown name is an error
     return device_facts(options.device), ""
   try:
-    if cap.target is not None and cap.target.spec is not None:
-      return devices.gpu_facts(cap.target.spec), ""
+    if cap.target is not None:
+      return device_facts(cap.target), ""
     facts = facts_for_device_kind(cap.platform or platform, cap.device_kind)
   except TargetError as e:
     return None, f"time not estimated: {e}"

@@ -243,6 +243,7 @@ def price_kernel(k: Kernel, work: Work, facts: DeviceFacts, collective=None) -> 
   """One kernel's estimate from its bytes and work (`collective`: its
   `collectives.Collective` row, for communication)."""
   moved = max(0, k.bytes_read + k.bytes_written - work.scratch_bytes)
+  variant = matrix_variant(k, work)
   comm = 0.0
   overlapped = False
   if collective is not None:
@@ -256,7 +257,6 @@ def price_kernel(k: Kernel, work: Work, facts: DeviceFacts, collective=None) -> 
       rate = min(rate, facts.strided_bandwidth)
     memory = moved / rate if rate else 0.0
     compute = 0.0
-    variant = matrix_variant(k, work)
     narrow = facts.contraction_efficiency(work.narrowest, variant)
     for element, flops in work.matrix_flops.items():
       r = facts.matrix_rate(element, variant) * narrow
@@ -283,7 +283,7 @@ def price_kernel(k: Kernel, work: Work, facts: DeviceFacts, collective=None) -> 
           facts.launch_overhead + (facts.parallel_overhead if work.parallel else 0.0)),
       communication_time=comm, overlapped=overlapped, strided=work.strided,
       reduce_elements=work.reduce_elements, parallel=work.parallel,
-      orientation=work.orientation, variant=matrix_variant(k, work))
+      orientation=work.orientation, variant=variant)
 
 
 def matrix_variant(k: Kernel, work: Work) -> str:

@@ -110,7 +110,7 @@ def kernel_work(module: HloModule, comp: Computation, inst: Instruction,
   if members:
     total = NO_WORK
     for name in members:
-      owner = _owner(module, comp, name)
+      owner = comp if name in comp else _owners(module, cache).get(name)
       if owner is not None:
         total = total + _op_work(module, owner, owner.instruction(name), cache)
     return total
@@ -130,13 +130,17 @@ def _partitioned(inst: Instruction) -> bool:
   return bool(config.get("outer_dimension_partitions"))
 
 
-def _owner(module: HloModule, comp: Computation, name: str) -> Computation | None:
-  if name in comp:
-    return comp
-  for c in module.computations:
-    if name in c:
-      return c
-  return None
+#: The `cache` key of the instruction name -> computation index.
+_OWNERS = ("owners",)
+
+
+def _owners(module: HloModule, cache: dict) -> dict[str, Computation]:
+  """Instruction name -> the computation holding it, made once per cache (a
+  grouped kernel's members sit in its loop bodies)."""
+  index = cache.get(_OWNERS)
+  if index is None:
+    index = cache[_OWNERS] = {i.name: c for c in module.computations for i in c.instructions}
+  return index
 
 
 def _op_work(module: HloModule, comp: Computation, inst: Instruction, cache: dict) -> Work:

@@ -10,6 +10,7 @@ import sys
 
 from hlo_audit._src.errors import HloParseError
 from hlo_audit._src.report import layout
+from hlo_audit._src.report.grouping import SORTS
 from hlo_audit._src.report.report import AuditReport, finding_kind
 from hlo_audit._src.report.units import fmt_bytes, fmt_time, parse_bytes, parse_time
 from hlo_audit._src.target import wheels
@@ -48,7 +49,7 @@ def add_output_flags(p: argparse.ArgumentParser) -> None:
                         "with its members and decision record")
   out.add_argument("--top", type=int, default=None, metavar="N",
                    help="finding groups in the default view (default: 15)")
-  out.add_argument("--sort", choices=("time", "bytes", "peak"), default="time",
+  out.add_argument("--sort", choices=SORTS, default="time",
                    help="rank finding groups by estimated time saved (default), by "
                         "memory traffic saved, or by peak memory saved")
   out.add_argument("--html", metavar="PATH", help="also write a self-contained HTML report")

@@ -214,27 +214,33 @@ def _number(text: str, field: str) -> float:
   return float(m.group(1)) if m else 0.0
 
 
-def _unit_rates(text: str, unit: str, cores: float) -> dict[str, float]:
-  """Element type -> FLOP/s of one of the spec's unit descriptions
-  ("matrix_unit_description", "scalar_unit_description"): each rate entry is
-  operations (FMAs) per clock per unit; an FMA is two FLOPs."""
-  start = text.find(unit)
+def _block(text: str, name: str) -> tuple[int, int]:
+  """[start, end) of the `name { ... }` block of a text proto; (0, 0) when
+  there is none."""
+  start = text.find(name + " {")
   if start < 0:
-    return {}
-  # The description's block: up to the next top-level field of the device.
-  depth, i = 0, text.find("{", start)
-  end = i
-  while i >= 0 and i < len(text):
+    return 0, 0
+  depth = 0
+  for i in range(text.index("{", start), len(text)):
     if text[i] == "{":
       depth += 1
     elif text[i] == "}":
       depth -= 1
       if depth == 0:
-        end = i
-        break
-    i += 1
+        return start, i + 1
+  return start, len(text)
+
+
+_UNITS = ("matrix_unit_description", "scalar_unit_description")
+
+
+def _unit_rates(text: str, unit: str, cores: float) -> dict[str, float]:
+  """Element type -> FLOP/s of one of the spec's unit descriptions (`_UNITS`):
+  each rate entry is operations (FMAs) per clock per unit; an FMA is two
+  FLOPs."""
+  start, end = _block(text, unit)
   out: dict[str, float] = {}
-  for m in _RATE.finditer(text, start, end + 1):
+  for m in _RATE.finditer(text, start, end):
     name = dtypes.PRIMITIVE_TYPES.get(int(m.group(1)))
     if name is None:
       continue  # a type newer than our table
@@ -244,14 +250,24 @@ def _unit_rates(text: str, unit: str, cores: float) -> dict[str, float]:
   return out
 
 
+def _device_fields(text: str) -> str:
+  """The spec without its unit descriptions, whose rate entries have fields
+  of the device's names (`clock_rate_ghz`)."""
+  for unit in _UNITS:
+    start, end = _block(text, unit)
+    text = text[:start] + text[end:]
+  return text
+
+
 def gpu_facts(spec) -> DeviceFacts:
   """A GPU's facts from its XLA spec (a `specs.GpuSpec`)."""
   text = spec.text
+  device = _device_fields(text)
   source = f"XLA's spec ({spec.source})"
-  cores = float(spec.core_count or _number(text, "core_count"))
-  clock = _number(text, "clock_rate_ghz") * 1e9
-  hbm = _number(text, "memory_bandwidth")
-  l2 = int(_number(text, "l2_cache_size"))
+  cores = float(spec.core_count or _number(device, "core_count"))
+  clock = _number(device, "clock_rate_ghz") * 1e9
+  hbm = _number(device, "memory_bandwidth")
+  l2 = int(_number(device, "l2_cache_size"))
   matrix = _unit_rates(text, "matrix_unit_description", cores)
   vector = _unit_rates(text, "scalar_unit_description", cores)
   sources = {"memory_bandwidth": f"{source}: memory_bandwidth",
@@ -266,7 +282,7 @@ def gpu_facts(spec) -> DeviceFacts:
     sources["matrix_flops"] = f"{source} gives no matrix unit rates: the vector rate"
   if not vector:
     # Older specs: fpus_per_core FMAs per clock, in f32.
-    fpus = _number(text, "fpus_per_core")
+    fpus = _number(device, "fpus_per_core")
     if fpus and clock:
       vector = {"f32": 2 * cores * fpus * clock}
     sources["vector_flops"] = f"{source}: fpus_per_core x clock x SMs"
@@ -274,7 +290,7 @@ def gpu_facts(spec) -> DeviceFacts:
     sources["vector_flops"] = f"{source}: scalar_unit_description"
   cc = spec.compute_capability
   major = int(cc.split(".")[0]) if cc else 0
-  links = int(_number(text, "active_links"))
+  links = int(_number(device, "active_links"))
   per_link = NVLINK_PER_LINK.get(major, 0.0)
   if links and per_link:
     link = links * per_link
@@ -282,7 +298,7 @@ def gpu_facts(spec) -> DeviceFacts:
                                  f"{per_link / 1e9:g} GB/s each way (NVIDIA's NVLink "
                                  "generations)")
   else:
-    link = _number(text, "pcie_bandwidth")
+    link = _number(device, "pcie_bandwidth")
     sources["link_bandwidth"] = f"{source}: pcie_bandwidth (no NVLink in the spec)"
   sfu = cores * SFU_PER_SM_PER_CLOCK * clock
   sources["transcendentals_per_second"] = (

@@ -3,6 +3,7 @@ findings priced in time, checked against physics and hand-worked numbers."""
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import re
 import pathlib
@@ -148,6 +149,56 @@ def test_a_cache_level_prices_working_sets_that_fit_it():
   r = audit(_ELEMENTWISE, device=facts)
   assert r.timing.kernel("sum").memory_time == pytest.approx(12 * N / 4e11)  # fits
   assert r.timing.kernel("exp").memory_time == pytest.approx(8 * N / 4e11)
+
+
+_XLA_CPU = """HloModule m, is_scheduled=true
+
+%add (a: f32[], b: f32[]) -> f32[] {
+  %a = f32[] parameter(0)
+  %b = f32[] parameter(1)
+  ROOT %s = f32[] add(%a, %b)
+}
+
+%rows (p: f32[1024,1024]) -> f32[1024] {
+  %p = f32[1024,1024]{1,0} parameter(0)
+  %z = f32[] constant(0)
+  ROOT %r = f32[1024]{0} reduce(%p, %z), dimensions={1}, to_apply=%add
+}
+
+%swap (p: f32[1024,1024]) -> f32[1024,1024] {
+  %p = f32[1024,1024]{1,0} parameter(0)
+  ROOT %t = f32[1024,1024]{1,0} transpose(%p), dimensions={1,0}
+}
+
+ENTRY %main (x: f32[1024,1024]) -> (f32[1024], f32[1024], f32[1024,1024]) {
+  %x = f32[1024,1024]{1,0} parameter(0)
+  %loop = f32[1024]{0} fusion(%x), kind=kLoop, calls=%rows
+  %lib = f32[1024]{0} fusion(%x), kind=kCustom, calls=%rows, backend_config={"fusion_config":{"kind":"__ynn_fusion"}}
+  %tr = f32[1024,1024]{1,0} fusion(%x), kind=kLoop, calls=%swap
+  ROOT %out = (f32[1024], f32[1024], f32[1024,1024]) tuple(%loop, %lib, %tr)
+}
+"""
+
+
+def test_xla_cpu_prices_reductions_by_who_emits_them_and_transposes_as_strided():
+  # XLA:CPU's loop emitter reduces one element at a time (1e8/s here), its
+  # library faster (1e9/s); a transpose of the minor dimension streams at the
+  # strided bandwidth. A device without those facts (a GPU's) prices all
+  # three by their bytes and FLOPs.
+  n = 1024 * 1024
+  cpu = DeviceFacts(name="c", description="c", platform="cpu", memory_bandwidth=1e11,
+                    vector_flops={"f32": 1e12}, launch_overhead=1e-6,
+                    loop_reduction_rate=1e8, reduction_rate=1e9, strided_bandwidth=1e10)
+  r = audit(_XLA_CPU, device=cpu)
+  loop, lib, tr = (r.timing.kernel(n_) for n_ in ("loop", "lib", "tr"))
+  assert loop.compute_time == pytest.approx(n / 1e8) and loop.bound is Bound.COMPUTE
+  assert lib.compute_time == pytest.approx(n / 1e9)
+  assert tr.strided and tr.memory_time == pytest.approx(8 * n / 1e10)
+  plain = audit(_XLA_CPU, device=dataclasses.replace(
+      cpu, loop_reduction_rate=0.0, reduction_rate=0.0, strided_bandwidth=0.0))
+  assert plain.timing.kernel("loop").compute_time == pytest.approx(n / 1e12)
+  assert plain.timing.kernel("lib").compute_time == pytest.approx(n / 1e12)
+  assert plain.timing.kernel("tr").memory_time == pytest.approx(8 * n / 1e11)
 
 
 # ------------------------------------------------------------ the step ----

@@ -136,6 +136,17 @@ ENTRY %e (x: f32[8,16,32]) -> f32[RESULT] {
   assert work_of(text, "r").strided is strided
 
 
+def test_a_transpose_reading_its_operands_minor_dimension_along_rows_is_not_strided():
+  # The operand's minor dimension is its dim 1 ({1,2,0}); the result's minor
+  # dimension (its dim 2) is the operand's dim 1: rows copied whole.
+  w = work_of("""HloModule m
+ENTRY %e (x: f32[4,8,16]) -> f32[16,4,8] {
+  %x = f32[4,8,16]{1,2,0} parameter(0)
+  ROOT %t = f32[16,4,8]{2,1,0} transpose(%x), dimensions={2,0,1}
+}""", "t")
+  assert not w.strided
+
+
 @pytest.mark.parametrize("shape, perm, layout, strided", [
     ("f32[64,32]", "{1,0}", "{1,0}", True),              # a 2D transpose
     ("f32[4,16,8,64]", "{0,2,1,3}", "{3,2,1,0}", False),  # heads swapped, rows kept

@@ -3,6 +3,7 @@ datasheets), this machine's CPU measured and cached, each fact's source."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -163,3 +164,20 @@ def test_measuring_this_cpu_gives_plausible_facts(tmp_path, monkeypatch):
   for fact in ("launch_overhead", "memory_bandwidth", "matrix_flops", "vector_flops",
                "transcendentals_per_second", "strided_bandwidth", "parallel_overhead"):
     assert "measured on this machine" in f.sources[fact], fact
+
+
+def test_a_spec_listing_its_unit_rates_first_reads_the_same_device_clock():
+  # The rate entries carry their own clock_rate_ghz (1.83 GHz for the tensor
+  # cores): the device's clock (1.98) must come from the device's field.
+  from hlo_audit._src.target import devices, specs
+
+  spec = next(s for s in specs.bundled_specs() if s.name == "h200")
+  start = spec.text.index("  matrix_unit_description")
+  end = spec.text.index("  thread_dim_limit_x")
+  units = spec.text[start:end]
+  head = spec.text.index("gpu_device_info {\n") + len("gpu_device_info {\n")
+  moved = spec.text[:head] + units + spec.text[head:start] + spec.text[end:]
+  assert moved.index("clock_rate_ghz: 1.8295201") < moved.index("clock_rate_ghz: 1.98")
+  again = devices.gpu_facts(dataclasses.replace(spec, text=moved))
+  assert again.transcendentals_per_second == devices.gpu_facts(spec).transcendentals_per_second
+  assert again.matrix_rate("bf16") == pytest.approx(989e12, rel=0.01)
