@@ -82,20 +82,37 @@ class Work:
     return sum(self.matrix_flops.values()) + self.vector_flops
 
   def __add__(self, other: Work) -> Work:
-    matrix = dict(self.matrix_flops)
-    for k, v in other.matrix_flops.items():
-      matrix[k] = matrix.get(k, 0) + v
-    narrow = [n for n in (self.narrowest, other.narrowest) if n]
-    larger = self if sum(self.matrix_flops.values()) >= sum(other.matrix_flops.values()) \
-        else other
-    return Work(types.MappingProxyType(matrix) if matrix else _EMPTY,
-                self.vector_flops + other.vector_flops,
-                self.transcendentals + other.transcendentals,
-                self.scratch_bytes + other.scratch_bytes,
-                self.reduce_elements + other.reduce_elements,
-                min(narrow) if narrow else 0,
-                self.strided or other.strided, self.parallel or other.parallel,
-                larger.orientation or self.orientation or other.orientation)
+    return total_work((self, other))
+
+
+def total_work(works) -> Work:
+  """The work of several parts together, in one pass (a fusion's body holds
+  thousands of instructions in a large program: no Work per partial sum)."""
+  matrix: dict[str, int] = {}
+  vector = transcendentals = scratch = reduced = 0
+  narrow = 0
+  strided = parallel = False
+  orientation, largest = "", -1
+  for w in works:
+    if w is NO_WORK:
+      continue
+    if w.matrix_flops:
+      here = 0
+      for k, v in w.matrix_flops.items():
+        matrix[k] = matrix.get(k, 0) + v
+        here += v
+      if here > largest and w.orientation:
+        orientation, largest = w.orientation, here
+    vector += w.vector_flops
+    transcendentals += w.transcendentals
+    scratch += w.scratch_bytes
+    reduced += w.reduce_elements
+    if w.narrowest and (not narrow or w.narrowest < narrow):
+      narrow = w.narrowest
+    strided = strided or w.strided
+    parallel = parallel or w.parallel
+  return Work(types.MappingProxyType(matrix) if matrix else _EMPTY, vector,
+              transcendentals, scratch, reduced, narrow, strided, parallel, orientation)
 
 
 NO_WORK = Work()
@@ -108,12 +125,12 @@ def kernel_work(module: HloModule, comp: Computation, inst: Instruction,
   `cache`: fused computation name -> its work, shared across kernels)."""
   cache = {} if cache is None else cache
   if members:
-    total = NO_WORK
+    parts = []
     for name in members:
       owner = comp if name in comp else _owners(module, cache).get(name)
       if owner is not None:
-        total = total + _op_work(module, owner, owner.instruction(name), cache)
-    return total
+        parts.append(_op_work(module, owner, owner.instruction(name), cache))
+    return total_work(parts)
   work = _op_work(module, comp, inst, cache)
   if _partitioned(inst):
     work = dataclasses.replace(work, parallel=True)
@@ -168,12 +185,9 @@ def computation_work(module: HloModule, name: str, cache: dict) -> Work:
     return hit
   cache[name] = NO_WORK  # a cycle (malformed input) counts nothing twice
   comp = module.computation(name)
-  total = NO_WORK
-  for i in comp.instructions:
-    if i.opcode == "parameter":
-      continue
-    total = total + _op_work(module, comp, i, cache)
-  cache[name] = total
+  total = cache[name] = total_work(
+      _op_work(module, comp, i, cache) for i in comp.instructions
+      if i.opcode != "parameter")
   return total
 
 
@@ -254,12 +268,8 @@ def _instruction_work(module: HloModule, comp: Computation, inst: Instruction,
   if op in ("rng", "rng-bit-generator"):
     return Work(vector_flops=_elements(inst))
   if op in ("map", "call"):
-    callees = inst.called_computation_names()
-    total = NO_WORK
-    for c in callees:
-      if c in module:
-        total = total + computation_work(module, c, cache)
-    return total
+    return total_work(computation_work(module, c, cache)
+                      for c in inst.called_computation_names() if c in module)
   return NO_WORK
 
 
