@@ -1,44 +1,35 @@
 """The manual's examples run: every ```python block of README.md and docs/*.md.
 
 A page's blocks run in order in one namespace, as a reader would paste them,
-in a scratch folder (files they write land there). A block whose first line
-is `# not run: <why>` is skipped (it needs a GPU, a file of the reader's, or
-minutes), and says why.
+in a scratch folder (files they write land there): `docs_support.run_page`,
+whose run docs_samples_test.py compares with the pages' output samples. A
+block whose first line is `# not run: <why>` is skipped (it needs a GPU, a
+file of the reader's, or minutes), and says why.
 
 The manual's links hold too: every relative link of README.md and docs/*.md
 names a file that exists (and, for a Markdown file, a heading it has), and
-README and docs/index.md list every page of docs/.
+README and docs/index.md list every page of docs/. README's first lines are
+the two commands a newcomer runs, and the second is the one CI runs.
 """
 
 from __future__ import annotations
 
-import os
 import pathlib
 import re
+import shlex
 
 import pytest
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-PAGES = sorted([ROOT / "README.md", *(ROOT / "docs").glob("*.md")])
-_BLOCK = re.compile(r"^([ \t]*)```python\n(.*?)^\1```", re.DOTALL | re.MULTILINE)
+from tests import docs_support
+from tests.docs_support import PAGES, ROOT, blocks
+
 _SKIP = re.compile(r"#\s*not run:\s*\S")
 _FENCE = re.compile(r"^([ \t]*)```.*?^\1```[^\n]*$", re.DOTALL | re.MULTILINE)
 _CODE_SPAN = re.compile(r"`[^`\n]*`")
 _LINK = re.compile(r"\[[^\]\n]*\]\(([^)\s]+)\)")
 _HEADING = re.compile(r"^#{1,6}[ \t]+(.+?)[ \t]*#*$", re.MULTILINE)
 
-
-def blocks(page: pathlib.Path) -> list[tuple[int, str]]:
-  """(line, code) of each python block of `page`, indented ones (in a list
-  item) included, their indent removed."""
-  text = page.read_text()
-  out = []
-  for m in _BLOCK.finditer(text):
-    indent, code = m.group(1), m.group(2)
-    lines = code.splitlines(keepends=True)
-    code = "".join(line[len(indent):] if line.startswith(indent) else line for line in lines)
-    out.append((text.count("\n", 0, m.start()) + 2, code))
-  return out
+pytest_plugins = ("pytester",)
 
 
 def test_every_page_is_found_and_skips_say_why():
@@ -52,21 +43,13 @@ def test_every_page_is_found_and_skips_say_why():
 
 @pytest.mark.parametrize("page", [p for p in PAGES if blocks(p)],
                          ids=lambda p: p.relative_to(ROOT).as_posix())
-def test_examples_run(page, tmp_path, monkeypatch):
-  monkeypatch.chdir(tmp_path)
-  namespace: dict = {"__name__": f"doc_{page.stem}"}
-  ran = 0
-  for line, code in blocks(page):
-    if _SKIP.match(code.lstrip()):
-      continue
-    try:
-      exec(compile(code, f"{page.name}:{line}", "exec"), namespace)  # noqa: S102
-    except Exception as e:
-      raise AssertionError(f"{page.relative_to(ROOT)}, the block at line {line}: "
-                           f"{type(e).__name__}: {e}") from e
-    ran += 1
-  assert ran, f"{page.name}: every block is skipped"
-  assert os.getcwd() == str(tmp_path)
+def test_examples_run(page):
+  runs = docs_support.run_page(page)
+  for run in runs:
+    if run.error:
+      raise AssertionError(f"{page.relative_to(ROOT)}, the block at line {run.fence.line}: "
+                           f"{run.error}")
+  assert any(r.stdout is not None for r in runs), f"{page.name}: every block is skipped"
 
 
 def _prose(page: pathlib.Path) -> str:
@@ -122,3 +105,41 @@ def test_every_page_is_listed(contents):
   missing = [p.name for p in sorted((ROOT / "docs").glob("*.md"))
              if p.resolve() not in listed and p != page]
   assert not missing, f"{contents} does not link {missing}"
+
+
+def _commands(fence: docs_support.Fence) -> list[str]:
+  """A bash block's commands, comments and blank lines left out."""
+  return [line.split("  #")[0].strip() for line in fence.body.splitlines()
+          if line.strip() and not line.lstrip().startswith("#")]
+
+
+def test_readme_begins_with_the_two_commands_and_ci_runs_the_second():
+  readme = ROOT / "README.md"
+  first = docs_support.fences(readme)[0]
+  assert first.info == "bash" and first.line <= 5, "README's first lines: the two commands"
+  audit, test = _commands(first)
+  venv = "python3 -m venv .venv && . .venv/bin/activate && "
+  assert audit == venv + "pip install -e . && hlo-audit example", audit
+  assert test == venv + "pip install -e '.[test]' && python -m pytest", test
+  ci = (ROOT / ".ci" / "run").read_text()
+  # .ci/run: README's test command in .venv (pytest's -q aside), on a clean clone.
+  assert '"$py311" -m venv .venv' in ci and "-e '.[test]'" in ci
+  assert re.search(r"^python -m pytest -q$", ci, re.MULTILINE), "CI no longer runs README's command"
+
+
+def test_testing_md_first_run_passes_as_written(pytester):
+  """testing.md's first lines: its first block saved as test_fusion.py, the
+  commands its first bash block gives each pass, in order."""
+  page = ROOT / "docs" / "testing.md"
+  found = docs_support.fences(page)
+  code = next(f for f in found if f.info == "python")
+  commands = next(f for f in found if f.info == "bash")
+  assert commands.line < code.line, "testing.md says what to run before the code"
+  assert code.body.startswith("# test_fusion.py")
+  pytester.makepyfile(test_fusion=code.body)
+  for command in _commands(commands):
+    argv = shlex.split(command)
+    assert argv[:3] == ["python", "-m", "pytest"], command
+    result = pytester.runpytest_inprocess(*argv[3:], "-p", "no:cacheprovider")
+    assert result.ret == 0, f"{command}:\n" + "\n".join(result.outlines[-30:])
+    result.assert_outcomes(passed=3)

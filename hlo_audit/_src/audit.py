@@ -20,6 +20,7 @@ from hlo_audit._src.analysis.buffers import find_buffers
 from hlo_audit._src.analysis.dataflow import analyze_dataflow
 from hlo_audit._src.analysis.kernel_library import installed_libraries
 from hlo_audit._src.analysis.kernels import find_kernels
+from hlo_audit._src.analysis.layers import with_layers
 from hlo_audit._src.analysis.liveness import analyze_liveness
 from hlo_audit._src.analysis.options import AuditOptions
 from hlo_audit._src.analysis.program import Program, arguments_of
@@ -154,7 +155,7 @@ def _audit_capture(cap: Capture, options: AuditOptions,
   # Full replays for the estimated peaks that can move, the largest first,
   # within one budget for the whole audit (donation took its share first).
   found = exact_peaks(program, found, min_peak_saved=options.min_bytes_saved)
-  findings = _one_per_boundary([f for f in found if f is not None])
+  findings = with_layers(_one_per_boundary([f for f in found if f is not None]), program)
   release_tables(module)  # every finding has its source by now
   program_collectives = collectives.find_collectives(program)
   facts, device_note = device_facts_for(cap, options, platform)

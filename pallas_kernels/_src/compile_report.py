@@ -23,6 +23,7 @@ import glob
 import os
 import re
 import shutil
+import sys
 import tempfile
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -88,6 +89,11 @@ class Report:
   notes: tuple[tuple[str, str], ...] = ()
   #: (case, error) for each case that did not compile.
   errors: tuple[tuple[str, str], ...] = ()
+  #: Kernels whose SASS Mosaic GPU could not list (its dump runs nvdisasm,
+  #: which the nvcc wheel lacks), and the first reason given; nothing here
+  #: reads SASS, so the report is whole without it.
+  sass_skipped: int = 0
+  sass_reason: str = ""
 
   @property
   def fits(self) -> bool:
@@ -169,6 +175,41 @@ def _dumping() -> Any:
         os.environ[k] = v
 
 
+#: What Mosaic GPU's dump prints, straight to file descriptor 2, for each
+#: kernel whose SASS it could not list: the failure, then a source-location
+#: trace of jaxlib's (lines `file:line`) and a blank line.
+_NVDISASM = re.compile(r"^nvdisasm invocation failed: *(?P<why>[^\n]*)\n"
+                       r"(?:=== Source Location Trace: ===[^\n]*\n(?:[^\n\s]+:\d+[^\n]*\n)*)?"
+                       r"\n?", re.MULTILINE)
+
+
+def nvdisasm_failures(text: str) -> tuple[str, int, str]:
+  """`text` (what native code wrote to stderr) without Mosaic GPU's nvdisasm
+  failures; how many there were, and the first one's reason."""
+  found = [m.group("why").strip() for m in _NVDISASM.finditer(text)]
+  return _NVDISASM.sub("", text), len(found), (found[0] if found else "")
+
+
+@contextlib.contextmanager
+def _native_stderr() -> Any:
+  """Captures what is written to file descriptor 2 (native code writes
+  there, past `sys.stderr`) into the list it yields, as one string once the
+  block ends."""
+  sink: list[str] = []
+  sys.stderr.flush()
+  saved = os.dup(2)
+  with tempfile.TemporaryFile() as tmp:
+    os.dup2(tmp.fileno(), 2)
+    try:
+      yield sink
+    finally:
+      sys.stderr.flush()
+      os.dup2(saved, 2)
+      os.close(saved)
+      tmp.seek(0)
+      sink.append(tmp.read().decode("utf-8", errors="replace"))
+
+
 def compile_case(case: Case, dump: str,
                  seen: set[str]) -> tuple[list[KernelStats], list[tuple[str, str]]]:
   """Compiles one case for the H200 topology: its kernels' stats (from the
@@ -190,7 +231,7 @@ def report(cases: Sequence[Case]) -> Report:
   """Stats of every Mosaic GPU kernel of every case (a case that does not
   compile is kept as an error, with the first line of its message)."""
   rows, notes, errors = [], [], []
-  with _dumping() as dump:
+  with _dumping() as dump, _native_stderr() as native:
     seen = set(glob.glob(os.path.join(dump, "*.ptx")))  # earlier reports' kernels
     for case in cases:
       try:
@@ -201,7 +242,12 @@ def report(cases: Sequence[Case]) -> Report:
         continue
       rows += r
       notes += n
-  return Report(tuple(rows), tuple(notes), tuple(errors))
+  # Everything else the compiles said goes on to stderr, as it came.
+  rest, skipped, reason = nvdisasm_failures("".join(native))
+  if rest:
+    sys.stderr.write(rest)
+    sys.stderr.flush()
+  return Report(tuple(rows), tuple(notes), tuple(errors), skipped, reason)
 
 
 def format_table(rows: Sequence[KernelStats]) -> str:

@@ -27,7 +27,7 @@ from pallas_kernels._src import compile_report  # noqa: E402
 
 
 @functools.cache
-def _report() -> dict:
+def _run() -> subprocess.CompletedProcess:
   """The compile report as the CLI makes it, in a process of its own (Mosaic
   GPU writes a kernel's resources only to the first dump folder a process
   compiles with, and this one may have compiled kernels already)."""
@@ -35,7 +35,11 @@ def _report() -> dict:
   out = subprocess.run([sys.executable, "-m", "pallas_kernels", "compile-report", "--json"],
                        capture_output=True, text=True, env=env, timeout=900, check=False)
   assert out.returncode in (0, 1), out.stderr[-2000:]
-  return json.loads(out.stdout)
+  return out
+
+
+def _report() -> dict:
+  return json.loads(_run().stdout)
 
 
 def _rows(which: str) -> dict[str, compile_report.KernelStats]:
@@ -64,6 +68,24 @@ def test_our_epilogue_matmul_uses_jaxs_tile_and_stages():
   assert ours.config == theirs.config == "128x128x64 s4 wg2:n"
   assert theirs.spills == 0 and ours.registers <= theirs.registers + 8
   assert ours.shared <= theirs.shared
+
+
+def test_stderr_holds_no_native_traces():
+  """Mosaic GPU's dump runs nvdisasm on every kernel, and the nvcc wheel has
+  none: one line says so, not a source-location trace per kernel."""
+  err = _run().stderr
+  assert "Source Location Trace" not in err, err[-2000:]
+  assert err.count("nvdisasm") <= 1, err[-2000:]
+
+
+def test_nvdisasm_failures_are_counted_and_the_rest_kept():
+  failure = ("nvdisasm invocation failed: INTERNAL: Process spawn failed: No such file or "
+             "directory\n=== Source Location Trace: === \njaxlib/mosaic/gpu/dump.cc:134\n\n")
+  other = "x.py:1: FutureWarning: said once\n  return f()\n"
+  rest, n, why = compile_report.nvdisasm_failures(failure + other + failure + "E0000 else\n")
+  assert (rest, n) == (other + "E0000 else\n", 2)
+  assert why == "INTERNAL: Process spawn failed: No such file or directory"
+  assert compile_report.nvdisasm_failures(other) == (other, 0, "")
 
 
 def test_a_kernel_without_its_resources_does_not_fit():

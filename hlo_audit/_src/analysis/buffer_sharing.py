@@ -308,6 +308,11 @@ class HeapModel:
   #: Alignment of XLA's best-fit packing of the temporaries into one heap
   #: (heap_packing.py); None: the heap is the most bytes live at once.
   packing_alignment: int | None = None
+  #: Copy insertion orders a donated parameter's reads before the write of
+  #: its aliased output where the dataflow allows (control edges), copying
+  #: it only where a read must follow the write (XLA:GPU); else every read
+  #: not already ordered before the write reads a copy (XLA:CPU).
+  reorders_for_donation: bool = False
 
 
 #: XLA:CPU, and HLO whose backend is unknown: the model the CPU suite holds
@@ -316,7 +321,7 @@ DEFAULT_MODEL = HeapModel(can_share_buffer)
 #: XLA:GPU: one preallocated temp allocation, packed by best fit; chunks
 #: aligned to 256 bytes (the offsets of its buffer-assignment dumps).
 GPU_MODEL = HeapModel(gpu_can_share_buffer, strict_operand_sharing=True,
-                      packing_alignment=256)
+                      packing_alignment=256, reorders_for_donation=True)
 
 
 def heap_model(platform: str) -> HeapModel:

@@ -40,6 +40,9 @@ class FindingKind(enum.Enum):
   RESHARD_AROUND_COLLECTIVE = "resharding copy around a collective"
   COLLECTIVE_MATMUL = "all-gather feeding a dot"
   REPLICATED_BUFFER = "replicated buffer the sharding could split"
+  #: A donated buffer XLA rewrites whole every run where its update (a
+  #: dynamic-update-slice, a scatter) was meant to run in place.
+  LOST_IN_PLACE = "in-place update lost"
 
   @property
   def slug(self) -> str:
@@ -243,6 +246,10 @@ class FusionDecisionRecord:
   #: The stack `source` was chosen from, innermost frame first: the library
   #: frames above the user's line are context (`source.context`).
   source_stack: tuple[SourceLocation, ...] = ()
+  #: The layer that made the boundary, from JAX's name stack (`layers.py`),
+  #: e.g. "Model/MoE/router", "eqx.nn.MLP/eqx.nn.Linear"; "" where it names
+  #: none. Says where inside a library's model the user's line is.
+  layer: str = ""
   #: The fusion keeps the boundary buffer in memory (another reader needs
   #: it): traffic goes down, the peak does not.
   boundary_kept: bool = False

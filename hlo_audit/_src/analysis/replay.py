@@ -31,15 +31,17 @@ import dataclasses
 import types
 from collections.abc import Callable, Mapping, Sequence
 
-from hlo_audit._src.analysis.dataflow import Dataflow, ValueId, with_output_aliases
-from hlo_audit._src.analysis.donation import aliasing_copies, donation_aliases, with_donation
+from hlo_audit._src.analysis.dataflow import (Dataflow, ValueId, analyze_dataflow,
+                                              with_output_aliases)
+from hlo_audit._src.analysis.donation import (aliasing_copies, donation_aliases, with_copies,
+                                              with_donation)
 from hlo_audit._src.analysis.buffer_sharing import heap_model
 from hlo_audit._src.analysis.liveness import LivenessEdits, analyze_liveness
 from hlo_audit._src.analysis.program import (Program, WhatIfError, buffer_name, find_buffer,
                                              parameter_paths, resolve_arguments,
                                              resolve_buffer)
 from hlo_audit._src.analysis.records import FindingKind, FusionDecisionRecord, with_changes
-from hlo_audit._src.analysis.schedule import Schedule
+from hlo_audit._src.analysis.schedule import Schedule, flatten_schedule
 from hlo_audit._src.analysis.split_k import split_k_partials
 
 
@@ -118,6 +120,8 @@ def replay(program: Program, *, fuse: Sequence[tuple[str, str, Sequence[str]]] =
   base = program.liveness
   changes: list[str] = []
   notes: list[str] = []
+  # (first time, count) of copies the donation inserts; None: none.
+  inserted: tuple[int, int] | None = None
   if donate:
     parameters = resolve_arguments(program, donate)
     pairs = donation_aliases(module, dataflow, parameters)
@@ -133,25 +137,28 @@ def replay(program: Program, *, fuse: Sequence[tuple[str, str, Sequence[str]]] =
     if unmatched:
       notes.append("no output of the same shape and dtype to reuse (JAX would "
                    "warn and ignore the donation): " + ", ".join(unmatched))
-    copies = aliasing_copies(module, dataflow, schedule, pairs)
+    copies = aliasing_copies(module, dataflow, schedule, pairs,
+                             reorders=heap_model(program.platform).reorders_for_donation)
     for n, _, _, size in copies:
       notes.append(f"XLA copies {paths[n]} ({size} B): a read of it is not "
                    "ordered before the write of its aliased output")
     if pairs:
       module = with_donation(module, pairs)
-      dataflow = with_output_aliases(dataflow, module, [(i, n, ()) for i, n in pairs])
+      if copies:
+        # The copies as instructions, in a schedule and dataflow of their own
+        # (the aliases read from the module); the edits below are made in
+        # the audited program's times and moved past the copies at the end.
+        module, _ = with_copies(module, [n for n, *_ in copies])
+        schedule = flatten_schedule(module)
+        dataflow = analyze_dataflow(module, schedule)
+        inserted = (min(first for _, first, _, _ in copies), len(copies))
+      else:
+        dataflow = with_output_aliases(dataflow, module, [(i, n, ()) for i, n in pairs])
   base_ranges = base.value_ranges
-  time = schedule.time
+  time = program.schedule.time
   dropped: set[ValueId] = set()
   ranges: dict[ValueId, tuple[int, int]] = {}
   extra: list[tuple[int, int, int]] = []
-  if donate:
-    entry_params = {p.parameter_number: p.name for p in module.entry.parameters}
-    for n, first, last, size in copies:
-      extra.append((first, last, size))
-      # Only the copy is read: the parameter's memory is free until the
-      # output is written into it.
-      ranges[(entry_params[n], ())] = (base_ranges[(entry_params[n], ())][0], first)
 
   def value_range(v: ValueId) -> tuple[int, int]:
     return ranges.get(v, base_ranges[v])
@@ -219,7 +226,8 @@ def replay(program: Program, *, fuse: Sequence[tuple[str, str, Sequence[str]]] =
       raise WhatIfError(f"remat {name!r}: the buffer is shared by {len(members)} "
                         "values (loop state or an alias); only a plain value can "
                         "be recomputed")
-    split = remat_split(dataflow, schedule, base_ranges, b)
+    # (In the audited program's times, as every edit here.)
+    split = remat_split(program.dataflow, program.schedule, base_ranges, b)
     if split is None:
       notes.append(f"remat {name}: its uses form one group; nothing to recompute")
       continue
@@ -228,6 +236,11 @@ def replay(program: Program, *, fuse: Sequence[tuple[str, str, Sequence[str]]] =
     extra.append((again_first, again_last, dataflow.buffer_bytes(b)))
     keep_inputs_until(b[0], again_first)
     changes.append(f"remat {name}")
+  if inserted is not None:
+    ranges = {v: _moved(r, inserted) for v, r in ranges.items()}
+    extra = [(*_moved((a, b), inserted), size) for a, b, size in extra]
+    if early is not None:
+      early = {v: _moved(r, inserted) for v, r in early.items()}
   edits = LivenessEdits(dropped=frozenset(dropped),
                         value_ranges=types.MappingProxyType(ranges), extra=tuple(extra))
   early_edits = None if early is None else dataclasses.replace(
@@ -253,11 +266,25 @@ def replay(program: Program, *, fuse: Sequence[tuple[str, str, Sequence[str]]] =
     if at_producers.peak_bytes < after.peak_bytes:
       notes.append(_AT_PRODUCERS)
       after = at_producers
+  timeline, peak_time = after.timeline, after.peak_time
+  if inserted is not None:
+    # Back on the audited program's steps: the copies' steps as one, at the
+    # step before which they run (its live bytes the most of theirs).
+    at, k = inserted
+    timeline = (*timeline[:at], max(timeline[at:at + k + 1]), *timeline[at + k + 1:])
+    peak_time = peak_time if peak_time < at else max(at, peak_time - k)
   return WhatIf(
       changes=tuple(changes), baseline_peak_bytes=base.peak_bytes,
-      peak_bytes=after.peak_bytes, peak_time=after.peak_time,
+      peak_bytes=after.peak_bytes, peak_time=peak_time,
       live_at_peak=tuple(buffer_name(b) for b in after.live_at_peak),
-      baseline_timeline=base.timeline, timeline=after.timeline, notes=tuple(notes))
+      baseline_timeline=base.timeline, timeline=tuple(timeline), notes=tuple(notes))
+
+
+def _moved(r: tuple[int, int], inserted: tuple[int, int]) -> tuple[int, int]:
+  """A range in the audited program's times, in those of the program with
+  `inserted` = (first time, count) copies run before that time."""
+  at, k = inserted
+  return (r[0] + k if r[0] >= at else r[0], r[1] + k if r[1] >= at else r[1])
 
 
 #: The note of a fusion replay whose kernels moved to their producers' place.

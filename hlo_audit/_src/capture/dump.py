@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 from hlo_audit._src.capture.result import Capture
 from hlo_audit._src.errors import DumpError
@@ -192,28 +192,27 @@ class Dump:
     return tuple(m.name for m in self.modules)
 
   def select(self, module: str | None = None) -> DumpedModule:
-    """The module whose name matches the regex `module` (searched), or the
-    largest module when `module` is None.
+    """The module `module` picks (`matching`: an id, or a regex searched in
+    the names), or the largest module when `module` is None.
 
     Raises:
-      DumpError: naming the candidates, if none or several match.
+      DumpError: naming the candidates, if none or several match (modules
+        that share a name are told apart by id).
     """
     if not self.modules:
       raise DumpError(f"{self.path!r} holds no optimized HLO module")
     if module is None:
       return max(self.modules, key=lambda m: m.size)
-    try:
-      pattern = re.compile(module)
-    except re.error as e:
-      raise DumpError(f"--module {module!r} is not a valid regular expression: {e}") from e
-    found = [m for m in self.modules if pattern.search(m.name)]
-    if not found:
-      raise DumpError(f"no module matching {module!r} in {self.path!r}; modules: "
-                      + ", ".join(sorted(set(self.names()))))
-    if len(found) > 1 and len({m.name for m in found}) > 1:
-      raise DumpError(f"{module!r} matches several modules in {self.path!r}: "
-                      + ", ".join(m.name for m in found))
-    return found[-1]
+    found = matching(self.modules, module, self.path)
+    if len(found) > 1:
+      names = {m.name for m in found}
+      if len(names) > 1:
+        raise DumpError(f"{module!r} matches several modules in {self.path!r}: "
+                        + ", ".join(sorted(names)))
+      raise DumpError(f"{module!r} matches {len(found)} modules named {found[0].name!r} in "
+                      f"{self.path!r} (ids " + ", ".join(str(m.id) for m in found)
+                      + "): pick one by its id, e.g. --module " + str(found[-1].id))
+    return found[0]
 
   def capture(self, module: str | None = None):
     """Parses `select(module)` into a `Capture`."""
@@ -266,13 +265,29 @@ def load_dump(path: str | os.PathLike, module: str | None = None) -> Dump:
         f"{path!r} holds no '*after_optimizations.txt' module: is it an XLA dump "
         f"folder (XLA_FLAGS=--xla_dump_to=DIR)? It holds: {seen}")
   if module is not None:
-    try:
-      pattern = re.compile(module)
-    except re.error as e:
-      raise DumpError(f"module filter {module!r} is not a valid regular expression: {e}") from e
-    kept = [m for m in optimized if pattern.search(m.name)]
-    if not kept:
-      raise DumpError(f"no module matching {module!r} in {path!r}; modules: "
-                      + ", ".join(sorted({m.name for m in optimized})))
-    optimized = kept
+    optimized = matching(optimized, module, path)
   return Dump(path, tuple(optimized))
+
+
+def matching(modules: Sequence[DumpedModule], module: str, path: str) -> list[DumpedModule]:
+  """The modules `module` names: the one with that id when it is a number
+  some module has as its id (`--list` shows ids; modules of one name differ
+  only there), else those whose name the regex `module` matches.
+
+  Raises:
+    DumpError: for an invalid regex, or when nothing matches (the message
+      lists the modules).
+  """
+  if module.strip().isdigit():
+    by_id = [m for m in modules if m.id == int(module)]
+    if by_id:
+      return by_id
+  try:
+    pattern = re.compile(module)
+  except re.error as e:
+    raise DumpError(f"--module {module!r} is not a valid regular expression: {e}") from e
+  found = [m for m in modules if pattern.search(m.name)]
+  if not found:
+    raise DumpError(f"no module matching {module!r} in {path!r}; modules: "
+                    + ", ".join(sorted({m.name for m in modules})))
+  return found

@@ -111,6 +111,24 @@ def fail_on_classes(values: list[str]):
   return kinds
 
 
+def check_output_flags(args: argparse.Namespace) -> None:
+  """The output flags' values checked before any work (a bad one must not
+  cost a compile first).
+
+  Raises:
+    UsageError: naming the flag.
+  """
+  if not hasattr(args, "fail_on"):
+    return
+  kinds = fail_on_classes(args.fail_on)
+  if args.min_time is not None and not kinds:
+    raise UsageError("--min-time applies to --fail-on: name the classes that fail")
+  if args.top is not None and args.top < 0:
+    raise UsageError(f"--top {args.top}: expected a number of finding groups >= 0")
+  if args.width is not None and args.width < 1:
+    raise UsageError(f"--width {args.width}: expected a positive number of columns")
+
+
 def hints(prefix: list[str], swap: str | None = None) -> tuple[tuple[str, str], ...]:
   """The footer's next commands for a verb invoked as `prefix` (`swap`: the
   kernel library `--swap` swaps in, if the verb has the flag)."""
@@ -261,9 +279,9 @@ def emit(report: AuditReport, args, out=None, *, prefix: list[str] | None = None
   if getattr(args, "what_if", None):
     report = report.with_what_if(replay_what_if(report, args.what_if))
   if args.json:
-    out.write(report.to_json() + "\n")
+    write(out, report.to_json() + "\n")
   elif args.markdown:
-    out.write(report.to_markdown() + "\n")
+    write(out, report.to_markdown() + "\n")
   else:
     width = layout.text_width(out, args.width)
     top = args.top if args.top is not None else terminal.TOP
@@ -273,14 +291,14 @@ def emit(report: AuditReport, args, out=None, *, prefix: list[str] | None = None
       swap = report.kernel_libraries[0] if swap_hint and report.kernel_libraries else None
       lines = terminal.compact_lines(report, width, top=top, sort=sort,
                                      hints=hints(prefix or ["hlo-audit"], swap))
-    out.write("\n".join(lines) + "\n")
+    write(out, "\n".join(lines) + "\n")
   if args.html:
     try:
       report.to_html(args.html)
     except OSError as e:
       raise UsageError(f"cannot write {args.html!r}: {e.strerror}") from None
     if not (args.json or args.markdown):
-      out.write(f"HTML report written to {args.html}\n")
+      write(out, f"HTML report written to {args.html}\n")
   trace = getattr(args, "trace", None)
   if trace:
     if report.timing is None:
@@ -292,7 +310,7 @@ def emit(report: AuditReport, args, out=None, *, prefix: list[str] | None = None
     except OSError as e:
       raise UsageError(f"cannot write {trace!r}: {e.strerror}") from None
     if not (args.json or args.markdown):
-      out.write(f"estimated timeline written to {trace} (Chrome trace JSON)\n")
+      write(out, f"estimated timeline written to {trace} (Chrome trace JSON)\n")
   if not kinds:
     return ExitCode.OK
   hits = [g for g in ranked_groups(report.findings, sort)
@@ -311,6 +329,32 @@ def emit(report: AuditReport, args, out=None, *, prefix: list[str] | None = None
     print("\n".join(terminal.group_lines(hits, width, step=step)), file=sys.stderr)
     return ExitCode.FINDINGS
   return ExitCode.OK
+
+
+def write(out, text: str) -> None:
+  """Writes `text` to `out` and flushes; when the reader has gone (`| head`),
+  the rest of the output is dropped and the verb goes on to its exit code."""
+  try:
+    out.write(text)
+    out.flush()
+  except BrokenPipeError:
+    reader_gone(out)
+
+
+def reader_gone(out=None) -> None:
+  """Points stdout at the null device once its reader has closed the pipe,
+  so that later writes and the flush at exit neither raise nor print
+  Python's "Exception ignored ... BrokenPipeError"."""
+  out = out or sys.stdout
+  if out is not sys.stdout and out is not sys.__stdout__:
+    return
+  try:
+    fd = sys.stdout.fileno()
+  except (OSError, ValueError):
+    return
+  devnull = os.open(os.devnull, os.O_WRONLY)
+  os.dup2(devnull, fd)
+  os.close(devnull)
 
 
 def describe_error(e: Exception, verbose: bool = False) -> str:

@@ -30,10 +30,18 @@ def load_report(path: str, module: str | None):
   if not os.path.exists(path):
     raise UsageError(f"no such file or folder: {path!r}")
   if os.path.isfile(path) and path.endswith(".json"):
+    with open(path, "rb") as f:
+      raw = f.read()
     try:
-      with open(path, encoding="utf-8") as f:
-        return report_from_dict(json.load(f))
-    except (ValueError, KeyError, TypeError) as e:
+      data = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as e:
+      raise UsageError(f"{path!r} is not an hlo-audit JSON report: byte "
+                       f"0x{raw[e.start]:02x} at offset {e.start} is not UTF-8") from None
+    except json.JSONDecodeError as e:
+      raise UsageError(f"{path}:{e.lineno}:{e.colno}: not valid JSON: {e.msg}") from None
+    try:
+      return report_from_dict(data)
+    except ValueError as e:
       raise UsageError(f"{path!r} is not an hlo-audit JSON report: {e}") from None
   return audit_hlo(path, module=module)
 

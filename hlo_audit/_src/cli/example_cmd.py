@@ -58,8 +58,14 @@ def run(args: argparse.Namespace) -> ExitCode:
   from hlo_audit._src.examples.transformer import example
 
   cfg = config_from(args.set)
-  fn, fn_args = example(cfg, backward=not args.forward_only)
   n = target.device_count if target is not None else args.devices
+  sets = list(args.set)
+  if n and n > 1 and cfg.batch % n and not any(p.startswith("batch=") for p in sets):
+    # The batch is split over the devices: the default one grows to the next
+    # multiple of their count (a batch the user set is theirs to fix).
+    cfg = dataclasses.replace(cfg, batch=n * -(-cfg.batch // n))
+    sets.append(f"batch={cfg.batch}")
+  fn, fn_args = example(cfg, backward=not args.forward_only)
   if n and n > 1:
     if args.swap:
       raise UsageError(f"--swap runs on one device; drop {'--gpus' if target else '--devices'}")
@@ -68,7 +74,7 @@ def run(args: argparse.Namespace) -> ExitCode:
     from hlo_audit._src.cli.swap_cmd import run_swap
     return run_swap(fn, fn_args, args, target=target)
   prefix = ["hlo-audit", "example"] + (["--forward-only"] if args.forward_only else [])
-  for pair in args.set:
+  for pair in sets:
     prefix += ["--set", pair]
   prefix += target_prefix(args)
   return emit(audit(fn, *fn_args, target=target), args, prefix=prefix, swap_hint=True)

@@ -16,13 +16,24 @@ import sys
 
 from hlo_audit._src.cli import (calibrate_cmd, diff_cmd, example_cmd, file_cmd, run_cmd,
                                 sweep_cmd, targets_cmd)
-from hlo_audit._src.cli.common import ExitCode, UsageError, describe_error
+from hlo_audit._src.cli.common import (ExitCode, UsageError, check_output_flags,
+                                       describe_error, reader_gone)
 from hlo_audit._src.errors import HloAuditError
+from hlo_audit._src.report.safe import printable, printable_lines
 from hlo_audit._src.target import wheels
 
 
+class _Parser(argparse.ArgumentParser):
+  """argparse, with a usage error said in one line (the usage itself is
+  `--help`'s), its quoted input printable; subparsers are of this class too."""
+
+  def error(self, message: str):
+    self.exit(int(ExitCode.USAGE),
+              f"{self.prog}: error: {printable(message)} (--help shows the usage)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-  p = argparse.ArgumentParser(
+  p = _Parser(
       prog="hlo-audit",
       description="See what XLA materializes in optimized HLO, and which fusions "
                   "would close the gaps.")
@@ -47,11 +58,17 @@ def run(argv: list[str] | None = None) -> ExitCode:
   wheels.cpu_unless_gpu()
   wheels.import_jax_quietly()
   try:
+    check_output_flags(args)
     _say_when_calibrating(args)
     return args.handler(args)
+  except BrokenPipeError:  # stdout's reader stopped reading (`| head`): not an error
+    reader_gone()
+    return ExitCode.OK
   except (UsageError, HloAuditError, OSError) as e:
-    # One line; --verbose adds the offending lines.
-    print(f"hlo-audit: error: {describe_error(e, verbose)}", file=sys.stderr)
+    # One line; --verbose adds the offending lines. The message quotes the
+    # input (paths, HLO text): printable, so that it cannot act on the terminal.
+    print(f"hlo-audit: error: {printable_lines(describe_error(e, verbose))}",
+          file=sys.stderr)
     return ExitCode.USAGE
   except KeyboardInterrupt:
     return ExitCode.USAGE
@@ -72,7 +89,12 @@ def _say_when_calibrating(args: argparse.Namespace) -> None:
 
 def main() -> None:
   """Console script entry point."""
-  sys.exit(int(run(sys.argv[1:])))
+  code = run(sys.argv[1:])
+  try:
+    sys.stdout.flush()
+  except BrokenPipeError:
+    reader_gone()
+  sys.exit(int(code))
 
 
 if __name__ == "__main__":

@@ -3,7 +3,8 @@ of an importable module for abstract arguments (no data needed).
 
 A function of no arguments, given no `--arg`, is called first: when it
 returns `(step, args)` or `(step, args, kwargs)`, with `step` callable, the
-audit is of `step(*args, **kwargs)`. That is how a train step whose
+audit is of `step(*args, **kwargs)`; when it returns arrays, it is the
+program; anything else is an error (it would audit a constant). That is how a train step whose
 arguments are pytrees (flax or equinox parameters, an optimizer state) is
 audited from the command line: `hlo-audit run train.py:make_step --target
 h200`.
@@ -100,6 +101,11 @@ def _takes_no_arguments(fn) -> bool:
              for p in sig.parameters.values())
 
 
+#: What a function of no arguments may return, said in errors.
+_FACTORY_FORMS = ("(step, args) or (step, args, kwargs), with step callable, args a tuple "
+                  "or list and kwargs a dict")
+
+
 def from_factory(result):
   """(step, args, kwargs) when `result` is what a factory returns --
   `(step, args)` or `(step, args, kwargs)` with a callable step -- else None."""
@@ -110,6 +116,46 @@ def from_factory(result):
   if not isinstance(fn_args, (tuple, list)) or not isinstance(kwargs, dict):
     return None
   return step, tuple(fn_args), kwargs
+
+
+def _computes_arrays(result) -> bool:
+  """Whether `result` is what a computation returns: a pytree of arrays
+  (then the function of no arguments is itself the program to audit)."""
+  import jax
+  import numpy as np
+
+  leaves = jax.tree_util.tree_leaves(result)
+  return bool(leaves) and all(isinstance(x, (jax.Array, np.ndarray, np.generic))
+                              for x in leaves)
+
+
+def _describe(value) -> str:
+  """A value's kind, for an error: 'int', '(function, str)'."""
+  def kind(v) -> str:
+    return "function" if callable(v) else type(v).__name__
+  if isinstance(value, tuple):
+    return "(" + ", ".join(kind(v) for v in value[:4]) + (", ..." if len(value) > 4 else "") + ")"
+  return kind(value)
+
+
+def factory_or_program(name: str, fn, result):
+  """What to audit for a function of no arguments that returned `result`:
+  `(step, args, kwargs)` from a factory, or `(fn, (), {})` when `fn`
+  computes arrays itself.
+
+  Raises:
+    UsageError: for anything else (a number, a string, a half-right tuple),
+      naming what came back and the forms expected; auditing it would audit
+      a constant program, silently.
+  """
+  made = from_factory(result)
+  if made is not None:
+    return made
+  if _computes_arrays(result):
+    return fn, (), {}
+  raise UsageError(f"{name}() returned {_describe(result)}: a function of no arguments "
+                   f"must return {_FACTORY_FORMS} (a factory), or arrays (a program "
+                   "that needs no arguments); or give --arg SHAPE for each argument")
 
 
 def run(args: argparse.Namespace) -> ExitCode:
@@ -128,11 +174,10 @@ def run(args: argparse.Namespace) -> ExitCode:
   fn = load_function(args.function)
   if not fn_args and not kwargs and _takes_no_arguments(fn):
     try:
-      made = from_factory(fn())
+      result = fn()
     except Exception as e:  # the user's factory failed
       raise UsageError(f"{args.function}() failed: {type(e).__name__}: {e}") from None
-    if made is not None:
-      fn, fn_args, kwargs = made
+    fn, fn_args, kwargs = factory_or_program(args.function, fn, result)
   prefix = ["hlo-audit", "run", args.function]
   for a in args.arg:
     prefix += ["--arg", a]

@@ -16,14 +16,20 @@ What is swept (SUBJECT):
                     float32 reference and its timing against XLA.
 
 Grid (--grid, repeatable): 'name=v1,v2;name2=v3,v4' is the cartesian product.
-A grid file (--grid-file, .json or .toml) holds a [grid] table of lists and/or
-[[points]]; --grid replaces the file's lists of the same names.
+A grid file (--grid-file, .json or .toml) holds a [grid] table of lists (one
+value is a one-item list, seq = [16]) and/or [[points]]; --grid replaces the
+file's lists of the same names. More points to run than --max-points (default
+10000; counted from the lists' lengths before any point is made, so points
+already done count too) stop the sweep before it starts, unless --yes is given.
 
 Resume: rerunning the same command skips points already recorded (a failed
 point too, unless --retry-failed). --num-shards/--shard-index split the grid
 round-robin across machines (run once more with --report-only when all are
 done). --jobs N runs points in N worker processes (a crash or --point-timeout
 fails only that point); --jobs 0 in this process.
+
+Flags, the grid, the --args template at every point, --target and the
+results already in --out are checked before any point runs.
 
 Exit codes: 0 every point run now was ok, 1 some point failed, 2 bad flags or
 input (one line on stderr).
@@ -32,11 +38,13 @@ input (one line on stderr).
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import shlex
 import sys
 
 from hlo_audit._src.cli.common import ExitCode, UsageError
+from hlo_audit._src.report.safe import printable
 
 EPILOG = """examples:
   hlo-audit sweep example --out out/sweep --jobs 2 \\
@@ -90,6 +98,10 @@ def add_parser(sub) -> None:
                       "needs pip install 'hlo-audit[gpu-target]'")
   p.add_argument("--gpus", type=int, default=None, metavar="N",
                  help="with --target: a topology of N GPUs")
+  p.add_argument("--max-points", type=int, default=None, metavar="N",
+                 help="stop before running more than N points (default: 10000)")
+  p.add_argument("--yes", action="store_true",
+                 help="run however many points the grid has (no --max-points limit)")
   p.set_defaults(handler=run)
 
 
@@ -97,19 +109,37 @@ def options_from(args: argparse.Namespace, argv: list[str] | None = None):
   """The sweep's options from the parsed flags.
 
   Raises:
-    UsageError: for a flag value that is out of range.
+    UsageError: for a flag value that is out of range (before anything
+      runs).
   """
-  from hlo_audit._src.sweep.runner import SweepOptions
+  from hlo_audit._src.sweep.runner import MAX_POINTS, SweepOptions
   from hlo_audit._src.sweep.targets import Measure
 
   if args.jobs < 0:
     raise UsageError(f"--jobs must be >= 0, got {args.jobs}")
-  if args.point_timeout is not None and args.point_timeout <= 0:
-    raise UsageError(f"--point-timeout must be > 0, got {args.point_timeout}")
+  if args.num_shards < 1:
+    raise UsageError(f"--num-shards must be >= 1, got {args.num_shards}")
+  if not 0 <= args.shard_index < args.num_shards:
+    raise UsageError(f"--shard-index must be from 0 to {args.num_shards - 1} "
+                     f"(--num-shards {args.num_shards}), got {args.shard_index}")
+  if args.repeats < 1:
+    raise UsageError(f"--repeats must be >= 1, got {args.repeats}")
+  if args.warmup < 0:
+    raise UsageError(f"--warmup must be >= 0, got {args.warmup}")
+  if args.point_timeout is not None and not (math.isfinite(args.point_timeout) and
+                                             args.point_timeout > 0):
+    raise UsageError(f"--point-timeout must be a number of seconds > 0, got "
+                     f"{args.point_timeout}")
   if args.point_timeout is not None and args.jobs == 0:
     raise UsageError("--point-timeout needs worker processes (--jobs >= 1)")
   if args.gpus is not None and args.target is None:
     raise UsageError("--gpus needs --target (e.g. --target h200)")
+  if args.gpus is not None and args.gpus < 1:
+    raise UsageError(f"--gpus must be >= 1, got {args.gpus}")
+  if args.max_points is not None and args.max_points < 1:
+    raise UsageError(f"--max-points must be >= 1, got {args.max_points}")
+  max_points = None if args.yes else (
+      MAX_POINTS if args.max_points is None else args.max_points)
   argv = sys.argv[1:] if argv is None else argv
   return SweepOptions(
       target=args.subject, out=args.out,
@@ -120,11 +150,16 @@ def options_from(args: argparse.Namespace, argv: list[str] | None = None):
       jobs=args.jobs, num_shards=args.num_shards, shard_index=args.shard_index,
       retry_failed=args.retry_failed, point_timeout=args.point_timeout,
       point_reports=args.point_reports, report_only=args.report_only,
-      plot_x=args.plot_x, command=shlex.join(["hlo-audit", *argv]))
+      plot_x=args.plot_x, command=shlex.join(["hlo-audit", *argv]),
+      max_points=max_points)
 
 
 def run(args: argparse.Namespace, out=None) -> ExitCode:
-  """Runs the sweep; one line per file written (`out`: default stdout)."""
+  """Runs the sweep; one line per file written (`out`: default stdout).
+
+  Raises:
+    UsageError, HloAuditError: for bad flags or input, before any point runs.
+  """
   from absl import logging
 
   from hlo_audit._src.sweep.runner import RichReporter, run_sweep
@@ -137,20 +172,22 @@ def run(args: argparse.Namespace, out=None) -> ExitCode:
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
   logging.set_verbosity(logging.WARNING)  # JAX's INFO lines are noise here.
   reporter = None if args.no_progress else RichReporter()
-  from hlo_audit._src.sweep import plots
-  no_plots = plots.unavailable_reason()
-  if no_plots:
-    print(f"hlo-audit sweep: no plots: {no_plots}; results and reports are written",
-          file=sys.stderr)
   try:
     result = run_sweep(options, reporter)
   except KeyboardInterrupt:
     print(f"hlo-audit: sweep interrupted; rerun the same command to resume "
-          f"({options.out})", file=sys.stderr)
+          f"({printable(options.out)})", file=sys.stderr)
     return ExitCode.USAGE
+  from hlo_audit._src.sweep import plots
+
+  # Said after the run, so that a usage error before it stays one line.
+  no_plots = plots.unavailable_reason()
+  if no_plots:
+    print(f"hlo-audit sweep: no plots: {no_plots}; results and reports are written",
+          file=sys.stderr)
   out.write(f"{result.ran} points run ({result.failed} failed), {result.skipped} already "
             f"done, {result.duplicates} duplicates merged, in {result.seconds:.1f} s; "
-            f"results in {result.out}\n")
+            f"results in {printable(result.out)}\n")
   for path in result.files:
-    out.write(f"  wrote {path}\n")
+    out.write(f"  wrote {printable(path)}\n")
   return ExitCode.FINDINGS if result.failed else ExitCode.OK

@@ -15,6 +15,7 @@ import dataclasses
 from hlo_audit._src.analysis.buffers import Buffer, Lifetime
 from hlo_audit._src.analysis.kernels import Kernel
 from hlo_audit._src.analysis.records import FusionDecisionRecord
+from hlo_audit._src.report.safe import printable
 from hlo_audit._src.report.units import fmt_bytes, fmt_delta_bytes, fmt_source
 
 
@@ -94,7 +95,8 @@ class AuditDiff:
           lines.append(f"    ... {len(items) - 20} more")
     if self.unchanged:
       lines.append("  no kernel, buffer or finding changed")
-    return "\n".join(lines)
+    # Names, op_names and paths are the inputs' text.
+    return "\n".join(printable(line) for line in lines)
 
   def to_dict(self) -> dict:
     from hlo_audit._src.report import json_report as j

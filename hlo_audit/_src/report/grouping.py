@@ -74,6 +74,15 @@ class FindingGroup:
   def first(self) -> FusionDecisionRecord:
     return self.members[0]
 
+  @property
+  def layer(self) -> str:
+    """The layer the members come from (JAX's name stack): the one they
+    share, else the first and how many more; "" where none names one."""
+    layers = list(dict.fromkeys(f.layer for f in self.members if getattr(f, "layer", "")))
+    if len(layers) <= 1:
+      return layers[0] if layers else ""
+    return f"{layers[0]} (+{len(layers) - 1} more)"
+
 
 def group_key(f: FusionDecisionRecord) -> tuple:
   """What makes two findings the same pattern: class, source line, boundary

@@ -30,6 +30,7 @@ import re
 from hlo_audit._src.analysis.buffers import Lifetime
 from hlo_audit._src.analysis.records import Verdict
 from hlo_audit._src.report import text
+from hlo_audit._src.report.safe import printable
 from hlo_audit._src.report.grouping import ranked_groups
 from hlo_audit._src.report.memory_view import aggregate_columns, live_at, stack_buffers
 from hlo_audit._src.report import trace, units
@@ -181,7 +182,9 @@ _ESCAPED = re.compile("[&<>\"']")
 
 
 def _e(s) -> str:
-  s = str(s)
+  # Control characters and bidirectional overrides from the input shown as
+  # escapes (a U+202E would reorder what the reader sees), then HTML-escaped.
+  s = printable(s)
   return html.escape(s, quote=True) if _ESCAPED.search(s) else s
 
 
@@ -710,16 +713,18 @@ def _group_html(i: int, g, full: bool) -> str:
          f'<span class="n">{_e(fmt_time(g.time_saved)) if g.time_saved is not None else "-"}</span>'
          f'<span class="n">{_e(fmt_bytes(g.bytes_saved))}</span><span class="n">{g.launches_removed}</span>'
          f'<span title="{_e(g.kernel or "")}">{_e(_short_kernel(g.kernel))}</span><span class="{cls}">{_e(cls)}</span>'
-         f'<span title="{_e(fmt_source(g.source))}">{_e(fmt_source(g.source) or "?")}</span>')
+         f'<span title="{_e(" in ".join(filter(None, (fmt_source(g.source), g.layer))))}">'
+         f'{_e(fmt_source(g.source) or "?")}</span>')
   out = [f'<details class="group" data-class="{_e(g.kind.slug)}" data-bytes="{g.bytes_saved}">'
          f'<summary><span class="grow">{row}</span></summary>',
          f"<p>{_e(text.group_sentence(g))}</p>"]
   members = g.members[:MAX_MEMBERS]
   rows = [(m.boundary or "-", m.producer or "-", ", ".join(m.consumers[:4]) +
            (f" +{len(m.consumers) - 4}" if len(m.consumers) > 4 else ""),
-           fmt_bytes(m.bytes_saved), m.launches_removed, m.computation) for m in members]
+           fmt_bytes(m.bytes_saved), m.launches_removed, m.layer or "-", m.computation)
+          for m in members]
   out.append(table_html(("Boundary", "Producer", "Consumers", "Bytes saved", "Launches",
-                         "Computation"), rows, ("Bytes saved", "Launches"),
+                         "Layer", "Computation"), rows, ("Bytes saved", "Launches"),
                         {(j, 3): m.bytes_saved for j, m in enumerate(members)}))
   if g.count > MAX_MEMBERS:
     out.append(f'<p class="muted">{g.count - MAX_MEMBERS} more members.</p>')

@@ -17,13 +17,18 @@ launches_removed, source ("file:line" or null), kernel, verdict, peak_after
 and peak_saved (the peak after the finding's change alone, from a what-if
 replay; null when not replayed), peak_exact (false: the quick estimate,
 which keeps the audited buffer assignment; absent in older files: true),
-time_saved (estimated seconds per step; null without an estimate).
+time_saved (estimated seconds per step; null without an estimate), layer
+(the layer in JAX's name stack that made the boundary, "" where none;
+absent in older files).
 """
 
 from __future__ import annotations
 
 import enum
+import functools
 import json
+import types
+import typing
 
 from hlo_audit._src.report.report import SCHEMA_VERSION
 
@@ -136,7 +141,7 @@ def finding_dict(f, frames: Frames) -> dict:
       "source_stack": frames.stack(f.source_stack),
       "peak_after": f.peak_after, "peak_saved": f.peak_saved,
       "peak_exact": f.peak_exact,
-      "notes": list(f.notes), "boundary_kept": f.boundary_kept,
+      "notes": list(f.notes), "layer": f.layer, "boundary_kept": f.boundary_kept,
       "time_saved": f.time_saved,
   }
 
@@ -250,11 +255,50 @@ def report_from_dict(d: dict):
   """Rebuilds an AuditReport from `to_dict` output (for `diff` of saved JSON).
 
   Raises:
-    ValueError: for an unknown schema version.
-    KeyError: for a missing field.
+    ValueError: for anything but a report of a known schema version: the
+      message says where (`findings[3]: missing field 'class'`).
   """
-  import types
+  if not isinstance(d, dict):
+    raise ValueError(f"a JSON {_json_kind(d)}, not a report (an object with schema_version)")
+  try:
+    return _report_from_dict(d)
+  except _SchemaError as e:
+    raise ValueError(str(e)) from None
+  except KeyError as e:
+    raise ValueError(f"missing field {e}") from None
+  except (TypeError, ValueError, AttributeError, IndexError) as e:
+    raise ValueError(f"a field has the wrong type or value ({e})") from None
 
+
+class _SchemaError(ValueError):
+  """A part of a report that is not what the schema says, with where."""
+
+
+def _json_kind(v) -> str:
+  return {dict: "object", list: "array", str: "string", bool: "boolean", int: "number",
+          float: "number", type(None): "null"}.get(type(v), type(v).__name__)
+
+
+def _rows(d: dict, section: str, build) -> tuple:
+  """`build` of each row of the list `d[section]`; a bad row raises
+  `_SchemaError` naming it, e.g. `findings[3]: missing field 'class'`."""
+  rows = d[section]
+  if not isinstance(rows, list):
+    raise _SchemaError(f"{section!r}: expected an array, got a JSON {_json_kind(rows)}")
+  out = []
+  for i, row in enumerate(rows):
+    if not isinstance(row, dict):
+      raise _SchemaError(f"{section}[{i}]: expected an object, got a JSON {_json_kind(row)}")
+    try:
+      out.append(build(row))
+    except KeyError as e:
+      raise _SchemaError(f"{section}[{i}]: missing field {e}") from None
+    except (TypeError, ValueError, AttributeError, IndexError) as e:
+      raise _SchemaError(f"{section}[{i}]: a field has the wrong type or value ({e})") from None
+  return tuple(out)
+
+
+def _report_from_dict(d: dict):
   from hlo_audit._src.analysis.backend_traits import KernelKind
   from hlo_audit._src.analysis.buffers import Buffer, Lifetime
   from hlo_audit._src.analysis.kernels import Kernel
@@ -265,29 +309,31 @@ def report_from_dict(d: dict):
   version = d.get("schema_version")
   # 1 lacks what 2 added; 2 inlines frames; 3 has no time estimates.
   if version not in (1, 2, 3, SCHEMA_VERSION):
-    raise ValueError(f"schema_version {version!r}; this hlo-audit reads 1 to {SCHEMA_VERSION}")
+    raise _SchemaError(f"schema_version {version!r}; this hlo-audit reads 1 to "
+                       f"{SCHEMA_VERSION}")
   frames = [_loc(f) for f in d["frames"]] if version >= 3 else None
   m = d["module"]
-  kernels = tuple(Kernel(
+  if not isinstance(m, dict):
+    raise _SchemaError(f"'module': expected an object, got a JSON {_json_kind(m)}")
+  kernels = _rows(d, "kernels", lambda k: _typed(Kernel,
       name=k["name"], computation=k["computation"], kind=KernelKind(k["kind"]),
       opcode=k["opcode"], detail=k["detail"],
       fused_ops=types.MappingProxyType(k["fused_ops"]), bytes_read=k["bytes_read"],
       bytes_written=k["bytes_written"], trip_count=k["trip_count"], time=k["time"],
       op_name=k["op_name"], source=_loc(k["source_location"]), members=tuple(k["members"]),
-      source_stack=_stack(k, frames))
-      for k in d["kernels"])
-  buffers = tuple(Buffer(
+      source_stack=_stack(k, frames)))
+  buffers = _rows(d, "buffers", lambda b: _typed(Buffer,
       name=b["name"], instruction=b["instruction"], index=tuple(b["index"]),
       computation=b["computation"], shape=b["shape"], dtype=b["dtype"],
       dims=tuple(b["dims"]), bytes=b["bytes"], producer=b["producer"],
       producer_opcode=b["producer_opcode"], consumers=tuple(b["consumers"]),
       live_range=tuple(b["live_range"]), lifetime=Lifetime(b["lifetime"]),
       source=_loc(b["source_location"]), op_name=b["op_name"], aliases=tuple(b["aliases"]),
-      placement=b["placement"], internal=b["internal"], source_stack=_stack(b, frames))
-      for b in d["buffers"])
+      placement=b["placement"], internal=b["internal"], source_stack=_stack(b, frames)))
   kinds = {k.slug: k for k in FindingKind}
-  findings = tuple(FusionDecisionRecord(
-      kind=kinds[f["class"]], producer=f["producer"], consumers=tuple(f["consumers"]),
+  findings = _rows(d, "findings", lambda f: _typed(FusionDecisionRecord,
+      kind=_finding_kind(kinds, f["class"]), producer=f["producer"],
+      consumers=tuple(f["consumers"]),
       boundary=f["boundary"], boundary_shape=f["boundary_shape"],
       bytes_saved=f["bytes_saved"], launches_removed=f["launches_removed"],
       extra_arithmetic=f["extra_arithmetic"], extra_resources=f["extra_resources"],
@@ -301,17 +347,16 @@ def report_from_dict(d: dict):
       source_stack=_stack(f, frames), peak_after=f.get("peak_after"),
       peak_saved=f.get("peak_saved"), peak_exact=bool(f.get("peak_exact", True)),
       notes=tuple(f.get("notes", ())),
-      boundary_kept=bool(f.get("boundary_kept", False)),
-      time_saved=f.get("time_saved"))
-      for f in d["findings"])
-  info = ModuleInfo(**{k: m[k] for k in (
+      layer=f.get("layer", ""), boundary_kept=bool(f.get("boundary_kept", False)),
+      time_saved=f.get("time_saved")))
+  info = _typed(ModuleInfo, **{k: m[k] for k in (
       "name", "platform", "device_kind", "jax_version", "jaxlib_version",
       "instruction_count", "computation_count", "schedule_length", "is_scheduled",
       "origin", "path")}, xla_peak_source=m.get("xla_peak_source", ""),
       optimized=bool(m.get("optimized", True)),
       target=m.get("target", ""), target_notes=tuple(m.get("target_notes", ())))
-  return AuditReport(
-      module=info, kernels=kernels, buffers=buffers, findings=findings,
+  return _typed(
+      AuditReport, module=info, kernels=kernels, buffers=buffers, findings=findings,
       peak_bytes=d["peak_bytes"], xla_peak_bytes=d["xla_peak_bytes"],
       xla_reported_peak_bytes=d["xla_reported_peak_bytes"],
       allocation_bytes=d["allocation_bytes"], heap_peak_bytes=d["heap_peak_bytes"],
@@ -321,6 +366,67 @@ def report_from_dict(d: dict):
       what_if_replay=_what_if(d.get("what_if")),
       collectives=tuple(_collective(c) for c in d.get("collectives", ())),
       timing=_timing(d.get("timing")))
+
+
+@functools.cache
+def _hints(cls) -> dict:
+  """`cls`'s resolved field types; {} where one cannot be resolved (then
+  its fields go unchecked rather than the report unread)."""
+  try:
+    return typing.get_type_hints(cls)
+  except Exception:  # a name only imported for type checking
+    return {}
+
+
+def _fits(value, hint) -> bool:
+  """Whether a JSON value (lists for tuples) fits a field's type hint; types
+  it does not know (mappings, nested dataclasses) are not checked here."""
+  origin, args = typing.get_origin(hint), typing.get_args(hint)
+  if hint is typing.Any:
+    return True
+  if origin in (typing.Union, types.UnionType):
+    return any(_fits(value, a) for a in args)
+  if hint is type(None):
+    return value is None
+  if hint is bool:
+    return isinstance(value, bool)
+  if hint is int:
+    return isinstance(value, int) and not isinstance(value, bool)
+  if hint is float:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+  if hint is str:
+    return isinstance(value, str)
+  if origin is tuple:
+    if not isinstance(value, (tuple, list)):
+      return False
+    if len(args) == 2 and args[1] is Ellipsis:
+      return all(_fits(v, args[0]) for v in value)
+    return not args or (len(args) == len(value) and all(map(_fits, value, args)))
+  if isinstance(hint, type) and issubclass(hint, enum.Enum):
+    return isinstance(value, hint)
+  return True
+
+
+def _typed(cls, **fields):
+  """`cls(**fields)`, each field checked against its type first, so that a
+  damaged report fails here, naming the field, not later in arithmetic."""
+  hints = _hints(cls)
+  for name, value in fields.items():
+    hint = hints.get(name)
+    if hint is not None and not _fits(value, hint):
+      raise ValueError(f"field {name!r}: expected {_hint_text(hint)}, got a JSON "
+                       f"{_json_kind(value)}")
+  return cls(**fields)
+
+
+def _hint_text(hint) -> str:
+  return getattr(hint, "__name__", None) or str(hint).replace("typing.", "")
+
+
+def _finding_kind(kinds: dict, slug):
+  if slug not in kinds:
+    raise ValueError(f"unknown finding class {slug!r}")
+  return kinds[slug]
 
 
 def _timing(d: dict | None):

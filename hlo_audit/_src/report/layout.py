@@ -8,6 +8,10 @@ row, and only then does a name column narrow. At 80 columns and wider a name
 is never cut (one too long for its column gets a line of its own above its
 row); narrower, it is shortened with an ellipsis in the middle (its start and
 numbered suffix stay readable). Numbers and `file:line` are never broken.
+
+Names, paths and metadata are the input's text: a table's cells and the
+sentences `hang` wraps are made `safe.printable` before their widths are
+measured, so a control character shows as its escape and columns stay aligned.
 """
 
 from __future__ import annotations
@@ -16,6 +20,8 @@ import dataclasses
 import os
 import shutil
 import sys
+
+from hlo_audit._src.report.safe import printable
 
 #: Text width when the output is not a terminal and COLUMNS is unset.
 PIPED_WIDTH = 160
@@ -65,7 +71,9 @@ def hang(s: str, width: int, first: str = "", rest: str = "") -> list[str]:
   the others with `rest` (a hanging indent)."""
   out: list[str] = []
   cur, empty = first, True
-  for word in s.split():
+  # Escaped before the split: a CR or a line separator is shown, not
+  # taken for a space.
+  for word in printable(s).split():
     if not empty and len(cur) + 1 + len(word) <= width:
       cur += " " + word
       continue
@@ -112,8 +120,8 @@ def table(columns, rows, width: int, *, indent: int = 2,
   At `WHOLE_NAMES` columns and wider a name is never cut: a name longer than
   its column gets a line of its own above its row, starting where its column
   starts; narrower, it is shortened in the middle."""
-  columns = list(columns)
-  rows = [[str(c) for c in r] for r in rows]
+  columns = [dataclasses.replace(c, header=printable(c.header)) for c in columns]
+  rows = [[printable(c) for c in r] for r in rows]
   keep = list(range(len(columns)))
   src_below = None
   gap = 2

@@ -1,29 +1,31 @@
-"""Markdown rendering: summary, tables and fusion decision records."""
+"""Markdown rendering: summary, tables and fusion decision records.
+
+Every cell and heading that carries the input's text (names, paths,
+metadata) goes through `safe.markdown_text`, so it renders as the characters
+it holds: no HTML, link, image or emphasis, and no `|` that splits a row.
+"""
 
 from __future__ import annotations
 
 from hlo_audit._src.report import text
 from hlo_audit._src.report.grouping import ranked_groups
+from hlo_audit._src.report.safe import code_fence, code_span, markdown_text
 from hlo_audit._src.report.units import fmt_bytes
 
 
-def _escape(cell: str) -> str:
-  return str(cell).replace("|", "\\|").replace("\n", " ")
-
-
 def table(columns, rows) -> str:
-  out = ["| " + " | ".join(columns) + " |",
+  out = ["| " + " | ".join(markdown_text(c) for c in columns) + " |",
          "|" + "|".join("---:" if c in ("Bytes", "Read", "Written", "Runs", "Reuse",
                                          "Bytes saved", "Launches", "#", "Count")
                         else "---" for c in columns) + "|"]
   for r in rows:
-    out.append("| " + " | ".join(_escape(c) for c in r) + " |")
+    out.append("| " + " | ".join(markdown_text(c) for c in r) + " |")
   return "\n".join(out)
 
 
 def render_markdown(report, max_kernels: int = 40) -> str:
   m = report.module
-  parts = [f"# hlo-audit: `{m.name}`", "", "```", text.summary(report), "```", ""]
+  parts = [f"# hlo-audit: {code_span(m.name)}", "", code_fence(text.summary(report)), ""]
   parts += ["## Kernels by kind", "",
             table(("Kind", "Count"), [(k, str(n)) for k, n in report.kernels_by_kind().items()]),
             ""]
@@ -33,7 +35,7 @@ def render_markdown(report, max_kernels: int = 40) -> str:
   parts += [f"## Intermediate tensors (>= {100 * report.options.intermediate_fraction:g}% "
             f"of peak {fmt_bytes(report.peak_bytes)})", "",
             table(text.INTERMEDIATE_COLUMNS, text.intermediate_rows(report)), ""]
-  parts += ["## Peak memory", "", text.peak_line(report), ""]
+  parts += ["## Peak memory", "", markdown_text(text.peak_line(report)), ""]
   parts += ["## Findings", ""]
   if not report.findings:
     parts += ["None.", ""]
@@ -45,10 +47,10 @@ def render_markdown(report, max_kernels: int = 40) -> str:
     for i, g in enumerate(groups, 1):
       if not g.actionable:
         continue
-      parts += [f"### {i}. {_escape(text.group_sentence(g))}", ""]
-      parts += [f"- **{k}**: {_escape(v)}" for k, v in text.record_fields(g.first)]
+      parts += [f"### {i}. {markdown_text(text.group_sentence(g))}", ""]
+      parts += [f"- **{k}**: {markdown_text(v)}" for k, v in text.record_fields(g.first)]
       if g.count > 1:
-        parts.append("- **members**: " + _escape(", ".join(
+        parts.append("- **members**: " + markdown_text(", ".join(
             f"{m.boundary or m.producer} ({fmt_bytes(m.bytes_saved)})" for m in g.members)))
       parts.append("")
   return "\n".join(parts)

@@ -6,6 +6,11 @@ and a footer saying how much is left out and what to run next. `all=True` adds
 every table: kernels, intermediate tensors, every finding group with its
 members, and each group's fusion decision record. Names are shortened in the
 middle and `file:line` is never broken (see `layout`).
+
+Names, paths and metadata are the input's text: they are made
+`safe.printable` where cells and sentences are built (`layout`, `text`), and
+every line is checked once more on its way out, so no control character of a
+dump reaches the terminal.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from hlo_audit._src.report import layout, text
 from hlo_audit._src.report.grouping import FindingGroup, ranked_groups, split_capacity
 from hlo_audit._src.report.layout import Column
 from hlo_audit._src.report import units
+from hlo_audit._src.report.safe import printable
 from hlo_audit._src.report.units import fmt_bytes, fmt_source, fmt_time
 
 #: Finding groups the default view lists (the capacity section's included):
@@ -58,7 +64,8 @@ def group_cells(g: FindingGroup, step: float | None = None) -> dict[str, str]:
           "class": g.kind.value, "count": f"x{g.count}" if g.count > 1 else "",
           "shape": g.boundary_shape,
           "kernel": units.short_kernel(g.kernel),
-          "verdict": g.verdict.value, "source": fmt_source(g.source) or "?"}
+          "verdict": g.verdict.value, "source": fmt_source(g.source) or "?",
+          "layer": g.layer}
 
 
 def group_lines(groups, width: int, *, number_from: int = 1, title: str | None = None,
@@ -81,6 +88,11 @@ def group_lines(groups, width: int, *, number_from: int = 1, title: str | None =
            Column("shape", "name", min_width=10), Column("kernel", "name", optional=True),
            Column("source", "source")]
   keys += ["class", "count", "shape", "kernel", "source"]
+  if any(g.layer for g in groups):
+    # Where in a library's model the line is: last, so that narrow
+    # terminals drop it first.
+    cols.append(Column("layer", "name", optional=True, min_width=12))
+    keys.append("layer")
   rows = []
   for i, g in enumerate(groups, number_from):
     c = group_cells(g, step)
@@ -191,7 +203,13 @@ def compact_lines(report, width: int, *, top: int = TOP, hints=None,
              if any(g.time_saved for g in rest) else "") + ".", width)
   if hints:
     out += hint_lines(hints, width)
-  return out
+  return _checked(out)
+
+
+def _checked(lines: list[str]) -> list[str]:
+  """`lines` with anything unsafe that skipped the escaping where it was
+  built escaped now (one search per line; escaped text passes unchanged)."""
+  return [printable(line) for line in lines]
 
 
 def _by(sort: str, shown) -> str:
@@ -206,6 +224,8 @@ def _by(sort: str, shown) -> str:
 def hint_lines(hints, width: int) -> list[str]:
   """"Next:" and the commands, descriptions aligned; when a command is too
   long for its line, the shared part is said once and the rest listed."""
+  # A command names the user's file, and its path may hold anything.
+  hints = [(printable(c), printable(w)) for c, w in hints]
   cmds = [c for c, _ in hints]
   if any(len(c) + len(w) + 4 > width for c, w in hints):
     common = os.path.commonprefix(cmds)
@@ -273,7 +293,7 @@ def full_lines(report, width: int, *, max_kernels: int | None = None,
     out.append("")
   if not report.findings:
     out.append("Findings: none")
-    return out
+    return _checked(out)
   groups = ranked_groups(report.findings, sort)
   out += layout.table(
       (Column("#", "num"), Column("Class", "text", min_width=9),
@@ -296,7 +316,7 @@ def full_lines(report, width: int, *, max_kernels: int | None = None,
       out += layout.hang("members: " + ", ".join(
           f"{f.boundary or f.producer} ({fmt_bytes(f.bytes_saved)})" for f in g.members),
           width, "    ", "      ")
-  return out
+  return _checked(out)
 
 
 def render_text(report, width: int | None = None, *, all: bool = False,  # noqa: A002
@@ -314,9 +334,13 @@ def render_terminal(report, console=None, *, all: bool = False,  # noqa: A002
   """Writes the report to `console`: a rich Console (its width is used), a
   text stream, or stdout when None."""
   if console is not None and hasattr(console, "export_text"):
+    from rich.text import Text
+
     body = render_text(report, width or console.width, all=all, top=top, hints=hints,
                        sort=sort)
-    console.print(body, markup=False, highlight=False, soft_wrap=True)
+    # A Text, not a str: rich reads neither markup (`[bold red]`) nor emoji
+    # codes (`:red_heart:`) in it, so names print as written.
+    console.print(Text(body), highlight=False, soft_wrap=True)
     return
   out = console or sys.stdout
   body = render_text(report, layout.text_width(out, width), all=all, top=top, hints=hints,

@@ -1,6 +1,9 @@
 """Sentences and table rows shared by the terminal, Markdown and HTML views.
 
 Renderers call these so the three views say the same thing in the same words.
+The sentences carry the input's names and paths, so they come out
+`safe.printable` (a control character as its escape); table rows are made so
+by each renderer (`layout.table`, `safe.markdown_text`, `html.escape`).
 """
 
 from __future__ import annotations
@@ -8,6 +11,7 @@ from __future__ import annotations
 from hlo_audit._src.analysis.buffers import Buffer, Lifetime
 from hlo_audit._src.analysis.records import FindingKind, FusionDecisionRecord, Verdict
 from hlo_audit._src.report import units
+from hlo_audit._src.report.safe import printable
 from hlo_audit._src.report.units import (fmt_bytes, fmt_pct, fmt_source,
                                          fmt_source_context, fmt_time, fmt_trip)
 
@@ -20,7 +24,7 @@ KERNEL_COLUMNS = ("Kernel", "Kind", "Detail", "Fused ops", "Read", "Written",
                   "Runs", "Time", "Bound", "Source")
 
 FINDING_COLUMNS = ("#", "Class", "Boundary", "Shape", "Time saved", "Bytes saved",
-                   "Launches", "Kernel", "Verdict", "Source")
+                   "Launches", "Kernel", "Verdict", "Source", "Layer")
 
 
 def removable(report, b: Buffer, related=None, short: bool = False) -> tuple[str, str]:
@@ -99,10 +103,11 @@ def group_rows(groups) -> list[tuple[str, ...]]:
     boundary = (f.boundary or f.producer) if g.count == 1 else f"x{g.count} buffers"
     rows.append((str(i), g.kind.value, boundary, g.boundary_shape,
                  _time(g.time_saved), fmt_bytes(g.bytes_saved), str(g.launches_removed),
-                 g.kernel or "-", g.verdict.value, fmt_source(g.source)))
+                 g.kernel or "-", g.verdict.value, fmt_source(g.source), g.layer or "-"))
     if g.count > 1:
       rows += [("", "", "- " + (m.boundary or m.producer), "", _time(m.time_saved),
-                fmt_bytes(m.bytes_saved), str(m.launches_removed), "", "", "")
+                fmt_bytes(m.bytes_saved), str(m.launches_removed), "", "", "",
+                m.layer if m.layer and m.layer != g.layer else "")
                for m in g.members]
   return rows
 
@@ -125,20 +130,25 @@ def finding_sentence(f: FusionDecisionRecord) -> str:
   """One line saying what the finding proposes."""
   where = f" at {fmt_source(f.source)}" if f.source else ""
   if f.kind is FindingKind.ALREADY_FUSED:
-    return f"already fused{where}: {f.evidence}"
+    return printable(f"already fused{where}: {f.evidence}")
   if f.kind is FindingKind.KEEP_REUSE:
-    return f"keep {f.boundary} ({f.boundary_shape}){where}: {f.evidence}"
+    return printable(f"keep {f.boundary} ({f.boundary_shape}){where}: {f.evidence}")
   saving = (f"saves ~{fmt_time(f.time_saved)} and " if f.time_saved else "saves ") + \
       f"{fmt_bytes(f.bytes_saved)} of HBM traffic"
   if f.launches_removed:
     saving += f" and {f.launches_removed} launch{'es' if f.launches_removed != 1 else ''}"
   saving += " per run"
   close = f" with {f.kernel}" if f.kernel else ""
-  return f"{f.kind.value}{where}: {f.boundary} ({f.boundary_shape}); closing it{close} {saving}"
+  return printable(
+      f"{f.kind.value}{where}: {f.boundary} ({f.boundary_shape}); closing it{close} {saving}")
 
 
 def record_fields(f: FusionDecisionRecord) -> list[tuple[str, str]]:
   """The fusion decision record as (field, value) lines, in the method's order."""
+  return [(k, printable(v)) for k, v in _record_fields(f)]
+
+
+def _record_fields(f: FusionDecisionRecord) -> list[tuple[str, str]]:
   return [
       ("producer and consumer", f"{f.producer or '-'} -> {', '.join(f.consumers) or '-'}"),
       ("boundary removed", f"{f.boundary or '-'} {f.boundary_shape}".strip()),
@@ -155,6 +165,7 @@ def record_fields(f: FusionDecisionRecord) -> list[tuple[str, str]]:
       ("legality", f"{f.verdict.value}: " + "; ".join(f.reasons)),
       ("anti-benefit checks", "; ".join(f.risks) or "-"),
       ("source", fmt_source_context(f.source, f.source_stack) or "unknown"),
+      ("layer", f.layer or "-"),
   ] + ([("peak after", f"{fmt_bytes(f.peak_after)} ({fmt_bytes(f.peak_saved)} off the peak"
                         + ("" if f.peak_exact else "; estimated, assignment kept") + ")")]
        if f.peak_after is not None else []) + ([("suggested call", f.suggestion), ("guard verdict", f.guard_verdict)]
@@ -243,7 +254,7 @@ def summary(report) -> str:
                f"by {fmt_bytes(report.bytes_saved)} per run")
   for note in report.notes:
     lines.append(f"  note: {note}")
-  return "\n".join(lines)
+  return "\n".join(printable(line) for line in lines)
 
 
 def _short_list(items, n: int = 3) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from hlo_audit._src.report.safe import printable
 from hlo_audit._src.report.units import fmt_bytes, fmt_delta_bytes, fmt_time
 
 
@@ -21,4 +22,5 @@ def render_what_if(w, limit: int = 8) -> str:
     more = f", ... {len(w.live_at_peak) - limit} more" if len(w.live_at_peak) > limit else ""
     lines.append(f"  live at the new peak: {shown}{more}")
   lines += [f"  note: {n}" for n in w.notes]
-  return "\n".join(lines)
+  # The changes, notes and buffers name the input's instructions.
+  return "\n".join(printable(line) for line in lines)

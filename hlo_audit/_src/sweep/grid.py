@@ -9,10 +9,13 @@ fastest. A value is an integer (`128`), a float (`0.5`), `true`/`false`,
 `none`, or otherwise a string (`bfloat16`, `gelu`). Blanks around names and
 values are ignored; a name given twice is an error.
 
-A grid file (`--grid_file`) is JSON (`.json`) or TOML (`.toml`) holding a
+A grid file (`--grid-file`) is JSON (`.json`) or TOML (`.toml`) holding a
 `grid` table of lists (the cartesian product, as above) and/or `points`, a list
 of tables, each one extra point (for combinations a product cannot express,
-such as d_model and heads that must divide). In TOML:
+such as d_model and heads that must divide). Each `grid` entry is a list, one
+value too (`seq = [16]`): a bare value is refused rather than taken as a
+one-value list, since `b = "1,2,4"` (the `--grid` spelling) would otherwise
+be one string value and fail far from the file. In TOML:
 
     [grid]
     batch = [1, 2, 4]
@@ -22,7 +25,7 @@ such as d_model and heads that must divide). In TOML:
     d_model = 96
     heads = 3
 
-`--grid` given with `--grid_file` replaces the file's lists of the same names.
+`--grid` given with `--grid-file` replaces the file's lists of the same names.
 A file with neither `grid` nor `points` is read as a bare `grid` table.
 """
 
@@ -73,6 +76,19 @@ class Grid:
     for p in self.extra:
       seen += [n for n in p if n not in seen]
     return tuple(seen)
+
+  @property
+  def size(self) -> int:
+    """How many points `points()` gives, counted without making them (the
+    product of the axes' lengths, plus the extra points)."""
+    if not self.axes and not self.extra:
+      return 1
+    product = 0
+    if self.axes:
+      product = 1
+      for a in self.axes:
+        product *= len(a.values)
+    return product + len(self.extra)
 
   def points(self) -> tuple[dict[str, Value], ...]:
     """The product's points (the last axis varying fastest), then the extra
@@ -149,42 +165,47 @@ def load_grid_file(path: str | os.PathLike) -> Grid:
     with open(path, "rb") as f:
       raw = f.read()
   except OSError as e:
-    raise GridError(f"--grid_file {path!r}: {e.strerror}") from None
+    raise GridError(f"--grid-file {path!r}: {e.strerror}") from None
   try:
     if path.endswith(".toml"):
       data = tomllib.loads(raw.decode("utf-8"))
     elif path.endswith(".json"):
       data = json.loads(raw)
     else:
-      raise GridError(f"--grid_file {path!r}: expected a .json or .toml file")
+      raise GridError(f"--grid-file {path!r}: expected a .json or .toml file")
   except (tomllib.TOMLDecodeError, json.JSONDecodeError, UnicodeDecodeError) as e:
-    raise GridError(f"--grid_file {path!r}: {e}") from None
+    raise GridError(f"--grid-file {path!r}: {e}") from None
+  except RecursionError:
+    raise GridError(f"--grid-file {path!r}: nested too deeply to be a grid") from None
   if not isinstance(data, dict):
-    raise GridError(f"--grid_file {path!r}: expected a table at the top level")
+    raise GridError(f"--grid-file {path!r}: expected a table at the top level")
   if "grid" not in data and "points" not in data:
     data = {"grid": data}
   unknown = set(data) - {"grid", "points"}
   if unknown:
-    raise GridError(f"--grid_file {path!r}: unknown top-level keys "
+    raise GridError(f"--grid-file {path!r}: unknown top-level keys "
                     f"{sorted(unknown)} (expected 'grid' and/or 'points')")
   grid_table = data.get("grid", {})
   if not isinstance(grid_table, dict):
-    raise GridError(f"--grid_file {path!r}: 'grid' must be a table of lists")
+    raise GridError(f"--grid-file {path!r}: 'grid' must be a table of lists")
   axes = []
   for name, values in grid_table.items():
-    where = f"--grid_file {path!r}, grid.{name}"
+    where = f"--grid-file {path!r}, grid.{name}"
     _check_name(name, where)
     if not isinstance(values, list):
-      values = [values]
+      one = (f'"{name}": [{_literal(values)}]' if path.endswith(".json") else
+             f"{name} = [{_literal(values)}]")
+      raise GridError(f"{where}: expected a list of values, got {_kind(values)} "
+                      f"{values!r} (one value is a one-item list: {one})")
     if not values:
       raise GridError(f"{where}: no values")
     axes.append(Axis(name, tuple(_scalar(v, where) for v in values)))
   points = data.get("points", [])
   if not isinstance(points, list) or not all(isinstance(p, dict) for p in points):
-    raise GridError(f"--grid_file {path!r}: 'points' must be a list of tables")
+    raise GridError(f"--grid-file {path!r}: 'points' must be a list of tables")
   extra = []
   for i, p in enumerate(points):
-    where = f"--grid_file {path!r}, points[{i}]"
+    where = f"--grid-file {path!r}, points[{i}]"
     for name in p:
       _check_name(name, where)
     extra.append({n: _scalar(v, f"{where}.{n}") for n, v in p.items()})
@@ -213,6 +234,21 @@ def point_id(identity: Mapping) -> str:
 def _check_name(name: str, where: str) -> None:
   if not _NAME.match(name):
     raise GridError(f"{where}: {name!r} is not a name (letters, digits, _)")
+
+
+def _kind(v) -> str:
+  if isinstance(v, bool):
+    return "the boolean"
+  if isinstance(v, (int, float)):
+    return "the number"
+  if isinstance(v, str):
+    return "the string"
+  return "a table" if isinstance(v, dict) else f"a {type(v).__name__}"
+
+
+def _literal(v) -> str:
+  """`v` as a list item in JSON and TOML alike."""
+  return json.dumps(v) if isinstance(v, (bool, int, float, str)) else "..."
 
 
 def _scalar(v, where: str) -> Value:

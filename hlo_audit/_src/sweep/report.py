@@ -5,6 +5,9 @@ findings by class across points, and the failed points with their errors.
 Both are rebuilt from the records on disk (every shard's), so the report of a
 job array is whatever has finished; rerun with `--report_only` once all shards
 are done.
+
+Parameter values, errors and the command are the user's text: the Markdown
+escapes them (`safe.markdown_text`), the HTML with `html.escape`.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from hlo_audit._src.report.html import CSS, SORT_SCRIPT, Raw, table_html
+from hlo_audit._src.report.safe import code_span, markdown_text
 from hlo_audit._src.report.units import fmt_bytes, fmt_pct, fmt_time
 from hlo_audit._src.sweep import plots as plots_lib
 from hlo_audit._src.sweep import store as store_lib
@@ -130,15 +134,11 @@ def class_totals(records: Sequence[Mapping]) -> list[tuple[str, int, int, int]]:
   return sorted(((c, *t) for c, t in totals.items()), key=lambda x: (-x[3], -x[2]))
 
 
-def _md_escape(s) -> str:
-  return str(s).replace("|", "\\|").replace("\n", " ")
-
-
 def _md_table(columns, rows) -> list[str]:
-  lines = ["| " + " | ".join(_md_escape(c) for c in columns) + " |",
+  lines = ["| " + " | ".join(markdown_text(c) for c in columns) + " |",
            "|" + "---|" * len(columns)]
   for row in rows:
-    lines.append("| " + " | ".join(_md_escape(_plain(c)) for c in row) + " |")
+    lines.append("| " + " | ".join(markdown_text(_plain(c)) for c in row) + " |")
   return lines
 
 
@@ -186,13 +186,14 @@ def _time_line(records, ok: int) -> str:
 def render_markdown(target: str, records, params, pngs, missing: int = 0,
                     command: str = "", fixed: Mapping[str, Any] | None = None) -> str:
   """The report as Markdown (images linked relative to the out folder)."""
-  lines = [f"# Sweep: `{target}`", ""]
-  lines += [f"- {line}" for line in _summary_lines(target, records, missing, command,
-                                                   fixed)]
+  lines = [f"# Sweep: {code_span(target)}", ""]
+  lines += [f"- {markdown_text(line)}" for line in _summary_lines(
+      target, records, missing, command, fixed)]
   lines.append("")
   for png in pngs:
+    # Our own file names (bytes.png, ...), beside the report.
     name = os.path.basename(png)
-    lines += [f"![{name}]({name})", ""]
+    lines += [f"![{markdown_text(name)}]({name})", ""]
   lines += ["## Points", ""]
   columns, rows, _ = table(records, params)
   lines += _md_table(columns, rows) + [""]
@@ -206,7 +207,8 @@ def render_markdown(target: str, records, params, pngs, missing: int = 0,
     lines += ["## Failed points", ""]
     for r in failures:
       label = " ".join(f"{k}={v}" for k, v in r.get("params", {}).items())
-      lines.append(f"- `{r['id']}` {label}: {r.get('error')}")
+      lines.append(f"- {code_span(r['id'])} {markdown_text(label)}: "
+                   f"{markdown_text(r.get('error'))}")
     lines.append("")
   return "\n".join(lines)
 

@@ -1,11 +1,13 @@
 """Running a sweep: plan the points, run them serially or in worker processes,
 record each as it finishes, then plot and write the sweep report.
 
-Planning resolves every grid point up front (a bad name or value stops the
-sweep before anything compiles), gives each a stable id from what it computes,
-merges points with the same id (they would compile the same program), keeps
-this shard's share (round-robin), and skips points the out folder already
-holds.
+Before planning, the options and the GPU target are checked and the grid's
+points counted (the product of its lists' lengths, without making them): a
+sweep with more than `max_points` to run stops there. Planning resolves every
+grid point up front (a bad name or value stops the sweep before anything
+compiles), gives each a stable id from what it computes, merges points with
+the same id (they would compile the same program), keeps this shard's share
+(round-robin), and skips points the out folder already holds.
 
 `jobs=0` runs points in this process (no start-up cost, no isolation).
 `jobs=N` runs them in N worker processes (spawned: JAX does not survive a
@@ -31,11 +33,17 @@ from multiprocessing import connection
 from typing import Any
 
 from hlo_audit._src.errors import HloAuditError
+from hlo_audit._src.report.safe import printable
 from hlo_audit._src.sweep import grid as grid_lib
 from hlo_audit._src.sweep import store as store_lib
 from hlo_audit._src.sweep.grid import GridError
 from hlo_audit._src.sweep.targets import (KernelTarget, Measure, Target, TargetRef,
                                           make_target)
+
+#: Points to run above which `hlo-audit sweep` asks for --yes: at about a
+#: second a point on one worker, 10,000 are a few hours, and a grid larger
+#: than that is more often a list typed one item too long than a plan.
+MAX_POINTS = 10_000
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -71,6 +79,9 @@ class SweepOptions:
   plot_x: str | None = None
   #: The command line, for the report.
   command: str = ""
+  #: Refuse (GridError, before planning) a sweep with more points than this
+  #: to run in its shard; None: no limit.
+  max_points: int | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -131,7 +142,7 @@ class SweepResult:
 
 
 def build_grid(options: SweepOptions) -> grid_lib.Grid:
-  """The grid of `--grid_file` with `--grid`'s lists replacing its own."""
+  """The grid of `--grid-file` with `--grid`'s lists replacing its own."""
   g = grid_lib.Grid()
   if options.grid_file:
     g = grid_lib.load_grid_file(options.grid_file)
@@ -140,8 +151,10 @@ def build_grid(options: SweepOptions) -> grid_lib.Grid:
   return g
 
 
-def plan(options: SweepOptions, target: Target | None = None) -> Plan:
-  """Expands, checks, merges and shards the grid (compiles nothing).
+def plan(options: SweepOptions, target: Target | None = None,
+         grid: grid_lib.Grid | None = None) -> Plan:
+  """Expands, checks, merges and shards the grid (`grid`: the options', built
+  here unless given; compiles nothing).
 
   Raises:
     GridError: for a bad grid, target, template or shard, or measurements a
@@ -155,7 +168,7 @@ def plan(options: SweepOptions, target: Target | None = None) -> Plan:
                     "library's ops, e.g. matmul)")
   if m.time and (m.repeats < 1 or m.warmup < 0):
     raise GridError(f"need --repeats >= 1 and --warmup >= 0, got {m.repeats}, {m.warmup}")
-  g = build_grid(options)
+  g = grid if grid is not None else build_grid(options)
   points: list[PlannedPoint] = []
   seen: set[str] = set()
   duplicates = 0
@@ -168,7 +181,7 @@ def plan(options: SweepOptions, target: Target | None = None) -> Plan:
     seen.add(pid)
     points.append(PlannedPoint(id=pid, index=i, values=values, params=params))
   if options.plot_x and points and options.plot_x not in points[0].params:
-    raise GridError(f"--plot_x {options.plot_x!r} is not a parameter of the points; "
+    raise GridError(f"--plot-x {options.plot_x!r} is not a parameter of the points; "
                     f"known: {', '.join(points[0].params)}")
   mine = grid_lib.shard(points, options.num_shards, options.shard_index)
   return Plan(target=ref, points=tuple(points), shard_points=tuple(mine),
@@ -336,7 +349,7 @@ class WorkerPool:
           elif (w.task is not None and self.point_timeout is not None and
                 time.monotonic() - w.started > self.point_timeout):
             self._lost(w, on_record, f"timed out after {self.point_timeout:g} s "
-                       "(--point_timeout); the worker was killed", kill=True)
+                       "(--point-timeout); the worker was killed", kill=True)
     finally:
       self.close()
 
@@ -417,7 +430,12 @@ class Reporter:
 
 def point_line(record: Mapping, label_names: Sequence[str] | None = None) -> str:
   """One line about a finished point: its values (those of `label_names`, or
-  all), outcome and key numbers."""
+  all), outcome and key numbers; printable (the values and the error are the
+  user's text)."""
+  return printable(_point_line(record, label_names))
+
+
+def _point_line(record: Mapping, label_names: Sequence[str] | None) -> str:
   from hlo_audit._src.report.units import fmt_bytes, fmt_time
 
   params = record.get("params", {})
@@ -441,12 +459,18 @@ def point_line(record: Mapping, label_names: Sequence[str] | None = None) -> str
 
 
 class RichReporter(Reporter):
-  """A rich progress bar (points done, rate, time left) and a line per point."""
+  """A rich progress bar (points done, rate, time left) and a line per point.
+
+  Every text it shows is printed as it is: a subject, path or value is the
+  user's, so neither Rich markup (`[bold]`) nor emoji codes (`:ok:`) in it
+  are interpreted, and control characters are shown escaped (`printable`).
+  """
 
   def __init__(self, console=None, lines: bool = True):
     from rich.console import Console
 
-    self.console = console or Console(stderr=True)
+    self.console = console or Console(stderr=True, markup=False, emoji=False,
+                                      highlight=False)
     self.lines = lines
     self._progress = None
 
@@ -462,21 +486,24 @@ class RichReporter(Reporter):
         return Text("-- pts/min" if speed is None else f"{60 * speed:.1f} pts/min")
 
     self._progress = Progress(
-        TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-        Rate(), TimeElapsedColumn(), TextColumn("left"), TimeRemainingColumn(),
+        TextColumn("{task.description}", style="bold", markup=False), BarColumn(),
+        MofNCompleteColumn(), Rate(), TimeElapsedColumn(), TextColumn("left"),
+        TimeRemainingColumn(),
         console=self.console, transient=False)
     self._progress.start()
-    self._task = self._progress.add_task(description, total=total, completed=skipped)
+    self._task = self._progress.add_task(printable(description), total=total,
+                                         completed=skipped)
 
   def point(self, record, done, total):
     if self.lines:
       self._progress.console.print(f"[{done}/{total}] " + point_line(record, self._names),
-                                   markup=False, highlight=False, soft_wrap=True)
+                                   markup=False, emoji=False, highlight=False,
+                                   soft_wrap=True)
     self._progress.advance(self._task)
 
   def message(self, text):
     (self._progress.console if self._progress else self.console).print(
-        text, markup=False, highlight=False, soft_wrap=True)
+        printable(text), markup=False, emoji=False, highlight=False, soft_wrap=True)
 
   def stop(self):
     if self._progress is not None:
@@ -491,19 +518,78 @@ def _now() -> str:
   return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="milliseconds")
 
 
+def check_device(options: SweepOptions) -> None:
+  """Resolves the GPU the points compile for, once, before any point runs:
+  an unknown name, a bad spec file or GPU count, or missing CUDA wheels would
+  otherwise fail every point alike. Resolving needs no GPU plugin; the
+  wheels are asked for only when points are to compile (not --report-only).
+
+  Raises:
+    TargetError: for an unknown target, a bad spec file or `gpus`, or
+      missing wheels (one line, with the pip command).
+    GridError: for validation or timing with a GPU target.
+  """
+  if options.measure.device is None:
+    return
+  options.measure.compile_target()
+  if not options.report_only:
+    from hlo_audit._src.target import wheels
+
+    wheels.require_gpu_wheels()
+
+
+def shard_size(total: int, num_shards: int, shard_index: int) -> int:
+  """How many of `total` points round-robin sharding gives shard
+  `shard_index` (as `grid.shard`, without the list)."""
+  return max(0, (total - shard_index + num_shards - 1) // num_shards)
+
+
+def check_size(options: SweepOptions, g: grid_lib.Grid) -> None:
+  """Stops a sweep with more than `options.max_points` points to run in
+  this shard, counted from the grid's lists before any point is made (so a
+  grid of millions is refused at once, not after minutes of planning).
+  Duplicates and points already done count too: finding them is planning.
+
+  Raises:
+    GridError: "N points to run (...); pass --yes to run them, or narrow the
+      grid".
+  """
+  if options.report_only or options.max_points is None:
+    return
+  n = shard_size(g.size, options.num_shards, options.shard_index)
+  if n <= options.max_points:
+    return
+  lists = " x ".join(f"{a.name} {len(a.values)}" for a in g.axes)
+  if g.extra:
+    lists += f"{' + ' if lists else ''}{len(g.extra)} extra point(s)"
+  where = (f"shard {options.shard_index} of {options.num_shards} of a "
+           f"{g.size:,}-point grid" if options.num_shards > 1 else "grid")
+  raise GridError(f"{n:,} points to run ({where}: {lists}; over --max-points "
+                  f"{options.max_points:,}); pass --yes to run them, or narrow the grid")
+
+
 def run_sweep(options: SweepOptions, reporter: Reporter | None = None) -> SweepResult:
   """Runs (or resumes) a sweep, then plots and writes the report.
 
   Raises:
-    GridError: for a bad grid, target or template (before anything runs).
-    StoreError: if the out folder cannot be written or is in use.
+    GridError: for bad options, grid, target or template, or more points
+      than `max_points` (before anything runs).
+    TargetError: for a GPU target that cannot be compiled for (`check_device`).
+    StoreError: if the out folder cannot be written or is in use, or holds a
+      results file with a line that is not a record.
   """
   reporter = reporter or Reporter()
   t0 = time.perf_counter()
   if options.jobs < 0:
     raise GridError(f"--jobs must be >= 0, got {options.jobs}")
+  grid_lib.shard((), options.num_shards, options.shard_index)  # (checks the pair)
   target = make_target(TargetRef(options.target, options.args))
-  p = plan(options, target)
+  check_device(options)
+  g = build_grid(options)
+  check_size(options, g)
+  if g.size > MAX_POINTS:
+    reporter.message(f"planning {g.size:,} grid points")
+  p = plan(options, target, g)
   shard = [options.shard_index, options.num_shards]
   ran = failed = skipped = 0
   if not options.report_only:
@@ -531,7 +617,7 @@ def run_sweep(options: SweepOptions, reporter: Reporter | None = None) -> SweepR
         reporter.point(record, skipped + ran, len(p.shard_points))
 
       if store.state.repaired:
-        reporter.message(f"repaired {store.jsonl_path}: dropped a torn last line")
+        reporter.message(f"repaired {store.jsonl_path}: {store.state.repaired}")
       workers = min(options.jobs, len(tasks))
       reporter.message(
           f"sweep {options.target}: {len(p.points)} points"

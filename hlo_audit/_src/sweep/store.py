@@ -4,11 +4,15 @@ point finishes, so a killed sweep resumes with nothing lost or doubled.
 Files in the out folder, per shard: `results.jsonl` and `results.csv` for an
 unsharded sweep, `results-<i>-of-<n>.jsonl` / `.csv` for shard i of n. Each
 record is one JSON line, written, flushed and fsynced before the next point
-is reported done. A kill can leave at most one torn last line: opening the
-store drops it, and rewrites the CSV from the JSONL (the CSV may have lagged a
-row or been torn too). A lock file keeps two sweeps from writing one shard's
-files at once. Readers (`load_records`) merge every shard's file, one record
-per point id: a finished point over a failed one, then the later one.
+is reported done. A kill can leave at most one torn last line (a record cut
+short, without its newline): opening the store drops it, and rewrites the CSV
+from the JSONL (the CSV may have lagged a row or been torn too). A bad line
+anywhere else, or a line that is JSON but not a record, was not left by a
+kill: the file was edited or damaged, and reading it stops with the file and
+line (`StoreError`) rather than drop or rewrite what someone wrote there. A
+lock file keeps two sweeps from writing one shard's files at once. Readers
+(`load_records`) merge every shard's file, one record per point id: a
+finished point over a failed one, then the later one.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from typing import Any
 
 from hlo_audit._src.analysis.records import FindingKind
 from hlo_audit._src.errors import HloAuditError
+from hlo_audit._src.report.safe import printable
 
 #: Version of the record layout (`schema` in every record).
 RECORD_SCHEMA = 1
@@ -83,33 +88,76 @@ def shard_stem(num_shards: int, shard_index: int) -> str:
 
 
 def read_jsonl(path: str) -> tuple[list[dict], bool]:
-  """Records of one JSONL file, and whether it needs repair (a torn or
-  malformed line was skipped). A missing file has no records."""
+  """Records of one JSONL file, and whether its last line needs repair (torn,
+  and dropped; or whole but without its newline). A missing file has no
+  records.
+
+  Raises:
+    StoreError: for a line that is not a record (see the module docstring).
+  """
+  records, repair = _read_jsonl(path)
+  return records, bool(repair)
+
+
+def _read_jsonl(path: str) -> tuple[list[dict], str]:
+  """`read_jsonl`, with the repair the last line needs in words ('' for
+  none)."""
   try:
     with open(path, "rb") as f:
       data = f.read()
   except FileNotFoundError:
-    return [], False
-  records, damaged = [], False
+    return [], ""
+  except OSError as e:
+    raise StoreError(f"cannot read {path!r}: {e.strerror}") from None
   lines = data.split(b"\n")
-  if lines and lines[-1] == b"":
-    lines.pop()
-  elif lines:
-    damaged = True  # The last line has no newline: a write cut short.
-    lines.pop()
-  for line in lines:
+  tail = lines.pop()  # b"" when the file ends with a newline, as written.
+  records = []
+  for number, line in enumerate(lines, 1):
     if not line.strip():
       continue
     try:
       rec = json.loads(line)
     except (json.JSONDecodeError, UnicodeDecodeError):
-      damaged = True
-      continue
-    if isinstance(rec, dict) and "id" in rec:
-      records.append(rec)
-    else:
-      damaged = True
-  return records, damaged
+      raise _bad_line(path, number, "not JSON") from None
+    why = record_problem(rec)
+    if why:
+      raise _bad_line(path, number, why)
+    records.append(rec)
+  if not tail.strip():
+    return records, ""
+  try:
+    rec = json.loads(tail)
+  except (json.JSONDecodeError, UnicodeDecodeError):
+    # A record cut short is never whole JSON: this is what a kill leaves.
+    return records, "dropped a torn last line"
+  why = record_problem(rec)
+  if why:
+    raise _bad_line(path, len(lines) + 1, why)
+  records.append(rec)
+  return records, "ended its last line, which had no newline"
+
+
+def record_problem(rec: Any) -> str | None:
+  """Why a line's JSON is not a sweep record (what readers rely on: an id,
+  a status, the parameters), or None."""
+  if not isinstance(rec, dict):
+    kind = ("array" if isinstance(rec, list) else "string" if isinstance(rec, str)
+            else "null" if rec is None else "boolean" if isinstance(rec, bool)
+            else "number")
+    return f"not a sweep record (a JSON {kind}, not an object)"
+  missing = [k for k, kind in (("id", str), ("status", str), ("params", dict))
+             if not isinstance(rec.get(k), kind)]
+  if "id" not in missing and not rec["id"]:
+    missing.insert(0, "id")
+  if missing:
+    return f"not a sweep record (no valid {', '.join(missing)})"
+  return None
+
+
+def _bad_line(path: str, number: int, why: str) -> StoreError:
+  return StoreError(f"{printable(path)}:{number}: {why}; only the last line can be "
+                    "torn by a kill, so this file was edited or damaged: mend or "
+                    "delete that line, or use another --out")
 
 
 def _better(new: Mapping, old: Mapping) -> bool:
@@ -184,8 +232,9 @@ class OpenState:
   records: tuple[dict, ...]
   #: Ids of points finished ok, or failed and not to be retried.
   done: frozenset[str]
-  #: Torn or malformed lines dropped from this shard's JSONL.
-  repaired: bool
+  #: What was mended in this shard's JSONL ('dropped a torn last line'), or
+  #: '' for nothing.
+  repaired: str
   #: Failed records dropped from this shard's JSONL to be run again.
   retried: int
 
@@ -217,8 +266,8 @@ class ResultStore:
     """Locks the shard, repairs its files, and opens them for appending.
 
     Raises:
-      StoreError: if the folder cannot be written or another sweep holds the
-        shard.
+      StoreError: if the folder cannot be written, another sweep holds the
+        shard, or a results file has a line that is not a record.
     """
     try:
       os.makedirs(self.out_dir, exist_ok=True)
@@ -232,15 +281,19 @@ class ResultStore:
       self._lock = None
       raise StoreError(f"another sweep is writing {self.jsonl_path!r}; wait for it "
                        "or use another --out") from None
-    own, damaged = read_jsonl(self.jsonl_path)
+    try:
+      own, repair = _read_jsonl(self.jsonl_path)
+      everything = merge(load_records(self.out_dir))
+    except StoreError:
+      self.close()
+      raise
     kept = merge(own)
     retried = 0
     if self.retry_failed:
       retried = sum(r.get("status") != "ok" for r in kept)
       kept = [r for r in kept if r.get("status") == "ok"]
-    if damaged or len(kept) != len(own):
+    if repair or len(kept) != len(own):
       _atomic_write(self.jsonl_path, "".join(json.dumps(r) + "\n" for r in kept))
-    everything = merge(load_records(self.out_dir))
     if self.retry_failed:
       everything = [r for r in everything if r.get("status") == "ok"]
     # Parameter columns: this run's, then any older records' in order.
@@ -259,7 +312,7 @@ class ResultStore:
     self._writer = csv.writer(self._csv, lineterminator="\n")
     return OpenState(records=tuple(everything),
                      done=frozenset(r["id"] for r in everything),
-                     repaired=damaged, retried=retried)
+                     repaired=repair, retried=retried)
 
   def append(self, record: Mapping) -> None:
     """Writes one finished point to the JSONL (synced) and the CSV."""

@@ -38,7 +38,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from hlo_audit._src.hlo import dtypes as hlo_dtypes
+from hlo_audit._src.report.safe import printable
 from hlo_audit._src.sweep.grid import GridError, Value
+
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Param:
@@ -332,42 +334,77 @@ _OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
         ast.FloorDiv: operator.floordiv}
 
 
-def _eval_int(expr: str, values: Mapping[str, Value], where: str) -> Value:
-  """Evaluates a placeholder: a grid name, or integer arithmetic of names."""
+def _shown(expr: str) -> str:
+  """A placeholder as a message shows it (the user's text, made printable)."""
+  return "{" + printable(expr) + "}"
+
+
+def _parse_placeholder(expr: str, where: str) -> ast.expr:
   try:
-    tree = ast.parse(expr.strip(), mode="eval").body
-  except SyntaxError:
-    raise GridError(f"{where}: {{{expr}}} is not a name or an integer expression") from None
+    return ast.parse(expr.strip(), mode="eval").body
+  # ValueError: a NUL byte; RecursionError, MemoryError: the parser's stack,
+  # for operators nested thousands deep.
+  except (SyntaxError, ValueError, RecursionError, MemoryError):
+    raise GridError(f"{where}: {_shown(expr)} is not a name or an integer expression") from None
+
+
+def _at(tree: ast.expr, values: Mapping[str, Value]) -> str:
+  """' at b=8, d=0': the point's values of the names an expression uses (''
+  for a bare name, whose value the message shows already)."""
+  if isinstance(tree, ast.Name):
+    return ""
+  names = sorted({n.id for n in ast.walk(tree) if isinstance(n, ast.Name)})
+  return (" at " + ", ".join(f"{n}={values.get(n)}" for n in names)) if names else ""
+
+
+def _is_int(v) -> bool:
+  return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _eval_int(expr: str, values: Mapping[str, Value], where: str) -> Value:
+  """Evaluates a placeholder: a grid name, or integer arithmetic of names.
+
+  Raises:
+    GridError: naming the expression, and the point's values where they are
+      at fault (a division by zero, arithmetic on a string).
+  """
+  tree = _parse_placeholder(expr, where)
 
   def ev(node):
     if isinstance(node, ast.Name):
       if node.id not in values:
-        raise GridError(f"{where}: {{{expr}}} uses {node.id!r}, which the grid does not set")
+        raise GridError(f"{where}: {_shown(expr)} uses {node.id!r}, which the grid does not set")
       return values[node.id]
-    if isinstance(node, ast.Constant) and isinstance(node.value, int):
+    if isinstance(node, ast.Constant) and _is_int(node.value):
       return node.value
     if isinstance(node, ast.BinOp) and type(node.op) in _OPS:
       a, b = ev(node.left), ev(node.right)
-      if not (isinstance(a, int) and isinstance(b, int)) or isinstance(a, bool) or isinstance(b, bool):
-        raise GridError(f"{where}: {{{expr}}} does arithmetic on non-integers")
+      if not (_is_int(a) and _is_int(b)):
+        raise GridError(f"{where}: {_shown(expr)} does arithmetic on non-integers"
+                        f"{_at(tree, values)}")
+      if isinstance(node.op, ast.FloorDiv) and b == 0:
+        raise GridError(f"{where}: {_shown(expr)} divides by zero{_at(tree, values)}")
       return _OPS[type(node.op)](a, b)
     if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
-      return -ev(node.operand)
-    raise GridError(f"{where}: {{{expr}}} is not a name or an integer expression "
+      a = ev(node.operand)
+      if not _is_int(a):
+        raise GridError(f"{where}: {_shown(expr)} does arithmetic on non-integers"
+                        f"{_at(tree, values)}")
+      return -a
+    raise GridError(f"{where}: {_shown(expr)} is not a name or an integer expression "
                     "(+ - * // and parentheses)")
 
-  return ev(tree)
+  try:
+    return ev(tree)
+  except RecursionError:
+    raise GridError(f"{where}: {_shown(expr)} is nested too deeply") from None
 
 
 def template_names(template: str) -> tuple[str, ...]:
   """The grid names an `--args` template uses, in order of first use."""
   names: list[str] = []
   for m in _PLACEHOLDER.finditer(template):
-    try:
-      tree = ast.parse(m.group(1).strip(), mode="eval")
-    except SyntaxError:
-      raise GridError(f"--args: {{{m.group(1)}}} is not a name or an integer "
-                      "expression") from None
+    tree = _parse_placeholder(m.group(1), "--args")
     for node in ast.walk(tree):
       if isinstance(node, ast.Name) and node.id not in names:
         names.append(node.id)
@@ -379,7 +416,9 @@ def render_args(template: str, values: Mapping[str, Value]) -> tuple[str, ...]:
   ('f32[8,128]'), labels dropped.
 
   Raises:
-    GridError: for a malformed entry or an unknown element type.
+    GridError: for a malformed entry, an unknown element type, or a
+      placeholder whose value at this point is not a dimension (a
+      non-negative integer) inside the brackets.
   """
   from hlo_audit._src.cli.common import UsageError
   from hlo_audit._src.cli.run_cmd import parse_arg_spec
@@ -389,9 +428,18 @@ def render_args(template: str, values: Mapping[str, Value]) -> tuple[str, ...]:
     if not entry.strip():
       continue
     where = f"--args entry {entry.strip()!r}"
+    # Placeholders after the first '[' (outside placeholders) are dimensions.
+    masked = _PLACEHOLDER.sub(lambda m: "_" * len(m.group(0)), entry)
+    bracket_at = masked.find("[")
 
     def sub(m):
       v = _eval_int(m.group(1), values, where)
+      if 0 <= bracket_at < m.start():
+        if not _is_int(v) or v < 0:
+          at = _at(_parse_placeholder(m.group(1), where), values)
+          raise GridError(f"{where}: {_shown(m.group(1))} is {v!r}{at}, not a dimension "
+                          "(a non-negative integer)")
+        return str(v)
       return _hlo_type(v, where) if isinstance(v, str) else str(v)
 
     text = _PLACEHOLDER.sub(sub, entry).strip()

@@ -111,7 +111,7 @@ def parse_spec(text: str, *, source: str, name: str | None = None) -> GpuSpec:
   Raises:
     TargetError: when the text is not a GPU spec (no `gpu_device_info`).
   """
-  if "gpu_device_info" not in text:
+  if not re.search(r"(?m)^\s*gpu_device_info\s*[{<:]", text):
     raise TargetError(f"{source}: not a GpuTargetConfigProto text (no gpu_device_info)")
   m = re.search(r'device_description_str:\s*"([^"]*)"', text)
   kind = m.group(1) if m else ""
@@ -129,6 +129,109 @@ def parse_spec(text: str, *, source: str, name: str | None = None) -> GpuSpec:
   return GpuSpec(name=name or name_for(kind) or source, device_kind=kind,
                  compute_capability=capability, core_count=number("core_count"),
                  memory_bytes=number("device_memory_size"), source=source, text=text)
+
+
+# Protobuf's text format, as far as telling well-formed from not: comments,
+# strings (adjacent ones concatenate), numbers, identifiers, punctuation.
+_TOKEN = re.compile(r"""
+    (?P<space>\s+|\#[^\n]*)
+  | (?P<string>"(?:[^"\\\n]|\\.)*"|'(?:[^'\\\n]|\\.)*')
+  | (?P<number>-?(?:0[xX][0-9a-fA-F]+|(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?[fF]?))
+  | (?P<ident>-?[A-Za-z_][\w]*)
+  | (?P<punct>[{}<>\[\]:,;/.])
+""", re.VERBOSE)
+
+
+_WORDS = {"ident": "a name", "number": "a number", "string": "a string"}
+
+
+def check_text_proto(text: str, source: str) -> None:
+  """Checks that `text` is well-formed protobuf text format (fields
+  `name: value`, `name { ... }`, `name: [ ... ]`, `[extension.name]`).
+
+  XLA would otherwise reject a malformed spec only when it compiles, with
+  no line to point at; a well-formed text of the wrong message is caught by
+  `parse_spec`'s field checks.
+
+  Raises:
+    TargetError: `source:line:col: what was expected, and the text there`.
+  """
+  tokens = []  # (kind, text, offset)
+  pos = 0
+  while pos < len(text):
+    m = _TOKEN.match(text, pos)
+    if m is None:
+      _syntax(text, source, pos, "unexpected character")
+    if m.lastgroup != "space":
+      tokens.append((m.lastgroup, m.group(), pos))
+    pos = m.end()
+  tokens.append(("end", "", len(text)))
+  i = 0
+
+  def peek() -> tuple[str, str, int]:
+    return tokens[i]
+
+  def take(*want: str) -> tuple[str, str, int]:
+    nonlocal i
+    tok = tokens[i]
+    if tok[1] not in want and tok[0] not in want:
+      _syntax(text, source, tok[2], "expected " + " or ".join(_WORDS.get(w, repr(w))
+                                                              for w in want))
+    i += 1
+    return tok
+
+  def value() -> None:
+    kind, tok, _ = peek()
+    if tok in ("{", "<"):
+      take(tok)
+      fields("}" if tok == "{" else ">")
+    elif kind == "string":
+      while peek()[0] == "string":
+        take("string")
+    else:
+      take("number", "ident", "string")
+
+  def fields(close: str) -> None:
+    while peek()[1] != close:
+      if peek()[0] == "end":
+        _syntax(text, source, peek()[2], f"expected a field or {close!r}")
+      if peek()[1] == "[":  # an extension or Any type name
+        take("[")
+        take("ident")
+        while peek()[1] in (".", "/"):
+          take(peek()[1])
+          take("ident")
+        take("]")
+      else:
+        take("ident")
+      if peek()[1] == ":":
+        take(":")
+        if peek()[1] == "[":
+          take("[")
+          while peek()[1] != "]":
+            value()
+            if peek()[1] != "]":
+              take(",")
+          take("]")
+        else:
+          value()
+      elif peek()[1] in ("{", "<"):
+        value()
+      else:
+        take(":", "{")
+      if peek()[1] in (",", ";"):
+        take(peek()[1])
+    take(close)
+
+  fields("")
+
+
+def _syntax(text: str, source: str, pos: int, what: str):
+  line = text.count("\n", 0, pos) + 1
+  col = pos - (text.rfind("\n", 0, pos) + 1) + 1
+  here = text[pos:].split("\n", 1)[0][:40] if pos < len(text) else "end of file"
+  raise TargetError(f"{source}:{line}:{col}: malformed GpuTargetConfigProto text: {what}, "
+                    f"found {here!r}")
 
 
 # ------------------------------------------------------------- sources ----
@@ -220,11 +323,19 @@ def find_spec(name: str | os.PathLike) -> GpuSpec:
   if os.sep in text or text.endswith((".txtpb", ".pbtxt", ".textproto", ".txt")) or \
       os.path.isfile(text):
     try:
-      content = pathlib.Path(text).read_text(encoding="utf-8")
+      raw = pathlib.Path(text).read_bytes()
     except OSError as e:
       raise TargetError(f"target {text!r}: cannot read the spec file: "
                         f"{e.strerror or e}") from None
-    return parse_spec(content, source=text, name=text)
+    try:
+      content = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+      line = raw.count(b"\n", 0, e.start) + 1
+      raise TargetError(f"target {text!r}: not a GpuTargetConfigProto text file: byte "
+                        f"0x{raw[e.start]:02x} on line {line} is not UTF-8") from None
+    spec = parse_spec(content, source=text, name=text)  # (is it a spec at all?)
+    check_text_proto(content, text)
+    return spec
   key = normalize(text)
   for spec in (*plugin_specs(), *bundled_specs()):
     if spec.name == key:

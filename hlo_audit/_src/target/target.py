@@ -222,8 +222,9 @@ def get_target(name: str | os.PathLike | Target, *, gpus: int | None = None,
   else:
     spec = specs_mod.find_spec(name)
     if not spec.is_cuda:
-      raise TargetError(f"target {spec.name!r} ({spec.device_kind or 'no device'}) is "
-                        "not a CUDA GPU: the CUDA plugin cannot compile for it")
+      raise TargetError(f"target {spec.name!r} ({spec.device_kind or 'no device_description_str'}) "
+                        "is not a CUDA GPU (its spec has no cuda_compute_capability): the "
+                        "CUDA plugin cannot compile for it")
     target = Target(name=spec.name, platform="cuda", device_kind=spec.device_kind,
                     spec=spec)
   if gpus is not None:

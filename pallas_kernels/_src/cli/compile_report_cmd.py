@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import sys
 
 from pallas_kernels._src.cli.common import ExitCode, UsageError
 
@@ -64,6 +65,7 @@ def _mosaic_gpu(args: argparse.Namespace) -> ExitCode:
   cases = [c for c in compile_report.default_cases() if args.case in c.name]
   ours = compile_report.report(cases)
   theirs = None if args.no_jax else compile_report.report(compile_report.jax_reference_cases())
+  _say_sass_skipped([r for r in (ours, theirs) if r is not None])
   if args.json:
     print(json.dumps({name: {"rows": [dataclasses.asdict(r) for r in rep.rows],
                              "notes": rep.notes, "errors": rep.errors, "fits": rep.fits}
@@ -84,6 +86,16 @@ def _mosaic_gpu(args: argparse.Namespace) -> ExitCode:
   print(f"\n{len(ours.rows)} kernels compiled, {len(bad)} spill or exceed shared memory, "
         f"{len(ours.errors)} cases did not compile")
   return ExitCode.OK if ours.fits else ExitCode.FAILED
+
+
+def _say_sass_skipped(reports) -> None:
+  """One line on stderr for every kernel whose SASS Mosaic GPU's dump could
+  not list (the report reads ptxas's output and the PTX, never SASS)."""
+  skipped = sum(r.sass_skipped for r in reports)
+  if skipped:
+    reason = next(r.sass_reason for r in reports if r.sass_reason)
+    print(f"note: nvdisasm could not disassemble {skipped} kernels ({reason}): SASS "
+          "listing skipped; the report does not use it", file=sys.stderr)
 
 
 def _triton(args: argparse.Namespace) -> ExitCode:

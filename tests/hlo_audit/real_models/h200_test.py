@@ -289,7 +289,7 @@ EXAMPLE_JUDGED = (
     ("separate-reduction", "triton_softmax.3", "log_softmax"),
     ("separate-reduction", "loop_reduce_fusion.1", "column_reduction"),
     ("separate-reduction", "loop_reduce_fusion.2", "column_reduction"),
-    ("separate-reduction", "loop_select_fusion", "column_reduction"),
+    ("separate-reduction", "loop_select_fusion", "total"),
     ("undonated-argument", "params", "params['emb']"),
 )
 
@@ -316,3 +316,15 @@ def test_the_fixture_is_what_xla_gpu_compiles_today():
   kept = hlo_audit.parse_hlo(h200_support.fixture("linen_mlp"))
   assert sorted(i.name for i in live.entry.instructions) == \
       sorted(i.name for i in kept.entry.instructions)
+
+
+def test_a_norm_between_two_gemms_is_no_attention_chain():
+  # A GQA decode step (model_kv_decode.py): x + attn @ w_o, XLA's Triton
+  # RMSNorm, then @ w_gate reads a gemm and feeds one, as attention's
+  # softmax does; only a kernel computing a softmax (its max and exp; the
+  # backward recomputes it) makes the chain attention.
+  r = _report("kv_decode")
+  chains = {f.boundary: f for f in r.findings if "attention" in f.ops}
+  assert set(chains) == {"gemm_fusion_dot.8", "gemm_fusion_dot.10"}, sorted(chains)
+  assert not [f for f in r.findings if f.boundary_shape == "bf16[4,256]" and
+              f.kind is FindingKind.SEPARATE_REDUCTION]

@@ -26,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import importlib
+import os
 import pathlib
 import re
 
@@ -40,10 +41,36 @@ MODELS = ("linen_mlp", "nnx_vit", "equinox_mlp", "scan_remat", "bn_cnn", "donate
           "bf16_mlp", "lstm", "eqx_layernorm2d", "groupnorm_cnn", "moe", "grad_accum",
           "bert_mlm")
 
+#: Models whose truth is read (every finding judged, the HLO's boundaries
+#: expected) but which the audit still gets wrong in places: the suite's
+#: open bugs, listed in docs/truth.md. Their tests require every finding
+#: judged and hold the wrong findings and the missed boundaries at most
+#: where they stand, per target: model -> {target: (wrong, missed)}, the
+#: most over the supported jax versions. A fix lowers them; when both reach
+#: zero and the peak holds within 1% of XLA's, the model joins `MODELS`.
+PENDING = {
+    "kv_decode": {"cpu": (12, 18), "h200": (3, 6)},
+    "ce_head": {"cpu": (1, 1), "h200": (1, 1)},
+    "jaxmd_lj": {"cpu": (2, 2), "h200": (5, 3)},
+    # Every finding right on both targets; the CPU peak is 2.1% below XLA's,
+    # and a live H200 compile of it fails in equinox's error checks.
+    "diffrax_ode": {"cpu": (0, 0), "h200": (0, 0)},
+    "penzai_llama": {"cpu": (2, 9), "h200": (4, 12)},
+    "dot_attention": {"cpu": (9, 9), "h200": (0, 0)},
+    "keras_mobilenet": {"cpu": (2, 13), "h200": (5, 19)},
+    "haiku_lm": {"cpu": (1, 0), "h200": (8, 7)},
+}
+
 #: Models whose library is an optional test dependency (skipped without it):
 #: the module to import, and what to install (transformers' Flax models
-#: ended with 4.x).
-OPTIONAL = {"bert_mlm": ("transformers", "transformers<5")}
+#: ended with 4.x; jax-md pulls in heavy dependencies, so the `test` extra
+#: leaves it out).
+OPTIONAL = {"bert_mlm": ("transformers", "transformers<5"),
+            "jaxmd_lj": ("jax_md", "jax-md"),
+            "penzai_llama": ("penzai", "penzai"),
+            "keras_mobilenet": ("keras", "keras>=3"),
+            "haiku_lm": ("haiku", "dm-haiku"),
+            "diffrax_ode": ("diffrax", "diffrax")}
 
 #: Classes that propose no change: not scored.
 UNSCORED = frozenset({FindingKind.KEEP_REUSE, FindingKind.ALREADY_FUSED})
@@ -159,6 +186,9 @@ def missing_library(name: str) -> str:
   lib, requirement = OPTIONAL.get(name, (None, ""))
   if lib is None:
     return ""
+  # keras 3 picks its backend at import (tensorflow unless told): the suite's
+  # keras model runs on JAX, as its file says before importing keras.
+  os.environ.setdefault("KERAS_BACKEND", "jax")
   try:
     importlib.import_module(lib)
   except ImportError:

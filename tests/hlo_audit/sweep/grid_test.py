@@ -41,6 +41,15 @@ def test_parse_value():
 
 def test_empty_grid_is_one_default_point():
   assert Grid().points() == ({},)
+  assert Grid().size == 1
+
+
+def test_size_counts_points_without_making_them(monkeypatch):
+  g = parse_grid(";".join(f"n{i}=" + ",".join(map(str, range(10))) for i in range(12)))
+  g = Grid(axes=g.axes, extra=({"n0": 1}, {"n1": 2}))
+  monkeypatch.setattr(Grid, "points", lambda self: pytest.fail("points made"))
+  assert g.size == 10**12 + 2
+  assert Grid(extra=({"a": 1},)).size == 1
 
 
 def test_toml_file_with_grid_and_extra_points(tmp_path):
@@ -56,7 +65,7 @@ def test_toml_file_with_grid_and_extra_points(tmp_path):
 
 def test_json_file_bare_table_and_cli_grid_replaces_its_lists(tmp_path):
   p = tmp_path / "g.json"
-  p.write_text(json.dumps({"batch": [1, 2, 4], "seq": 16}))
+  p.write_text(json.dumps({"batch": [1, 2, 4], "seq": [16]}))
   g = load_grid_file(p).replace_axes(parse_grid("batch=8;vocab=32"))
   assert g.points() == ({"batch": 8, "seq": 16, "vocab": 32},)
 
@@ -67,6 +76,15 @@ def test_json_file_bare_table_and_cli_grid_replaces_its_lists(tmp_path):
     ("g.json", '{"grid": {"b": [[1]]}}', "is not a number, boolean or string"),
     ("g.json", '{"grid": {}, "extra": 1}', "unknown top-level keys"),
     ("g.toml", "points = 3", "'points' must be a list of tables"),
+    # A bare value: the file, the name, and that a list is expected.
+    ("g.toml", '[grid]\nb = "notalist"',
+     r"--grid-file '.*g\.toml', grid\.b: expected a list of values, got the string "
+     r"'notalist' \(one value is a one-item list: b = \[\"notalist\"\]\)"),
+    ("g.json", '{"grid": {"b": "notalist"}}',
+     r"g\.json', grid\.b: expected a list of values, got the string 'notalist' "
+     r"\(one value is a one-item list: \"b\": \[\"notalist\"\]\)"),
+    ("g.json", '{"seq": 16}', r"grid\.seq: expected a list of values, got the number 16"),
+    pytest.param("g.json", "[" * 100_000, "g.json", id="deeply-nested"),
 ])
 def test_bad_grid_files(tmp_path, name, body, message):
   p = tmp_path / name

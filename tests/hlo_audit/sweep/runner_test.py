@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import csv
+import io
 import json
 import os
 
 import pytest
 
 from hlo_audit._src.sweep.grid import GridError
-from hlo_audit._src.sweep.runner import (PlannedPoint, SweepOptions, Task, WorkerPool, plan,
-                                         point_line, run_sweep)
+from hlo_audit._src.sweep import grid as grid_lib
+from hlo_audit._src.sweep.runner import (PlannedPoint, RichReporter, SweepOptions, Task,
+                                         WorkerPool, plan, point_line, run_sweep,
+                                         shard_size)
 from hlo_audit._src.sweep.store import read_jsonl
 from hlo_audit._src.sweep.targets import Measure, TargetRef
 
@@ -107,7 +110,7 @@ def test_plan_merges_identical_points_and_checks_up_front(model, tmp_path):
   with pytest.raises(GridError, match="apply to kernel targets"):
     plan(SweepOptions(target="example", out=str(tmp_path),
                       measure=Measure(validate=True)))
-  with pytest.raises(GridError, match="--plot_x 'seq' is not a parameter"):
+  with pytest.raises(GridError, match="--plot-x 'seq' is not a parameter"):
     plan(options(model, tmp_path, "b=1;d=8", plot_x="seq"))
   # Measuring more makes a different point (a rerun with --time is not skipped).
   timed = plan(SweepOptions(target="softmax", out=str(tmp_path), grid="rows=8",
@@ -155,3 +158,44 @@ def test_a_sweep_written_before_estimates_resumes_and_reports(model, tmp_path):
   md = (out / "report.md").read_text()
   assert "(1 of 2 ok points estimated)" in md and "![time.png](time.png)" in md
   assert (out / "time.png").exists()
+
+
+def test_a_grid_over_max_points_stops_before_any_point_is_made(model, tmp_path,
+                                                                monkeypatch):
+  monkeypatch.setattr(grid_lib.Grid, "points", lambda self: pytest.fail("points made"))
+  grid = "b=" + ",".join(map(str, range(1, 101))) + ";d=" + ",".join(map(str, range(100)))
+  with pytest.raises(GridError, match=r"^10,000 points to run \(grid: b 100 x d 100; over "
+                     r"--max-points 9,999\); pass --yes to run them, or narrow the grid$"):
+    run_sweep(options(model, tmp_path / "out", grid, max_points=9_999))
+  with pytest.raises(GridError, match=r"^3,334 points to run \(shard 0 of 3 of a "
+                     r"10,000-point grid: b 100 x d 100; over --max-points 3,000\)"):
+    run_sweep(options(model, tmp_path / "out", grid, max_points=3_000, num_shards=3))
+  assert not (tmp_path / "out").exists()
+
+
+def test_shard_size_is_the_length_of_the_shard():
+  for total in range(12):
+    for n in range(1, 5):
+      for i in range(n):
+        assert shard_size(total, n, i) == len(grid_lib.shard(range(total), n, i))
+  # (len(range) would overflow here.)
+  assert shard_size(10**30, 7, 3) == range(3, 10**30, 7)[-1] // 7 + 1
+
+
+def test_progress_lines_print_the_users_text_as_it_is():
+  from rich.console import Console
+
+  buf = io.StringIO()
+  # A console that reads markup and emoji codes: the reporter must not.
+  reporter = RichReporter(Console(file=buf, width=300, force_terminal=False))
+  reporter.message("sweep X.py:ok: [bold red]1 point\x1b[2J")
+  reporter.start(1, 0, "[bold red]x/X.py:ok:", ["tag"])
+  reporter.point({"id": "p0", "status": "error", "params": {"tag": "[bold red]:ok:"},
+                  "error": "ValueError: \x1b]8;;http://x\x07link", "seconds": {"total": 0.1}},
+                 1, 1)
+  reporter.stop()
+  out = buf.getvalue()
+  assert "sweep X.py:ok: [bold red]1 point\\x1b[2J" in out
+  assert "[1/1] FAIL tag=[bold red]:ok: (0.1 s): ValueError: \\x1b]8;;http://x\\x07link" in out
+  assert "[bold red]x/X.py:ok:" in out
+  assert "\x1b" not in out and "\x07" not in out and "\U0001f197" not in out

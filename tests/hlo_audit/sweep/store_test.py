@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 
 import pytest
 
@@ -135,3 +136,47 @@ def test_the_estimated_step_has_columns_and_older_records_leave_them_blank(tmp_p
   assert [rows["p2"][c] for c in TIME_COLUMNS] == [""] * 6
   assert [rows["p3"][c] for c in TIME_COLUMNS] == ["0.0015", "0.001", "0.00025", "0.0002",
                                                    "5e-05", "h200"]
+
+
+@pytest.mark.parametrize("bad, why", [
+    ("garbage", "not JSON"),
+    ("42", r"not a sweep record \(a JSON number, not an object\)"),
+    ("[]", r"not a sweep record \(a JSON array, not an object\)"),
+    ('{"id": "p9"}', r"not a sweep record \(no valid status, params\)"),
+    ('{"id": "", "status": "ok", "params": {}}', r"not a sweep record \(no valid id\)"),
+])
+def test_a_bad_line_before_the_last_is_not_a_tear_and_stops_the_store(tmp_path, bad, why):
+  with ResultStore(str(tmp_path), ["batch"]) as s:
+    for i in range(3):
+      s.append(rec(i))
+  jsonl = tmp_path / "results.jsonl"
+  lines = jsonl.read_text().splitlines(keepends=True)
+  jsonl.write_text("".join([lines[0], bad + "\n", *lines[1:]]))
+  before = jsonl.read_bytes()
+  message = f"^{re.escape(str(jsonl))}:2: {why}; only the last line can be torn by a kill"
+  with pytest.raises(StoreError, match=message):
+    read_jsonl(str(jsonl))
+  with pytest.raises(StoreError, match=message):
+    load_records(str(tmp_path))
+  with pytest.raises(StoreError, match=message):
+    ResultStore(str(tmp_path), ["batch"]).open()
+  assert jsonl.read_bytes() == before  # Nothing dropped or rewritten.
+  # The lock was let go: a mended file opens.
+  jsonl.write_text("".join(lines))
+  with ResultStore(str(tmp_path), ["batch"]) as s:
+    assert s.state.done == {"p0", "p1", "p2"} and not s.state.repaired
+
+
+def test_the_last_line_whole_but_without_its_newline_is_kept(tmp_path):
+  jsonl = tmp_path / "results.jsonl"
+  jsonl.write_text(json.dumps(rec(1)) + "\n" + json.dumps(rec(2)))
+  assert [r["id"] for r in read_jsonl(str(jsonl))[0]] == ["p1", "p2"]
+  with ResultStore(str(tmp_path), ["batch"]) as s:
+    assert s.state.done == {"p1", "p2"} and "no newline" in s.state.repaired
+    s.append(rec(3))
+  records, damaged = read_jsonl(str(jsonl))
+  assert not damaged and [r["id"] for r in records] == ["p1", "p2", "p3"]
+  # A last line that is JSON but no record was written by hand, not torn.
+  jsonl.write_text(json.dumps(rec(1)) + "\n42")
+  with pytest.raises(StoreError, match=":2: not a sweep record"):
+    read_jsonl(str(jsonl))

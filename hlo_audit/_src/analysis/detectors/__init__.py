@@ -17,8 +17,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from hlo_audit._src.analysis.detectors import (already_fused, broadcasts, copies, epilogues,
-                                               keep_reuse, loop_invariant, prologues,
-                                               reductions, slices)
+                                               in_place, keep_reuse, loop_invariant,
+                                               prologues, reductions, slices)
 from hlo_audit._src.analysis.detectors.merge import epilogue_or_prologue, one_per_boundary
 from hlo_audit._src.analysis.kernel_library import with_kernels
 from hlo_audit._src.analysis.program import Program
@@ -30,7 +30,7 @@ from hlo_audit._src.analysis.suggestions import add_suggestions
 #: merged (a tie between two records of one boundary goes to the first).
 DETECTORS = (copies.find, broadcasts.find, epilogues.find, already_fused.find,
              prologues.find, reductions.find, slices.find, loop_invariant.find,
-             keep_reuse.find)
+             keep_reuse.find, in_place.find)
 
 
 def find(program: Program) -> tuple[FusionDecisionRecord, ...]:

@@ -167,7 +167,8 @@ def product(dims) -> int:
 def activation_of(names: set[str], ops: set[str], comp: Computation,
                   chain: list[Instruction]) -> str | None:
   """The activation elementwise work `chain` of `comp` computes ("gelu",
-  "gelu_tanh", "tanh", "sigmoid+tanh", "silu", "sigmoid", "relu"), judged
+  "gelu_tanh", "tanh", "sigmoid+tanh", "softplus", "silu", "sigmoid",
+  "relu"), judged
   by its primitive `names` and `ops`; None for none."""
   if names & {"erf", "erfc"} or "erf" in ops:
     return "gelu"
@@ -177,6 +178,10 @@ def activation_of(names: set[str], ops: set[str], comp: Computation,
     if _sigmoid_input(comp, chain) is not None:
       return "sigmoid+tanh"  # a recurrent cell's gates (LSTM, GRU)
     return "tanh"
+  if (names & {"log1p"} or "log-plus-one" in ops) and (
+      names & {"exp", "exponential"} or "exponential" in ops):
+    # jax.nn.softplus: max(x, 0) + log1p(exp(-|x|)) -- its maximum is no relu.
+    return "softplus"
   sigmoid = _sigmoid_input(comp, chain)
   if sigmoid is not None:
     by_name = {i.name: i for i in chain}

@@ -13,6 +13,7 @@ separate reductions.
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Sequence
 
 from hlo_audit._src.analysis import backend_traits as bt
@@ -124,9 +125,11 @@ def find(program: Program) -> tuple[FusionDecisionRecord, ...]:
     only = not others and len(reductions) == 1
     stats = None
     pattern = None
+    reducer = None
     for r in reductions:
       stats = stats or _statistics(program, r, buf)
-      pattern = pattern or _reduction_pattern(program, r, producer, stats, buf)
+      reducer = reducer or _reducer_of(program, r, buf)
+      pattern = pattern or _reduction_pattern(program, r, producer, stats, buf, reducer)
     if pattern == "contraction" and stats is not None:
       stats = dataclasses.replace(stats, affine=None)  # a weight, not a norm's scale
     # A pattern some kernel could compute asks the libraries; a norm's
@@ -136,7 +139,7 @@ def find(program: Program) -> tuple[FusionDecisionRecord, ...]:
     trip = producer.trip_count
     saved = 2 * buf.bytes if only else buf.bytes * len(reductions)
     what = _reduction_text(pattern, stats, buf, any(
-        "transpose(" in k.op_name for k in (producer, *reductions)))
+        "transpose(" in k.op_name for k in (producer, *reductions)), reducer)
     out.append(FusionDecisionRecord(
         kind=FindingKind.SEPARATE_REDUCTION, producer=producer.name,
         consumers=tuple(r.name for r in reductions) + tuple(others),
@@ -179,6 +182,12 @@ def _is_reduction_kernel(program: Program, r: Kernel) -> bool:
       and "dot" not in ops and "convolution" not in ops
       and r.kind is not KernelKind.PALLAS)):
     return False
+  comp = program.comps[r.computation]
+  if opcode == "reduce-window" and _is_scan(comp, inst):
+    return False  # a prefix sum or a sliding window: no statistics to fuse
+  fused = fused_computation(program, r) if opcode != "reduce" else None
+  if fused is not None and not _fused_reduces(program, fused):
+    return False  # its reduce-windows are all scans
   # (Asked last: it looks through the fused computation.)
   return ops.get("reduce", 0) != 1 or split_k_site(program, r) is None
 
@@ -206,8 +215,23 @@ def _fused_reduces(program: Program, fused: Computation) -> tuple[Instruction, .
   if found is None:
     found = program.tables.reduces[fused.name] = tuple(
         i for i in fused.instructions
-        if i.opcode in ("reduce", "reduce-window") and not bt.is_split_k_reduce(i))
+        if i.opcode in ("reduce", "reduce-window") and not bt.is_split_k_reduce(i)
+        and not _is_scan(fused, i))
   return found
+
+
+def _is_scan(comp: Computation, inst: Instruction) -> bool:
+  """Whether `inst` is a reduce-window whose result keeps every dim of its
+  operand: a prefix sum (`jnp.cumsum`, `lax.associative_scan`) or a
+  stride-1 sliding window, not a reduction to statistics. (XLA:CPU's first
+  stage of a tree reduction is a reduce-window too, striding to fewer
+  elements.)"""
+  if inst.opcode != "reduce-window" or not inst.operands or inst.shape is None:
+    return False
+  src = comp.instruction(inst.operands[0]) if inst.operands[0] in comp else None
+  if src is None or src.shape is None or not src.shape.is_array or not inst.shape.is_array:
+    return False
+  return tuple(src.shape.dims) == tuple(inst.shape.dims)
 
 
 def _sums_partials(program: Program, r: Kernel, operand: int) -> bool:
@@ -232,27 +256,54 @@ def _tree_stage(program: Program, producer: Kernel, buf: Buffer, r: Kernel) -> b
   """Whether `buf` holds partial results of one reduction XLA split over two
   kernels (a tree reduction: `producer` reduces part of the axes, `r`
   reduces the rest with the same reducer computation)."""
-  if "reduce" not in producer.fused_ops and producer.kind is not KernelKind.PALLAS:
+  if "reduce" not in producer.fused_ops and "reduce-window" not in producer.fused_ops and \
+      producer.kind is not KernelKind.PALLAS:
     return False  # (a fusion's ops count its body's; a Pallas group's, its members')
   found = fused_root(program.module, program.inst(producer), buf.index)
   if found is None:
     return False
   comp, root = found
   root = through_bitcasts(comp, root.name) or root
-  if root.opcode != "reduce":
+  # XLA:CPU's first stage may be a reduce-window striding over the axis.
+  if root.opcode not in ("reduce", "reduce-window") or _is_scan(comp, root):
     return False
-  reducer = root.called_computations.get("to_apply", ())
+  reducer = _reducer_name(root)
   operand = operand_number(program, r, buf)
-  if not reducer or operand is None:
+  if reducer is None or operand is None:
     return False
   # The second stage reduces the partial results themselves, with the same
-  # reducer (not a value computed from them, as a variance from a mean).
+  # reducer (not a value computed from them, as a variance from a mean):
+  # the same computation, or XLA's clone of it (`region_0.1.clone`).
   for where, i in _reduce_sites(program, r, operand):
     src = through_moves(where, i.operands[0]) if i.operands else None
-    if i.called_computations.get("to_apply", ()) == reducer and src is not None and \
+    if _reducer_name(i) == reducer and src is not None and \
         src.opcode == "parameter" and src.parameter_number == operand:
       return True
   return False
+
+
+def _reducer_name(inst: Instruction) -> str | None:
+  """The reducer computation's name, less the `.clone` suffixes XLA adds
+  when it splits a reduction (`region_0.1.clone` is `region_0.1`)."""
+  names = inst.called_computations.get("to_apply", ())
+  if len(names) != 1:
+    return None
+  return re.sub(r"(\.clone(\.\d+)?)+$", "", names[0])
+
+
+def reducer_op(program: Program, inst: Instruction) -> str | None:
+  """The opcode combining a reduce's (or reduce-window's) elements: "add",
+  "maximum", "minimum", "or", "and", "multiply"; None when its `to_apply`
+  is not one op of its two parameters."""
+  names = inst.called_computations.get("to_apply", ())
+  if len(names) != 1 or names[0] not in program.module:
+    return None
+  comp = program.module.computation(names[0])
+  root = comp.root
+  if len(root.operands) != 2 or not all(
+      o in comp and comp.instruction(o).opcode == "parameter" for o in root.operands):
+    return None  # a variadic reducer (argmax's value and index), or more work
+  return root.opcode
 
 
 def _needs_later_values(program: Program, r: Kernel, buf: Buffer, producer: Kernel,
@@ -336,9 +387,17 @@ def _attention_chain(program: Program, buf: Buffer, producer: Kernel,
                      softmaxes: list[Kernel]) -> FusionDecisionRecord | None:
   """One finding for gemm -> (XLA's one-kernel softmax) -> gemm: the scores
   and the probabilities are both written and read back; a fused attention
-  kernel keeps them on chip. None when no gemm sits on both sides."""
+  kernel keeps them on chip. None when no gemm sits on both sides, or the
+  kernel between them is no softmax."""
   if anchor_of(program, producer) != "dot":
     return None
+  # A softmax between the gemms (its max, exp and sum; the backward recomputes
+  # it), not a norm (an RMSNorm between a residual add and the next
+  # projection reads a gemm and feeds one too).
+  for r in softmaxes:
+    names = primitives(program, r)
+    if not names & {"exp", "exponential"} or not names & {"reduce_max", "max"}:
+      return None
   probs = [b for r in softmaxes for b in program.writes.get(r.name, ())]
   readers = [c for b in probs for c in consumer_kernels(program, b)]
   if not probs or not readers or not all(anchor_of(program, c) == "dot" for c in readers):
@@ -564,8 +623,24 @@ def _broadcasts(program: Program) -> dict[tuple[int, ...],
   return table
 
 
+def _reducer_of(program: Program, r: Kernel, buf: Buffer) -> str | None:
+  """The op combining the elements `r` reduces `buf` by (`reducer_op` of
+  the first reduce it reaches)."""
+  operand = operand_number(program, r, buf)
+  for _, site in _reduce_sites(program, r, operand):
+    op = reducer_op(program, site)
+    if op is not None:
+      return op
+  return None
+
+
+#: Patterns of reductions that are tests, not sums: by their reducer.
+_TESTS = {"or": "any", "and": "all"}
+
+
 def _reduction_pattern(program: Program, r: Kernel, producer: Kernel,
-                       stats: Statistics | None, buf: Buffer) -> str | None:
+                       stats: Statistics | None, buf: Buffer,
+                       reducer: str | None = None) -> str | None:
   """What a reduction computes, judged by its axes first and its ops second:
   "layer_norm", "rms_norm", "softmax" or "log_softmax" for a forward
   reduction over trailing axes; "norm_backward" for such a reduction in the
@@ -582,6 +657,13 @@ def _reduction_pattern(program: Program, r: Kernel, producer: Kernel,
   after = [r] + [program.kernels[c] for b in program.writes.get(r.name, ())
                  for c in b.consumers if c in program.kernels]
   backward = "transpose(" in r.op_name or "transpose(" in producer.op_name
+  if reducer in _TESTS:
+    return _TESTS[reducer]  # jnp.any / jnp.all: a mask's test, not statistics
+  if stats is not None and stats.axes and len(stats.axes) == len(stats.dims) and \
+      reducer in ("add", None):
+    # Every element into one value: a loss total, a global norm's sum of
+    # squares (optax.clip_by_global_norm); no bias, gamma or batch axis.
+    return "sum_of_squares" if _sums_squares(program, r, buf) else "total"
   if stats is not None:
     rank, axes = len(stats.dims), stats.axes
     trailing = bool(axes) and axes == tuple(range(rank - len(axes), rank)) and len(axes) < rank
@@ -607,6 +689,29 @@ def _reduction_pattern(program: Program, r: Kernel, producer: Kernel,
     return "log_softmax" if names & {"log", "log_softmax"} else "softmax"
   # A matrix-vector product XLA runs as multiply + reduce (a Dense(1)).
   return "contraction" if _contracts(program, r, buf) else None
+
+
+def _sums_squares(program: Program, r: Kernel, buf: Buffer) -> bool:
+  """Whether `r` reduces the square of `buf` (x * x, or x ** 2 as a power)."""
+  operand = operand_number(program, r, buf)
+  fused = fused_computation(program, r)
+  if operand is None or fused is None:
+    return False
+  for comp, red in _reduce_sites(program, r, operand):
+    if not red.operands:
+      continue
+    sq = through_moves(comp, red.operands[0])
+    if sq is None:
+      continue
+    if sq.opcode == "multiply" and len(sq.operands) == 2 and len(set(sq.operands)) == 1:
+      return True
+    if sq.opcode == "power" and len(sq.operands) == 2 and sq.operands[1] in comp:
+      exp = comp.instruction(sq.operands[1])
+      while exp.opcode in ("broadcast", "convert") and exp.operands and exp.operands[0] in comp:
+        exp = comp.instruction(exp.operands[0])
+      if exp.opcode == "constant" and (exp.literal or "").strip() in ("2", "2.0", "{2}"):
+        return True
+  return False
 
 
 def _contracts(program: Program, r: Kernel, buf: Buffer) -> bool:
@@ -667,6 +772,11 @@ _PATTERN_TEXT = {
                                  "pass (a sum or mean over the batch: routing "
                                  "counts, a pooled mean)"),
     "log_softmax": "a log-softmax (e.g. inside a cross-entropy loss)",
+    "total": "every element summed into one value (a loss total, a norm)",
+    "sum_of_squares": ("a sum of squares of every element (a squared-error loss, a "
+                       "global norm such as optax.clip_by_global_norm's)"),
+    "any": "an any() test over the reduced axes (a threshold or mask check)",
+    "all": "an all() test over the reduced axes (a threshold or mask check)",
     "contraction": ("a product summed over the reduced axes: an einsum contraction "
                     "XLA runs as multiply + reduce (e.g. mixing experts' outputs by "
                     "their routing weights)"),
@@ -676,24 +786,34 @@ _PATTERN_TEXT = {
 
 
 def _reduction_text(pattern: str | None, stats: Statistics | None, buf: Buffer,
-                    backward: bool) -> str:
+                    backward: bool, reducer: str | None = None) -> str:
   """What the HLO reduces, in words: the pattern (where one is known) and
   the axes, e.g. "per-sample statistics ...: reduces dims {1,2,4} of
   [8,32,32,8,4] (batch axis 0 kept; one result per index of axes 0,3)"."""
   key = f"{pattern}:forward" if not backward and f"{pattern}:forward" in _PATTERN_TEXT \
       else pattern
-  parts = [_PATTERN_TEXT[key]] if key in _PATTERN_TEXT else []
+  if pattern == "column_reduction" and reducer in _EXTREMA:
+    # A max or min over the leading axes is no sum: not a gradient, not a mean.
+    parts = [f"a {_EXTREMA[reducer]} over the leading axes"]
+  else:
+    parts = [_PATTERN_TEXT[key]] if key in _PATTERN_TEXT else []
   if stats is not None and pattern not in ("layer_norm", "rms_norm", "softmax"):
     kept = stats.kept
     # A contraction's axes are the einsum's (experts, heads): axis 0 need
     # not be the batch.
-    batch = ("" if len(stats.dims) < 2 or pattern == "contraction" else
+    batch = ("" if len(stats.dims) < 2 or pattern in _NO_BATCH else
              "batch axis 0 kept" if 0 in kept else "batch axis 0 reduced")
     per = (f"one result per index of axes {_axes_text(kept)}" if kept else
            "one result")
     parts.append(f"reduces {stats.describe().replace(' per statistic', ' each')} "
                  f"({', '.join(p for p in (batch, per) if p)})")
   return ": ".join(parts)
+
+
+_EXTREMA = {"maximum": "max", "minimum": "min"}
+#: Patterns whose axis 0 is not said to be the batch: an einsum's axes
+#: (experts, heads), and reductions of every element or a mask's test.
+_NO_BATCH = frozenset({"contraction", "total", "sum_of_squares", "any", "all"})
 
 
 def _axes_text(axes: Sequence[int]) -> str:

@@ -21,8 +21,8 @@ from hlo_audit import FindingKind, NumericalClass, Verdict
 from hlo_audit._src import audit as audit_mod
 from hlo_audit._src.analysis import collectives, detectors, memory_findings
 from hlo_audit._src.analysis.detectors import (already_fused, broadcasts, copies, epilogues,
-                                               keep_reuse, loop_invariant, merge, prologues,
-                                               reductions, slices)
+                                               in_place, keep_reuse, loop_invariant, merge,
+                                               prologues, reductions, slices)
 from tests.hlo_audit.real_models.h200_support import fixture
 
 K = FindingKind
@@ -37,6 +37,7 @@ CLASSES = {
     slices.find: {K.MATERIALIZED_SLICE},
     loop_invariant.find: {K.LOOP_INVARIANT},
     keep_reuse.find: {K.KEEP_REUSE},
+    in_place.find: {K.LOST_IN_PLACE},
     memory_findings.find: {K.UNDONATED_ARGUMENT, K.REMAT_CANDIDATE, K.COSTLY_REMAT},
     collectives.find: {K.EXPOSED_COLLECTIVE, K.RESHARD_AROUND_COLLECTIVE,
                        K.COLLECTIVE_MATMUL, K.REPLICATED_BUFFER},
@@ -56,8 +57,9 @@ ENTRY %main {
 }
 """
 
-#: XLA:GPU's programs for an H200 (committed fixtures), and the program above.
-PROGRAMS = ("bert_mlm", "lstm", "scan_remat", "dp_mlp", "sharded")
+#: XLA:GPU's programs for an H200 (committed fixtures; kv_decode's donated
+#: caches lose their in-place updates), and the program above.
+PROGRAMS = ("bert_mlm", "lstm", "scan_remat", "dp_mlp", "kv_decode", "sharded")
 
 
 @functools.cache
