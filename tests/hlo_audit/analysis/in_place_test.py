@@ -39,3 +39,62 @@ def test_a_cache_updated_in_place_is_no_finding():
                       jnp.ones((64,)), jnp.int32(3))
   assert r.program.module.input_output_alias  # donated, aliased to the new cache
   assert not r.findings_of(FindingKind.LOST_IN_PLACE)
+
+
+_EMBEDDING_UPDATE = """HloModule step, is_scheduled=true, input_output_alias={ {0}: (0, {}, may-alias) }
+
+%add (a: f32[], b: f32[]) -> f32[] {
+  %a = f32[] parameter(0)
+  %b = f32[] parameter(1)
+  ROOT %s = f32[] add(%a, %b)
+}
+
+%update (p: f32[1024,64], i: s32[32,1], g: f32[32,64]) -> f32[1024,64] {
+  %p = f32[1024,64]{1,0} parameter(0)
+  %i = s32[32,1]{1,0} parameter(1)
+  %g = f32[32,64]{1,0} parameter(2)
+  %z = f32[] constant(0)
+  %zeros = f32[1024,64]{1,0} broadcast(%z), dimensions={}
+  %grad = f32[1024,64]{1,0} scatter(%zeros, %i, %g), update_window_dims={1}, inserted_window_dims={0}, scatter_dims_to_operand_dims={0}, index_vector_dim=1, to_apply=%add
+  %lr = f32[] constant(0.1)
+  %lrb = f32[1024,64]{1,0} broadcast(%lr), dimensions={}
+  %step = f32[1024,64]{1,0} multiply(%grad, %lrb)
+  ROOT %new = f32[1024,64]{1,0} subtract(%p, %step)
+}
+
+ENTRY %main (table: f32[1024,64], ids: s32[32,1], g: f32[32,64]) -> (f32[1024,64]) {
+  %table = f32[1024,64]{1,0} parameter(0)
+  %ids = s32[32,1]{1,0} parameter(1)
+  %g = f32[32,64]{1,0} parameter(2)
+  %fusion = f32[1024,64]{1,0} fusion(%table, %ids, %g), kind=kLoop, calls=%update
+  ROOT %out = (f32[1024,64]{1,0}) tuple(%fusion)
+}
+"""
+
+
+def test_a_scatter_into_another_buffer_is_no_lost_update():
+  # An embedding table's SGD step: the kernel writing the donated table holds
+  # a scatter-add, but into zeros (the gradient), and the table itself is
+  # rewritten whole by the update, as any optimizer step does.
+  r = hlo_audit.audit_hlo(_EMBEDDING_UPDATE)
+  assert r.program.module.input_output_alias
+  assert not r.findings_of(FindingKind.LOST_IN_PLACE)
+
+
+def test_a_cache_converted_whole_around_its_update_is_a_lost_update():
+  text = _EMBEDDING_UPDATE.replace(
+      '''  %z = f32[] constant(0)
+  %zeros = f32[1024,64]{1,0} broadcast(%z), dimensions={}
+  %grad = f32[1024,64]{1,0} scatter(%zeros, %i, %g), update_window_dims={1}, inserted_window_dims={0}, scatter_dims_to_operand_dims={0}, index_vector_dim=1, to_apply=%add
+  %lr = f32[] constant(0.1)
+  %lrb = f32[1024,64]{1,0} broadcast(%lr), dimensions={}
+  %step = f32[1024,64]{1,0} multiply(%grad, %lrb)
+  ROOT %new = f32[1024,64]{1,0} subtract(%p, %step)''',
+      '''  %wide = f64[1024,64]{1,0} convert(%p)
+  %row = f64[32,64]{1,0} convert(%g)
+  %zero = s32[] constant(0)
+  %at = f64[1024,64]{1,0} dynamic-update-slice(%wide, %row, %zero, %zero)
+  ROOT %new = f32[1024,64]{1,0} convert(%at)''')
+  r = hlo_audit.audit_hlo(text)
+  (lost,) = r.findings_of(FindingKind.LOST_IN_PLACE)
+  assert lost.producer == "fusion" and "f64[32,64]" in lost.evidence

@@ -14,8 +14,12 @@ or keep its dtype).
 
 The rule, read off the optimized HLO: a parameter aliased to an output
 (`input_output_alias`) whose writer holds a dynamic-update-slice or scatter
-but does not update the parameter's own buffer (its root is not that
-update with the parameter, through bitcasts, as its destination).
+into the parameter's values (its destination traced through conversions,
+copies and transposes to the parameter or a whole copy of it), but does not
+update the parameter's own buffer (the destination is not the parameter
+itself, through bitcasts). A scatter into another buffer (a gradient's
+scatter-add into zeros) in the kernel that rewrites a table whole, as any
+optimizer step does, is no lost update.
 """
 
 from __future__ import annotations
@@ -56,6 +60,8 @@ def find(program: Program) -> tuple[FusionDecisionRecord, ...]:
     if not updates or _updates_in_place(program, writer, p.name, updates):
       continue
     chain = _whole_buffer_kernels(program, p, writer)
+    if not _updates_the_buffer(program, writer, updates, {p.name, *(k.name for k in chain)}):
+      continue  # an update of something else (a gradient's scatter-add into zeros)
     update_bytes = sum(_update_shape(comp, u)[1] for comp, u in updates)
     moved = sum(k.bytes_moved for k in chain)
     saved = max(0, moved - 2 * update_bytes)
@@ -100,6 +106,38 @@ def _updates_in_place(program: Program, writer: Kernel, param: str,
       continue
     src = through_bitcasts(entry, inst.operands[dest.parameter_number])
     if src is not None and src.name == param:
+      return True
+  return False
+
+
+#: Ops that carry a buffer's values to an update's destination unchanged
+#: but for layout or precision.
+_CARRIES = frozenset({"bitcast", "convert", "copy", "transpose", "reshape"})
+
+
+def _updates_the_buffer(program: Program, writer: Kernel,
+                        updates: list[tuple[Computation, Instruction]],
+                        sources: set[str]) -> bool:
+  """Whether an update's destination is the donated buffer's values: traced
+  (through bitcasts, conversions, copies, transposes) to the parameter or a
+  whole copy of it among `sources`, not some other buffer the writer fills."""
+  inst = program.inst(writer)
+  entry = program.comps[writer.computation]
+  for comp, u in updates:
+    if not u.operands or u.operands[0] not in comp:
+      continue
+    dest = comp.instruction(u.operands[0])
+    while dest.opcode in _CARRIES and dest.operands and dest.operands[0] in comp:
+      dest = comp.instruction(dest.operands[0])
+    if comp is entry:
+      name = dest.name
+    elif dest.opcode == "parameter" and dest.parameter_number is not None and \
+        dest.parameter_number < len(inst.operands):
+      src = through_bitcasts(entry, inst.operands[dest.parameter_number])
+      name = src.name if src is not None else inst.operands[dest.parameter_number]
+    else:
+      continue
+    if name in sources:
       return True
   return False
 
