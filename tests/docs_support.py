@@ -282,6 +282,7 @@ _NUMBER_RE = re.compile(_NUMBER)
 _BYTES = frozenset({"B", "KiB", "MiB", "GiB", "TiB"})
 #: Units of numbers that move from machine to machine or run to run.
 _FREE = frozenset({"ns", "us", "ms", "s", "%", "x"})
+_TIME_UNITS = frozenset({"ns", "us", "ms", "s"})
 #: A finding summary's classes, in an order that follows the ranking (which
 #: on a CPU follows this machine's measured rates): compared sorted.
 _CLASS_LIST = re.compile(r"(propose a change \()([^)]*)(\))")
@@ -312,9 +313,17 @@ def _line_pattern(tokens: list[str]) -> tuple[re.Pattern, list[tuple[str, str]]]
   a group per number, and each number's (text, kind): "bytes", "free" or
   "count"."""
   parts, numbers = [], []
+  # Tokens that are the unit of a time: a time moves between machines, and
+  # with it its unit (933 us here, 1.13 ms there).
+  time_units: set[int] = set()
   for i, tok in enumerate(tokens):
     if tok == "...":
       parts.append(".*?")
+      continue
+    if i in time_units:
+      rest = tok[len(tok.rstrip(")(,;:.")):]  # the punctuation after the unit
+      parts.append("(?:" + "|".join(sorted(_TIME_UNITS, key=len, reverse=True)) + ")"
+                   + re.escape(rest))
       continue
     piece, pos = "", 0
     for m in re.finditer(rf"{_NUMBER}|\.\.\.", tok):
@@ -329,6 +338,8 @@ def _line_pattern(tokens: list[str]) -> tuple[re.Pattern, list[tuple[str, str]]]
                 or (after.startswith("x") and not after[1:2].isalnum()) else "count")
         numbers.append((m.group(), kind))
         piece += f"({_NUMBER})"
+        if unit in _TIME_UNITS and not tok[m.end():].strip(")(,;:"):
+          time_units.add(i + 1)
       pos = m.end()
     parts.append(piece + re.escape(tok[pos:]))
   pattern = ""
