@@ -94,3 +94,18 @@ def test_a_prefix_sum_is_no_reduction():
 
   r = hlo_audit.audit(jax.jit(prune), jnp.zeros((977, 16), jnp.float32), jnp.float32(1.0))
   assert not _reductions(r), [(f.boundary_shape, f.ops, f.evidence[:120]) for f in _reductions(r)]
+
+
+def test_a_loops_reduction_of_its_carried_state_is_not_the_initialisers():
+  # As jax-md's simulation loops do: the state a fori_loop carries is made
+  # before the loop (here x * 2), and the body reduces the state it updates
+  # on every trip. The kernel that made the initial value runs once; it
+  # cannot compute a reduction of values the body has not written yet.
+  def simulate(x, y):
+    def body(i, s):
+      m = jnp.sum(s * s, axis=1, keepdims=True)
+      return s * 0.9 + m * y
+    return jax.lax.fori_loop(0, 10, body, x * 2.0)
+
+  r = hlo_audit.audit(jax.jit(simulate), jnp.zeros((1000, 2)), jnp.ones((1000, 2)))
+  assert not _reductions(r), [(f.boundary, f.consumers) for f in _reductions(r)]

@@ -79,6 +79,12 @@ def find(program: Program) -> tuple[FusionDecisionRecord, ...]:
     producer = program.kernels.get(vid[0]) or program.kernels.get(buf.producer)
     if producer is None or producer.name in by_name:
       continue
+    # A reduction inside a loop of which the producer is not part reads the
+    # buffer on every trip (loop state the body updates, initialised by the
+    # producer's copy): the producer, run once, cannot compute it.
+    reductions = [r for r in reductions if r.trip_count == producer.trip_count]
+    if not reductions:
+      continue
     if all(_tree_stage(program, producer, buf, r) for r in reductions):
       continue  # XLA's reduction split in two kernels: one reduction
     others = [c for c in buf.consumers if c not in by_name and c != producer.name]
