@@ -78,7 +78,7 @@ class FindingGroup:
   def layer(self) -> str:
     """The layer the members come from (JAX's name stack): the one they
     share, else the first and how many more; "" where none names one."""
-    layers = list(dict.fromkeys(f.layer for f in self.members if getattr(f, "layer", "")))
+    layers = list(dict.fromkeys(f.layer for f in self.members if f.layer))
     if len(layers) <= 1:
       return layers[0] if layers else ""
     return f"{layers[0]} (+{len(layers) - 1} more)"

@@ -28,7 +28,7 @@ from hlo_audit._src.analysis.detectors.common import (COMMON_RISKS, fused_comput
                                                       kernel_desc, product, through_bitcasts,
                                                       times)
 from hlo_audit._src.analysis.kernels import Kernel
-from hlo_audit._src.analysis.program import Program, parameter_paths
+from hlo_audit._src.analysis.program import Program, buffer_name, parameter_paths
 from hlo_audit._src.analysis.records import (FindingKind, FusionDecisionRecord,
                                              NumericalClass, Verdict)
 from hlo_audit._src.hlo.ir import Computation, Instruction
@@ -84,35 +84,39 @@ def _update_sites(program: Program, k: Kernel) -> list[tuple[Computation, Instru
   return [(fused, i) for i in fused.instructions if i.opcode in _UPDATES]
 
 
-def _updates_in_place(program: Program, writer: Kernel, param: str,
-                      updates: list[tuple[Computation, Instruction]]) -> bool:
-  """Whether one of `writer`'s updates writes into the parameter's own
-  buffer: its destination is the parameter (through bitcasts), and for a
-  fusion, the fusion's operand for that destination is the parameter too."""
-  inst = program.inst(writer)
-  entry = program.comps[writer.computation]
-  for comp, u in updates:
-    if not u.operands:
-      continue
-    dest = through_bitcasts(comp, u.operands[0])
-    if dest is None:
-      continue
-    if comp is entry or comp.name == writer.computation:
-      if dest.name == param:
-        return True
-      continue
-    if dest.opcode != "parameter" or dest.parameter_number is None or \
-        dest.parameter_number >= len(inst.operands):
-      continue
-    src = through_bitcasts(entry, inst.operands[dest.parameter_number])
-    if src is not None and src.name == param:
-      return True
-  return False
-
-
 #: Ops that carry a buffer's values to an update's destination unchanged
 #: but for layout or precision.
 _CARRIES = frozenset({"bitcast", "convert", "copy", "transpose", "reshape"})
+
+
+def _destination(program: Program, writer: Kernel, comp: Computation, u: Instruction,
+                 through: frozenset[str] | set[str]) -> str | None:
+  """The entry instruction whose buffer update `u` writes into: its
+  destination operand traced through the ops in `through`, then, inside a
+  fusion, out to the fusion's operand (through bitcasts); None where it is
+  made inside the kernel (a broadcast of zeros)."""
+  if not u.operands or u.operands[0] not in comp:
+    return None
+  dest = comp.instruction(u.operands[0])
+  while dest.opcode in through and dest.operands and dest.operands[0] in comp:
+    dest = comp.instruction(dest.operands[0])
+  entry = program.comps[writer.computation]
+  if comp is entry:
+    return dest.name
+  operands = program.inst(writer).operands
+  if dest.opcode != "parameter" or dest.parameter_number is None or \
+      dest.parameter_number >= len(operands):
+    return None
+  src = through_bitcasts(entry, operands[dest.parameter_number])
+  return src.name if src is not None else operands[dest.parameter_number]
+
+
+def _updates_in_place(program: Program, writer: Kernel, param: str,
+                      updates: list[tuple[Computation, Instruction]]) -> bool:
+  """Whether one of `writer`'s updates writes into the parameter's own
+  buffer: its destination is the parameter, through bitcasts only."""
+  return any(_destination(program, writer, comp, u, {"bitcast"}) == param
+             for comp, u in updates)
 
 
 def _updates_the_buffer(program: Program, writer: Kernel,
@@ -121,25 +125,8 @@ def _updates_the_buffer(program: Program, writer: Kernel,
   """Whether an update's destination is the donated buffer's values: traced
   (through bitcasts, conversions, copies, transposes) to the parameter or a
   whole copy of it among `sources`, not some other buffer the writer fills."""
-  inst = program.inst(writer)
-  entry = program.comps[writer.computation]
-  for comp, u in updates:
-    if not u.operands or u.operands[0] not in comp:
-      continue
-    dest = comp.instruction(u.operands[0])
-    while dest.opcode in _CARRIES and dest.operands and dest.operands[0] in comp:
-      dest = comp.instruction(dest.operands[0])
-    if comp is entry:
-      name = dest.name
-    elif dest.opcode == "parameter" and dest.parameter_number is not None and \
-        dest.parameter_number < len(inst.operands):
-      src = through_bitcasts(entry, inst.operands[dest.parameter_number])
-      name = src.name if src is not None else inst.operands[dest.parameter_number]
-    else:
-      continue
-    if name in sources:
-      return True
-  return False
+  return any(_destination(program, writer, comp, u, _CARRIES) in sources
+             for comp, u in updates)
 
 
 def _whole_buffer_kernels(program: Program, param: Instruction,
@@ -186,21 +173,21 @@ def _update_shape(comp: Computation, u: Instruction) -> tuple[str, int]:
   shape = comp.instruction(u.operands[index]).shape
   if shape is None or not shape.is_array:
     return "?", 0
-  return f"{shape.element_type}[{','.join(map(str, shape.dims))}]", shape.byte_size
+  return shape.dtype_str, shape.byte_size
 
 
 def _record(program: Program, p: Instruction, path: str, writer: Kernel,
             chain: list[Kernel], vid, update: str, saved: int) -> FusionDecisionRecord:
   moves = chain[:-1]
   transposed = [k for k in moves if "transpose" in k.fused_ops or k.opcode == "transpose"]
-  shape = f"{p.shape.element_type}[{','.join(map(str, p.shape.dims))}]"
+  shape = p.shape.dtype_str
   relayout = ""
   if transposed:
     seen = program.inst(transposed[0]).shape
-    seen = f"{seen.element_type}[{','.join(map(str, seen.dims))}]" if seen is not None else "?"
+    seen = seen.dtype_str if seen is not None else "?"
     relayout = (f"; its readers read it as {seen}: stored in that layout, the update "
                 "would write its slot where they look")
-  name = vid[0] + ("{" + ",".join(map(str, vid[1])) + "}" if vid[1] else "")
+  name = buffer_name(vid)
   trip = writer.trip_count
   return FusionDecisionRecord(
       kind=FindingKind.LOST_IN_PLACE, producer=writer.name,
