@@ -141,13 +141,15 @@ def _audit_capture(cap: Capture, options: AuditOptions,
                source_mod.library_source_path(lib.name) for lib in libraries.libraries),
            "user_paths": options.user_paths}
   kernels = find_kernels(module, schedule, dataflow, scopes=libraries.scopes, **paths)
+  # The device prices the kernels and tells libraries which calls it runs.
+  facts, device_note = device_facts_for(cap, options, platform)
   buffers = find_buffers(module, schedule, dataflow, liveness, kernels, **paths)
   program = Program(module=module, schedule=schedule, dataflow=dataflow,
                     liveness=liveness, kernels={k.name: k for k in kernels},
                     buffers={b.name: b for b in buffers},
                     arguments=arguments_of(module, cap.argument_names),
                     platform=platform, options=options, libraries=libraries,
-                    pre_optimization=lambda: cap.pre_optimization_text, cache=cache)
+                    device=facts, pre_optimization=lambda: cap.pre_optimization_text, cache=cache)
   optimized = is_optimized(module)
   # The findings judge XLA's decisions: a module XLA has not optimized holds
   # none yet (every op would read as a boundary left unfused).
@@ -158,7 +160,6 @@ def _audit_capture(cap: Capture, options: AuditOptions,
   findings = with_layers(_one_per_boundary([f for f in found if f is not None]), program)
   release_tables(module)  # every finding has its source by now
   program_collectives = collectives.find_collectives(program)
-  facts, device_note = device_facts_for(cap, options, platform)
   step = None
   if facts is not None:
     step = time_model.estimate(program, facts)
@@ -207,7 +208,7 @@ def _audit_capture(cap: Capture, options: AuditOptions,
       live_at_peak=tuple(names[b] for b in liveness.live_at_peak),
       cost_analysis=cap.cost_analysis, notes=tuple(notes), options=options,
       collectives=program_collectives, program=program,
-      kernel_libraries=tuple(lib.name for lib in libraries.libraries), timing=step)
+      kernel_libraries=tuple(lib.name for lib in libraries.swapping), timing=step)
 
 
 def device_facts_for(cap: Capture, options: AuditOptions,

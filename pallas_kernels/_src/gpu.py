@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import jax.numpy as jnp
+
 from pallas_kernels._src import backend
 from pallas_kernels._src import compat
 
@@ -71,3 +73,16 @@ def load(ref: Any, mask: Any, other: float | int) -> Any:
 def store(ref: Any, value: Any, mask: Any) -> None:
   """Masked store: writes `value` into `ref` only where `mask` holds."""
   _plgpu.store(ref, value.astype(ref.dtype), mask=mask)
+
+
+def atomic_add(ref: Any, idx: Any, value: Any, mask: Any, *, interpret: bool) -> None:
+  """Masked `ref[idx] += value`, atomic against the other programs.
+
+  Interpret mode's discharge rule takes no mask; there the masked-out lanes
+  add zero instead, and lie in the block's padding or inside the array.
+  """
+  value = value.astype(ref.dtype)
+  if interpret:
+    _plgpu.atomic_add(ref, idx, jnp.where(mask, value, jnp.zeros_like(value)))
+  else:
+    _plgpu.atomic_add(ref, idx, value, mask=mask)

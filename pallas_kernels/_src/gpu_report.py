@@ -297,6 +297,11 @@ def default_cases() -> list[Case]:
       Case("matmul bf16 decode m=16 x int8 w",
            lambda x, w, s: pk.matmul(x, w, w_scale=s, implementation="pallas", backend="triton"),
            (S((16, 8192), bf), S((8192, 8192), jnp.int8), S((8192,), f32))),
+      # A dense layer's weight and bias gradients: dW = x^T @ dy, db = sum(dy, 0).
+      Case("matmul bf16 dW+db (transpose_x, w_column_sum)",
+           lambda x, dy: pk.matmul(x, dy, transpose_x=True, w_column_sum=True,
+                                   implementation="pallas", backend="triton"),
+           (S((8192, 512), bf), S((8192, 8192), bf))),
       Case("matmul bf16 quantize=int8 n=256",
            lambda x, w, b: pk.matmul(x, w, bias=b, activation="gelu", quantize="int8",
                                      implementation="pallas", backend="triton"),
@@ -314,5 +319,19 @@ def default_cases() -> list[Case]:
       Case("rms_norm+residual bf16 fwd", rms, (x, g, x)),
       Case("softmax causal bf16 fwd", sm, (s,)),
       Case("softmax causal bf16 grad", grad(sm, 0), (s,)),
+  ]
+  # Llama-3-8B's SwiGLU MLP: both projections' accumulators in one kernel.
+  glu = lambda x, wg, wu: pk.glu_matmul(x, wg, wu, activation="silu", implementation="pallas")
+  glu_specs = (S((8192, 4096), bf), S((4096, 14336), bf), S((4096, 14336), bf))
+  cases += [
+      Case("glu_matmul silu bf16 fwd", glu, glu_specs),
+      Case("glu_matmul silu bf16 grad", grad(glu, (0, 1, 2)), glu_specs),
+  ]
+  # An LM head: D and V too wide for one tile, the D loop and atomics at work.
+  lce = lambda x, w, l: pk.linear_cross_entropy(x, w, l, implementation="pallas")
+  lce_specs = (S((8192, 4096), bf), S((4096, 32768), bf), S((8192,), jnp.int32))
+  cases += [
+      Case("linear_cross_entropy bf16 fwd", lce, lce_specs),
+      Case("linear_cross_entropy bf16 grad", jax.grad(lce, argnums=(0, 1)), lce_specs),
   ]
   return cases

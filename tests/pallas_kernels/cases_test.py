@@ -48,7 +48,7 @@ def test_bad_points_are_named():
   with pytest.raises(ValueError, match=r"make_case\('softmax'\): unknown parameter\(s\) "
                                        r"residual; known: rows, cols, dtype, scale"):
     pallas_kernels.make_case("softmax", rows=2, cols=2, residual=True)
-  with pytest.raises(ValueError, match="unknown op 'gelu'; known: matmul"):
+  with pytest.raises(ValueError, match="unknown op 'gelu'; known: .*matmul"):
     pallas_kernels.make_case("gelu", rows=2, cols=2)
   with pytest.raises(ValueError, match="a residual without a bias"):
     pallas_kernels.make_case("matmul", m=2, k=2, n=2, residual=True)

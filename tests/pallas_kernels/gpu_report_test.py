@@ -94,3 +94,27 @@ def test_shared_memory_estimate_errs_high(label, wdt, tw, group, arch):
            S((k // group, n) if group else (n,), jnp.float32))
   [row] = gpu_report.report([gpu_report.Case(label, fn, specs)], (arch,)).rows
   assert row.shared <= estimate, f"{label} on {arch}: {row.shared} B used, {estimate} estimated"
+
+
+# (dtype, config): the heuristic's tiles and pipelined ones, whose shared memory
+# linear_cross_entropy's guard estimate must not undercount.
+_LCE = [("bfloat16", (64, 128, 64, 8, 1)), ("bfloat16", (64, 128, 64, 8, 2)),
+        ("float32", (64, 128, 16, 8, 1)), ("float32", (32, 64, 32, 4, 2))]
+
+
+@pytest.mark.parametrize("dtype,blocks", _LCE)
+def test_linear_cross_entropy_shared_memory_estimate_errs_high(dtype, blocks):
+  from pallas_kernels._src.ops.linear_cross_entropy import api  # noqa: PLC0415
+  from pallas_kernels._src.ops.linear_cross_entropy import config as lce_config  # noqa: PLC0415
+  cfg = lce_config.Config(*blocks)
+  d = 1024
+  loss = lambda x, w, l: api.linear_cross_entropy(x, w, l, implementation="pallas",
+                                                  config=cfg)
+  specs = (S((1024, d), dtype), S((d, 4096), dtype), S((1024,), jnp.int32))
+  result = gpu_report.report([gpu_report.Case("lce", jax.grad(loss, (0, 1)), specs)],
+                             ("sm_90a",))
+  estimate = lce_config.shared_memory(cfg, d, jnp.dtype(dtype).itemsize)
+  assert len(result.rows) == 2, result
+  for r in result.rows:
+    assert r.spills == 0, r
+    assert r.shared <= estimate, f"{r.kernel}: {r.shared} B used, {estimate} estimated"

@@ -72,13 +72,19 @@ class KernelLibrary(Protocol):
   #: The named scope its ops put around each kernel launch (found in
   #: `op_name` metadata), e.g. "pallas_kernels.".
   scope_prefix: str
+  # Optional: `swapped_by`, the name of the library whose `swap` and
+  # `verify` put this one's calls in (e.g. JAX's own fused calls, which
+  # pallas_kernels offers and swaps); absent or "": its own.
 
   def kernel_for(self, finding: FusionDecisionRecord) -> KernelChoice:
     """The op that closes `finding` (its `need` says what it must compute)."""
 
-  def suggest(self, finding: FusionDecisionRecord,
-              module: HloModule) -> Suggestion | None:
-    """A call of the op `kernel_for` chose, with the finding's shapes."""
+  def suggest(self, finding: FusionDecisionRecord, module: HloModule, *,
+              device: Any = None) -> Suggestion | None:
+    """A call of the op `kernel_for` chose, with the finding's shapes;
+    `device` is the audited device's `DeviceFacts` (None: unknown), whose
+    `platform` and `compute_capability` say which implementation runs there.
+    (A library whose `suggest` takes no `device` is called without it.)"""
 
   def sweep_targets(self) -> Mapping[str, KernelSweep]:
     """The ops sweeps can target, by name."""
@@ -99,6 +105,11 @@ class Libraries:
   libraries: tuple[KernelLibrary, ...] = ()
   #: Notes for the report: a library that failed to load, or none installed.
   notes: tuple[str, ...] = ()
+
+  @property
+  def swapping(self) -> tuple[KernelLibrary, ...]:
+    """The libraries that swap their own fixes in (`swapped_by` unset)."""
+    return tuple(lib for lib in self.libraries if not getattr(lib, "swapped_by", ""))
 
   @property
   def scopes(self) -> tuple[str, ...]:

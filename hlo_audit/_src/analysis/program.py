@@ -25,6 +25,7 @@ from hlo_audit._src.analysis.options import AuditOptions
 from hlo_audit._src.analysis.schedule import Schedule
 from hlo_audit._src.errors import HloAuditError
 from hlo_audit._src.hlo.ir import Computation, HloModule, Instruction
+from hlo_audit._src.target.devices import DeviceFacts
 
 
 class WhatIfError(HloAuditError, ValueError):
@@ -107,6 +108,9 @@ class Program:
   platform: str = ""
   options: AuditOptions = AuditOptions()
   libraries: Libraries = Libraries()
+  #: The device the program is priced for (`DeviceFacts`; None: unknown):
+  #: kernel libraries read which of their calls it runs.
+  device: DeviceFacts | None = None
   #: Gives the module's text before XLA optimized it, where captured (it
   #: keeps the parameters' shardings newer XLA drops); called only when a
   #: partitioned module needs it (converting a large module costs ~1 s).

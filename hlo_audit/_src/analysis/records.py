@@ -171,6 +171,10 @@ class KernelNeed:
   #: For a reduction: the statistics it computes (the kernel must compute
   #: the same: same axes, elements per statistic and affine shape).
   statistics: Statistics | None = None
+  #: The kernel that computes the anchor when it is neither the finding's
+  #: producer nor its reader (a cross-entropy's logits gemm, for a finding
+  #: on the logits' gradient); "" when it is one of them.
+  anchor_kernel: str = ""
 
   def describe(self) -> str:
     """The kernel in words, e.g. "a dot kernel with its epilogue (bias,

@@ -9,6 +9,8 @@ says why in the verdict.
 from __future__ import annotations
 
 import dataclasses
+import functools
+import inspect
 
 from hlo_audit._src.analysis import anchors
 from hlo_audit._src.analysis.kernel_library import Libraries
@@ -20,9 +22,10 @@ _CLASSES = (FindingKind.UNFUSED_EPILOGUE, FindingKind.UNFUSED_PROLOGUE,
 
 
 def add_suggestions(findings: tuple[FusionDecisionRecord, ...], module: HloModule,
-                    libraries: Libraries) -> tuple[FusionDecisionRecord, ...]:
+                    libraries: Libraries, device=None) -> tuple[FusionDecisionRecord, ...]:
   """`findings` with `suggestion` and `guard_verdict` filled where a
-  library's op closes the finding."""
+  library's op closes the finding; `device` (`DeviceFacts`, None: unknown)
+  goes to the libraries whose `suggest` takes it."""
   out = []
   try:
     for f in findings:
@@ -31,7 +34,8 @@ def add_suggestions(findings: tuple[FusionDecisionRecord, ...], module: HloModul
         out.append(f)
         continue
       try:
-        s = lib.suggest(f, module)
+        s = (lib.suggest(f, module, device=device) if _takes_device(type(lib))
+             else lib.suggest(f, module))
       except Exception as e:  # noqa: BLE001 - a plug-in's failure is reported, not raised.
         out.append(dataclasses.replace(
             f, guard_verdict=f"guard not evaluated: {lib.name} failed: "
@@ -42,3 +46,13 @@ def add_suggestions(findings: tuple[FusionDecisionRecord, ...], module: HloModul
   finally:
     anchors.forget(module)
   return tuple(out)
+
+
+@functools.cache
+def _takes_device(library_type: type) -> bool:
+  """Whether a library's `suggest` takes the audited device (a keyword the
+  protocol added later: older libraries write calls without it)."""
+  try:
+    return "device" in inspect.signature(library_type.suggest).parameters
+  except (TypeError, ValueError):
+    return False

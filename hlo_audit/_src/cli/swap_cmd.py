@@ -36,7 +36,7 @@ _SWAP_CLASSES = ("unfused-epilogue", "unfused-prologue", "separate-reduction")
 
 
 def swap_library():
-  """The first installed kernel library (it swaps and verifies).
+  """The first installed kernel library that swaps and verifies.
 
   Raises:
     UsageError: when none is installed, saying why loading found none.
@@ -44,9 +44,9 @@ def swap_library():
   from hlo_audit._src.analysis.kernel_library import installed_libraries
 
   libs = installed_libraries()
-  if not libs.libraries:
+  if not libs.swapping:
     raise UsageError("--swap needs a kernel library: " + "; ".join(libs.notes))
-  return libs.libraries[0]
+  return libs.swapping[0]
 
 
 def _concrete_args(cfg) -> tuple[Any, Any]:

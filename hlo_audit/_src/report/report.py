@@ -91,7 +91,9 @@ class AuditReport:
   what_if_replay: Any = None
   #: The analysed program, for what-if replays (None for reports read from JSON).
   program: Any = dataclasses.field(default=None, compare=False, repr=False)
-  #: The kernel libraries the audit consulted, by name (e.g. "pallas_kernels").
+  #: The kernel libraries the audit consulted that swap fixes in, by name
+  #: (e.g. "pallas_kernels"; a library whose calls another swaps is named
+  #: by its findings' `kernel` only).
   kernel_libraries: tuple[str, ...] = ()
   #: The estimated step on the device (`time_model.StepTime`): every
   #: kernel's time and bound, the step and its split; None where the device

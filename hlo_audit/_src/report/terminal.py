@@ -41,11 +41,10 @@ PYTHON_HINTS = (
 
 
 def python_hints(report) -> tuple[tuple[str, str], ...]:
-  """`PYTHON_HINTS` plus a swap hint per kernel library the report's
-  findings name (or the audit consulted)."""
-  libs = dict.fromkeys(report.kernel_libraries)
-  libs.update(dict.fromkeys(f.kernel.split(".", 1)[0] for f in report.findings
-                            if f.kernel and "." in f.kernel))
+  """`PYTHON_HINTS` plus a swap hint per kernel library that swaps fixes
+  in (the audit's, else those the findings name)."""
+  libs = dict.fromkeys(report.kernel_libraries) or dict.fromkeys(
+      f.kernel.split(".", 1)[0] for f in report.findings if f.kernel and "." in f.kernel)
   return PYTHON_HINTS + tuple(
       (f"{lib}.swap(fn)", f"swap the kernels in; {lib}.verify checks the gap closed")
       for lib in libs)

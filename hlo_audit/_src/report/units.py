@@ -26,9 +26,9 @@ def fmt_bytes(n: int | float | None) -> str:
 
 
 def short_kernel(name: str | None) -> str:
-  """A library op without its library: "pallas_kernels.matmul" -> "matmul";
-  None -> "-"."""
-  return name.split(".", 1)[-1] if name else "-"
+  """A library op by its own name: "pallas_kernels.matmul" -> "matmul",
+  "jax.nn.dot_product_attention" -> "dot_product_attention"; None -> "-"."""
+  return name.rsplit(".", 1)[-1] if name else "-"
 
 
 def fmt_delta_bytes(n: int) -> str:

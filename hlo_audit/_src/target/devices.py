@@ -86,6 +86,9 @@ class DeviceFacts:
   #: Input elements per second a loop-emitted reduction reads (XLA:CPU's
   #: loop emitter reduces one element at a time); 0: the vector rate.
   loop_reduction_rate: float = 0.0
+  #: A CUDA GPU's compute capability, e.g. "9.0" (which fused calls and
+  #: kernels it can run); "" for other devices.
+  compute_capability: str = ""
   #: Fact name -> where it comes from.
   sources: Mapping[str, str] = dataclasses.field(default_factory=dict)
   #: Whether the facts were measured on this machine (the CPU's).
@@ -147,6 +150,7 @@ class DeviceFacts:
             "parallel_overhead": self.parallel_overhead,
             "strided_bandwidth": self.strided_bandwidth,
             "loop_reduction_rate": self.loop_reduction_rate,
+            "compute_capability": self.compute_capability,
             "sources": dict(self.sources), "measured": self.measured,
             "checked": self.checked}
 
@@ -170,6 +174,7 @@ class DeviceFacts:
               {str(v): tuple((int(k), float(e)) for k, e in points)
                for v, points in d.get("narrow_contraction", {}).items()}),
           reduction_rate=float(d.get("reduction_rate", 0.0)),
+          compute_capability=str(d.get("compute_capability", "")),
           vector_flops=types.MappingProxyType(
               {str(k): float(v) for k, v in d.get("vector_flops", {}).items()}),
           transcendentals_per_second=float(d.get("transcendentals_per_second", 0.0)),
@@ -312,4 +317,4 @@ def gpu_facts(spec) -> DeviceFacts:
       vector_flops=types.MappingProxyType(vector),
       transcendentals_per_second=sfu, launch_overhead=GPU_LAUNCH_OVERHEAD,
       link_bandwidth=link, collective_latency=GPU_COLLECTIVE_LATENCY,
-      sources=types.MappingProxyType(sources))
+      compute_capability=cc, sources=types.MappingProxyType(sources))

@@ -25,6 +25,21 @@ _WRITER_ANCHORED = frozenset({"unfused-epilogue"})
 _READER_ANCHORED = frozenset({"unfused-prologue"})
 
 
+#: Anchors no op here computes, and why the gap stays XLA's (the audit says
+#: so instead of "no kernel yet").
+_UNCOVERED = {
+    "convolution": "pallas_kernels has no convolution kernels: the convolution "
+                   "(depthwise or dense) and the work around it stay cuDNN's or XLA's",
+    "batch_norm_stats": "pallas_kernels has no batch-norm kernel: its statistics "
+                        "reduce over the batch and spatial axes, which a row kernel "
+                        "does not span",
+    "group_norm_stats": "pallas_kernels has no group-norm kernel: its statistics "
+                        "reduce over groups of channels and the spatial axes",
+    "column_reduction": "no pallas_kernels matmul emits a column sum of its operand "
+                        "(a bias or gamma gradient) beside its product yet",
+}
+
+
 def _work(ops: tuple[str, ...]) -> tuple[str, ...]:
   """The fused work as an op's `Closes` lists it: "cast:bf16" -> "cast"
   (an activation keeps its name: only some are supported)."""
@@ -86,9 +101,9 @@ class PallasKernels:
       if ok:
         return plugins.KernelChoice(f"{NAME}.{spec.name}")
       why = why or reason
-    return plugins.KernelChoice(None, why)
+    return plugins.KernelChoice(None, why or _UNCOVERED.get(need.anchor, ""))
 
-  def suggest(self, finding, module) -> plugins.Suggestion | None:
+  def suggest(self, finding, module, *, device=None) -> plugins.Suggestion | None:
     op = (finding.kernel or "").removeprefix(self.scope_prefix)
     spec = registry.specs().get(op)
     if spec is None or spec.suggest is None:
@@ -100,7 +115,7 @@ class PallasKernels:
       return None  # An anchor this module does not let us read.
     if call is None:
       return None
-    return plugins.Suggestion(call.text(NAME), _verdict(call, module))
+    return plugins.Suggestion(call.text(NAME), _verdict(call, module, device))
 
   def sweep_targets(self) -> Mapping[str, Any]:
     from pallas_kernels._src.audit import sweep
@@ -120,25 +135,32 @@ def _facts(finding, module) -> CallFacts:
   """What the audit reads of `finding` for an op's `suggest`."""
   kind = finding.kind.slug
   anchor = None
-  if kind in _WRITER_ANCHORED:
+  if finding.need is not None and finding.need.anchor_kernel:
+    anchor = plugins.matmul_anchor(module, finding.computation, finding.need.anchor_kernel)
+  elif kind in _WRITER_ANCHORED:
     anchor = plugins.matmul_anchor(module, finding.computation, finding.producer)
   elif kind in _READER_ANCHORED and finding.consumers:
     anchor = plugins.matmul_anchor(module, finding.computation, finding.consumers[0])
   sources = (plugins.operand_arrays(module, finding.computation, finding.producer)
              if kind in _READER_ANCHORED else ())
-  return CallFacts(kind=kind, ops=finding.ops,
+  # The finding's work, and what its need adds (a column sum a gemm emits).
+  ops = tuple(dict.fromkeys(finding.ops + (finding.need.ops if finding.need else ())))
+  return CallFacts(kind=kind, ops=ops,
                    boundary=plugins.parse_array(finding.boundary_shape),
                    shape=finding.boundary_shape, matmul=anchor, sources=sources,
                    epsilon=lambda: plugins.norm_epsilon(module),
                    numpy_name=plugins.numpy_dtype_name)
 
 
-def _module_target(module):
+def _module_target(module, device=None):
   """The device an audited module was compiled for, when the audit names one
-  (a `target` or `device_kind` attribute); None: this process's."""
+  (a `target` or `device_kind` attribute of the module, else the audited
+  device's facts); None: this process's."""
   from pallas_kernels._src import backend
-  for attr in ("target", "device_kind"):
-    named = getattr(module, attr, None)
+  named_by = [getattr(module, attr, None) for attr in ("target", "device_kind")]
+  if device is not None and device.platform in ("gpu", "cpu"):
+    named_by.append(device.name)
+  for named in named_by:
     if named:
       try:
         return backend.resolve_target(getattr(named, "device_kind", named))
@@ -147,12 +169,12 @@ def _module_target(module):
   return None
 
 
-def _verdict(call, module=None) -> str:
+def _verdict(call, module=None, device=None) -> str:
   """The op's guard on the call's shapes, asked without running it (once per
   distinct call and target: a model's layers repeat the same calls), for the
   device the audited module targets when it names one."""
   from pallas_kernels._src import backend
-  return _verdict_on(call, _module_target(module) or backend.target())
+  return _verdict_on(call, _module_target(module, device) or backend.target())
 
 
 @functools.lru_cache(maxsize=4096)

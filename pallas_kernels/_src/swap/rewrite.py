@@ -25,12 +25,24 @@ from jax.extend import source_info_util
 
 from pallas_kernels._src import backend
 from pallas_kernels._src import compat
+from pallas_kernels._src import jax_attention
+from pallas_kernels._src.swap import attention
+from pallas_kernels._src.swap import cross_entropy
+from pallas_kernels._src.swap import glu
 from pallas_kernels._src.swap import guard_check
 from pallas_kernels._src.swap import patterns
 from pallas_kernels._src.swap import program as prog_lib
 from pallas_kernels._src.swap.patterns import Match, Rejection
 from pallas_kernels._src.swap.program import Lit, Plan, Program
 from pallas_kernels._src.swap.report import SwapReport, SwapSite
+
+
+#: Anchor primitive -> matchers, tried in order: a gemm starting an
+#: attention chain, a GLU or a cross-entropy head is the chain's before it is
+#: a matmul's.
+_MATCHERS = {**patterns.REGISTRY, "dot_general": (
+    attention.match_attention, glu.match_glu, cross_entropy.match_cross_entropy,
+    *patterns.REGISTRY["dot_general"])}
 
 
 def _ops() -> dict[str, Callable[..., Any]]:
@@ -59,15 +71,20 @@ def _frame(source_info) -> tuple[str, int, str]:
   return file, line, f"{file}:{line}" + (f" ({fn.rstrip(')')})" if fn else "")
 
 
+def _public_name(op: str) -> str:
+  """The public call an op name stands for ("attention" is JAX's own)."""
+  return jax_attention.ATTENTION if op == attention.OP else f"pallas_kernels.{op}"
+
+
 def _pattern_text(op: str, items: Sequence[str]) -> str:
-  anchor = "dot_general" if op == "matmul" else op
+  anchor = {"matmul": "dot_general", attention.OP: "gemm -> softmax -> gemm"}.get(op, op)
   return " + ".join([anchor, *(i for i in items if i != "statistics")])
 
 
 def _call_text(program: Program, op: str, operands, static) -> str:
   parts = [f"{k}={o.describe(program)}" for k, o in operands]
   for k, v in static:
-    if k == "out_dtype":
+    if k in ("out_dtype", "layout"):
       continue
     parts.append(f"{k}={v!r}")
   return f"{op}({', '.join(parts)})"
@@ -89,7 +106,7 @@ def _site(program: Program, result: Match | Rejection, replaced: bool, reason: s
     call = f"{result.op}(...)"
     output = ", ".join(patterns.describe_aval(program.avals[o])
                        for o in program.nodes[result.anchor].outs)
-  return SwapSite(kernel=f"pallas_kernels.{result.op}",
+  return SwapSite(kernel=_public_name(result.op),
                   pattern=_pattern_text(result.op, result.items), call=call,
                   output=output, source=source, where=where, replaced=replaced,
                   reason=reason, locations=tuple(locations))
@@ -171,7 +188,7 @@ def plan_program(program: Program, options: _Options, where: str,
     body = _plan_bodies(node, options, where, sites)
     if body is not None:
       rewritten[node.index] = body
-    for matcher in patterns.REGISTRY.get(node.prim, ()):
+    for matcher in _MATCHERS.get(node.prim, ()):
       result = matcher(program, node, taken)
       if result is None:
         continue

@@ -162,14 +162,11 @@ TRUTH = ModelTruth(
             "layer 0, the residual stream for layer 1)")),
         Expect(K.UNFUSED_EPILOGUE, _X, "swiglu", says="residual", count=LAYERS, why=(
             "(silu(gate) * up) @ w_down read once by the residual add")),
-        Expect(K.UNFUSED_EPILOGUE, f"{_W}[{BATCH},{HIDDEN}]", "swiglu", says="silu",
-               count=LAYERS, why=(
-                   "h @ w_gate read once by the SwiGLU kernel: silu (1 / (1 + exp(-x)), "
-                   "each step rounded to bf16) times the up dot")),
-        Expect(K.UNFUSED_EPILOGUE, f"{_W}[{BATCH},{HIDDEN}]", "swiglu", says="product",
-               count=LAYERS, why=(
-                   "h @ w_up read once by the same kernel: multiplied by silu(gate), "
-                   "another dot's result")),
+        Expect(K.UNFUSED_EPILOGUE, f"{_W}[{BATCH},{HIDDEN}]", "swiglu", says="glu",
+               count=2 * LAYERS, why=(
+                   "h @ w_gate and h @ w_up, each read once by the SwiGLU kernel: "
+                   "silu(gate) (1 / (1 + exp(-x)) computed in f32) times up, two "
+                   "gemms of the same h: a GLU kernel writes only the product")),
         Expect(K.UNFUSED_EPILOGUE, f"bf16[{BATCH},{VOCAB}]", "logits", says="cast:f32",
                count=per_version(0, 1, 1), why=(
                    "the unembedding's bf16 logits read once by the cast to f32 the "
@@ -281,10 +278,11 @@ TRUTH_H200 = ModelTruth(
                f"bf16[{LAYERS},{BATCH},{KV_HEADS},{HEAD_DIM},{MAX_LEN}]", None, why=(
                    "wrapped_transpose: the whole key cache transposed, read by the "
                    "per-layer slices and by the transpose back")),
-        Expect(K.UNFUSED_EPILOGUE, f"bf16[{BATCH},{2 * HIDDEN}]", "swiglu", says="silu",
+        Expect(K.UNFUSED_EPILOGUE, f"bf16[{BATCH},{2 * HIDDEN}]", "swiglu", says="glu",
                count=LAYERS, why=(
-                   "MISSED: x @ [w_gate | w_up] read once by the SwiGLU kernel "
-                   "(silu of the first half times the second): called a cast")),
+                   "x @ [w_gate | w_up] read once by the SwiGLU kernel (silu of the "
+                   "first half, computed in f32 and rounded back, times the second): "
+                   "a GLU kernel writes only the product")),
         Expect(K.LOST_IN_PLACE, _CACHE, None, says="in-place", count=2, why=(
             "each donated cache (k, v) is rewritten whole every token "
             "(input_transpose_fusion, loop_transpose_fusion write "

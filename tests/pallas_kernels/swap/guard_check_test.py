@@ -45,7 +45,7 @@ def test_an_invalid_call_is_a_reason_not_an_exception():
 
 
 def test_bad_questions_raise():
-  with pytest.raises(ValueError, match="unknown op 'matmull'; known: matmul, "):
+  with pytest.raises(ValueError, match="unknown op 'matmull'; known: .*matmul, "):
     pallas_kernels.check_guard("matmull", _sds((2, 2)), _sds((2, 2)))
   with pytest.raises(ValueError, match="drop implementation="):
     pallas_kernels.check_guard("softmax", _sds((2, 2)), implementation="xla")

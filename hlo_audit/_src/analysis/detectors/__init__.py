@@ -16,7 +16,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from hlo_audit._src.analysis.detectors import (already_fused, broadcasts, copies, epilogues,
+from hlo_audit._src.analysis.detectors import (already_fused, broadcasts, copies, cross_entropy,
+                                               epilogues,
                                                in_place, keep_reuse, loop_invariant,
                                                prologues, reductions, slices)
 from hlo_audit._src.analysis.detectors.merge import epilogue_or_prologue, one_per_boundary
@@ -39,7 +40,7 @@ def find(program: Program) -> tuple[FusionDecisionRecord, ...]:
   alone (the quick replay where that can move the peak)."""
   findings = decisions(program)
   stacks = _source_stacks(findings, program)
-  findings = add_suggestions(findings, program.module, program.libraries)
+  findings = add_suggestions(findings, program.module, program.libraries, program.device)
   peak = program.liveness.peak_bytes
   fusions = [(f.boundary, f.producer, f.consumers)
              if f.boundary and f.verdict is not Verdict.KEEP and not f.boundary_kept
@@ -56,7 +57,8 @@ def decisions(program: Program) -> tuple[FusionDecisionRecord, ...]:
   class; each finding a kernel could close names the libraries' op for its
   `need`."""
   found = [r for detect in DETECTORS for r in detect(program)]
-  found = one_per_boundary(with_kernels(epilogue_or_prologue(found), program.libraries))
+  found = cross_entropy.retarget(program, epilogue_or_prologue(found))
+  found = one_per_boundary(with_kernels(found, program.libraries))
   order = list(FindingKind)
   found = [r for r in found if r.bytes_saved >= program.options.min_bytes_saved or
            r.kind in (FindingKind.KEEP_REUSE, FindingKind.ALREADY_FUSED)]

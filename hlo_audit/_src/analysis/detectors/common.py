@@ -184,9 +184,10 @@ def activation_of(names: set[str], ops: set[str], comp: Computation,
     return "softplus"
   sigmoid = _sigmoid_input(comp, chain)
   if sigmoid is not None:
-    by_name = {i.name: i for i in chain}
-    gated = any(i.opcode == "multiply" and sigmoid[0] in i.operands
-                and sigmoid[1] in i.operands for i in by_name.values())
+    # x * sigmoid(x), the sigmoid often computed in f32 and rounded back.
+    gated = any(i.opcode == "multiply" and
+                {_name_through(comp, o, _VALUE_OPS) for o in i.operands} == set(sigmoid)
+                for i in chain)
     return "silu" if gated else "sigmoid"
   # A relu acts on the data itself: a maximum with zero on a smaller value
   # is a clamp of statistics (a norm's variance, max(E[x^2] - E[x]^2, 0)).
@@ -219,14 +220,12 @@ def _sigmoid_input(comp: Computation,
   """(x, sigmoid(x)) when the chain computes a sigmoid: `logistic(x)`, or
   JAX's `1 / (1 + exp(-x))` as jax.nn.silu lowers it."""
   def base(name: str) -> Instruction | None:
-    inst = comp.instruction(name) if name in comp else None
-    while inst is not None and inst.opcode in ("bitcast", "reshape") and inst.operands:
-      inst = comp.instruction(inst.operands[0]) if inst.operands[0] in comp else None
-    return inst
+    name = _name_through(comp, name, _VALUE_OPS)
+    return comp.instruction(name) if name in comp else None
 
   for i in chain:
     if i.opcode == "logistic" and i.operands:
-      return i.operands[0], i.name
+      return _name_through(comp, i.operands[0], _VALUE_OPS), i.name
     if i.opcode != "divide" or len(i.operands) != 2:
       continue
     den = base(i.operands[1])
@@ -237,8 +236,24 @@ def _sigmoid_input(comp: Computation,
       if e is not None and e.opcode == "exponential" and e.operands:
         n = base(e.operands[0])
         if n is not None and n.opcode == "negate" and n.operands:
-          return n.operands[0], i.name
+          return (_name_through(comp, n.operands[0], _VALUE_OPS),
+                  _name_through(comp, i.name, _VALUE_OPS))
   return None
+
+
+#: Ops that pass a value on unchanged but for its shape or precision (JAX
+#: computes bf16 activations in f32 and rounds back).
+_VALUE_OPS = ("bitcast", "reshape", "convert")
+
+
+def _name_through(comp: Computation, name: str, ops: tuple[str, ...]) -> str:
+  """The instruction `name` passes on, through `ops` (e.g. converts)."""
+  while name in comp:
+    inst = comp.instruction(name)
+    if inst.opcode not in ops or not inst.operands:
+      break
+    name = inst.operands[0]
+  return name
 
 
 def _is_zero(comp: Computation, inst: Instruction) -> bool:

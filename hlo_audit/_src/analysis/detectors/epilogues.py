@@ -63,11 +63,17 @@ def find(program: Program) -> tuple[FusionDecisionRecord, ...]:
         work = _epilogue_work(program, consumer, operand, buf, slices=True)
       if work is None:
         continue
+      if "glu" not in work and _glu_partner(program, k, consumer, operand):
+        work = ("glu", "multiply") + _glu_activation(program, consumer, work) + tuple(
+            w for w in work if w not in ("product", "elementwise"))
       low_precision = buf.dtype in ("bf16", "f16") or buf.dtype.startswith("f8")
       epilogue = bt.gemm_epilogue(inst)
       evidence = (f"{kernel_desc(k)} writes its {anchor} result {buf.shape} to memory; "
                   f"{kernel_desc(consumer)} reads it once to apply "
                   f"{', '.join(work)}")
+      if "glu" in work:
+        evidence += (" (a GLU: the activation of one part of the result times the "
+                     "other, the gate and up projections computed as one gemm)")
       if epilogue is not None:
         evidence += f"; the library call's epilogue is {epilogue}"
       elif k.kind is KernelKind.CPU_LIBRARY_FUSION:
@@ -105,8 +111,7 @@ def find(program: Program) -> tuple[FusionDecisionRecord, ...]:
           evidence=evidence, verdict=verdict, reasons=tuple(reasons),
           risks=tuple(risks), ops=work, trip_count=k.trip_count,
           source=buf.source, computation=k.computation,
-          need=KernelNeed(FindingKind.UNFUSED_EPILOGUE, anchor, work,
-                          outputs=_outputs_of(work))))
+          need=_need(anchor, work)))
   return tuple(out)
 
 
@@ -208,13 +213,22 @@ def _epilogue_work(program: Program, consumer: Kernel, operand: int,
         return None
   work = _classify_elementwise(fused, chain, params, anchor_buf,
                                anchor_param=params[operand].name)
-  if any(u.opcode == "slice" for u in chain):
+  if any(u.opcode == "slice" for u in chain) and "glu" not in work:
     work = ("slice",) + tuple(w for w in work if w != "elementwise")
   # A reader writing several results of the value (adam's parameter and both
   # moments) needs an epilogue that writes them all.
   root = fused.root
   outputs = sum(o in seen for o in root.operands) if root.opcode == "tuple" else 1
   return ((f"outputs:{outputs}",) + work) if outputs > 1 else work
+
+
+def _need(anchor: str, work: tuple[str, ...]) -> KernelNeed:
+  """What a kernel must compute to take `work` into the `anchor`'s store; a
+  GLU's gemm is a GLU kernel's (both projections and the gated product)."""
+  if "glu" in work:
+    return KernelNeed(FindingKind.UNFUSED_EPILOGUE, "glu",
+                      tuple(w for w in work if w != "glu"), outputs=_outputs_of(work))
+  return KernelNeed(FindingKind.UNFUSED_EPILOGUE, anchor, work, outputs=_outputs_of(work))
 
 
 def _outputs_of(work: Sequence[str]) -> int:
@@ -303,14 +317,104 @@ def _classify_elementwise(comp: Computation, chain: list[Instruction],
     items.append("mask")
   if "transpose" in opcodes_:
     items.append("transpose")
+  # A widening convert is a cast only where the work writes the wider type:
+  # a bf16 activation computed in f32 and rounded back casts nothing.
+  written = _written_types(chain)
   converts = [i for i in chain if i.opcode == "convert" and i.shape is not None]
   for c in converts:
     t = c.shape.element_type
     if dtypes.is_integral(t) or t.startswith("f8"):
       items.append(f"quantize:{t}")
-    elif t != anchor_buf.dtype:
+    elif t != anchor_buf.dtype and (
+        t in written or not dtypes.is_widening(anchor_buf.dtype, t)):
       items.append(f"cast:{t}")
+  if _gated_product(comp, chain, anchor_param):
+    # act(gate) * up from two parts of one result: a GLU's gate/up gemm.
+    items = ["glu", "multiply:halves"] + [w for w in items if w != "product"]
   return tuple(dict.fromkeys(items)) or ("elementwise",)
+
+
+def _written_types(chain: list[Instruction]) -> set[str]:
+  """Element types of the values the chain ends in (those no other chain
+  instruction reads; a tuple's elements)."""
+  used = {o for i in chain for o in i.operands}
+  by_name = {i.name: i for i in chain}
+  ends = [i for i in chain if i.name not in used]
+  ends = [by_name.get(o) for e in ends for o in e.operands] if all(
+      e.opcode == "tuple" for e in ends) and ends else ends
+  return {e.shape.element_type for e in ends
+          if e is not None and e.shape is not None and e.shape.is_array}
+
+
+def _gated_product(comp: Computation, chain: list[Instruction], anchor_param: str) -> bool:
+  """Whether the chain multiplies values computed from two disjoint slices of
+  the anchor's result (silu(x[:, :F]) * x[:, F:]): a GLU's gate and up
+  projections computed as one gemm."""
+  if not anchor_param or anchor_param not in comp:
+    return False
+  whole = comp.instruction(anchor_param).shape
+  halves = [i for i in chain if i.opcode == "slice" and i.operands and
+            i.operands[0] == anchor_param]
+  # Two halves of the last axis: an LSTM's four gates, also multiplied
+  # slice by slice, are no GLU.
+  if whole is None or not whole.is_array or not whole.dims or len(halves) != 2 or any(
+      h.shape is None or not h.shape.is_array or
+      tuple(h.shape.dims) != tuple(whole.dims[:-1]) + (whole.dims[-1] // 2,)
+      for h in halves):
+    return False
+  return _multiplies_apart(comp, lambda i: i in halves)
+
+
+def _multiplies_apart(comp: Computation, is_source, one_side: str = "") -> bool:
+  """Whether `comp` multiplies a value computed from some sources (the
+  instructions `is_source` picks) by one computed from others alone; with
+  `one_side`, a source one side must come from."""
+  origin: dict[str, frozenset[str]] = {}
+  for i in comp.instructions:  # operands first
+    if is_source(i):
+      origin[i.name] = frozenset({i.name})
+    else:
+      origin[i.name] = frozenset().union(*(origin.get(o, frozenset()) for o in i.operands))
+    if i.opcode == "multiply" and len(i.operands) == 2:
+      a, b = (origin.get(o, frozenset()) for o in i.operands)
+      if a and b and not a & b and (not one_side or one_side in a | b):
+        return True
+  return False
+
+
+def _glu_activation(program: Program, consumer: Kernel, work: tuple[str, ...]
+                    ) -> tuple[str, ...]:
+  """The gate's activation, for the up projection's finding too (the GLU
+  kernel applies it to the gate either way); () when `work` names it."""
+  fused = fused_computation(program, consumer)
+  if fused is None or any(w.startswith("activation:") for w in work):
+    return ()
+  insts = list(fused.instructions)
+  act = activation_of({primitive(i) for i in insts}, {i.opcode for i in insts}, fused, insts)
+  return (f"activation:{act}",) if act else ()
+
+
+def _glu_partner(program: Program, k: Kernel, consumer: Kernel, operand: int) -> bool:
+  """Whether `consumer` multiplies (a function of) `k`'s result by (a
+  function of) another gemm's result computed from the same input: a GLU's
+  gate and up projections as two gemms (silu(x @ w_gate) * (x @ w_up))."""
+  fused = fused_computation(program, consumer)
+  if fused is None:
+    return False
+  mine = {p for ps in operand_producers(program, k) for p in ps}
+  producers = operand_producers(program, consumer)
+  partners = {
+      j for j, ps in enumerate(producers) if j != operand and any(
+          p != k.name and anchor_of(program, program.kernels[p]) == "dot" and
+          mine & {q for qs in operand_producers(program, program.kernels[p]) for q in qs}
+          for p in ps)}
+  if not partners:
+    return False
+  params = {p.parameter_number: p.name for p in fused.parameters}
+  if operand not in params:
+    return False
+  sources = {params[j] for j in {operand} | partners if j in params}
+  return _multiplies_apart(fused, lambda i: i.name in sources, one_side=params[operand])
 
 
 def _through_converts(comp: Computation, inst: Instruction) -> Instruction:

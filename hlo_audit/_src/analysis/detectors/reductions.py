@@ -16,6 +16,7 @@ import dataclasses
 import re
 from collections.abc import Sequence
 
+from hlo_audit._src.analysis import anchors
 from hlo_audit._src.analysis import backend_traits as bt
 from hlo_audit._src.analysis.backend_traits import KernelKind
 from hlo_audit._src.analysis.buffers import Buffer, Lifetime, fused_root
@@ -142,6 +143,13 @@ def find(program: Program) -> tuple[FusionDecisionRecord, ...]:
     # backward pass is its forward kernel's business.
     need = (KernelNeed(FindingKind.SEPARATE_REDUCTION, pattern, statistics=stats)
             if pattern in _KERNEL_PATTERNS else None)
+    gemm = _column_sum_gemm(program, others, stats) if pattern == "column_reduction" else None
+    if gemm is not None:
+      # dW = x^T @ dy reads dy whole: its kernel can sum dy's columns as it
+      # streams them (cuBLASLt's bias-gradient epilogue), the reduction's
+      # re-read gone.
+      need = KernelNeed(FindingKind.SEPARATE_REDUCTION, "dot", ("column_sum",),
+                        statistics=stats, anchor_kernel=gemm)
     trip = producer.trip_count
     saved = 2 * buf.bytes if only else buf.bytes * len(reductions)
     what = _reduction_text(pattern, stats, buf, any(
@@ -175,6 +183,34 @@ def find(program: Program) -> tuple[FusionDecisionRecord, ...]:
         source=buf.source, computation=producer.computation, need=need,
         boundary_kept=bool(others)))
   return tuple(out)
+
+
+def _column_sum_gemm(program: Program, others: Sequence[str], stats) -> str | None:
+  """The gemm among `others` (the buffer's other readers) that contracts the
+  axes the column reduction sums (a weight gradient x^T @ dy beside dy's
+  bias gradient): it could emit the column sums itself. None when none."""
+  if stats is None or not stats.axes:
+    return None
+  per_statistic = product(stats.dims[a] for a in stats.axes)
+  for name in others:
+    k = program.kernels.get(name)
+    if k is None or anchor_of(program, k) != "dot":
+      continue
+    try:
+      mm = anchors.matmul_anchor(program.module, k.computation, k.name)
+    except KeyError:
+      continue
+    if mm is None or mm.lhs_contracting is None:
+      continue
+    # The operand holding the buffer (perhaps as a bitcast of it) sums over
+    # exactly what the reduction sums: its contracted and batch axes (XLA:GPU
+    # batches a weight gradient over the batch axis, then adds the batches).
+    for spec, summed in ((mm.lhs, (*mm.lhs_contracting, *mm.lhs_batch)),
+                         (mm.rhs, (*mm.rhs_contracting, *mm.rhs_batch))):
+      if product(spec.dims) == product(stats.dims) and \
+          product(spec.dims[i] for i in summed) == per_statistic:
+        return name
+  return None
 
 
 def _is_reduction_kernel(program: Program, r: Kernel) -> bool:

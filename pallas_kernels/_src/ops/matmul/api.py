@@ -48,7 +48,7 @@ def _real_numeric(name: str, a) -> None:
 
 def _mosaic_plan(x, w, m, n, k, cdt, odt, *, bias, residual, scale, x_kind, w_kind, group,
                  quantize, act, clamp, transpose_x, transpose_w, transpose_out, precision,
-                 interp, target, config):
+                 interp, target, config, column_sum):
   """(Mosaic GPU tiling, the tiling with room for the backward's aux, why the
   kernel cannot run the call or None)."""
   col_vectors = sum((w_kind in ("scalar", "channel") or x_kind == "scalar",
@@ -72,7 +72,7 @@ def _mosaic_plan(x, w, m, n, k, cdt, odt, *, bias, residual, scale, x_kind, w_ki
       x, w, out_dtype=odt, bias=bias, residual=residual, scale=scale, group_size=group,
       quantize=quantize, transpose_x=transpose_x, transpose_w=transpose_w,
       transpose_out=transpose_out, precision=precision, interpret=interp, config=cfg,
-      col_vectors=col_vectors, row_scale=x_kind == "row")
+      col_vectors=col_vectors, row_scale=x_kind == "row", column_sum=column_sum)
   return cfg, aux_cfg, reason
 
 
@@ -86,7 +86,7 @@ def matmul(x: jax.Array, w: jax.Array, *, bias: jax.Array | None = None,
            transpose_out: bool = False, quantize: str | None = None,
            implementation: str | None = None, interpret: bool | None = None,
            config: Config | MosaicConfig | None = None, precision: Any = None,
-           backend: str | None = None):
+           backend: str | None = None, w_column_sum: bool = False):
   """`x @ w` with a fused dequantizing prologue and a fused epilogue.
 
   Computes, in float32 from the accumulator on (x_l, w_l are the logical
@@ -155,11 +155,22 @@ def matmul(x: jax.Array, w: jax.Array, *, bias: jax.Array | None = None,
       target is the device the operands are placed on (see
       `pallas_kernels._src.backend`), never the default backend. A named
       backend whose guard rejects the call falls back to XLA (recorded).
+    w_column_sum: also return `colsum = sum(w_l, axis=-2)` in float32, the
+      sums of the logical w over the contraction axis: [N], or w's own batch
+      dims + [N] for a batched w (cuBLASLt's BGRADB epilogue). For
+      `matmul(x, dy, transpose_x=True, w_column_sum=True)` with activations
+      x [tokens, K] and dy [tokens, N] that is (dW, db) of a dense layer in
+      one pass over dy. The Triton kernel sums the w tiles it loads; the
+      Mosaic GPU kernel does not (the call runs on Triton, recorded as the
+      backend choice), nor does any kernel for a w with `w_scale` (the XLA
+      reference sums the dequantized w; a recorded fallback).
 
   Returns:
     The result [..., M, N] (or [..., N, M]) in out_dtype, or (values, scales)
-    when quantizing. Differentiable with respect to float x and w, bias, scale
-    and residual (quantized operands and dequantization scales are constants).
+    when quantizing; with w_column_sum, the pair (that, colsum).
+    Differentiable with respect to float x and w, bias, scale and residual
+    (quantized operands and dequantization scales are constants); colsum's
+    cotangent reaches w.
 
   Raises:
     ValueError: for invalid calls: mismatched K, non-broadcastable batch dims,
@@ -188,6 +199,8 @@ def matmul(x: jax.Array, w: jax.Array, *, bias: jax.Array | None = None,
     raise ValueError("a MosaicConfig configures the Mosaic GPU kernel, not backend='triton'")
   if isinstance(config, Config) and backend == "mosaic_gpu":
     raise ValueError("a Config configures the Triton kernel, not backend='mosaic_gpu'")
+  if not isinstance(w_column_sum, bool):
+    raise ValueError(f"w_column_sum must be a bool, got {w_column_sum!r}")
   act = reference.canonical_activation(activation)
   clamp = _check_clamp(clamp)
   prec = gpu.resolve_precision(precision)
@@ -286,7 +299,8 @@ def matmul(x: jax.Array, w: jax.Array, *, bias: jax.Array | None = None,
           x_kind=x_kind, w_kind=w_kind, group=group, quantize=quantize, act=act,
           clamp=clamp, transpose_x=transpose_x, transpose_w=transpose_w,
           transpose_out=transpose_out, precision=prec, interp=interp, target=target,
-          config=config if isinstance(config, MosaicConfig) else None)
+          config=config if isinstance(config, MosaicConfig) else None,
+          column_sum=w_column_sum)
       if reason is not None:
         if backend == "mosaic_gpu" or isinstance(config, MosaicConfig):
           guard_lib.record_fallback("matmul", f"mosaic_gpu: {reason}", signature)
@@ -305,14 +319,16 @@ def matmul(x: jax.Array, w: jax.Array, *, bias: jax.Array | None = None,
         transpose_out=bool(transpose_out), x_scale_kind=x_kind, w_scale_kind=w_kind,
         group_size=group, config=cfg, interpret=interp, backend=target.backend,
         target=target, precision=prec, kernel_backend=kernel_backend or "triton",
-        mosaic_config=mosaic_cfg, mosaic_aux_config=mosaic_aux_cfg)
+        mosaic_config=mosaic_cfg, mosaic_aux_config=mosaic_aux_cfg,
+        w_column_sum=w_column_sum)
     if impl == "xla" or kernel_backend is None:
       return vjp.reference_call(static, *operands)
     if kernel_backend == "triton":
       reason = guard.unsupported_reason(
           x, w, out_dtype=odt, bias=bias, residual=residual, scale=scale,
           group_size=group, quantize=quantize, transpose_x=transpose_x,
-          transpose_w=transpose_w, backend=static.backend, interpret=interp, config=cfg)
+          transpose_w=transpose_w, backend=static.backend, interpret=interp, config=cfg,
+          column_sum=w_column_sum, w_scale=w_scale)
       if reason is not None:
         guard_lib.record_fallback("matmul", reason, signature)
         return vjp.reference_call(static, *operands)

@@ -65,6 +65,8 @@ class CaseDef:
   #: An explicit tiling (`config=`), e.g. a `MosaicConfig` whose steps do
   #: not divide K.
   config: Any = None
+  #: Also return w's column sums (`w_column_sum=True`).
+  w_column_sum: bool = False
 
   @property
   def name(self) -> str:
@@ -97,6 +99,8 @@ class CaseDef:
       extras.append(f"out:{inputs.short_dtype(self.out_dtype)}")
     if self.precision:
       extras.append(f"precision:{self.precision}")
+    if self.w_column_sum:
+      extras.append("colsum")
     if self.config is not None:
       fields = ("tile_m", "tile_n", "tile_k", "stages")
       extras.append("config:" + "x".join(str(getattr(self.config, f)) for f in fields))
@@ -157,7 +161,7 @@ def build_case(d: CaseDef, seed: int) -> Case:
   elif d.scale == "vector":
     kwargs["scale"] = inputs.normal(keys.next(), (d.n,), jnp.float32)
   for key in ("activation", "clamp", "quantize", "out_dtype", "transpose_x",
-              "transpose_w", "transpose_out"):
+              "transpose_w", "transpose_out", "w_column_sum"):
     value = getattr(d, key)
     if value:
       kwargs[key] = value
@@ -176,6 +180,9 @@ def build_case(d: CaseDef, seed: int) -> Case:
 
 _CI = frozenset({"ci"})
 _CI_GRAD = frozenset({"ci", "grad"})
+#: Column sums of w beside the product (`column_sum_test.py` selects them).
+_COLSUM = frozenset({"ci", "column_sum"})
+_COLSUM_GRAD = _COLSUM | {"grad"}
 _BENCH = frozenset({"bench"})
 #: Also in `scripts/device_check.sh`'s short table ("device" tag) and its
 #: Mosaic GPU / Triton / XLA table ("backends", `scripts/bench_backends.py`).
@@ -211,6 +218,18 @@ CASE_DEFS: tuple[CaseDef, ...] = (
             w_scale="channel"),
     CaseDef(6, 80, 20, "int8", w_dtype="int8", x_scale="row", w_scale="channel",
             out_dtype="float32"),
+    # Column sums of w: a weight and bias gradient x^T @ dy (ragged K and N
+    # against every block), both layouts, a batched w and a fused epilogue.
+    CaseDef(37, 83, 41, "float32", transpose_x=True, w_column_sum=True, tags=_COLSUM_GRAD,
+            grad=True),
+    CaseDef(29, 70, 45, "bfloat16", transpose_x=True, w_column_sum=True,
+            tags=_COLSUM_GRAD, grad=True),
+    CaseDef(19, 53, 33, "bfloat16", transpose_w=True, bias=True, activation="gelu",
+            w_column_sum=True, tags=_COLSUM_GRAD, grad=True),
+    CaseDef(13, 40, 23, "float32", batch=(2,), w_batch=(2,), transpose_x=True,
+            transpose_w=True, w_column_sum=True, tags=_COLSUM_GRAD, grad=True),
+    CaseDef(9, 72, 20, "float16", batch=(3,), bias=True, activation="relu",
+            w_column_sum=True, tags=_COLSUM),
     # Quantizing epilogues.
     CaseDef(17, 64, 50, "bfloat16", bias=True, activation="gelu", quantize="int8"),
     CaseDef(9, 32, 40, "float32", residual=True, bias=True, quantize="float8_e4m3fn"),
@@ -373,21 +392,26 @@ SWEEP_PARAMS: tuple[SweepParam, ...] = (
     SweepParam("transpose_x", "bool", False), SweepParam("transpose_w", "bool", False),
     SweepParam("transpose_out", "bool", False),
     SweepParam("quantize", "str", None, optional=True),
-    SweepParam("out_dtype", "dtype", None, optional=True))
+    SweepParam("out_dtype", "dtype", None, optional=True),
+    SweepParam("w_column_sum", "bool", False))
 
 
 # ---------------------------------------------------- the audit's call ----
 
 CLOSES = Closes(
-    kinds=frozenset({"unfused-epilogue", "unfused-prologue", "layout-conflict"}),
+    # A separate reduction anchored at a dot: the column sum of an operand the
+    # dot also reads (a bias gradient beside its weight gradient).
+    kinds=frozenset({"unfused-epilogue", "unfused-prologue", "layout-conflict",
+                     "separate-reduction"}),
     anchors=frozenset({"dot"}),
     epilogues=frozenset({"bias", "scale", "activation", "residual", "clamp",
-                         "cast", "quantize", "transpose"}),
+                         "cast", "quantize", "transpose", "column_sum"}),
     prologues=frozenset({"cast", "dequantize", "scale", "transpose"}),
     activations=frozenset({"relu", "gelu", "gelu_tanh", "silu", "sigmoid",
                            "tanh", "identity"}),
     keywords=(("bias", "bias"), ("activation", "activation"),
-              ("residual", "residual"), ("cast", "out_dtype")))
+              ("residual", "residual"), ("cast", "out_dtype"),
+              ("column_sum", "w_column_sum")))
 
 
 def _dot_call(anchor) -> tuple[dict, list, tuple[int, ...]] | None:
@@ -409,9 +433,38 @@ def _dot_call(anchor) -> tuple[dict, list, tuple[int, ...]] | None:
   return arrays, options, tuple(anchor.result)
 
 
+def _column_sum_call(facts: CallFacts) -> Call | None:
+  """`matmul(x, dy, transpose_x=True, w_column_sum=True)`: the weight
+  gradient x^T @ dy and the bias gradient sum(dy, 0) in one pass over dy (the
+  boundary), written over the tokens as a dense layer's backward sums them,
+  however XLA batched or transposed its dot."""
+  mm = facts.matmul
+  if mm is None or mm.lhs_contracting is None:
+    return None
+  bdims = tuple(facts.boundary.dims)
+  sides = ((mm.lhs, (*mm.lhs_contracting, *mm.lhs_batch)),
+           (mm.rhs, (*mm.rhs_contracting, *mm.rhs_batch)))
+  size = math.prod(bdims)
+  for i, (spec, summed) in enumerate(sides):
+    tokens = math.prod(spec.dims[a] for a in summed)
+    if math.prod(spec.dims) != size or not tokens:
+      continue
+    other = sides[1 - i][0]
+    k_in, n = math.prod(other.dims) // tokens, size // tokens
+    arrays = (("x", other.dtype, (tokens, k_in), True),
+              ("dy", facts.boundary.dtype, (tokens, n), True))
+    options = (("transpose_x", "True", True), ("w_column_sum", "True", True))
+    return Call("matmul", arrays, options,
+                f"({facts.boundary.dtype}[{k_in},{n}], f32[{n}])")
+  return None
+
+
 def suggest(facts: CallFacts) -> Call | None:
-  """`matmul` closing an epilogue (the work as keywords) or a prologue (the
-  operand in its source dtype, with its scale)."""
+  """`matmul` closing an epilogue (the work as keywords), a prologue (the
+  operand in its source dtype, with its scale), or a column sum of an operand
+  (`w_column_sum`)."""
+  if "column_sum" in facts.ops:
+    return _column_sum_call(facts)
   found = _dot_call(facts.matmul)
   if found is None:
     return None

@@ -54,6 +54,14 @@ def _name(dtype) -> str:
   return jnp.dtype(dtype).name
 
 
+def column_sum_reason(column_sum: bool, w_scale: Any) -> str | None:
+  """Why the Triton kernel cannot sum w's columns for this call, or None."""
+  if column_sum and w_scale is not None:
+    return ("w_column_sum with a w_scale: the kernel sums w's tiles as stored, not "
+            "dequantized (the reference sums the scaled w)")
+  return None
+
+
 def dims(x_shape, w_shape, transpose_x: bool, transpose_w: bool) -> tuple[int, int, int]:
   """(M, N, K) of a call from its stored shapes."""
   m, k = (x_shape[-1], x_shape[-2]) if transpose_x else (x_shape[-2], x_shape[-1])
@@ -66,7 +74,8 @@ def unsupported_reason(x: Any, w: Any, *, out_dtype, bias: Any = None,
                        group_size: int | None = None, quantize: str | None = None,
                        transpose_x: bool = False, transpose_w: bool = False,
                        backend: backend_lib.Backend, interpret: bool,
-                       config: Config) -> str | None:
+                       config: Config, column_sum: bool = False,
+                       w_scale: Any = None) -> str | None:
   """Why the forward kernel cannot run this (validated) call, or None.
 
   Args:
@@ -79,11 +88,16 @@ def unsupported_reason(x: Any, w: Any, *, out_dtype, bias: Any = None,
     backend: the backend the call runs on.
     interpret: whether Pallas would interpret the kernel.
     config: the tiling that would be used.
+    column_sum: the column sums of w are asked (`w_column_sum`).
+    w_scale: w's dequantization scale, if any.
 
   Returns:
     A short human-readable reason, or None when the kernel can run.
   """
   reason = gpu.unavailable_reason(interpret)
+  if reason:
+    return reason
+  reason = column_sum_reason(column_sum, w_scale)
   if reason:
     return reason
   xd, wd = _name(x.dtype), _name(w.dtype)
@@ -167,7 +181,8 @@ def mosaic_unsupported_reason(x: Any, w: Any, *, out_dtype, bias: Any = None,
                               transpose_out: bool = False, precision: str = "DEFAULT",
                               save_aux_dtype=None, col_vectors: int = 3,
                               row_scale: bool = True, interpret: bool,
-                              config: config_lib.MosaicConfig) -> str | None:
+                              config: config_lib.MosaicConfig,
+                              column_sum: bool = False) -> str | None:
   """Why the Mosaic GPU kernel cannot run this (validated) call, or None.
 
   Args:
@@ -181,6 +196,7 @@ def mosaic_unsupported_reason(x: Any, w: Any, *, out_dtype, bias: Any = None,
       bias) and whether x has per-row scales (for the shared memory count).
     interpret: Mosaic GPU's interpret mode (then any target may run it).
     config: the tiling that would be used.
+    column_sum: the column sums of w are asked (`w_column_sum`).
 
   Returns:
     A short reason naming the shape or dtype, or None when the kernel runs.
@@ -188,6 +204,9 @@ def mosaic_unsupported_reason(x: Any, w: Any, *, out_dtype, bias: Any = None,
   reason = compat.mosaic_gpu_unavailable_reason()
   if reason:
     return reason
+  if column_sum:
+    return ("w_column_sum: the Mosaic GPU matmul emits no column sums of w (wgmma reads "
+            "the w tiles from shared memory; the Triton kernel sums them as it loads them)")
   target = backend_lib.target()
   if not interpret:
     if target.backend is not backend_lib.Backend.GPU:

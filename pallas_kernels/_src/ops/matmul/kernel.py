@@ -27,6 +27,16 @@ transposed in registers when the output is stored transposed. When asked
 (for the backward pass) the tile also stores `aux`, the accumulator before the
 epilogue.
 
+Column sums of w (`column_sum`, cuBLASLt's BGRADB): each K step also adds the
+w tile it loaded, summed over K, into an f32 [block_n] row, so a weight
+gradient x^T @ dy yields dy's bias gradient without a second read of dy. The
+ragged K tail is already zero: the masked load fills it. Every program of a
+column tile walks the whole of K over the same w panel, so all of them hold
+the identical, complete sum: the programs of row tile 0 (and, for an
+unbatched w, batch 0) store it, one writer per output block and no partial
+sums to combine. The other programs' sums are dead work of one add per w
+element per row tile (1/block_m of the dot's).
+
 Backward (`dact_bgrad`): one program owns `block_n` columns and a chunk of
 rows, recomputes pre = aux * scale + bias per sub-tile, forms
 g = dy * [lo <= z <= hi] * act'(pre) (z = act(pre) + residual, the clamp's
@@ -223,6 +233,8 @@ class _Forward:
   cfg: Config
   #: `jax.lax.Precision` name of the dot ("DEFAULT" -> TF32 for f32 on GPU).
   precision: str = "HIGHEST"
+  #: Also store the column sums of w (summed over K) per w batch.
+  column_sum: bool = False
 
   @property
   def mb(self) -> int:
@@ -278,8 +290,9 @@ def _forward_kernel(*refs, p: _Forward):
   o_ref = refs.pop(0)
   qs_ref = refs.pop(0) if p.quantize else None
   aux_ref = refs.pop(0) if p.save_aux else None
+  wsum_ref = refs.pop(0) if p.column_sum else None
 
-  _, i, j = tile_coords(pl.program_id(0), p.mb, p.nb, cfg.group_m, p.batch)
+  b, i, j = tile_coords(pl.program_id(0), p.mb, p.nb, cfg.group_m, p.batch)
   # Masks exist only for ragged dimensions; divisible shapes load unmasked.
   row_ok = (i * bm + jnp.arange(bm, dtype=jnp.int32) < p.m) if p.m % bm else None
   col_ok = (j * bn + jnp.arange(bn, dtype=jnp.int32) < p.n) if p.n % bn else None
@@ -292,7 +305,8 @@ def _forward_kernel(*refs, p: _Forward):
     cdt = jnp.dtype(_F32)
   precision = gpu.dot_precision(p.precision)
 
-  def k_step(kk, acc):
+  def k_step(kk, carry):
+    acc, wsum = carry
     k0 = pl.multiple_of(kk * bk, bk)
     k_ok = (k0 + jnp.arange(bk, dtype=jnp.int32) < p.k) if ragged_k else None
     if p.transpose_x:  # Stored [Kp, bm]: contract axis 0.
@@ -314,9 +328,21 @@ def _forward_kernel(*refs, p: _Forward):
       # The whole K step lies in group k0 // G (block_k divides G).
       gs = _read(gs_ref.at[jax.lax.div(k0, p.group_size), :], col_ok)
       part = part * gs.astype(_F32)[None, :]
-    return acc + part
+    if p.column_sum:
+      # The tile as loaded: K-padding rows (and columns past N) are zeros.
+      wsum = wsum + jnp.sum(wt.astype(_F32), axis=w_dims[0])
+    return acc + part, wsum
 
-  acc = jax.lax.fori_loop(0, p.kp // bk, k_step, jnp.zeros((bm, bn), _F32))
+  acc, wsum = jax.lax.fori_loop(0, p.kp // bk, k_step,
+                                (jnp.zeros((bm, bn), _F32), jnp.zeros((bn,), _F32)))
+  if wsum_ref is not None:
+    first = i == 0
+    if p.batch > 1 and not p.w_batched:
+      first = first & (b == 0)  # One w shared by every batch: one writer.
+
+    @pl.when(first)
+    def _():
+      _write(wsum_ref, wsum, col_ok)
 
   if rs_ref is not None:
     acc = acc * _read(rs_ref, row_ok).astype(_F32)[:, None]
@@ -362,6 +388,8 @@ class ForwardOutputs(NamedTuple):
   scales: jax.Array | None
   #: The f32 accumulator before the epilogue, logical [..., M, N] (save_aux).
   aux: jax.Array | None
+  #: float32 column sums of the logical w over K, w's batch + [N] (column_sum).
+  column_sum: jax.Array | None = None
 
 
 def _to3(a: jax.Array, batch_shape: tuple[int, ...]) -> tuple[jax.Array, bool]:
@@ -387,7 +415,8 @@ def matmul_forward(
     clamp: tuple[float | None, float | None] | None = None,
     transpose_x: bool = False, transpose_w: bool = False, transpose_out: bool = False,
     quantize: str | None = None, save_aux: bool = False, aux_dtype=_F32,
-    poison: bool = False, precision: str = "HIGHEST") -> ForwardOutputs:
+    poison: bool = False, precision: str = "HIGHEST",
+    column_sum: bool = False) -> ForwardOutputs:
   """Launches the forward kernel on canonical operands.
 
   The caller (`api.py`, `vjp.py`) has validated shapes and folded scalar
@@ -415,9 +444,12 @@ def matmul_forward(
     aux_dtype: dtype of the saved accumulator.
     poison: test hook: the output buffer starts as NaN (or int8 -128) through
       `input_output_aliases`, so any element the kernel fails to write shows.
+    precision: `jax.lax.Precision` name of the dot.
+    column_sum: also return the f32 column sums of the logical w over K,
+      shaped w's batch + [N] (w unscaled: the caller rejects w scales).
 
   Returns:
-    `ForwardOutputs(out, scales, aux)`.
+    `ForwardOutputs(out, scales, aux, column_sum)`.
   """
   m = x.shape[-1] if transpose_x else x.shape[-2]
   k = x.shape[-2] if transpose_x else x.shape[-1]
@@ -450,7 +482,7 @@ def matmul_forward(
       has_residual=residual is not None, activation=activation, clamp=clamp,
       compute_dtype=jnp.dtype(compute_dtype).name, quantize=quantize,
       save_aux=save_aux, poison=poison, interpret=bool(interpret), cfg=cfg,
-      precision=precision)
+      precision=precision, column_sum=column_sum)
   bm, bn, kp = cfg.block_m, cfg.block_n, p.kp
   coords = functools.partial(tile_coords, mb=p.mb, nb=p.nb, group_m=cfg.group_m,
                              batch=batch)
@@ -529,6 +561,10 @@ def matmul_forward(
   if save_aux:
     out_shapes.append(jax.ShapeDtypeStruct((batch, m_eff, n), aux_dtype))
     out_specs.append(pl.BlockSpec((None, bm, bn), logical_map))
+  if column_sum:
+    out_shapes.append(jax.ShapeDtypeStruct((w3.shape[0], n), _F32))
+    out_specs.append(pl.BlockSpec((None, bn), lambda pid: (bw(coords(pid)[0]),
+                                                           coords(pid)[2])))
 
   call = pl.pallas_call(
       functools.partial(_forward_kernel, p=p),
@@ -551,7 +587,27 @@ def matmul_forward(
   if quantize:
     scales = results.pop(0).reshape(out_lead + ((1, m) if transpose_out else (m, 1)))
   aux = results.pop(0).reshape(out_lead + (m, n)) if save_aux else None
-  return ForwardOutputs(out, scales, aux)
+  wsum = None
+  if column_sum:
+    wsum = _own_batch(results.pop(0), tuple(batch_shape), tuple(w.shape[:-2]))
+  return ForwardOutputs(out, scales, aux, wsum)
+
+
+def _own_batch(sums: jax.Array, batch_shape: tuple[int, ...],
+               w_batch: tuple[int, ...]) -> jax.Array:
+  """Column sums [B or 1, N] per launched w batch -> w's own batch + [N].
+
+  A partially broadcast w was materialized to the full batch (`_to3`): its
+  copies' sums are equal, the first along each broadcast axis is kept.
+  """
+  n = sums.shape[-1]
+  if sums.shape[0] == math.prod(w_batch):
+    return sums.reshape(w_batch + (n,))
+  full = sums.reshape(batch_shape + (n,))
+  pad = len(batch_shape) - len(w_batch)
+  index = tuple(0 if a < pad or w_batch[a - pad] == 1 else slice(None)
+                for a in range(len(batch_shape)))
+  return full[index].reshape(w_batch + (n,))
 
 
 # --------------------------------------------------------------------------

@@ -139,7 +139,7 @@ def reference(x: jax.Array, w: jax.Array, *, bias: jax.Array | None = None,
               w_group_size: int | None = None, transpose_x: bool = False,
               transpose_w: bool = False, transpose_out: bool = False,
               quantize: str | None = None,
-              precision: jax.lax.Precision | None = None):
+              precision: jax.lax.Precision | None = None, w_column_sum: bool = False):
   """`pallas_kernels.matmul` in jax.numpy (float32 math, one cast at the end).
 
   The exact order (x_l, w_l are the logical operands)::
@@ -154,6 +154,7 @@ def reference(x: jax.Array, w: jax.Array, *, bias: jax.Array | None = None,
     y   = jnp.clip(y, lo, hi)
     out = y.astype(out_dtype)  or  quantize_rows(y)   # per row of the logical result
     out = swapaxes(out, -1, -2) if transpose_out      # (both values and scales)
+    colsum = jnp.sum(wd, axis=-2)                     # w_column_sum: (out, colsum)
 
   Args:
     x: [..., M, K] ([..., K, M] when transpose_x); float, int8 or fp8.
@@ -174,9 +175,12 @@ def reference(x: jax.Array, w: jax.Array, *, bias: jax.Array | None = None,
       float32 per logical row, shaped to broadcast against values ([..., M, 1],
       or [..., 1, M] when transpose_out), values = quantize(y / scales).
     precision: precision of the float32 matmul (HIGHEST for validation).
+    w_column_sum: also return the float32 column sums of the dequantized
+      logical w, `sum(wd, axis=-2)`: [..., N] with w's own batch dims.
 
   Returns:
-    The result array, or (values, scales) when quantizing.
+    The result array, or (values, scales) when quantizing; with w_column_sum
+    the pair (that result, column sums).
   """
   xl = logical_x(x, transpose_x)
   wl = logical_w(w, transpose_w)
@@ -193,6 +197,17 @@ def reference(x: jax.Array, w: jax.Array, *, bias: jax.Array | None = None,
     wd = dequantize_w(wl, w_scale, w_group_size)
   y = jnp.matmul(xd, wd, precision=precision, preferred_element_type=_F32)
   y = y.astype(_F32)
+  out = _epilogue(y, x.dtype, w.dtype, bias=bias, activation=activation,
+                  residual=residual, out_dtype=out_dtype, scale=scale, clamp=clamp,
+                  transpose_out=transpose_out, quantize=quantize)
+  if not w_column_sum:
+    return out
+  return out, jnp.sum(dequantize_w(wl, w_scale, w_group_size), axis=-2)
+
+
+def _epilogue(y, x_dtype, w_dtype, *, bias, activation, residual, out_dtype, scale, clamp,
+              transpose_out, quantize):
+  """`reference`'s steps after the product, on the float32 accumulator y."""
   if scale is not None:
     y = y * jnp.asarray(scale, _F32)
   if bias is not None:
@@ -208,7 +223,7 @@ def reference(x: jax.Array, w: jax.Array, *, bias: jax.Array | None = None,
     if transpose_out:
       return jnp.swapaxes(values, -1, -2), jnp.swapaxes(scales, -1, -2)
     return values, scales
-  dtype = default_out_dtype(x.dtype, w.dtype) if out_dtype is None else out_dtype
+  dtype = default_out_dtype(x_dtype, w_dtype) if out_dtype is None else out_dtype
   out = y.astype(dtype)
   return jnp.swapaxes(out, -1, -2) if transpose_out else out
 

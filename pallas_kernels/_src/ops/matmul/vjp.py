@@ -23,6 +23,12 @@ as are x_scale and w_scale), bias, scale, and residual (identity, masked by a
 clamp). Per-group w scales are applied to w in XLA for dx (one dequantized
 copy of w), since they vary along dx's output axis.
 
+Column sums of w (`w_column_sum`): colsum[n] = sum_k w_l[k, n], so its
+cotangent adds dcolsum[n] to every dw[k, n]. Where the dw product stores w's
+gradient directly (w unbatched, no broadcast batch summed after), that is the
+dw kernel's bias epilogue (bias is added per logical column, before the
+transposed store); otherwise XLA adds it to the f32 dw before the one cast.
+
 When the backward kernels cannot run (a guard reason for the dx/dw launches)
 or the output is quantized, the backward is `jax.vjp` of the reference,
 recorded as a fallback when traced.
@@ -80,6 +86,8 @@ class Static:
   #: room for the aux the backward saves.
   mosaic_config: MosaicConfig | None = None
   mosaic_aux_config: MosaicConfig | None = None
+  #: Also return the float32 column sums of the logical w (see `api.matmul`).
+  w_column_sum: bool = False
 
 
 class Operands:
@@ -97,7 +105,7 @@ def reference_call(static: Static, x, w, bias, residual, scale, x_scale, w_scale
       w_group_size=static.group_size if static.w_scale_kind == "group" else None,
       transpose_x=static.transpose_x, transpose_w=static.transpose_w,
       transpose_out=static.transpose_out, quantize=static.quantize,
-      precision=jax.lax.Precision[static.precision])
+      precision=jax.lax.Precision[static.precision], w_column_sum=static.w_column_sum)
 
 
 def _col_mult(static: Static, n: int, x_scale, w_scale):
@@ -146,10 +154,13 @@ def forward(static: Static, x, w, bias, residual, scale, x_scale, w_scale, *,
   fused_quantize = fuses_quantize(static, n)
   out_dtype = static.out_dtype if static.quantize is None or fused_quantize else _F32
   if static.kernel_backend == "mosaic_gpu":
+    # `guard.mosaic_unsupported_reason` sends column sums to Triton.
+    assert not static.w_column_sum
     cfg = static.mosaic_aux_config if save_aux else static.mosaic_config
     launch = functools.partial(mosaic_gpu.matmul_forward, cfg=cfg)
   else:
-    launch = functools.partial(kernel.matmul_forward, cfg=static.config)
+    launch = functools.partial(kernel.matmul_forward, cfg=static.config,
+                               column_sum=static.w_column_sum)
   res = launch(
       x, w, interpret=static.interpret, compute_dtype=static.compute_dtype,
       out_dtype=out_dtype, activation=static.activation,
@@ -171,15 +182,15 @@ def forward(static: Static, x, w, bias, residual, scale, x_scale, w_scale, *,
     scales = quant.scale_from_amax(jnp.max(jnp.abs(y), axis=axis, keepdims=True),
                                    static.quantize)
     values = quant.quantize(y, scales, static.quantize)
-    return kernel.ForwardOutputs(values, scales, res.aux)
+    return kernel.ForwardOutputs(values, scales, res.aux, res.column_sum)
   return res
 
 
 def result(static: Static, outputs: kernel.ForwardOutputs):
-  """The public return value: the array, or (values, scales) when quantizing."""
-  if static.quantize is not None:
-    return outputs.out, outputs.scales
-  return outputs.out
+  """The public return value: the array, or (values, scales) when quantizing;
+  paired with the column sums when asked."""
+  out = (outputs.out, outputs.scales) if static.quantize is not None else outputs.out
+  return (out, outputs.column_sum) if static.w_column_sum else out
 
 
 # --------------------------------------------------------------------------
@@ -269,12 +280,15 @@ def _sum_to(a, shape, dtype):
   return a.astype(dtype)
 
 
-def _matmul_grad(static: Static, lhs, rhs, *, tl: bool, tr: bool, to: bool, out_dtype):
-  """lhs @ rhs through a forward kernel (no epilogue) for dx / dw."""
+def _matmul_grad(static: Static, lhs, rhs, *, tl: bool, tr: bool, to: bool, out_dtype,
+                 bias=None):
+  """lhs @ rhs (+ bias [N] on the logical columns) through a forward kernel
+  for dx / dw."""
   cdt = reference.compute_dtype(lhs.dtype, rhs.dtype)
   plan, reason = _grad_launch(static, lhs, rhs, tl, tr, to, out_dtype)
   assert plan is not None, reason  # `_plan` ruled this out before the forward.
   if plan.backend == "mosaic_gpu":
+    assert bias is None  # `_kernel_backward` adds it in XLA on this path.
     a, b, ta, tb = (rhs, lhs, not tr, not tl) if plan.swap else (lhs, rhs, tl, tr)
     return mosaic_gpu.matmul_forward(
         a, b, cfg=plan.config, interpret=static.interpret, compute_dtype=cdt,
@@ -282,7 +296,7 @@ def _matmul_grad(static: Static, lhs, rhs, *, tl: bool, tr: bool, to: bool, out_
   return kernel.matmul_forward(
       lhs, rhs, cfg=plan.config, interpret=static.interpret, compute_dtype=cdt,
       out_dtype=out_dtype, transpose_x=tl, transpose_w=tr, transpose_out=to,
-      precision=static.precision).out
+      precision=static.precision, bias=bias).out
 
 
 def _dequantized_w_stored(static: Static, w, w_scale):
@@ -294,7 +308,8 @@ def _dequantized_w_stored(static: Static, w, w_scale):
   return (w.astype(_F32) * s).astype(static.compute_dtype)
 
 
-def _kernel_backward(static: Static, inputs, aux, ct, want_dx: bool, want_dw: bool):
+def _kernel_backward(static: Static, inputs, aux, ct, want_dx: bool, want_dw: bool,
+                     dcolsum=None):
   x, w, bias, residual, scale, x_scale, w_scale = inputs
   m, n, _ = guard.dims(x.shape, w.shape, static.transpose_x, static.transpose_w)
   col = _col_mult(static, n, x_scale, w_scale)
@@ -344,25 +359,37 @@ def _kernel_backward(static: Static, inputs, aux, ct, want_dx: bool, want_dw: bo
                         else x.dtype)
     dx = _sum_to(full, x.shape, x.dtype)
   if want_dw:
-    fold = (math.prod(w.shape[:-2]) == 1 and not static.transpose_x and not g_t
-            and x.ndim > 2)
+    unbatched_w = math.prod(w.shape[:-2]) == 1
+    fold = unbatched_w and not static.transpose_x and not g_t and x.ndim > 2
     grouped = static.w_scale_kind == "group"
+    summed = not fold and (g.ndim > w.ndim or g.shape[:-2] != w.shape[:-2])
+    # The column sums' cotangent: the dw kernel's bias where it stores dw
+    # itself, else added in XLA below (before the one cast of an f32 dw).
+    fused_dcs = (dcolsum is not None and unbatched_w and not summed and not grouped
+                 and static.kernel_backend == "triton")
+    dcs_bias = dcolsum.reshape(n).astype(_F32) if fused_dcs else None
+    late_dcs = dcolsum is not None and not fused_dcs
     if fold:
       # Contract over batch and rows at once: [B*M, K]^T @ [B*M, N].
       k = x.shape[-1]
       full = _matmul_grad(static, x.reshape(-1, k), g.reshape(-1, n), tl=True, tr=False,
-                          to=static.transpose_w, out_dtype=_F32 if grouped else w.dtype)
+                          to=static.transpose_w,
+                          out_dtype=_F32 if grouped or late_dcs else w.dtype, bias=dcs_bias)
       full = full.reshape(w.shape)
     else:
       # Stored straight in w's dtype unless broadcast batch dims are summed after.
-      summed = g.ndim > w.ndim or g.shape[:-2] != w.shape[:-2]
       full = _matmul_grad(static, x, g, tl=not static.transpose_x, tr=g_t,
                           to=static.transpose_w,
-                          out_dtype=_F32 if grouped or summed else w.dtype)
+                          out_dtype=_F32 if grouped or summed or late_dcs else w.dtype,
+                          bias=dcs_bias)
     if grouped:
       k = w.shape[-1] if static.transpose_w else w.shape[-2]
       s = reference.expand_group_scale(w_scale, k, static.group_size)
       full = full * (s.T if static.transpose_w else s)
+    if late_dcs:
+      full = _sum_to(full, w.shape, _F32)
+      dcs = dcolsum.astype(_F32)
+      full = full + (dcs[..., :, None] if static.transpose_w else dcs[..., None, :])
     dw = _sum_to(full, w.shape, w.dtype)
 
   def cast(v, like):
@@ -425,7 +452,10 @@ def build(static: Static):
     want_dx, want_dw, reason = _plan(static, x, w)
     if reason is not None:
       return _reference_backward(static, inputs, ct)
-    return _kernel_backward(static, inputs, aux, ct, want_dx, want_dw)
+    dcolsum = None
+    if static.w_column_sum:
+      ct, dcolsum = ct
+    return _kernel_backward(static, inputs, aux, ct, want_dx, want_dw, dcolsum)
 
   fused.defvjp(fused_fwd, fused_bwd)
   return fused

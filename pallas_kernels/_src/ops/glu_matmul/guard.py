@@ -1,0 +1,87 @@
+"""When the GLU matmul kernels cannot run, and why (the XLA reference runs instead).
+
+`api.py` asks `unsupported_reason` before every launch; on a reason it runs
+the reference and records the fallback, so a user's program never breaks.
+Invalid calls (mismatched shapes, an unknown activation) raise ValueError in
+`api.py` instead.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import jax.numpy as jnp
+
+from pallas_kernels._src import backend as backend_lib
+from pallas_kernels._src import gpu
+from pallas_kernels._src.ops.glu_matmul import config as config_lib
+from pallas_kernels._src.ops.glu_matmul.config import Config
+from pallas_kernels._src.ops.matmul import gpu as matmul_gpu
+
+#: dtypes of x, the weights, the biases and the result the kernels are
+#: written and validated for.
+SUPPORTED_DTYPES = frozenset({"float32", "bfloat16", "float16"})
+#: Pallas' Triton lowering computes element offsets in int32.
+MAX_ELEMENTS = 2**31 - 1
+
+
+def _name(dtype) -> str:
+  return jnp.dtype(dtype).name
+
+
+def _describe(label: str, a: Any) -> str:
+  return f"{label} {_name(a.dtype)}{list(a.shape)}"
+
+
+def unsupported_reason(x: Any, w_gate: Any, w_up: Any, *, bias_gate: Any = None,
+                       bias_up: Any = None, out_dtype, interpret: bool,
+                       config: Config) -> str | None:
+  """Why the kernels cannot run this (validated) call, or None if they can.
+
+  Args:
+    x: [..., K] (an array or anything with .shape and .dtype).
+    w_gate, w_up: [K, F].
+    bias_gate, bias_up: [F] or None.
+    out_dtype: the result dtype.
+    interpret: whether Pallas would interpret the kernels.
+    config: the tiling that would be used.
+
+  Returns:
+    A short reason naming the offending dtype or shape, or None.
+  """
+  reason = gpu.unavailable_reason(interpret)
+  if reason:
+    return reason
+  arrays = (("x", x), ("w_gate", w_gate), ("w_up", w_up), ("bias_gate", bias_gate),
+            ("bias_up", bias_up))
+  for label, a in arrays:
+    if a is not None and _name(a.dtype) not in SUPPORTED_DTYPES:
+      return (f"{_describe(label, a)}: dtype {_name(a.dtype)} is not one of "
+              f"{sorted(SUPPORTED_DTYPES)}")
+  for label, w in (("w_gate", w_gate), ("w_up", w_up)):
+    if _name(w.dtype) != _name(x.dtype):
+      # Both dot operands must share an element type (Triton's tt.dot).
+      return (f"mismatched dtypes: {_describe('x', x)} with {_describe(label, w)}; "
+              "cast them to one dtype")
+  if _name(out_dtype) not in SUPPORTED_DTYPES:
+    return f"out_dtype {_name(out_dtype)} is not one of {sorted(SUPPORTED_DTYPES)}"
+
+  k, f = int(w_gate.shape[0]), int(w_gate.shape[1])
+  m = math.prod(x.shape[:-1])
+  if min(m, k, f) == 0:
+    return f"empty dimension (M={m}, K={k}, F={f}) of {_describe('x', x)}"
+  for label, n in (("x", m * k), ("w_gate", k * f), ("the result", m * f)):
+    if n > MAX_ELEMENTS:
+      return f"{label} has {n} > 2**31-1 elements (int32 offsets)"
+
+  if not interpret and backend_lib.current_backend() is backend_lib.Backend.GPU:
+    lo = config_lib.GPU_MIN_BLOCK
+    if min(config.block_m, config.block_n, config.block_k) < lo:
+      return f"Triton dots need tiles >= {lo}, got {config}"
+    smem = config_lib.smem_bytes(config, jnp.dtype(x.dtype).itemsize)
+    limit = matmul_gpu.shared_memory_bytes()
+    if smem > limit:
+      return (f"{config} needs ~{smem // 1024} KiB of shared memory, more than the "
+              f"{limit // 1024} KiB available")
+  return None

@@ -1,0 +1,117 @@
+"""How much of what the audit finds on an H200 our fixes cover.
+
+For each ground-truth suite model compiled for an H200 (the committed XLA:GPU
+compiles of tests/hlo_audit/real_models/h200, made without a GPU) and the
+built-in example, audits the program as priced on an H200 and splits the
+traffic (`bytes_saved`) of its actionable findings into:
+
+  kernel runs   a kernel library names a call and its guard passes on the
+                H200 for the finding's shapes (pallas_kernels' ops, JAX's
+                own fused calls);
+  kernel named  a call is named but its guard sends these shapes to XLA;
+  program       the fix is a change to the program (hoist, remat, a
+                layout), not a kernel;
+  uncovered     no fix is named; the largest such kinds are listed.
+
+Run: python scripts/bench_coverage.py [MODEL ...] [--json FILE]
+(JAX_PLATFORMS=cpu; no GPU, no CUDA plugin needed: the compiles are committed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+#: Compiles of one model in another configuration, held by rule tests: not
+#: programs of their own.
+_VARIANTS = ("cublas_mlp", "dp_mlp", "swapped_example")
+
+_SPLIT = ("runs", "named", "program", "uncovered")
+
+
+def _share(finding) -> str:
+  if finding.kernel:
+    return "runs" if finding.guard_verdict.startswith("kernel runs") else "named"
+  guard = finding.guard
+  if finding.need is None and (finding.kind.fix in ("donate", "remat") or
+                               guard.startswith(("n/a: a change to the program",
+                                                 "none needed"))):
+    return "program"
+  return "uncovered"
+
+
+def coverage(name: str, text: str):
+  """(bytes by share, bytes by library, uncovered bytes by (class, work))."""
+  import hlo_audit
+  r = hlo_audit.audit_hlo(text, options=hlo_audit.AuditOptions(device="h200"))
+  by_share = dict.fromkeys(_SPLIT, 0)
+  by_library = collections.Counter()
+  missing = collections.Counter()
+  for f in r.actionable:
+    if f.kind is hlo_audit.FindingKind.UNDONATED_ARGUMENT:
+      continue  # capacity, not traffic
+    share = _share(f)
+    by_share[share] += f.bytes_saved
+    if f.kernel:
+      by_library[f.kernel.split(".", 1)[0]] += f.bytes_saved
+    if share == "uncovered":
+      missing[(f.kind.slug, ",".join(f.ops[:3]))] += f.bytes_saved
+  return by_share, by_library, missing
+
+
+def main(argv=None) -> int:
+  parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  parser.add_argument("models", nargs="*", help="suite models (default: all and the example)")
+  parser.add_argument("--json", help="write the table as JSON here")
+  parser.add_argument("--top", type=int, default=12, help="uncovered kinds to list")
+  args = parser.parse_args(argv)
+
+  from tests.hlo_audit.real_models import h200_support
+  names = args.models or sorted(
+      p.name.removesuffix(".hlo.gz") for p in h200_support.HERE.glob("*.hlo.gz")
+      if p.name.removesuffix(".hlo.gz") not in _VARIANTS)
+  mib = 2.0 ** 20
+  total = dict.fromkeys(_SPLIT, 0)
+  libraries = collections.Counter()
+  missing = collections.Counter()
+  rows = []
+  print(f"{'model':18s} {'actionable':>11s} {'runs':>6s} {'named':>6s} {'program':>8s} "
+        f"{'uncovered':>9s}  libraries")
+  for name in names:
+    share, libs, miss = coverage(name, h200_support.fixture(name))
+    b = sum(share.values())
+    for k in _SPLIT:
+      total[k] += share[k]
+    libraries.update(libs)
+    missing.update(miss)
+    pct = {k: 100 * share[k] / b if b else 0.0 for k in _SPLIT}
+    rows.append({"model": name, "actionable_bytes": b, **{f"{k}_bytes": share[k] for k in _SPLIT},
+                 "libraries": dict(libs)})
+    print(f"{name:18s} {b / mib:8.1f} MiB {pct['runs']:5.0f}% {pct['named']:5.0f}% "
+          f"{pct['program']:7.0f}% {pct['uncovered']:8.0f}%  "
+          f"{', '.join(f'{k} {v / mib:.1f}' for k, v in libs.most_common())}")
+  b = sum(total.values())
+  fixed = total["runs"] + total["named"] + total["program"]
+  print(f"{'all':18s} {b / mib:8.1f} MiB "
+        + " ".join(f"{100 * total[k] / b:5.0f}%" + (" " if k == 'program' else "")
+                   for k in _SPLIT))
+  print(f"\na fix named for {100 * fixed / b:.1f}% of the actionable bytes "
+        f"(a kernel for {100 * (total['runs'] + total['named']) / b:.1f}%, one that runs "
+        f"on the H200 for {100 * total['runs'] / b:.1f}%)")
+  print("\nlargest uncovered (class, work): MiB")
+  for (kind, work), v in missing.most_common(args.top):
+    print(f"  {v / mib:8.1f}  {kind} ({work})")
+  if args.json:
+    with open(args.json, "w") as f:
+      json.dump({"rows": rows, "total": total, "libraries": dict(libraries)}, f, indent=1)
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

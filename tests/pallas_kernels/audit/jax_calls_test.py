@@ -1,0 +1,126 @@
+"""JAX's own fused calls through the kernel-library seam: which call an
+attention chain gets on which device, read from XLA's real H200 compiles."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+
+import hlo_audit
+from hlo_audit import plugins
+from pallas_kernels._src.audit import jax_calls
+from pallas_kernels._src.audit.jax_calls import AttentionShape, LIBRARY
+from tests.hlo_audit.real_models import h200_support
+
+
+def _shape(dtype="bf16", head_dim=64, queries=128, keys=128):
+  return AttentionShape(dtype=dtype, batch=(4, 8), queries=queries, keys=keys,
+                        head_dim=head_dim)
+
+
+def _gpu(cc):
+  return hlo_audit.DeviceFacts(name="gpu", description="", platform="gpu",
+                               memory_bandwidth=1e12, compute_capability=cc)
+
+
+H200 = hlo_audit.device_facts("h200")
+
+
+def test_the_entry_point_offers_jax_beside_pallas_kernels_and_only_ours_swap():
+  found = plugins.installed_libraries(refresh=True)
+  assert [lib.name for lib in found.libraries] == ["jax", "pallas_kernels"]
+  assert isinstance(LIBRARY, plugins.KernelLibrary)
+  # JAX's calls are swapped in by pallas_kernels: the CLI's swap and its
+  # hints name the library that swaps.
+  assert [lib.name for lib in found.swapping] == ["pallas_kernels"]
+
+
+def test_the_h200_facts_carry_the_compute_capability_from_xlas_spec():
+  assert H200.compute_capability == "9.0"
+  assert hlo_audit.DeviceFacts.from_dict(H200.to_dict()).compute_capability == "9.0"
+
+
+@pytest.mark.parametrize("shape, cc, why", [
+    (_shape(), "9.0", ""),
+    (_shape(head_dim=256), "9.0", ""),              # Hopper takes 256
+    (_shape(head_dim=256), "8.0", "<= 128"),        # Ampere stops at 128
+    (_shape(head_dim=264), "9.0", "<= 256"),
+    (_shape(head_dim=60), "9.0", "multiple of 8"),
+    (_shape(dtype="f16"), "8.0", ""),
+    (_shape(dtype="f32"), "9.0", "bf16 or f16 only (q is f32)"),
+    (_shape(), "7.5", "8.0 or later (sm_75)"),
+])
+def test_cudnn_takes_what_jaxs_flash_attention_check_takes(shape, cc, why):
+  reason = jax_calls.cudnn_reason(shape, _gpu(cc))
+  assert (why in reason) if why else reason == ""
+
+
+def test_cudnn_needs_a_gpu_and_says_which_device_it_was_offered():
+  assert "the device is cpu" in jax_calls.cudnn_reason(
+      _shape(), hlo_audit.DeviceFacts(name="cpu", description="", platform="cpu",
+                                      memory_bandwidth=1e10))
+  assert "unknown" in jax_calls.cudnn_reason(_shape(), None)
+
+
+@pytest.mark.parametrize("shape, why", [
+    (_shape(dtype="f32"), ""),
+    (_shape(queries=32, keys=32), ""),          # one block of the whole sequence
+    (_shape(queries=384), ""),                  # three blocks
+    (_shape(queries=200), "queries (200) to be a multiple of 128"),
+    (_shape(queries=24), "a power of two below it"),
+    (_shape(keys=130), "keys (130)"),
+    (_shape(dtype="f8e4m3fn"), "takes f32, bf16 or f16"),
+])
+def test_jaxs_pallas_attention_takes_whole_blocks_of_both_sequences(shape, why):
+  reason = jax_calls.pallas_reason(shape, H200)
+  assert (why in reason) if why else reason == ""
+
+
+@functools.cache
+def _attention(name: str, device: str | None):
+  options = hlo_audit.AuditOptions(device=device) if device else None
+  r = hlo_audit.audit_hlo(h200_support.fixture(name), options=options)
+  return [f for f in r.findings if "attention" in f.ops]
+
+
+def test_a_bf16_bert_on_an_h200_gets_cudnn_flash_attention():
+  found = _attention("bert_mlm", "h200")
+  assert found and all(f.kernel == jax_calls.ATTENTION for f in found)
+  for f in found:
+    assert f.suggestion.startswith('jax.nn.dot_product_attention(q, k, v, implementation="cudnn")')
+    # bf16[32,32,32] scores: 32 queries, 32 keys, heads of 16 (the HLO's dot).
+    assert "q: bf16[B,32,N,16]" in f.suggestion and "B*N = 32" in f.suggestion
+    assert f.guard_verdict.startswith("kernel runs (cuDNN flash attention on sm_90")
+
+
+def test_an_f32_chain_gets_jaxs_pallas_kernel_and_says_why_not_cudnn():
+  found = _attention("example", "h200")
+  assert len(found) == 2
+  for f in found:
+    assert f.suggestion.startswith(jax_calls.PALLAS_ATTENTION + "(q, k, v, None")
+    assert "q: f32[B,128,N,64]" in f.suggestion
+    assert "bf16 or f16 only (q is f32)" in f.guard_verdict
+    assert f.guard_verdict.startswith("kernel runs")
+
+
+def test_a_decode_step_computing_k_times_q_keeps_queries_and_keys_apart():
+  # XLA computes the decode step's scores as cache @ q^T: the dot's left
+  # operand holds the 256 keys; the softmax's axis says which is which.
+  found = _attention("kv_decode", "h200")
+  assert found
+  for f in found:
+    assert "q: bf16[B,4,N,32], k: bf16[B,256,N,32]" in f.suggestion
+
+
+def test_without_a_device_the_call_is_named_and_the_verdict_says_xla_keeps_it():
+  found = _attention("bert_mlm", None)
+  assert found and all(f.kernel == jax_calls.ATTENTION for f in found)
+  assert all(f.guard_verdict.startswith("falls back to XLA: cuDNN's fused attention "
+                                        "needs an NVIDIA GPU") for f in found)
+
+
+def test_other_needs_are_not_jaxs():
+  class F:
+    need = plugins.KernelNeed(hlo_audit.FindingKind.SEPARATE_REDUCTION, "softmax")
+  assert LIBRARY.kernel_for(F()).op is None

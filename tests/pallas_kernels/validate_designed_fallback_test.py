@@ -1,0 +1,65 @@
+"""validate() with a case that exercises a designed fallback: it passes only
+when every recorded fallback is the designed one."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+import pallas_kernels as pk
+from pallas_kernels._src import guard, registry
+from pallas_kernels._src.spec import Case
+
+DESIGNED = "backward: out_dtype differs from the input's"
+UNEXPECTED = "no kernel for this shape"
+
+
+def _spec(reasons: tuple[str, ...]):
+  """softmax run through XLA (exactly right), recording `reasons` as
+  fallbacks on its "pallas" path; one case expecting the designed one."""
+
+  def fn(x, *, implementation, interpret=None):
+    del interpret
+    if implementation == "pallas":
+      for reason in reasons:
+        guard.record_fallback("designed", reason, guard.signature(x=x))
+    return pk.softmax(x, implementation="xla")
+
+  x = jax.random.normal(jax.random.key(0), (5, 37), jnp.float32)
+  case = Case(name="x=f32[5,37]", args=(x,), kwargs={}, tags=frozenset({"ci"}),
+              expect_fallback="backward:")
+  return dataclasses.replace(registry.get_spec("softmax"), name="designed", fn=fn,
+                             cases=lambda tag, seed: iter([case] if tag == "ci" else []))
+
+
+def _row(reasons):
+  report = pk.validate(_spec(reasons), require_kernel=True, check_grads=False)
+  [row] = report.rows
+  assert row.kernel_err <= row.bound  # the numbers are right in every case
+  return report, row
+
+
+def test_the_designed_fallback_alone_passes(clean_fallbacks):
+  report, row = _row((DESIGNED,))
+  assert row.fallback_reasons == (DESIGNED,)
+  assert row.fallback_as_designed and row.passed and report.passed
+  assert f"as designed: {DESIGNED}" in str(report)
+
+
+def test_the_designed_fallback_beside_an_unexpected_one_fails(clean_fallbacks):
+  report, row = _row((DESIGNED, UNEXPECTED))
+  assert row.fallback_reasons == (DESIGNED, UNEXPECTED)
+  assert not row.fallback_as_designed
+  assert not row.passed and not report.passed
+  assert "REQUIRED KERNEL FELL BACK" in str(report)
+
+
+@pytest.mark.parametrize("reasons", [(UNEXPECTED, DESIGNED), (UNEXPECTED,), ()])
+def test_anything_but_the_designed_fallback_fails(clean_fallbacks, reasons):
+  report, row = _row(reasons)
+  assert not row.fallback_as_designed and not report.passed
+  if not reasons:
+    assert "MISSING DESIGNED FALLBACK" in str(report)
