@@ -99,7 +99,8 @@ def linear_cross_entropy(x, w, labels, *, bias=None, reduction: Reduction = "mea
       Arguments the guard rejects run the reference, recorded in
       `pallas_kernels.fallbacks()`.
     interpret: Pallas interpret mode; None interprets exactly without GPU/TPU.
-    config: tiling of all three kernels; None uses `config.heuristic_config`.
+    config: tiling of the forward and backward kernels; None uses
+      `config.heuristic_config`.
 
   Returns:
     float32: the losses [...] for reduction "none", else a scalar.
