@@ -31,8 +31,6 @@ from pallas_kernels._src.swap.program import Node, Program
 
 #: The op name swap reports and `ops=` takes.
 OP = "attention"
-#: XLA's names of the float types the rules speak of.
-_XLA_NAMES = {"float32": "f32", "bfloat16": "bf16", "float16": "f16"}
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -103,7 +101,7 @@ def attention(q, k, v, mask=None, *, layout: Layout, scale: float, causal: bool,
 
   def launch(interp: bool):
     shape = jax_attention.AttentionShape(
-        dtype=_XLA_NAMES.get(jnp.dtype(qs.dtype).name, jnp.dtype(qs.dtype).name),
+        dtype=patterns._short(qs.dtype),  # XLA's name, as the rules speak of it
         batch=(b, n), queries=t, keys=scores[-1], head_dim=h)
     target = backend_lib.target()
     gpu = _Gpu(target) if target.backend is backend_lib.Backend.GPU else None

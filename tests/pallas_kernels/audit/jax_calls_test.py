@@ -36,6 +36,15 @@ def test_the_entry_point_offers_jax_beside_pallas_kernels_and_only_ours_swap():
   assert [lib.name for lib in found.swapping] == ["pallas_kernels"]
 
 
+def test_a_report_with_jaxs_fixes_hints_the_swap_of_the_library_that_swaps():
+  r = hlo_audit.audit_hlo(h200_support.fixture("bert_mlm"),
+                          options=hlo_audit.AuditOptions(device="h200"))
+  assert any(f.kernel == jax_calls.ATTENTION for f in r.findings)
+  assert r.kernel_libraries == ("pallas_kernels",)
+  text = r.to_text()
+  assert "pallas_kernels.swap(fn)" in text and "jax.swap(fn)" not in text
+
+
 def test_the_h200_facts_carry_the_compute_capability_from_xlas_spec():
   assert H200.compute_capability == "9.0"
   assert hlo_audit.DeviceFacts.from_dict(H200.to_dict()).compute_capability == "9.0"

@@ -4,7 +4,6 @@ call runs (cuDNN, or JAX's Pallas kernel), else left to XLA with the reason."""
 
 from __future__ import annotations
 
-import functools
 import math
 
 import jax
