@@ -55,7 +55,9 @@ class Value:
 
   @property
   def byte_size(self) -> int:
-    return self.shape.byte_size
+    """Bytes in the device's main memory (tiled; 0 for a value XLA keeps on
+    chip or on the host): what the footprint and the traffic count."""
+    return self.shape.device_byte_size
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -44,6 +44,11 @@ class Tile:
                           for d in self.dims) + ")"
 
 
+#: The memory space (`S(n)`) of the device's main memory (HBM); buffers in
+#: any other are on chip or on the host, outside the device's footprint.
+DEVICE_MEMORY_SPACE = 0
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class Layout:
   """An array layout, e.g. `{1,0:T(8,128)(2,1)E(4)S(1)}`."""
@@ -190,6 +195,25 @@ class Shape:
       n *= d
     bits = dtypes.storage_bits_of(self.element_type, layout.element_size_bits)
     return (n * bits + 7) // 8
+
+  @property
+  def memory_space(self) -> int:
+    """The layout's `S(n)`: 0 is the device's main memory (HBM); XLA:TPU
+    stages data on chip in others (1 VMEM, 2 semaphores and scalars, 3 v4's
+    CMEM) and host offloading writes 5 (`DEVICE_MEMORY_SPACE`)."""
+    return self.layout.memory_space if self.layout is not None else 0
+
+  @property
+  def device_byte_size(self) -> int:
+    """Bytes this shape takes in the device's main memory: the tiled
+    (`physical_byte_size`) bytes of leaves in memory space 0, nothing for
+    leaves XLA placed elsewhere (on chip, on the host). The footprint XLA
+    reports counts these; for untiled layouts in space 0 it is `byte_size`."""
+    if self.element_type == "tuple":
+      return sum(s.device_byte_size for s in self.tuple_shapes)
+    if self.memory_space != DEVICE_MEMORY_SPACE:
+      return 0
+    return self.physical_byte_size
 
   def leaves(self, index: tuple[int, ...] = ()) -> Iterator[tuple[tuple[int, ...], Shape]]:
     """(shape index, shape) of every non-tuple leaf, depth first."""
