@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from hlo_audit._src.analysis import collectives, custom_calls, detectors, memory_findings
-from hlo_audit._src.analysis import time_model
+from hlo_audit._src.analysis import time_model, xla_estimate
 from hlo_audit._src.analysis import source as source_mod
 from hlo_audit._src.analysis.buffer_sharing import infer_platform
 from hlo_audit._src.analysis.buffers import find_buffers
@@ -168,6 +168,13 @@ def _audit_capture(cap: Capture, options: AuditOptions,
   if complete is not None:
     cap = complete()  # XLA's peak and cost: now wait for its analyses
   xla_peak = _xla_peak(cap)
+  backend_step = spread = None
+  if (cap.platform or "").lower() == "tpu":
+    backend_step = xla_estimate.libtpu_step(cap.cost_analysis, module)
+    if step is not None:
+      spread = xla_estimate.cycles_spread(
+          xla_estimate.estimated_cycles(module),
+          {k.name: k.time_per_launch for k in step.kernels})
   notes = list(cap.notes) + list(libraries.notes)
   if not optimized:
     notes.insert(0, NOT_OPTIMIZED)
@@ -208,7 +215,8 @@ def _audit_capture(cap: Capture, options: AuditOptions,
       live_at_peak=tuple(names[b] for b in liveness.live_at_peak),
       cost_analysis=cap.cost_analysis, notes=tuple(notes), options=options,
       collectives=program_collectives, program=program,
-      kernel_libraries=tuple(lib.name for lib in libraries.swapping), timing=step)
+      kernel_libraries=tuple(lib.name for lib in libraries.swapping), timing=step,
+      xla_estimate=backend_step, cycles_spread=spread)
 
 
 def device_facts_for(cap: Capture, options: AuditOptions,

@@ -18,9 +18,10 @@ On a CPU-only machine, a traced operand that names none of these (a plain
 tracer, or a `ShapeDtypeStruct` with a `SingleDeviceSharding` of a topology
 device, which JAX does not show while tracing) is decided when the program is
 lowered, the one moment the device is known: the op is built for this CPU
-and for each GPU of `DEFERRED_GPUS`, and a `pallas_kernels_target` index,
-lowered for the compiling client's device, keeps the build of the nearest
-GPU (`lax.platform_dependent` keeps the CPU build on "cpu"). Fallbacks of a
+for each GPU of `DEFERRED_GPUS` and for a TPU, and a `pallas_kernels_target`
+index, lowered for the compiling client's device, keeps the build of the
+nearest GPU (`lax.platform_dependent` keeps the CPU build on "cpu" and the
+TPU build on "tpu", where each op's guard says why it runs XLA's ops). Fallbacks of a
 build are recorded when, and only when, that build is the one lowered, with
 the device they concern.
 
@@ -271,9 +272,21 @@ def _nearest_deferred(cc: int | None) -> int:
   return len(DEFERRED_GPUS) - 1
 
 
+#: The TPU a lowering for "tpu" is built for (which one it is, the lowering
+#: says: the fallback records name it).
+DEFERRED_TPU = Target(Backend.TPU, "TPU", abstract=True)
+#: Build index of the TPU build (after the CPU's and the GPUs').
+TPU_BUILD = 1 + len(DEFERRED_GPUS)
+
+
 def lowering_target(platform: str, lowering_devices: Sequence[Any]) -> tuple[int, str]:
   """(build index, the words a fallback of that build is recorded with) for
-  a lowering: 0 is the CPU build, 1 + i the build for `DEFERRED_GPUS[i]`."""
+  a lowering: 0 is the CPU build, 1 + i the build for `DEFERRED_GPUS[i]`,
+  `TPU_BUILD` the TPU's."""
+  if _backend_of(platform) is Backend.TPU:
+    kinds = [d.device_kind for d in lowering_devices
+             if _backend_of(d.platform) is Backend.TPU]
+    return TPU_BUILD, f"when lowered for {kinds[0] if kinds else 'TPU'}: "
   if _backend_of(platform) is not Backend.GPU:
     return 0, ""
   gpus = [d for d in lowering_devices if _backend_of(d.platform) is Backend.GPU]
@@ -334,8 +347,9 @@ def _collected(builds: _Builds, index: int, build: Callable[[], Any]) -> Any:
 
 
 def _deferred(interpret: bool | None, launch: Callable[[bool], Any]) -> Any:
-  """Builds for this CPU and each of `DEFERRED_GPUS`; the lowering keeps one."""
-  builds = _Builds(1 + len(DEFERRED_GPUS))
+  """Builds for this CPU, each of `DEFERRED_GPUS` and a TPU; the lowering
+  keeps one."""
+  builds = _Builds(2 + len(DEFERRED_GPUS))
   cpu = _local_target()
 
   def on_cpu(_):
@@ -351,8 +365,13 @@ def _deferred(interpret: bool | None, launch: Callable[[bool], Any]) -> Any:
     branches = [build(i) for i in range(len(DEFERRED_GPUS))]
     return jax.lax.switch(index - 1, branches)
 
+  def on_tpu(_):
+    with targeting(DEFERRED_TPU):
+      return _collected(builds, TPU_BUILD, lambda: launch(resolve_interpret(interpret)))
+
   index = _target_index_p.bind(builds=builds)
-  return jax.lax.platform_dependent(index, cuda=on_gpu, rocm=on_gpu, default=on_cpu)
+  return jax.lax.platform_dependent(index, cuda=on_gpu, rocm=on_gpu, tpu=on_tpu,
+                                    default=on_cpu)
 
 
 def dispatch(interpret: bool | None, operands: Sequence[Any],

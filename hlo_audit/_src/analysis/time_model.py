@@ -7,7 +7,9 @@ facts (`target/devices.py`) and nothing else:
 - A kernel moves its bytes (`Kernel.bytes_read` + `bytes_written`: a fused
   broadcast reads its compact operand, a slice the slice, an in-place update
   its update; a library's workspace is no traffic) at the bandwidth of the
-  smallest cache level holding them, else main memory's; does its work
+  smallest cache level holding them, else main memory's, and the bytes of
+  operands and results XLA keeps on chip (a TPU's VMEM) at the device's
+  on-chip rate (`DeviceFacts.on_chip_bandwidth`); does its work
   (`work.Work`) on the units that run it: dots and convolutions on the matrix
   unit at their type's rate, elementwise and reductions at the vector rate,
   transcendentals at the special-function rate; and pays one launch. Its
@@ -98,6 +100,9 @@ class KernelTime:
   orientation: str = ""
   #: Which of the backend's dot implementations prices it (`matrix_variant`).
   variant: str = ""
+  #: Bytes one launch reads and writes in on-chip memory spaces (a TPU's
+  #: VMEM): not in `bytes`, which is main memory's traffic.
+  on_chip_bytes: int = 0
 
   @property
   def time_per_launch(self) -> float:
@@ -136,7 +141,7 @@ class KernelTime:
             "communication_time": self.communication_time, "overlapped": self.overlapped,
             "strided": self.strided, "reduce_elements": self.reduce_elements,
             "parallel": self.parallel, "orientation": self.orientation,
-            "variant": self.variant,
+            "variant": self.variant, "on_chip_bytes": self.on_chip_bytes,
             "time": self.time, "bound": self.bound.value,
             "intensity": self.intensity}
 
@@ -232,16 +237,38 @@ def kernel_times(program: Program, facts: DeviceFacts) -> dict[str, KernelTime]:
     inst = comp.instruction(k.name) if comp is not None and k.name in comp else None
     if inst is None:
       work = NO_WORK
+      on_chip = 0
     else:
       members = k.members if k.kind is KernelKind.PALLAS and k.members else ()
       work = kernel_work(module, comp, inst, members, cache)
-    out[k.name] = price_kernel(k, work, facts, sent.get(k.name))
+      on_chip = _on_chip_bytes(program, inst)
+    out[k.name] = price_kernel(k, work, facts, sent.get(k.name), on_chip_bytes=on_chip)
   return out
 
 
-def price_kernel(k: Kernel, work: Work, facts: DeviceFacts, collective=None) -> KernelTime:
+def _on_chip_bytes(program: Program, inst) -> int:
+  """Bytes `inst` reads from and writes to buffers outside main memory (a
+  TPU's VMEM, semaphores): its operands' values and the values it defines,
+  tiled, less what main memory holds of them."""
+  dataflow = program.dataflow
+  values, holds = dataflow.values, dataflow.holds
+  total = 0
+  for operand in inst.operands:
+    for _, v in holds.get(operand, ()):
+      value = values[v]
+      total += value.shape.physical_byte_size - value.byte_size
+  for _, v in holds.get(inst.name, ()):
+    if v[0] == inst.name:
+      value = values[v]
+      total += value.shape.physical_byte_size - value.byte_size
+  return total
+
+
+def price_kernel(k: Kernel, work: Work, facts: DeviceFacts, collective=None, *,
+                 on_chip_bytes: int = 0) -> KernelTime:
   """One kernel's estimate from its bytes and work (`collective`: its
-  `collectives.Collective` row, for communication)."""
+  `collectives.Collective` row, for communication; `on_chip_bytes`: what it
+  moves outside main memory)."""
   moved = max(0, k.bytes_read + k.bytes_written - work.scratch_bytes)
   variant = matrix_variant(k, work)
   comm = 0.0
@@ -256,6 +283,8 @@ def price_kernel(k: Kernel, work: Work, facts: DeviceFacts, collective=None) -> 
     if work.strided and facts.strided_bandwidth:
       rate = min(rate, facts.strided_bandwidth)
     memory = moved / rate if rate else 0.0
+    if on_chip_bytes and facts.on_chip_bandwidth:
+      memory += on_chip_bytes / facts.on_chip_bandwidth
     compute = 0.0
     narrow = facts.contraction_efficiency(work.narrowest, variant)
     for element, flops in work.matrix_flops.items():
@@ -283,7 +312,7 @@ def price_kernel(k: Kernel, work: Work, facts: DeviceFacts, collective=None) -> 
           facts.launch_overhead + (facts.parallel_overhead if work.parallel else 0.0)),
       communication_time=comm, overlapped=overlapped, strided=work.strided,
       reduce_elements=work.reduce_elements, parallel=work.parallel,
-      orientation=work.orientation, variant=variant)
+      orientation=work.orientation, variant=variant, on_chip_bytes=on_chip_bytes)
 
 
 def matrix_variant(k: Kernel, work: Work) -> str:

@@ -91,11 +91,14 @@ def _time(text: str) -> float:
     raise argparse.ArgumentTypeError(str(e)) from None
 
 
-def add_device_flag(p: argparse.ArgumentParser) -> None:
-  p.add_argument("--device", metavar="NAME", default=None,
+def add_device_flag(p: argparse.ArgumentParser, *, target_alias: bool = False) -> None:
+  """--device (and, where nothing is compiled, --target for the same)."""
+  names = ("--device", "--target") if target_alias else ("--device",)
+  p.add_argument(*names, dest="device", metavar="NAME", default=None,
                  help="price the kernels' time on this device: a GPU (h200, h100, b200, "
-                      "...: hlo-audit targets) or cpu (this machine, calibrated once); "
-                      "default: the device the HLO was compiled for, where known")
+                      "...), a TPU (v5e, v6e, v5p, v4: hlo-audit targets) or cpu (this "
+                      "machine, calibrated once); default: the device the HLO was "
+                      "compiled for, where known")
 
 
 def fail_on_classes(values: list[str]):
@@ -171,11 +174,13 @@ def use_devices(n: int | None) -> None:
 
 
 def add_target_flags(p: argparse.ArgumentParser) -> None:
-  g = p.add_argument_group("target (compile for a GPU this machine need not have)")
+  g = p.add_argument_group("target (compile for a GPU or TPU this machine need not have)")
   g.add_argument("--target", metavar="NAME", default=None,
-                 help="compile for this GPU instead of this machine: h200, h100, b200, "
-                      "a100, ... (hlo-audit targets lists them) or a GpuTargetConfigProto "
-                      "text file; needs pip install 'hlo-audit[gpu-target]'")
+                 help="compile for this device instead of this machine: a GPU (h200, h100, "
+                      "b200, a100, ... or a GpuTargetConfigProto text file; needs pip "
+                      "install 'hlo-audit[gpu-target]') or a TPU (v5e, v6e, v5p, v4, or a "
+                      "slice such as v5e:2x2 or v5p:2x2x1; needs pip install "
+                      "'hlo-audit[tpu-target]'); hlo-audit targets lists them")
   g.add_argument("--gpus", type=int, default=None, metavar="N",
                  help="with --target: a topology of N GPUs and a mesh over them "
                       "(sharded programs show XLA:GPU's NCCL collectives)")
@@ -209,7 +214,7 @@ def use_target(args: argparse.Namespace):
   from hlo_audit._src.target.target import get_target
 
   target = get_target(name, gpus=gpus, autotune_results=results)
-  wheels.require_gpu_wheels()
+  wheels.require_for(target)
   return target
 
 

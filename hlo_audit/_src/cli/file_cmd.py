@@ -20,7 +20,7 @@ def add_parser(sub) -> None:
                       "(--list shows ids; default: the largest)")
   p.add_argument("--list", action="store_true",
                  help="list the dump's optimized modules and exit (with --json: as JSON)")
-  add_device_flag(p)
+  add_device_flag(p, target_alias=True)
   add_output_flags(p)
   p.set_defaults(handler=run)
 

@@ -151,9 +151,11 @@ class TargetCheck:
     kernels = (f"kernels on {self.target}: {self.compiled_kernels} compiled "
                f"({kinds or 'custom calls'}) for {self.swapped_ops} swapped ops")
     if not self.kernels_compiled:
+      why = ("the library chose its backend from this machine, not from the target"
+             if self.interpreted_kernels else
+             "every swapped op runs XLA's ops on this target (the fallbacks above say why)")
       kernels += (f": FAIL, the swapped program holds none ({self.interpreted_kernels} "
-                  "ran as interpret-mode loops): the library chose its backend from "
-                  "this machine, not from the target")
+                  f"ran as interpret-mode loops): {why}")
     err = self.error
     unsplit = f" and {self.unsplit} split-K gemms unsplit" if self.unsplit else ""
     what_if = (f"what-if on {self.target}: fusing the {self.fused} closed findings{unsplit} "
@@ -164,7 +166,8 @@ class TargetCheck:
       what_if += (f" ({100 * err:+.1f}%, tolerance {100 * WHAT_IF_TOLERANCE:.0f}%): "
                   f"{'pass' if self.prediction_holds else 'FAIL'}")
     if not self.kernels_compiled:
-      what_if += " (measured on interpret-mode loops, not kernels)"
+      what_if += (" (measured on interpret-mode loops, not kernels)" if self.interpreted_kernels
+                  else " (measured on XLA's fallbacks, not kernels)")
     return [kernels, what_if]
 
   def to_dict(self) -> dict:

@@ -94,8 +94,9 @@ def add_parser(sub) -> None:
                  help="no progress bar or per-point lines on stderr")
   p.add_argument("--target", metavar="NAME",
                  help="compile each point for this GPU (h200, h100, b200, ... or a "
-                      "GpuTargetConfigProto file; `hlo-audit targets` lists them); "
-                      "needs pip install 'hlo-audit[gpu-target]'")
+                      "GpuTargetConfigProto file; needs pip install "
+                      "'hlo-audit[gpu-target]') or TPU (v5e, v6e, v5p:2x2x1, ...; needs "
+                      "pip install 'hlo-audit[tpu-target]'); `hlo-audit targets` lists them")
   p.add_argument("--gpus", type=int, default=None, metavar="N",
                  help="with --target: a topology of N GPUs")
   p.add_argument("--max-points", type=int, default=None, metavar="N",

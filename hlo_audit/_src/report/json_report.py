@@ -11,7 +11,11 @@ Schema (version 4), top level:
   step on the device: step_time and its split in seconds, assumptions, the
   device facts used with their sources, and every kernel's estimate with the
   model's inputs: bytes, FLOPs by unit, launches, bound; null when the
-  device is unknown).
+  device is unknown), xla_estimate (a TPU's: libtpu's optimal_seconds as
+  reported, the ConcatBitcast calls it prices at -1 s, and the seconds with
+  them undone; null elsewhere), cycles_spread (a TPU's: kernels priced by
+  both, our seconds per XLA:TPU estimated cycle, 10th/90th percentile over
+  the median; null elsewhere).
 Each finding has at least: class (slug), class_name, bytes_saved,
 launches_removed, source ("file:line" or null), kernel, verdict, peak_after
 and peak_saved (the peak after the finding's change alone, from a what-if
@@ -24,6 +28,7 @@ absent in older files).
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import functools
 import json
@@ -207,6 +212,10 @@ def to_dict(report) -> dict:
       "what_if": (report.what_if_replay.to_dict()
                   if report.what_if_replay is not None else None),
       "timing": report.timing.to_dict() if report.timing is not None else None,
+      "xla_estimate": (dataclasses.asdict(report.xla_estimate)
+                       if report.xla_estimate is not None else None),
+      "cycles_spread": (dataclasses.asdict(report.cycles_spread)
+                        if report.cycles_spread is not None else None),
       "frames": frames.table,
   }
 
@@ -365,7 +374,22 @@ def _report_from_dict(d: dict):
       cost_analysis=d.get("cost_analysis"), notes=tuple(d["notes"]),
       what_if_replay=_what_if(d.get("what_if")),
       collectives=tuple(_collective(c) for c in d.get("collectives", ())),
-      timing=_timing(d.get("timing")))
+      timing=_timing(d.get("timing")),
+      xla_estimate=_xla_estimate(d.get("xla_estimate")),
+      cycles_spread=_cycles_spread(d.get("cycles_spread")))
+
+
+def _xla_estimate(d: dict | None):
+  from hlo_audit._src.analysis.xla_estimate import XlaEstimate
+  return None if d is None else XlaEstimate(
+      seconds=float(d["seconds"]), reported=float(d["reported"]), uncosted=int(d["uncosted"]))
+
+
+def _cycles_spread(d: dict | None):
+  from hlo_audit._src.analysis.xla_estimate import CyclesSpread
+  return None if d is None else CyclesSpread(
+      kernels=int(d["kernels"]), seconds_per_cycle=float(d["seconds_per_cycle"]),
+      low=float(d["low"]), high=float(d["high"]))
 
 
 @functools.cache

@@ -99,6 +99,12 @@ class AuditReport:
   #: kernel's time and bound, the step and its split; None where the device
   #: is unknown (the notes say why).
   timing: Any = None
+  #: The backend's own estimate of the step (`xla_estimate.XlaEstimate`:
+  #: libtpu's, for a TPU), to set beside `timing`; None where it gives none.
+  xla_estimate: Any = None
+  #: How the kernels' estimates track XLA:TPU's per-kernel
+  #: `estimated_cycles` (`xla_estimate.CyclesSpread`); None elsewhere.
+  cycles_spread: Any = None
 
   # --------------------------------------------------------- what-ifs ----
 

@@ -146,6 +146,9 @@ def time_lines(report, groups) -> list[str]:
   if t is None:
     return []
   out = [text.time_line(report)]
+  cycles = text.cycles_line(report)
+  if cycles:
+    out.append(cycles)
   work, _ = split_capacity([g for g in groups if g.actionable])
   timed = sorted((g for g in work if g.time_saved), key=lambda g: -g.time_saved)
   top = timed[:TOP_FIXES]

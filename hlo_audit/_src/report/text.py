@@ -191,7 +191,30 @@ def time_line(report) -> str | None:
   facts = t.facts
   return (f"estimated step on {facts.name} ({facts.description}): {fmt_time(t.step_time)}"
           + (f" ({split})" if split else "")
-          + ("" if facts.measured else f"; {facts.checked}"))
+          + ("" if facts.measured else f"; {facts.checked}")
+          + _beside_xla(report))
+
+
+def _beside_xla(report) -> str:
+  """libtpu's own estimate of the step, and ours over it."""
+  x = getattr(report, "xla_estimate", None)
+  if x is None:
+    return ""
+  undo = (f", reported as {x.reported:.6g}: -1 s for each of its {x.uncosted} "
+          "ConcatBitcast calls it cannot price, undone") if x.uncosted else ""
+  ratio = (f"; ours is {report.timing.step_time / x.seconds:.2f}x of it"
+           if x.seconds > 0 else "")
+  return f"; libtpu's estimate {fmt_time(x.seconds)} (optimal_seconds{undo}){ratio}"
+
+
+def cycles_line(report) -> str | None:
+  """How the kernels' estimates track XLA:TPU's own per-kernel cycles."""
+  s = getattr(report, "cycles_spread", None)
+  if s is None:
+    return None
+  return (f"XLA:TPU's per-kernel estimated_cycles beside ours ({s.kernels} kernels): "
+          f"80% within {s.low:.2f}x-{s.high:.2f}x of the median ratio "
+          f"(ours {s.seconds_per_cycle * 1e9:.3f} ns per XLA cycle)")
 
 
 def peak_line(report) -> str:

@@ -531,11 +531,11 @@ def check_device(options: SweepOptions) -> None:
   """
   if options.measure.device is None:
     return
-  options.measure.compile_target()
+  target = options.measure.compile_target()
   if not options.report_only:
     from hlo_audit._src.target import wheels
 
-    wheels.require_gpu_wheels()
+    wheels.require_for(target)
 
 
 def shard_size(total: int, num_shards: int, shard_index: int) -> int:

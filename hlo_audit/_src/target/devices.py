@@ -89,6 +89,9 @@ class DeviceFacts:
   #: A CUDA GPU's compute capability, e.g. "9.0" (which fused calls and
   #: kernels it can run); "" for other devices.
   compute_capability: str = ""
+  #: Bytes/s of kernels' reads and writes of buffers XLA keeps on chip (a
+  #: TPU's VMEM, memory space 1); 0: free.
+  on_chip_bandwidth: float = 0.0
   #: Fact name -> where it comes from.
   sources: Mapping[str, str] = dataclasses.field(default_factory=dict)
   #: Whether the facts were measured on this machine (the CPU's).
@@ -151,6 +154,7 @@ class DeviceFacts:
             "strided_bandwidth": self.strided_bandwidth,
             "loop_reduction_rate": self.loop_reduction_rate,
             "compute_capability": self.compute_capability,
+            "on_chip_bandwidth": self.on_chip_bandwidth,
             "sources": dict(self.sources), "measured": self.measured,
             "checked": self.checked}
 
@@ -175,6 +179,7 @@ class DeviceFacts:
                for v, points in d.get("narrow_contraction", {}).items()}),
           reduction_rate=float(d.get("reduction_rate", 0.0)),
           compute_capability=str(d.get("compute_capability", "")),
+          on_chip_bandwidth=float(d.get("on_chip_bandwidth", 0.0)),
           vector_flops=types.MappingProxyType(
               {str(k): float(v) for k, v in d.get("vector_flops", {}).items()}),
           transcendentals_per_second=float(d.get("transcendentals_per_second", 0.0)),

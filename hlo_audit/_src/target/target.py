@@ -9,9 +9,10 @@ optimized HLO, the memory analysis and the cost analysis the GPU would get,
 but nothing runs, so nothing is autotuned (`Target.notes` says what that
 changes; `autotune_results` loads results dumped on a real GPU).
 
-The platform is a field so that a TPU topology fits the same shape (libtpu
-compiles for `get_topology_desc(topology_name="v5e:2x2", platform="tpu")` on
-a CPU too); only CUDA GPUs are offered today.
+`get_target("v5e")` names one TPU chip, `get_target("v5e:2x2")` a slice
+(`tpus.py`): libtpu compiles for `get_topology_desc(topology_name="v5e:2x2",
+platform="tpu")` on this CPU the same way, XLA:TPU's passes and cost model
+included.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from hlo_audit._src.errors import TargetError
-from hlo_audit._src.target import calibration, devices
+from hlo_audit._src.target import calibration, devices, tpus
 from hlo_audit._src.target import specs as specs_mod
 from hlo_audit._src.target import wheels
 from hlo_audit._src.target.devices import DeviceFacts
@@ -44,9 +45,9 @@ class Target:
   and sweeps take it (or just its name) as `target=`.
   """
 
-  #: Our name of the device, e.g. "h200", or the spec file's path.
+  #: Our name of the device, e.g. "h200", "v5e", or the spec file's path.
   name: str
-  #: The PJRT platform compiled for: "cuda".
+  #: The PJRT platform compiled for: "cuda" or "tpu".
   platform: str
   #: What the devices call themselves (jax's `device_kind`), e.g.
   #: "NVIDIA H200 141GB HBM3e".
@@ -59,10 +60,14 @@ class Target:
   #: (`--xla_gpu_dump_autotune_results_to=FILE`), loaded into the compile;
   #: None: not autotuned.
   autotune_results: str | None = None
+  #: A TPU target's generation and slice.
+  tpu: tpus.TpuTopology | None = None
 
   @property
   def label(self) -> str:
-    """"h200", or "8x h200" for a topology of eight."""
+    """"h200", "8x h200" for a topology of eight, "v5e" or "v5e:2x2"."""
+    if self.tpu is not None:
+      return self.name
     return self.name if self.device_count == 1 else f"{self.device_count}x {self.name}"
 
   @property
@@ -71,6 +76,10 @@ class Target:
 
   def notes(self) -> tuple[str, ...]:
     """How this compile differs from one on the device itself."""
+    if self.tpu is not None:
+      version = wheels.libtpu_version()
+      return (f"XLA:TPU of libtpu{' ' + version if version else ''}: nothing ran, so no "
+              "time here was measured",)
     out = []
     if self.autotune_results is None:
       out.append(NOT_AUTOTUNED)
@@ -82,6 +91,12 @@ class Target:
 
   def describe(self) -> str:
     """One line: the device, how many, the compute capability."""
+    if self.tpu is not None:
+      chips = self.tpu.chips
+      count = f"{chips} chip{'s' if chips > 1 else ''}"
+      if self.device_count != chips:
+        count += f" ({self.device_count} devices, one per TensorCore)"
+      return f"{self.label}: {self.device_kind}, {count}, compiled without one"
     kind = self.device_kind + (f" (sm_{self.spec.compute_capability})"
                                if self.spec is not None and self.spec.compute_capability
                                else "")
@@ -207,8 +222,10 @@ def get_target(name: str | os.PathLike | Target, *, gpus: int | None = None,
 
   Args:
     name: a GPU's name ("h200", "h100", "b200", "a100", ...: `list_targets()`
-      lists them), a path to a `GpuTargetConfigProto` text file, or a
-      `Target` (then `gpus` and `autotune_results` replace its own).
+      lists them), a path to a `GpuTargetConfigProto` text file, a TPU
+      generation ("v4", "v5e", "v5p", "v6e": one chip) or slice ("v5e:2x2",
+      "v5p:2x2x1", as libtpu names topologies), or a `Target` (then `gpus`
+      and `autotune_results` replace its own).
     gpus: devices in the topology (default 1); several give a mesh, and a
       sharded program's collectives are XLA:GPU's (NCCL).
     autotune_results: XLA autotune results dumped on a real GPU.
@@ -219,8 +236,22 @@ def get_target(name: str | os.PathLike | Target, *, gpus: int | None = None,
   """
   if isinstance(name, Target):
     target = name
+  elif tpus.is_tpu_name(os.fspath(name)):
+    topo = tpus.parse_topology(os.fspath(name))
+    if gpus is not None or autotune_results is not None:
+      raise TargetError(f"target {topo.name}: gpus and autotune_results are for GPUs; a "
+                        "TPU target names its chips in its topology, e.g. 'v5e:2x2'")
+    return Target(name=topo.generation.name if topo.chips == 1 else topo.name,
+                  platform="tpu", device_kind=topo.generation.device_kind,
+                  device_count=topo.device_count, tpu=topo)
   else:
-    spec = specs_mod.find_spec(name)
+    try:
+      spec = specs_mod.find_spec(name)
+    except TargetError as e:
+      if not str(e).startswith("unknown target"):
+        raise
+      raise TargetError(f"{e}; or a TPU: " + ", ".join(g.name for g in tpus.GENERATIONS)
+                        + " (one chip) or a slice such as 'v5e:2x2'") from None
     if not spec.is_cuda:
       raise TargetError(f"target {spec.name!r} ({spec.device_kind or 'no device_description_str'}) "
                         "is not a CUDA GPU (its spec has no cuda_compute_capability): the "
@@ -268,11 +299,18 @@ def device_facts(name: str | os.PathLike | Target | DeviceFacts) -> DeviceFacts:
   if isinstance(name, DeviceFacts):
     return name
   if isinstance(name, Target):
+    if name.tpu is not None:
+      return tpus.tpu_facts(name.tpu.generation)
     if name.spec is None:
       raise TargetError(f"target {name.label}: no spec to read its facts from")
     return devices.gpu_facts(name.spec)
   if os.fspath(name).strip().lower() in ("cpu", "host"):
     return calibration.cpu_facts()
+  if tpus.is_tpu_name(os.fspath(name)):
+    return tpus.tpu_facts(tpus.parse_topology(os.fspath(name)).generation)
+  gen = tpus.generation_of(os.fspath(name))  # what jax calls a TPU device
+  if gen is not None:
+    return tpus.tpu_facts(gen)
   for spec in specs_mod.known_specs():  # what jax calls it: a device's kind
     if spec.device_kind == name:
       return devices.gpu_facts(spec)
@@ -281,10 +319,14 @@ def device_facts(name: str | os.PathLike | Target | DeviceFacts) -> DeviceFacts:
 
 def facts_for_device_kind(platform: str, device_kind: str) -> DeviceFacts | None:
   """The facts of the device a module was compiled for, from what jax calls
-  it: this machine's CPU, or a GPU XLA has a spec for; None when unknown."""
+  it: this machine's CPU, a GPU XLA has a spec for, or a TPU generation;
+  None when unknown."""
   platform = (platform or "").lower()
   if platform in ("cpu", "host"):
     return calibration.cpu_facts()
+  if platform == "tpu":
+    gen = tpus.generation_of(device_kind)
+    return tpus.tpu_facts(gen) if gen is not None else None
   if platform in ("gpu", "cuda") and device_kind:
     for spec in specs_mod.known_specs():
       if spec.device_kind == device_kind:
@@ -306,14 +348,47 @@ _topologies: dict[tuple[str, str, int], Any] = {}
 
 def _topology(target: Target):
   """The compile-only topology of `target`, built once per process."""
-  if target.spec is None:
+  if target.tpu is not None:
+    key = (target.platform, target.tpu.name, target.device_count)
+  elif target.spec is None:
     raise TargetError(f"target {target.label}: no spec to build a topology from")
-  key = (target.platform, target.spec.text, target.device_count)
+  else:
+    key = (target.platform, target.spec.text, target.device_count)
   with _lock:
     topo = _topologies.get(key)
     if topo is None:
-      topo = _topologies[key] = _build_topology(target)
+      build = _build_tpu_topology if target.tpu is not None else _build_topology
+      topo = _topologies[key] = build(target)
   return topo
+
+
+#: libtpu's default host of a compile-only slice: 2x2x1 chips. A slice that
+#: does not tile by it (one chip, 1x2) is built as one host of its own size.
+_DEFAULT_HOST = (2, 2, 1)
+
+
+def _build_tpu_topology(target: Target):
+  wheels.require_tpu_wheel()
+  wheels.prepare_libtpu()
+  from jax.experimental import topologies
+
+  topo = target.tpu
+  dims = topo.dims + (1,) * (3 - len(topo.dims))
+  kwargs = {}
+  if any(d % h for d, h in zip(dims, _DEFAULT_HOST)):
+    kwargs["chips_per_host_bounds"] = list(dims)
+  try:
+    with wheels.libtpu_quietly():
+      return topologies.get_topology_desc(topology_name=topo.name, platform="tpu", **kwargs)
+  except Exception as e:  # noqa: BLE001 - libtpu's errors carry no type of their own
+    text = str(e).strip()
+    first = text.splitlines()[0] if text else type(e).__name__
+    if "lockfile" in text:
+      first = ("another process holds libtpu's lockfile (/tmp/libtpu_lockfile); start "
+               "that process with ALLOW_MULTIPLE_LIBTPU_LOAD=1 in its environment, or "
+               "end it")
+    raise TargetError(f"target {topo.name}: libtpu could not build the topology: "
+                      f"{first}") from None
 
 
 def _build_topology(target: Target):

@@ -71,6 +71,20 @@ def require_gpu_wheels() -> None:
                       f"{'; '.join(found)}): {pip_command()}")
 
 
+def require_for(target) -> None:
+  """Raises one line naming the pip command when a wheel `target` (a
+  `target.Target`) compiles with is missing: libtpu for a TPU, the CUDA
+  plugin for a GPU.
+
+  Raises:
+    TargetError: as `require_tpu_wheel` and `require_gpu_wheels`.
+  """
+  if getattr(target, "tpu", None) is not None:
+    require_tpu_wheel()
+  else:
+    require_gpu_wheels()
+
+
 def has_nvidia_gpu() -> bool:
   """Whether the machine shows an NVIDIA GPU to its processes (Linux device
   nodes), without starting JAX."""
@@ -119,6 +133,94 @@ def _stderr_without(noise: re.Pattern):
       kept = "".join(line for line in lines if not noise.match(line.rstrip("\n")))
       if kept:
         os.write(2, kept.encode())
+
+
+# ------------------------------------------------------------------ TPUs ----
+
+#: The wheel XLA:TPU comes in (libtpu.so), at the version the installed jax
+#: pins in its `tpu` extra.
+TPU_WHEEL = "libtpu"
+
+
+def libtpu_version() -> str | None:
+  return _version(TPU_WHEEL)
+
+
+def libtpu_pin() -> str | None:
+  """The libtpu version the installed jax asks for (`jax[tpu]`'s pin)."""
+  try:
+    requires = importlib.metadata.requires("jax") or ()
+  except importlib.metadata.PackageNotFoundError:
+    return None
+  for req in requires:
+    m = re.match(r"^libtpu\s*==\s*([^\s;]+)\s*;.*extra\s*==\s*['\"]tpu['\"]", req)
+    if m:
+      return m.group(1)
+  return None
+
+
+def _matches(version: str, pin: str) -> bool:
+  """`version` satisfies `==pin` (a pin may end in `.*`: "0.0.42.*")."""
+  if pin.endswith(".*"):
+    return version == pin[:-2] or version.startswith(pin[:-1])
+  return version == pin
+
+
+def tpu_pip_command() -> str:
+  jax_version = _version("jax")
+  return f"pip install 'jax[tpu]=={jax_version}'" if jax_version else "pip install 'jax[tpu]'"
+
+
+def require_tpu_wheel() -> None:
+  """Raises one line naming the pip command when libtpu is missing, or is
+  not the version the installed jax pins.
+
+  Raises:
+    TargetError: "compiling for a TPU target needs libtpu ...: pip install ...".
+  """
+  have, want = libtpu_version(), libtpu_pin()
+  if have is None:
+    problem = "libtpu is not installed"
+  elif want and not _matches(have, want):
+    problem = f"libtpu {have} is not the {want} jax {_version('jax')} pins"
+  else:
+    return
+  raise TargetError(f"compiling for a TPU target needs libtpu ({problem}): "
+                    f"{tpu_pip_command()} (or pip install 'hlo-audit[tpu-target]')")
+
+
+def has_tpu() -> bool:
+  """Whether the machine shows a TPU to its processes (Linux device nodes)."""
+  return bool(glob.glob("/dev/accel[0-9]*") or glob.glob("/dev/vfio/[0-9]*"))
+
+
+def prepare_libtpu(environ=os.environ) -> None:
+  """Lets this process load libtpu beside another that holds its lockfile
+  (a notebook that compiled for a TPU, a second CLI), on a machine with no
+  TPU: a compile-only topology opens no chip, so the lock guards nothing.
+  Call before libtpu loads."""
+  if not has_tpu():
+    environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+
+
+# What libtpu writes to the process's stderr when it loads on a machine that
+# is no TPU VM (it looks for the VM's accelerator type and worker hosts).
+_LIBTPU_NOISE = re.compile(
+    r"^(Failed to find host bounds for accelerator type: )?WARNING: could not determine TPU"
+    r"|^WARNING: Logging before InitGoogle\(\) is written to STDERR$"
+    r"|^E\d{4} [\d:.]+ +\d+ common_lib\.cc:\d+\] INVALID_ARGUMENT: Error: unexpected worker "
+    r"hostname 'WARNING: could not determine TPU"
+    r"|^=== Source Location Trace: === *$"
+    r"|^learning/[\w/.-]+\.cc:\d+$"
+    r"|^.*ALLOW_MULTIPLE_LIBTPU_LOAD is set to True")
+
+
+@contextlib.contextmanager
+def libtpu_quietly():
+  """Loads libtpu (inside the block) without its lines about the TPU VM this
+  machine is not."""
+  with _stderr_without(_LIBTPU_NOISE):
+    yield
 
 
 def import_jax_quietly() -> None:

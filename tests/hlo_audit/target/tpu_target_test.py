@@ -1,0 +1,242 @@
+"""TPU targets: names, per-device facts, libtpu's estimate beside ours, and
+(with libtpu installed) the example audited for a v5e: its HBM peak, its
+step beside libtpu's, and the CLI verbs."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+import hlo_audit
+from hlo_audit._src.analysis import xla_estimate
+from hlo_audit._src.errors import TargetError
+from hlo_audit._src.hlo.parser import parse_hlo
+from hlo_audit._src.target import tpus, wheels
+from tests.tpu_target import require_tpu_target
+
+# ------------------------------------------------------------------ names ----
+
+
+@pytest.mark.parametrize("name, topology, chips, devices", [
+    ("v5e", "v5e:1x1", 1, 1),
+    ("V5E:2x2", "v5e:2x2", 4, 4),
+    ("v6e:1x2", "v6e:1x2", 2, 2),
+    ("v5p:2x2x1", "v5p:2x2x1", 4, 4),    # a device is a megacore of both cores
+    ("v4", "v4:1x1x1", 1, 2),             # libtpu makes each v4 core a device
+    ("trillium", "v6e:1x1", 1, 1),
+])
+def test_a_name_picks_a_generation_and_a_slice(name, topology, chips, devices):
+  topo = tpus.parse_topology(name)
+  assert (topo.name, topo.chips, topo.device_count) == (topology, chips, devices)
+  target = hlo_audit.get_target(name)
+  assert (target.platform, target.device_count) == ("tpu", devices)
+  assert target.device_kind == topo.generation.device_kind
+
+
+@pytest.mark.parametrize("name, words", [
+    ("v5e:2x2x1", "a v5e slice has 2 axes"),
+    ("v5p:2x2", "a v5p slice has 3 axes"),
+    ("v5e:0x2", "a v5e slice has 2 axes"),
+])
+def test_a_slice_of_the_wrong_shape_says_how_many_axes(name, words):
+  with pytest.raises(TargetError, match=words):
+    hlo_audit.get_target(name)
+
+
+def test_an_unknown_name_lists_the_tpus_too():
+  with pytest.raises(TargetError) as e:
+    hlo_audit.get_target("v7x")
+  assert "h200" in str(e.value) and "v5e" in str(e.value)
+
+
+def test_gpus_with_a_tpu_target_is_refused():
+  with pytest.raises(TargetError, match="names its chips in its topology"):
+    hlo_audit.get_target("v5e", gpus=4)
+
+
+# ------------------------------------------------------------------ facts ----
+
+
+def test_a_v4_device_has_half_a_chip():
+  v4 = tpus.parse_topology("v4").generation
+  facts = tpus.tpu_facts(v4)
+  assert facts.memory_bandwidth == pytest.approx(v4.hbm_bandwidth / 2)
+  assert facts.matrix_rate("bf16") == pytest.approx(v4.bf16_flops / 2)
+  # libtpu's own rate for a large bf16 matmul on one v4 device: 137 TFLOP/s.
+  assert facts.matrix_rate("bf16") == pytest.approx(137e12, rel=0.01)
+
+
+def test_a_v5e_chip_matches_googles_page_and_libtpus_rates():
+  facts = hlo_audit.device_facts("v5e")
+  assert facts.platform == "tpu"
+  assert facts.matrix_rate("bf16") == pytest.approx(197e12)
+  assert facts.matrix_rate("s8") == pytest.approx(394e12)
+  assert facts.memory_bandwidth == pytest.approx(819e9)
+  assert facts.link_bandwidth == pytest.approx(200e9)  # 400 GB/s both ways
+  assert facts.vector_rate("f32") == 0.0  # libtpu bounds no elementwise arithmetic
+  assert facts.on_chip_bandwidth == facts.memory_bandwidth
+  for fact in ("memory_bandwidth", "matrix_flops", "vector_flops", "link_bandwidth",
+               "transcendentals_per_second", "launch_overhead", "on_chip_bandwidth"):
+    assert facts.sources[fact]
+  # What jax calls the device names the same facts.
+  assert hlo_audit.device_facts("TPU v5 lite") == facts
+
+
+def test_device_facts_keep_the_on_chip_rate_through_json():
+  facts = hlo_audit.device_facts("v6e")
+  assert hlo_audit.DeviceFacts.from_dict(json.loads(json.dumps(facts.to_dict()))) == facts
+
+
+# -------------------------------------------------------- libtpu's figure ----
+
+_CONCAT = """HloModule m, is_scheduled=true
+
+ENTRY %e (p: f32[256,128]) -> f32[256,128] {
+  %p = f32[256,128]{1,0} parameter(0)
+  %a = f32[128,128]{1,0} slice(%p), slice={[0:128], [0:128]}
+  %b = f32[128,128]{1,0} slice(%p), slice={[128:256], [0:128]}
+  %c = f32[256,128]{1,0} custom-call(%a, %b), custom_call_target="ConcatBitcast"
+  %d = f32[128,128]{1,0} slice(%c), slice={[0:128], [0:128]}
+  %e = f32[128,128]{1,0} slice(%c), slice={[128:256], [0:128]}
+  ROOT %f = f32[256,128]{1,0} custom-call(%d, %e), custom_call_target="ConcatBitcast"
+}
+"""
+
+
+def test_libtpus_minus_one_per_concat_bitcast_is_undone():
+  module = parse_hlo(_CONCAT)
+  est = xla_estimate.libtpu_step({"optimal_seconds": -1.99986}, module)
+  assert est.uncosted == 2
+  assert est.seconds == pytest.approx(1.4e-4, rel=1e-6)
+  assert est.reported == -1.99986
+
+
+def test_a_total_the_count_does_not_explain_gives_no_estimate():
+  module = parse_hlo(_CONCAT)
+  assert xla_estimate.libtpu_step({"optimal_seconds": -2.5}, module) is None
+  assert xla_estimate.libtpu_step({"flops": 1.0}, module) is None
+  assert xla_estimate.libtpu_step(None, module) is None
+
+
+def test_a_positive_total_without_concat_bitcasts_stands():
+  module = parse_hlo(_CONCAT.replace("ConcatBitcast", "SomethingElse"))
+  est = xla_estimate.libtpu_step({"optimal_seconds": 3e-3}, module)
+  assert (est.seconds, est.uncosted) == (3e-3, 0)
+
+
+def test_the_cycles_spread_is_relative_to_the_median():
+  cycles = {f"k{i}": 1000 for i in range(10)}
+  seconds = {f"k{i}": 1e-6 for i in range(10)}
+  seconds["k0"] = 4e-6  # one kernel we price 4x higher than XLA:TPU does
+  s = xla_estimate.cycles_spread(cycles, seconds)
+  assert s.kernels == 10
+  assert s.seconds_per_cycle == pytest.approx(1e-9)
+  assert s.low == pytest.approx(1.0) and s.high > 1.0
+  assert xla_estimate.cycles_spread({"k": 5}, {"k": 1e-6}) is None
+
+
+def test_estimated_cycles_are_read_from_the_window_config():
+  text = _CONCAT.replace(
+      'custom_call_target="SomethingElse"', "").replace(
+      '%a = f32[128,128]{1,0} slice(%p), slice={[0:128], [0:128]}',
+      '%a = f32[128,128]{1,0} slice(%p), slice={[0:128], [0:128]}, '
+      'backend_config={"window_config":{"estimated_cycles":"1828"}}')
+  assert xla_estimate.estimated_cycles(parse_hlo(text)) == {"a": 1828}
+
+
+# ------------------------------------------------------------- lockfile ----
+
+
+def test_a_machine_without_a_tpu_may_load_libtpu_twice(monkeypatch):
+  monkeypatch.setattr(wheels, "has_tpu", lambda: False)
+  env = {}
+  wheels.prepare_libtpu(env)
+  assert env == {"ALLOW_MULTIPLE_LIBTPU_LOAD": "1"}
+  monkeypatch.setattr(wheels, "has_tpu", lambda: True)
+  env = {}
+  wheels.prepare_libtpu(env)
+  assert env == {}  # a TPU VM's lock guards its chips
+
+
+def test_libtpus_lines_about_the_vm_this_is_not_are_noise():
+  noise = wheels._LIBTPU_NOISE
+  assert noise.match("Failed to find host bounds for accelerator type: WARNING: could not "
+                     "determine TPU accelerator type, please set env var")
+  assert noise.match("WARNING: Logging before InitGoogle() is written to STDERR")
+  assert not noise.match("INVALID_ARGUMENT: Topology layout is not divisible")
+
+
+# ------------------------------------------------- compiled by libtpu ----
+
+@pytest.fixture(scope="module")
+def v5e_example():
+  require_tpu_target()
+  from hlo_audit import examples
+  fn, args = examples.example(examples.TransformerConfig(layers=2, batch=8))
+  return hlo_audit.audit(fn, *args, target="v5e")
+
+
+def test_the_examples_hbm_peak_is_xlas_footprint(v5e_example):
+  r = v5e_example
+  assert r.module.platform == "tpu" and r.module.target == "v5e"
+  assert abs(r.peak_agreement) <= 0.01, (r.peak_bytes, r.xla_peak_bytes)
+
+
+def test_the_examples_step_is_beside_libtpus(v5e_example):
+  r = v5e_example
+  est = r.xla_estimate
+  assert est is not None and est.uncosted >= 1  # XLA:TPU staged slices on chip
+  ratio = r.timing.step_time / est.seconds
+  assert 0.67 <= ratio <= 1.5, ratio
+  assert r.cycles_spread is not None and r.cycles_spread.kernels > 10
+  assert r.timing.facts.name == "v5e"
+
+
+def _cli(*argv: str) -> subprocess.CompletedProcess:
+  env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+  return subprocess.run([sys.executable, "-m", "hlo_audit", *argv], capture_output=True,
+                        text=True, env=env, timeout=600)
+
+
+def test_the_cli_audits_the_example_for_a_v5e():
+  require_tpu_target()
+  p = _cli("example", "--target", "v5e", "--top", "3")
+  assert p.returncode == 0, p.stderr
+  assert "estimated step on v5e (TPU v5 lite)" in p.stdout
+  flat = " ".join(p.stdout.split())  # the terminal wraps long lines
+  assert "libtpu's estimate" in flat and "ConcatBitcast" in flat
+  assert re.search(r"XLA's [\d.]+ [KM]iB \([-+]0\.\d+%\)", flat), flat[:400]
+  assert "WARNING" not in p.stderr  # libtpu's lines about a TPU VM are filtered
+
+
+def test_targets_lists_the_tpu_generations():
+  p = _cli("targets", "--json")
+  assert p.returncode == 0, p.stderr
+  listed = {t["name"]: t for t in json.loads(p.stdout)["tpus"]}
+  assert set(listed) == {"v4", "v5e", "v5p", "v6e"}
+  assert listed["v4"]["devices_per_chip"] == 2
+  assert listed["v5e"]["device_facts"]["platform"] == "tpu"
+
+
+def test_pallas_kernels_lowered_for_a_tpu_say_they_fall_back():
+  require_tpu_target()
+  import jax
+  import jax.numpy as jnp
+
+  import pallas_kernels
+  from pallas_kernels._src import guard
+
+  device = hlo_audit.get_target("v5e").devices()[0]
+  x = jax.ShapeDtypeStruct((8, 256), jnp.float32,
+                           sharding=jax.sharding.SingleDeviceSharding(device))
+  with guard.collect_fallbacks() as records:
+    text = jax.jit(lambda a: pallas_kernels.softmax(a, implementation="pallas")).trace(
+        x).lower().compile().as_text()
+  assert "tpu_custom_call" not in text
+  reasons = [f.reason for f in records if f.op == "softmax"]
+  assert reasons and all(r.startswith("when lowered for TPU v5 lite: ") for r in reasons)
