@@ -23,6 +23,7 @@ import pytest
 
 from tests import docs_support as ds
 from tests.gpu_target import require_gpu_target
+from tests.tpu_target import require_tpu_target
 
 SAMPLES = [f for page in ds.PAGES for f in ds.samples(page)]
 
@@ -60,6 +61,8 @@ def test_the_pages_check_most_samples():
 def test_sample_matches_a_fresh_run(sample, spec):
   if spec.gpu_target:
     require_gpu_target()
+  if spec.tpu_target:
+    require_tpu_target()
   if spec.command:
     code, output = ds.run_command(spec.command)
     assert code in (0, 1), f"{sample.where}: {spec.command} exited {code}:\n{output[-2000:]}"

@@ -15,6 +15,8 @@ not checked here:
       the repository's root (a command with --out, in a scratch folder);
   <!-- sample (jax 0.12.0.1, gpu-target): $ hlo-audit example --target h200 -->
       needs the CUDA plugin wheels (`pip install -e '.[gpu-target]'`);
+  <!-- sample (jax 0.10.2, tpu-target): $ hlo-audit example --target v5e -->
+      needs libtpu (`pip install -e '.[tpu-target]'`);
   <!-- not checked: <why> -->
 
 `jax X` names the jax that made the sample: under that jax every number but
@@ -80,6 +82,8 @@ class Spec:
   columns: int | None = None
   #: Needs the CUDA plugin wheels (the gpu-target extra).
   gpu_target: bool = False
+  #: Needs libtpu (the tpu-target extra).
+  tpu_target: bool = False
 
   @property
   def command(self) -> str | None:
@@ -132,6 +136,8 @@ def spec_of(fence: Fence) -> Spec | None:
       fields["columns"] = int(a.split()[0])
     elif a == "gpu-target":
       fields["gpu_target"] = True
+    elif a == "tpu-target":
+      fields["tpu_target"] = True
     else:
       raise ValueError(f"{fence.where}: unknown sample attribute {a!r}")
   if "jax" not in fields:
