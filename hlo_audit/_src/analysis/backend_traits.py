@@ -208,3 +208,37 @@ def trip_count(inst: Instruction) -> int | None:
 #: takes either operand transposed, so a transpose feeding only a dot is
 #: avoidable.
 LAYOUT_FIXED_ANCHORS = frozenset({"convolution"})
+
+
+#: Asynchronous halves that move data between memory spaces on XLA:TPU
+#: (memory-space assignment's prefetches into VMEM and evictions to HBM).
+_STAGING_OPS = frozenset({"copy-start", "copy-done", "slice-start", "slice-done"})
+
+
+def stages_memory_space(comp, inst: Instruction) -> bool:
+  """Whether `inst` (of `comp`) is XLA:TPU's memory-space assignment moving
+  a value between memory spaces: a copy or slice start/done whose result
+  lies in another space (`S(n)`) than its source. Such a move is how XLA
+  stages data into VMEM and evicts it back, not a copy the program asks for;
+  a same-space async copy (XLA:GPU's) is a copy like any other."""
+  if inst.opcode not in _STAGING_OPS or not inst.operands or inst.operands[0] not in comp:
+    return False
+  start = inst if inst.opcode.endswith("-start") else comp.instruction(inst.operands[0])
+  parts = start.shape.tuple_shapes if start.shape is not None else ()
+  if len(parts) < 2:
+    return False
+  # copy-start: (destination, source, context); slice-start: ((sources),
+  # destination, context).
+  dst, src = (parts[0], parts[1]) if start.opcode == "copy-start" else (parts[1], parts[0])
+  leaf = lambda s: s.tuple_shapes[0] if s.element_type == "tuple" and s.tuple_shapes else s  # noqa: E731
+  return leaf(src).memory_space != leaf(dst).memory_space
+
+
+def moves_memory_space(comp, inst: Instruction) -> bool:
+  """Whether a plain `copy` (of `comp`) writes its operand into another
+  memory space (XLA:TPU copying a value it held in VMEM out to HBM)."""
+  if inst.opcode != "copy" or not inst.operands or inst.operands[0] not in comp:
+    return False
+  src = comp.instruction(inst.operands[0]).shape
+  return src is not None and inst.shape is not None and src.is_array and \
+      inst.shape.is_array and src.memory_space != inst.shape.memory_space

@@ -336,14 +336,21 @@ def sharing_rule(platform: str) -> SharingRule:
 
 #: Backend-config keys and custom-call target prefixes only XLA:GPU writes.
 _GPU_MARKS = ('"operation_queue_id"', "__triton", "__cublas", "__cudnn")
+#: Backend-config keys only XLA:TPU writes (its kernels' windows and cycle
+#: estimates), and its kernels' custom-call target.
+_TPU_MARKS = ('"window_config"', '"estimated_cycles"', '"tpu_custom_call"')
 
 
 def infer_platform(module: HloModule) -> str:
   """"gpu" when the module is XLA:GPU's optimized HLO (its backend configs
-  name operation queues, Triton fusions, cuBLAS or cuDNN), else ""."""
+  name operation queues, Triton fusions, cuBLAS or cuDNN), "tpu" when it is
+  XLA:TPU's (backend configs with kernel windows or cycle estimates, or a
+  Mosaic kernel), else ""."""
   text = module.text
-  if text is not None and not any(mark in text for mark in _GPU_MARKS):
+  marks = _GPU_MARKS + _TPU_MARKS
+  if text is not None and not any(mark in text for mark in marks):
     return ""  # none of the marks anywhere: no instruction to decode
+  tpu = False
   for comp in module.computations:
     for inst in comp.instructions:
       config = inst.backend_config
@@ -351,4 +358,6 @@ def infer_platform(module: HloModule) -> str:
       if config and any(mark in config for mark in _GPU_MARKS) or \
           target and target.startswith(("__cublas", "__cudnn")):
         return "gpu"
-  return ""
+      tpu = tpu or bool(config and any(mark in config for mark in _TPU_MARKS)) or \
+          target == "tpu_custom_call"
+  return "tpu" if tpu else ""

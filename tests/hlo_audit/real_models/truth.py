@@ -344,3 +344,126 @@ def describe(name: str, f: FusionDecisionRecord) -> str:
   return (f"{f.kind.slug} {f.boundary} {f.boundary_shape} {f.bytes_saved} B at {src} "
           f"ops={list(f.ops)} kernel={f.kernel} {f.verdict.value} "
           f"{f.numerical_class.name}")
+
+
+# --------------------------------------------------------- XLA:TPU (v5e) --
+# The suite compiled for one TPU v5e chip (the committed compiles,
+# `tpu_support.py`). At the suite's sizes XLA:TPU keeps every intermediate
+# in VMEM (`S(1)`, 128 MiB on a v5e): HBM holds the arguments, the outputs
+# and memory-space assignment's evictions, so the boundaries worth a fusion
+# there are few. `ce_head_b32` and `example_b32` are the sizes at which it
+# writes intermediates to HBM. Every actionable finding of each fixture was
+# read against its HLO: `true` ones are written to HBM and read back as the
+# finding says, `false` ones are not (they must not come back).
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Judged:
+  """One finding on a committed compile, read against its HLO."""
+
+  kind: FindingKind
+  #: XLA's name of the boundary buffer (or the argument, for donation).
+  boundary: str
+  true: bool
+  why: str
+
+
+def _undonated(*args: str) -> tuple[Judged, ...]:
+  return tuple(Judged(FindingKind.UNDONATED_ARGUMENT, a, True,
+                      "returned updated (or its buffer could hold an output of its "
+                      "shape) but not donated") for a in args)
+
+
+_K = FindingKind
+_STAGED = ("memory-space assignment staging a value between VMEM and HBM "
+           "(copy-start/copy-done): how XLA:TPU prefetches and evicts, no copy of "
+           "the program's")
+_OUTPUT_WRITE = ("the output copied out of VMEM into HBM in the output's layout: "
+                 "the output's one write, which stays whatever the producer writes")
+_IN_VMEM = "the buffer lives in VMEM (S(1)): never written to HBM"
+
+TRUTH_TPU: dict[str, tuple[Judged, ...]] = {
+    "bert_mlm": _undonated("state", "dropout_rng"),
+    "bf16_mlp": _undonated("state"),
+    "bn_cnn": _undonated("params", "opt_state", "batch_stats"),
+    "ce_head": _undonated("params", "opt_state", "hidden"),
+    "ce_head_b32": _undonated("params", "opt_state", "hidden") + (
+        Judged(_K.UNFUSED_PROLOGUE, "fusion.40{0}", True,
+               "the logits widened to f32 [32,64,32768] (256 MiB) and written to HBM "
+               "only for gather_fusion, which reads the 2048 label logits: the gather "
+               "could load the bf16 logits at the labels and widen them"),),
+    "diffrax_ode": _undonated("d") + (
+        Judged(_K.STANDALONE_COPY, "copy.139", True,
+               "a branch of the step's conditional copies its VMEM operand into HBM "
+               "in another layout ({0,2,1:T(2,128)}) for the readers after it"),
+        Judged(_K.STANDALONE_COPY, "copy-start.2{0}", False, _STAGED),
+        Judged(_K.STANDALONE_COPY, "copy-start.4{0}", False, _STAGED),
+        Judged(_K.STANDALONE_COPY, "copy-start{0}", False, _STAGED),
+    ),
+    "donated": (),
+    "dot_attention": _undonated("params"),
+    "dp_mlp": _undonated("state") + tuple(
+        Judged(_K.REPLICATED_BUFFER, p, True,
+               "a kernel or Adam moment replicated on each of the 4 chips: sharded "
+               "over them it would take a quarter")
+        for p in ("param.5", "param.6", "param.14", "param.15", "param.18", "param.19")),
+    "equinox_mlp": _undonated("d"),
+    "eqx_layernorm2d": _undonated("d"),
+    "example": _undonated("params"),
+    "example_b32": _undonated("params") + (
+        Judged(_K.SEPARATE_REDUCTION, "fusion.144{1}", True,
+               "the attention probabilities [32,4,512,512] (128 MiB) written to HBM "
+               "and re-read by the PV matmul and the backward: a fused attention "
+               "keeps them on chip"),
+        Judged(_K.UNFUSED_PROLOGUE, "broadcast_subtract_fusion", True,
+               "the f32 log-softmax [32,512,512] written to HBM only for "
+               "gather_fusion.1, which reads the label's entry of each row"),
+        Judged(_K.STANDALONE_COPY, "copy.84", True,
+               "fusion.111's VMEM result relaid out ({3,1,2,0:T(4,128)}) into HBM, "
+               "then prefetched back into VMEM by copy-start.4: the producer could "
+               "write that layout"),
+    ) + tuple(Judged(_K.STANDALONE_COPY, f"copy-start{n}{{0}}", False, _STAGED)
+              for n in (".3", ".6", ".7", ".8", ".9", ".10", ".12", ".14", ".16",
+                        ".18", ".28", ".30", ".32", ".34")),
+    "grad_accum": _undonated("params", "opt_state"),
+    "groupnorm_cnn": _undonated("params", "opt_state"),
+    "haiku_lm": _undonated("state"),
+    "jaxmd_lj": _undonated("state", "nbrs") + (
+        Judged(_K.STANDALONE_COPY, "copy-start{0}", False, _STAGED),) + tuple(
+        Judged(_K.STANDALONE_COPY, f"copy.{n}", False, _OUTPUT_WRITE)
+        for n in (49, 50, 51, 52)),
+    "keras_mobilenet": _undonated("state") + tuple(
+        Judged(_K.STANDALONE_COPY, f"copy.{n}", False, _OUTPUT_WRITE) for n in (9, 10, 11)),
+    "kv_decode": (),
+    "linen_mlp": _undonated("state"),
+    "lstm": _undonated("params", "opt_state") + (
+        Judged(_K.UNFUSED_EPILOGUE, "convolution_add_fusion.5", False, _IN_VMEM),
+        Judged(_K.UNFUSED_EPILOGUE, "fusion.140", False, _IN_VMEM),
+    ),
+    "moe": _undonated("params", "opt_state"),
+    "nnx_vit": _undonated("state"),
+    "penzai_llama": _undonated("params", "opt_state") + (
+        Judged(_K.UNDONATED_ARGUMENT, "unbound_model", False,
+               "the unbound model's constants are read every step and not returned "
+               "(as on XLA:CPU): donating them deletes the model the caller passes "
+               "again"),),
+    "scan_remat": _undonated("params", "opt_state"),
+}
+
+#: False TPU findings the audit still reports (the same open bug on XLA:CPU):
+#: fixture -> boundaries.
+TPU_STILL_WRONG = {"penzai_llama": frozenset({"unbound_model"})}
+
+#: HBM boundaries of the TPU fixtures that no finding names yet: fixture ->
+#: (boundary, why it is one). A fix that finds one moves it into `TRUTH_TPU`.
+TPU_MISSED = {
+    "example_b32": (
+        ("multiply_reduce_fusion{1}",
+         "the attention backward's dS [32,4,512,512] (128 MiB) written to HBM for "
+         "the dQ and dK matmuls (fusion.24, fusion.25): a fused attention backward "
+         "keeps it on chip"),
+        ("exponential_reduce_fusion{1}",
+         "the LM head's exp(logits - max) [32,512,512] written to HBM and re-read "
+         "by the log-softmax, its gradient and the bias gradient"),
+    ),
+}

@@ -56,7 +56,7 @@ def decisions(program: Program) -> tuple[FusionDecisionRecord, ...]:
   """All findings, one per boundary, largest saving first within each
   class; each finding a kernel could close names the libraries' op for its
   `need`."""
-  found = [r for detect in DETECTORS for r in detect(program)]
+  found = [r for detect in DETECTORS for r in detect(program) if _in_device_memory(program, r)]
   found = cross_entropy.retarget(program, epilogue_or_prologue(found))
   found = one_per_boundary(with_kernels(found, program.libraries))
   order = list(FindingKind)
@@ -77,3 +77,21 @@ def _source_stacks(findings: Sequence[FusionDecisionRecord],
   return [next((stacks[(n, f.source)] for n in (f.boundary, f.producer, *f.consumers)
                 if (n, f.source) in stacks), (f.source,) if f.source else ())
           for f in findings]
+
+
+def _in_device_memory(program: Program, r: FusionDecisionRecord) -> bool:
+  """Whether the record's boundary lies in device memory: a buffer XLA:TPU
+  keeps in VMEM (`S(1)`) between two kernels is never written to HBM, so no
+  fusion saves its traffic there."""
+  buf = program.buffers.get(r.boundary) if r.boundary else None
+  if buf is None or buf.computation not in program.comps:
+    return True
+  comp = program.comps[buf.computation]
+  if buf.instruction not in comp:
+    return True
+  shape = comp.instruction(buf.instruction).shape
+  try:
+    leaf = shape.subshape(buf.index)
+  except (IndexError, AttributeError):
+    return True
+  return leaf.memory_space == 0

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 from hlo_audit._src.analysis import backend_traits as bt
 from hlo_audit._src.analysis.backend_traits import KernelKind
-from hlo_audit._src.analysis.buffers import is_layout_conversion
+from hlo_audit._src.analysis.buffers import Lifetime, is_layout_conversion
 from hlo_audit._src.analysis.detectors.common import (COMMON_RISKS, anchor_of,
                                                       consumer_kernels, fused_computation,
                                                       kernel_desc, through_bitcasts,
@@ -57,10 +57,15 @@ def _copies_of(program: Program, k: Kernel, out: list[FusionDecisionRecord]) -> 
   if not (k.kind is KernelKind.COPY or is_layout_conversion(program.module, inst)):
     return
   comp = program.comps[k.computation]
+  if bt.stages_memory_space(comp, inst):
+    return  # XLA:TPU staging a value into VMEM or evicting it: no copy of the program's
   moves = kernel_permutes(program.module, comp, inst)
   converts = "convert" in k.fused_ops or inst.opcode == "convert"
   for buf in program.writes.get(k.name, ()):
-    if buf.internal:
+    if buf.internal or buf.lifetime is Lifetime.EXTERNAL_OUTPUT and \
+        bt.moves_memory_space(comp, inst):
+      # The output's one write to device memory, from where XLA:TPU kept
+      # the value on chip: no copy to remove (the write stays).
       continue
     consumers = consumer_kernels(program, buf)
     consumer_desc = ", ".join(c.name for c in consumers) or "the program's output"

@@ -3,7 +3,10 @@
 Casts, dequantization, scales, elementwise math and slices of a larger
 buffer, written by one kernel and read only by matmuls (a forward dot and
 the backward dots reading the same operand), which could apply it to each
-tile they load instead.
+tile they load instead; and arrays computed elementwise and written whole
+for gathers that read a few of their elements (a cross-entropy's label
+logits gathered from its log-softmax), which could compute those elements
+on load.
 """
 
 from __future__ import annotations
@@ -14,22 +17,23 @@ from hlo_audit._src.analysis.buffers import Buffer, Lifetime, is_layout_conversi
 from hlo_audit._src.analysis.detectors.common import (COMMON_RISKS, SLICE_GLUE, SLICE_OPS,
                                                       activation_of, anchor_of,
                                                       consumer_kernels, fused_computation,
-                                                      kernel_desc, primitives, scalar_ops,
-                                                      times)
+                                                      kernel_desc, operand_number, primitives,
+                                                      scalar_ops, times)
 from hlo_audit._src.analysis.kernels import Kernel
 from hlo_audit._src.analysis.layouts import kernel_permutes
 from hlo_audit._src.analysis.program import Program
 from hlo_audit._src.analysis.records import (FindingKind, FusionDecisionRecord,
                                              KernelNeed, NumericalClass, Verdict)
 from hlo_audit._src.hlo import dtypes, opcodes
-from hlo_audit._src.hlo.ir import Instruction
+from hlo_audit._src.hlo.ir import Computation, Instruction
 
 
 def find(program: Program) -> tuple[FusionDecisionRecord, ...]:
   """Buffers written only for matmuls (one or several: a forward dot and
   the backward dots reading the same operand) by a kernel whose work the
   matmuls could do on load: casts, dequantization, scales, elementwise
-  math, slices of a larger buffer."""
+  math, slices of a larger buffer; and arrays computed elementwise for
+  gathers that read a few of their elements."""
   out = []
   for k in program.kernels.values():
     if k.kind not in (KernelKind.LOOP_FUSION, KernelKind.UNFUSED_OP, KernelKind.COPY):
@@ -91,7 +95,8 @@ def find(program: Program) -> tuple[FusionDecisionRecord, ...]:
           # Matmuls and convolutions reading one buffer share no kernel.
           need=(KernelNeed(FindingKind.UNFUSED_PROLOGUE, anchor, work)
                 if len(set(anchors)) == 1 else None)))
-  return tuple(out)
+  # And arrays written whole for gathers of a few of their elements.
+  return tuple(out) + _gathered_prologues(program)
 
 
 def _prologue_saving(k: Kernel, buf: Buffer, readers: int) -> int:
@@ -185,3 +190,145 @@ def _prologue_work(program: Program, k: Kernel, inst: Instruction) -> tuple[str,
   if "pad" in ops:
     items.append("pad")
   return tuple(items) or None
+
+# ------------------------------------------------------ gathered prologues --
+# A kernel computes an array elementwise (a cast, a shift, an exp) and writes
+# all of it to memory, and its only readers are gathers taking a small part
+# of it: the label's logit out of every row of a cross-entropy's [tokens,
+# vocab] log-softmax (XLA:TPU runs such a gather as a kernel of its own, a
+# custom fusion). The gather could load the producer's inputs at its indices
+# and compute those elements on load; the array is then never written.
+
+#: A gather pays for the array only where it reads at most this share of it.
+MOST_GATHERED = 1 / 8
+
+#: What the producer may compute for the gathered output: elementwise math on
+#: its inputs, and shape-only ops (each element from its inputs alone).
+_PER_ELEMENT = opcodes.ELEMENTWISE | {"bitcast", "reshape", "broadcast", "constant",
+                                      "parameter", "iota", "copy"}
+_SHAPE_ONLY = ("bitcast", "reshape", "copy", "transpose")
+
+
+def _gathered_prologues(program: Program) -> tuple[FusionDecisionRecord, ...]:
+  """Arrays computed elementwise and written only for gathers that read at
+  most `MOST_GATHERED` of them."""
+  out = []
+  for k in program.kernels.values():
+    if k.kind is KernelKind.PALLAS:
+      continue
+    for buf in program.writes.get(k.name, ()):
+      if buf.internal or buf.lifetime is Lifetime.EXTERNAL_OUTPUT or not buf.bytes:
+        continue
+      readers = consumer_kernels(program, buf)
+      elements = _g_elements(buf)
+      gathered = [_g_gathered(program, r, buf) for r in readers]
+      if not readers or not elements or None in gathered or \
+          sum(gathered) > MOST_GATHERED * elements:
+        continue
+      work = _g_work(program, k, buf)
+      if work is None:
+        continue
+      out.append(_g_record(program, k, buf, readers, sum(gathered), elements, work))
+  return tuple(out)
+
+
+def _g_elements(buf: Buffer) -> int:
+  n = 1
+  for d in buf.dims:
+    n *= d
+  return n
+
+
+def _g_gathered(program: Program, reader: Kernel, buf: Buffer) -> int | None:
+  """Elements `reader` gathers from `buf`, when a gather is all it does
+  with it (None otherwise)."""
+  operand = operand_number(program, reader, buf)
+  if operand is None:
+    return None
+  inst = program.inst(reader)
+  fused = fused_computation(program, reader)
+  if fused is None:
+    return _g_size(inst) if inst.opcode == "gather" and operand == 0 else None
+  param = next((i for i in fused.instructions if i.opcode == "parameter"
+                and i.parameter_number == operand), None)
+  if param is None:
+    return None
+  uses = _g_uses(fused, param.name)
+  if len(uses) != 1 or uses[0].opcode != "gather" or uses[0].operands[0] != _g_final(
+      fused, param.name):
+    return None
+  return _g_size(uses[0])
+
+
+def _g_uses(comp: Computation, name: str) -> list[Instruction]:
+  """The instructions reading `name`, through shape-only ops."""
+  out = []
+  for i in comp.instructions:
+    if name in i.operands:
+      out.extend(_g_uses(comp, i.name) if i.opcode in _SHAPE_ONLY else [i])
+  return out
+
+
+def _g_final(comp: Computation, name: str) -> str:
+  """`name` through the shape-only ops that alone read it."""
+  while True:
+    readers = [i for i in comp.instructions if name in i.operands]
+    if len(readers) != 1 or readers[0].opcode not in _SHAPE_ONLY:
+      return name
+    name = readers[0].name
+
+
+def _g_size(inst: Instruction) -> int | None:
+  shape = inst.shape
+  return shape.num_elements if shape is not None and shape.is_array else None
+
+
+def _g_work(program: Program, k: Kernel, buf: Buffer) -> tuple[str, ...] | None:
+  """The opcodes computing `buf` in kernel `k`, when every element comes
+  from its inputs alone (None otherwise, or when `k` only forwards data)."""
+  fused = fused_computation(program, k)
+  if fused is None:
+    return None
+  root = fused.root
+  if buf.index:
+    if root.opcode != "tuple" or buf.index[0] >= len(root.operands):
+      return None
+    root = fused.instruction(root.operands[buf.index[0]])
+  seen, stack, ops = set(), [root], []
+  while stack:
+    i = stack.pop()
+    if i.name in seen:
+      continue
+    seen.add(i.name)
+    if i.opcode not in _PER_ELEMENT:
+      return None
+    if i.opcode not in ("parameter", "constant", "bitcast", "reshape", "broadcast",
+                        "iota") and i.opcode not in ops:
+      ops.append(i.opcode)
+    stack.extend(fused.instruction(o) for o in i.operands if o in fused)
+  return tuple(ops) or None
+
+
+def _g_record(program: Program, k: Kernel, buf: Buffer, readers: list[Kernel],
+            gathered: int, elements: int, work: tuple[str, ...]) -> FusionDecisionRecord:
+  what = "cast" if set(work) <= {"convert", "copy"} else "elementwise"
+  return FusionDecisionRecord(
+      kind=FindingKind.UNFUSED_PROLOGUE, producer=k.name,
+      consumers=tuple(r.name for r in readers), boundary=buf.name,
+      boundary_shape=buf.shape,
+      # The gathers' reads stay (from the inputs); the array's write goes.
+      bytes_saved=times(buf.bytes, k.trip_count),
+      launches_removed=0, extra_arithmetic=f"{what} of the gathered elements on load",
+      extra_resources="none expected", numerical_class=NumericalClass.EXACT,
+      guard="none needed: the gather loads the producer's inputs at its indices",
+      layout_effect="none: the gather reads the producer's inputs",
+      evidence=(f"{kernel_desc(k)} writes {buf.shape} ({', '.join(work)} of its inputs) "
+                f"that only {', '.join(kernel_desc(r) for r in readers)} read, "
+                f"gathering {gathered} of its {elements} elements: the gather could "
+                "compute those elements from the producer's inputs, and the array is "
+                "never written"),
+      verdict=Verdict.SAFE,
+      reasons=("each gathered element depends on the producer's inputs at the same "
+               "index alone",),
+      risks=COMMON_RISKS, ops=("gather", what), kernel=None, trip_count=k.trip_count,
+      source=buf.source, computation=k.computation)
