@@ -222,6 +222,16 @@ def _sliced_access(module: HloModule, comp: Computation, inst: Instruction,
   op = inst.opcode
   if op in ("slice", "dynamic-slice") and inst.shape is not None:
     return {0: inst.shape.byte_size}, {}
+  if op == "async-start":
+    # An asynchronous slice (XLA:TPU's slice-start, staging part of an
+    # operand on chip) reads the slice, as a slice does.
+    calls = inst.called_computations.get("calls", ())
+    if calls and calls[0] in module:
+      root = module.computation(calls[0]).root
+      if root.opcode in ("slice", "dynamic-slice") and root.shape is not None:
+        # Its result's first element holds the operand itself: not written.
+        return {0: root.shape.byte_size}, {(0, 0): 0}
+    return {}, {}
   if op in ("dynamic-update-slice", "scatter") and len(inst.operands) >= 2:
     update = comp.instruction(inst.operands[-1] if op == "scatter" else inst.operands[1])
     size = update.shape.byte_size if update.shape is not None else 0

@@ -310,6 +310,8 @@ class _Tables:
     # first value's). Models with many equal-sized buffers depend on this
     # tie-break.
     value_info = self.value_info
+    constants_in_program = (model or heap_model("")).constants_in_program if base is None \
+        else base.model.constants_in_program
     sizes: dict[ValueId, int] = {}
     keys: list[tuple] = []
     placing: list[tuple[ValueId, tuple[ValueId, ...], int, bool, bool]] = []
@@ -322,6 +324,8 @@ class _Tables:
         constant = value_info[b][2]
         first = min(x[3] for x in infos)
         buffer_id = min(x[4] for x in infos)
+      if constant and constants_in_program:
+        size = 0  # the executable holds it, not the device's memory
       sizes[b] = size
       live_out = b in outputs
       keys.append((-size, not live_out, first, buffer_id))

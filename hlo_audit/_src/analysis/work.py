@@ -34,6 +34,8 @@ import math
 import types
 from collections.abc import Mapping
 
+import numpy as np
+
 from hlo_audit._src.analysis import backend_traits as bt
 from hlo_audit._src.hlo import opcodes
 from hlo_audit._src.hlo.ir import Computation, HloModule, Instruction
@@ -355,11 +357,52 @@ def _conv_work(comp: Computation, inst: Instruction) -> Work:
   elif rhs.shape.dims:
     out_features = rhs.shape.dims[-1]
   per_output = rhs.shape.num_elements // max(out_features, 1)
-  flops = 2 * shape.num_elements * per_output
+  # Window positions on padding or between dilated input elements multiply
+  # nothing: XLA:TPU writes a batched matmul as a convolution whose batch is
+  # a window over an input dilated by its own size (`size=4x8 stride=3x7
+  # lhs_dilate=4x8`), where one position in 32 is real.
+  real = _real_window_fraction(inst, lhs, dnums)
+  flops = round(2 * shape.num_elements * per_output * real)
   element = (lhs.shape.element_type if lhs is not None and lhs.shape is not None
              else rhs.shape.element_type)
   return Work(matrix_flops=types.MappingProxyType({element: flops}),
-              narrowest=per_output)
+              narrowest=max(1, round(per_output * real)))
+
+
+#: Window positions a convolution's padding and holes are counted over, per
+#: dimension; beyond it every position counts.
+_MAX_WINDOW_PAIRS = 1 << 24
+
+
+def _real_window_fraction(inst: Instruction, lhs, dnums) -> float:
+  """The fraction of (output position, window position) pairs of a
+  convolution that read an input element: not padding, nor a hole between
+  the elements `lhs_dilate` spreads apart (XLA's own cost analysis counts a
+  convolution's FLOPs so). 1.0 when the window, the dimension numbers or
+  the input's shape are unknown."""
+  window = inst.window
+  if not window or dnums is None or lhs is None or lhs.shape is None:
+    return 1.0
+  if all(w.base_dilation == 1 and w.padding_low <= 0 and w.padding_high <= 0
+         for w in window):
+    return 1.0  # every position reads an element (negative padding crops)
+  out_shape = inst.shape.tuple_shapes[0] if inst.shape.is_tuple else inst.shape
+  fraction = 1.0
+  for d, w in enumerate(window):
+    if d >= len(dnums.output_spatial) or d >= len(dnums.input_spatial):
+      return 1.0
+    n_in = lhs.shape.dims[dnums.input_spatial[d]]
+    n_out = out_shape.dims[dnums.output_spatial[d]]
+    if n_out <= 0 or w.size <= 0 or n_out * w.size > _MAX_WINDOW_PAIRS:
+      continue
+    o = np.arange(n_out) * w.stride - w.padding_low
+    real = 0
+    for k in range(w.size):
+      p = o + k * w.window_dilation
+      real += int(np.count_nonzero((p >= 0) & (p % w.base_dilation == 0)
+                                   & (p // w.base_dilation < n_in)))
+    fraction *= real / (n_out * w.size)
+  return fraction
 
 
 def _library_work(comp: Computation, inst: Instruction) -> Work:

@@ -176,13 +176,14 @@ class Shape:
     if self.element_type == "tuple":
       return sum(s.physical_byte_size for s in self.tuple_shapes)
     layout = self.layout
-    if layout is None or not layout.tiles or not self.is_array or not self.dims:
+    if layout is None or not layout.tiles or not self.is_array:
       return self.byte_size
     tile = layout.tiles[0].dims
     if any(t == COMBINE_DIMENSION or t <= 0 for t in tile):
       return self.byte_size
-    # Tiles apply to the most-minor dimensions in physical (major-to-minor) order.
-    physical = [self.dims[d] for d in reversed(layout.minor_to_major)]
+    # Tiles apply to the most-minor dimensions in physical (major-to-minor)
+    # order; a scalar is tiled as one element (`f32[]{:T(128)}`: 512 bytes).
+    physical = [self.dims[d] for d in reversed(layout.minor_to_major)] if self.dims else [1]
     if any(d < 0 for d in physical):
       return self.byte_size
     for i, t in enumerate(reversed(tile)):

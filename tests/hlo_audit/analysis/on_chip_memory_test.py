@@ -77,3 +77,58 @@ def test_on_chip_bytes_are_priced_at_the_on_chip_rate():
   g0 = {k.name: k for k in hlo_audit.audit_hlo(
       _TPU, options=AuditOptions(device=free)).timing.kernels}["g"]
   assert g0.memory_time == pytest.approx(MIB_HALF / v5e.memory_bandwidth)
+
+
+def test_a_tiled_scalar_takes_its_tile():
+  # XLA:TPU's footprint counts f32[]{:T(128)} and bf16[]{:T(256)} as 512 bytes.
+  assert parse_shape("f32[]{:T(128)}").device_byte_size == 512
+  assert parse_shape("bf16[]{:T(256)}").device_byte_size == 512
+  assert parse_shape("f32[]").device_byte_size == 4
+
+
+_CONSTANTS = """HloModule m, is_scheduled=true
+
+%fused (p: f32[8,128], c: f32[]) -> f32[8,128] {
+  %p = f32[8,128]{1,0:T(8,128)} parameter(0)
+  %c = f32[]{:T(128)} parameter(1)
+  %b = f32[8,128]{1,0:T(8,128)} broadcast(%c), dimensions={}
+  ROOT %m = f32[8,128]{1,0:T(8,128)} multiply(%p, %b)
+}
+
+ENTRY %main (x: f32[8,128]) -> f32[8,128] {
+  %x = f32[8,128]{1,0:T(8,128)} parameter(0)
+  %k = f32[]{:T(128)} constant(2)
+  ROOT %y = f32[8,128]{1,0:T(8,128)} fusion(%x, %k), kind=kLoop, calls=%fused, backend_config={"window_config":{"estimated_cycles":"1828"}}
+}
+"""
+
+
+def test_xla_tpus_constants_are_in_the_program_not_the_footprint():
+  r = hlo_audit.audit_hlo(_CONSTANTS)  # read as XLA:TPU's (its backend config)
+  assert r.peak_bytes == 2 * 8 * 128 * 4
+  cpu = hlo_audit.audit_hlo(_CONSTANTS.replace(
+      ', backend_config={"window_config":{"estimated_cycles":"1828"}}', ""))
+  assert cpu.peak_bytes == 2 * 8 * 128 * 4 + 512  # elsewhere a constant is an allocation
+
+
+_ASYNC_SLICE = """HloModule m, is_scheduled=true
+
+%wrapped (w: f32[1024,256]) -> f32[256,256] {
+  %w = f32[1024,256]{1,0:T(8,128)} parameter(0)
+  ROOT %s = f32[256,256]{1,0:T(8,128)S(1)} slice(%w), slice={[0:256], [0:256]}
+}
+
+ENTRY %main (p: f32[1024,256]) -> f32[256,256] {
+  %p = f32[1024,256]{1,0:T(8,128)} parameter(0)
+  %ss = ((f32[1024,256]{1,0:T(8,128)}), f32[256,256]{1,0:T(8,128)S(1)}, s32[]{:S(2)}) async-start(%p), calls=%wrapped
+  %sd = f32[256,256]{1,0:T(8,128)S(1)} async-done(%ss)
+  ROOT %c = f32[256,256]{1,0:T(8,128)} copy(%sd)
+}
+"""
+
+
+def test_an_async_slice_reads_its_slice_and_writes_it_on_chip():
+  r = hlo_audit.audit_hlo(_ASYNC_SLICE)
+  ss = {k.name: k for k in r.kernels}["ss"]
+  assert ss.bytes_read == 256 * 256 * 4  # not the whole operand
+  assert ss.bytes_written == 0           # its operand's slot is the operand; the slice is in VMEM

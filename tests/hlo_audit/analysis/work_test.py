@@ -60,15 +60,38 @@ ENTRY %e (a: f32[128,64], b: f32[64,32]) -> f32[128,32] {
 
 def test_a_convolution_counts_its_window_and_input_features():
   # NHWC 3x3 convolution, 16 -> 32 features, 8x32x32 outputs: each output
-  # sums 3 * 3 * 16 products.
+  # sums 3 * 3 * 16 products, less those on the padding (as XLA's cost
+  # analysis counts): per spatial dimension 32 * 3 positions, 2 on the pad.
   w = work_of("""HloModule m
 ENTRY %e (x: f32[8,32,32,16], k: f32[3,3,16,32]) -> f32[8,32,32,32] {
   %x = f32[8,32,32,16]{3,2,1,0} parameter(0)
   %k = f32[3,3,16,32]{3,2,1,0} parameter(1)
   ROOT %c = f32[8,32,32,32]{3,2,1,0} convolution(%x, %k), window={size=3x3 pad=1_1x1_1}, dim_labels=b01f_01io->b01f
 }""", "c")
-  assert dict(w.matrix_flops) == {"f32": 2 * (8 * 32 * 32 * 32) * (3 * 3 * 16)}
-  assert w.narrowest == 3 * 3 * 16
+  real = (94 / 96) ** 2
+  assert dict(w.matrix_flops) == {"f32": round(2 * (8 * 32 * 32 * 32) * (3 * 3 * 16) * real)}
+  assert w.narrowest == round(3 * 3 * 16 * real)
+  unpadded = work_of("""HloModule m
+ENTRY %e (x: f32[8,34,34,16], k: f32[3,3,16,32]) -> f32[8,32,32,32] {
+  %x = f32[8,34,34,16]{3,2,1,0} parameter(0)
+  %k = f32[3,3,16,32]{3,2,1,0} parameter(1)
+  ROOT %c = f32[8,32,32,32]{3,2,1,0} convolution(%x, %k), window={size=3x3}, dim_labels=b01f_01io->b01f
+}""", "c")
+  assert dict(unpadded.matrix_flops) == {"f32": 2 * (8 * 32 * 32 * 32) * (3 * 3 * 16)}
+
+
+def test_a_tpu_batched_matmul_counts_one_window_position_in_its_batch():
+  # XLA:TPU's attention scores: q [4,255,8,64] x k [4,255,8,64] -> [4,8,255,255]
+  # as a convolution whose window over the batch (4) and heads (8) lands on
+  # one real element of each dilated run: 2 * 4 * 8 * 255 * 255 * 64 FLOPs.
+  w = work_of("""HloModule m
+ENTRY %e (q: bf16[4,255,8,64], k: bf16[4,255,8,64]) -> f32[4,8,255,255] {
+  %q = bf16[4,255,8,64]{1,3,2,0} parameter(0)
+  %k = bf16[4,255,8,64]{1,3,2,0} parameter(1)
+  ROOT %c = f32[4,8,255,255]{2,3,1,0} convolution(%q, %k), window={size=4x8 stride=3x7 lhs_dilate=4x8}, dim_labels=0b1f_0o1i->01bf
+}""", "c")
+  assert dict(w.matrix_flops) == {"bf16": 2 * 4 * 8 * 255 * 255 * 64}
+  assert w.narrowest == 64
 
 
 _FUSION = """HloModule m
