@@ -14,6 +14,7 @@ libtpu's, or a compile fails.
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import json
 import subprocess
 import sys
@@ -355,8 +356,7 @@ def main(argv=None) -> int:
     print(json.dumps(row(args.row)))
     return 0
   rows = [_isolated(n) for n in (args.names or PROGRAMS)]
-  from hlo_audit._src.target import wheels
-  print(f"libtpu {wheels.libtpu_version()}, jax {jax.__version__}")
+  print(f"libtpu {importlib.metadata.version('libtpu')}, jax {jax.__version__}")
   print(f"{'program':20s} {'target':10s} {'peak / XLA':>10s} {'ours':>9s} {'libtpu':>9s} "
         f"{'ratio':>6s} {'cycles 10-90%':>14s} findings (actionable: classes)")
   bad = 0

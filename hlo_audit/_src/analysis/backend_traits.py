@@ -8,6 +8,7 @@ Sources: custom-call targets and backend configs printed by XLA's CPU, GPU
 from __future__ import annotations
 
 import enum
+import json
 
 from hlo_audit._src.hlo.ir import Instruction
 
@@ -213,6 +214,20 @@ LAYOUT_FIXED_ANCHORS = frozenset({"convolution"})
 #: Asynchronous halves that move data between memory spaces on XLA:TPU
 #: (memory-space assignment's prefetches into VMEM and evictions to HBM).
 _STAGING_OPS = frozenset({"copy-start", "copy-done", "slice-start", "slice-done"})
+
+
+def scoped_on_chip_bytes(inst: Instruction) -> int:
+  """Bytes of on-chip memory a kernel reserves for itself beyond its
+  operands: XLA:TPU's `used_scoped_memory_configs` outside memory space 0
+  (its VMEM scratch); 0 where the backend config names none."""
+  config = inst.backend_config
+  if not config or '"used_scoped_memory_configs"' not in config:
+    return 0
+  try:
+    used = json.loads(config).get("used_scoped_memory_configs") or ()
+    return sum(int(c.get("size", 0)) for c in used if str(c.get("memory_space", "0")) != "0")
+  except (ValueError, AttributeError, TypeError):
+    return 0
 
 
 def stages_memory_space(comp, inst: Instruction) -> bool:

@@ -63,6 +63,8 @@ class Kernel:
   members: tuple[str, ...] = ()
   #: The stack `source` was chosen from, innermost frame first.
   source_stack: tuple[SourceLocation, ...] = ()
+  #: On-chip memory (a TPU's VMEM) it reserves beyond its operands, bytes.
+  on_chip_scratch: int = 0
 
   @property
   def bytes_moved(self) -> int:
@@ -114,7 +116,8 @@ def find_kernels(module: HloModule, schedule: Schedule, dataflow: Dataflow, *,
         detail=detail, fused_ops=types.MappingProxyType(fused),
         bytes_read=read, bytes_written=written,
         trip_count=multiplicity.get(comp_name, 1), time=time[name],
-        op_name=op_name_of[comp_name][name], source=src, source_stack=stack))
+        op_name=op_name_of[comp_name][name], source=src, source_stack=stack,
+        on_chip_scratch=bt.scoped_on_chip_bytes(inst)))
   return tuple(out)
 
 

@@ -784,13 +784,13 @@ def render_html(report) -> str:
   if report.what_if_replay is not None:
     parts += ["<h2>What-if</h2>", what_if_svg(report.what_if_replay)]
   parts += ["<h2>Kernels and the buffers between them</h2>", graph_svg(report)]
-  numeric = ("Bytes", "Read", "Written", "Runs", "Reuse", "Bytes saved", "Launches", "#", "Count")
+  numeric = ("Bytes", "Read", "Written", "On chip", "Scratch", "Runs", "Reuse", "Bytes saved", "Launches", "#", "Count")
   parts += ["<h2>Kernels by kind</h2>",
             table_html(("Kind", "Count"), [(k, n) for k, n in report.kernels_by_kind().items()],
                    numeric)]
   kernel_rows = text.kernel_rows(report, limit=200)
   parts += [f"<h2>Kernels by bytes moved (top {len(kernel_rows)} of {len(report.kernels)})</h2>",
-            table_html(text.KERNEL_COLUMNS, kernel_rows, numeric)]
+            table_html(text.kernel_columns(report), kernel_rows, numeric)]
   inter_all = report.intermediates
   inter = text.intermediate_rows(report, limit=MAX_INTERMEDIATES)
   sv = {(i, 3): b.bytes for i, b in enumerate(inter_all[:MAX_INTERMEDIATES])}

@@ -112,6 +112,7 @@ def kernel_dict(k, frames: Frames) -> dict:
       "trip_count": k.trip_count, "time": k.time, "op_name": k.op_name,
       "source": _source(k.source), "source_location": frames.location(k.source), "members": list(k.members),
       "source_stack": frames.stack(k.source_stack),
+      "on_chip_scratch": k.on_chip_scratch,
   }
 
 
@@ -330,7 +331,7 @@ def _report_from_dict(d: dict):
       fused_ops=types.MappingProxyType(k["fused_ops"]), bytes_read=k["bytes_read"],
       bytes_written=k["bytes_written"], trip_count=k["trip_count"], time=k["time"],
       op_name=k["op_name"], source=_loc(k["source_location"]), members=tuple(k["members"]),
-      source_stack=_stack(k, frames)))
+      source_stack=_stack(k, frames), on_chip_scratch=int(k.get("on_chip_scratch", 0))))
   buffers = _rows(d, "buffers", lambda b: _typed(Buffer,
       name=b["name"], instruction=b["instruction"], index=tuple(b["index"]),
       computation=b["computation"], shape=b["shape"], dtype=b["dtype"],

@@ -99,6 +99,8 @@ class Column:
   optional: bool = False
   #: Narrowest a name or text column gets.
   min_width: int = 8
+  #: Among optional columns, the higher goes first (then left to right).
+  drop_first: int = 0
 
 
 def _cell_lines(col: Column, cell: str, w: int, whole: bool) -> list[str]:
@@ -146,7 +148,8 @@ def table(columns, rows, width: int, *, indent: int = 2,
     if total(ws) <= width:
       break
     if step == "optional":
-      for i in [i for i in keep if columns[i].optional]:
+      for i in sorted((i for i in keep if columns[i].optional),
+                      key=lambda i: -columns[i].drop_first):
         if total(ws) <= width:
           break
         keep.remove(i)

@@ -31,7 +31,7 @@ def render_markdown(report, max_kernels: int = 40) -> str:
             ""]
   rows = text.kernel_rows(report, limit=max_kernels)
   parts += [f"## Kernels by bytes moved (top {len(rows)} of {len(report.kernels)})", "",
-            table(text.KERNEL_COLUMNS, rows), ""]
+            table(text.kernel_columns(report), rows), ""]
   parts += [f"## Intermediate tensors (>= {100 * report.options.intermediate_fraction:g}% "
             f"of peak {fmt_bytes(report.peak_bytes)})", "",
             table(text.INTERMEDIATE_COLUMNS, text.intermediate_rows(report)), ""]

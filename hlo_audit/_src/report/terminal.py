@@ -264,10 +264,14 @@ def full_lines(report, width: int, *, max_kernels: int | None = None,
   out.append("")
   rows = text.kernel_rows(report, limit=max_kernels)
   more = len(report.kernels) - len(rows)
+  # Before the time: the scratch, then the on-chip traffic.
+  chip = ((Column("On chip", "num", optional=True, drop_first=1),
+           Column("Scratch", "num", optional=True, drop_first=2))
+          if text.shows_on_chip(report) else ())
   out += layout.table(
       (Column("Kernel", "name", min_width=10), Column("Kind", "text"),
        Column("Detail", "name", optional=True), Column("Fused ops", "text", min_width=10),
-       Column("Read", "num"), Column("Written", "num"), Column("Runs", "num"),
+       Column("Read", "num"), Column("Written", "num"), *chip, Column("Runs", "num"),
        Column("Time", "num", optional=True), Column("Bound", "text", optional=True),
        Column("Source", "source")), rows, width,
       title=("Kernels by estimated time" if report.timing is not None else

@@ -68,9 +68,30 @@ def intermediate_rows(report, limit: int | None = None,
   return rows
 
 
+#: What a report of a TPU (whose kernels keep buffers on chip) adds after
+#: "Written": on-chip traffic, and the on-chip scratch each kernel reserves.
+ON_CHIP_COLUMNS = ("On chip", "Scratch")
+
+
+def shows_on_chip(report) -> bool:
+  """Whether the kernel table has `ON_CHIP_COLUMNS` (a kernel moves or
+  reserves on-chip memory)."""
+  timing = report.timing
+  return any(k.on_chip_scratch for k in report.kernels) or (
+      timing is not None and any(t.on_chip_bytes for t in timing.kernels))
+
+
+def kernel_columns(report) -> tuple[str, ...]:
+  """KERNEL_COLUMNS, with `ON_CHIP_COLUMNS` after "Written" where shown."""
+  if not shows_on_chip(report):
+    return KERNEL_COLUMNS
+  i = KERNEL_COLUMNS.index("Written") + 1
+  return KERNEL_COLUMNS[:i] + ON_CHIP_COLUMNS + KERNEL_COLUMNS[i:]
+
+
 def kernel_rows(report, limit: int | None = None) -> list[tuple[str, ...]]:
-  """KERNEL_COLUMNS rows, the longest estimated time first (the most bytes
-  moved first without an estimate)."""
+  """`kernel_columns(report)` rows, the longest estimated time first (the
+  most bytes moved first without an estimate)."""
   timing = report.timing
   if timing is not None:
     def key(k):
@@ -82,13 +103,16 @@ def kernel_rows(report, limit: int | None = None) -> list[tuple[str, ...]]:
   kernels = sorted(report.kernels, key=key)
   if limit is not None:
     kernels = kernels[:limit]
+  on_chip = shows_on_chip(report)
   rows = []
   for k in kernels:
     fused = ", ".join(f"{op}" + (f"x{n}" if n > 1 else "")
                       for op, n in sorted(k.fused_ops.items(), key=lambda x: -x[1])[:6])
     t = timing.kernel(k.name) if timing is not None else None
+    chip = ((fmt_bytes(t.on_chip_bytes) if t is not None else "",
+             fmt_bytes(k.on_chip_scratch) if k.on_chip_scratch else "") if on_chip else ())
     rows.append((k.name, k.kind.value, k.detail if k.detail != k.opcode else "",
-                 fused, fmt_bytes(k.bytes_read), fmt_bytes(k.bytes_written),
+                 fused, fmt_bytes(k.bytes_read), fmt_bytes(k.bytes_written), *chip,
                  fmt_trip(k.trip_count), fmt_time(t.time) if t is not None else "",
                  t.bound.value if t is not None else "", fmt_source(k.source)))
   return rows

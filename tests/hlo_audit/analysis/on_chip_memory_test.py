@@ -132,3 +132,20 @@ def test_an_async_slice_reads_its_slice_and_writes_it_on_chip():
   ss = {k.name: k for k in r.kernels}["ss"]
   assert ss.bytes_read == 256 * 256 * 4  # not the whole operand
   assert ss.bytes_written == 0           # its operand's slot is the operand; the slice is in VMEM
+
+
+def test_a_kernels_scoped_vmem_is_its_on_chip_scratch():
+  from hlo_audit._src.report import text
+  scoped = _CONSTANTS.replace(
+      '{"window_config":{"estimated_cycles":"1828"}}',
+      '{"window_config":{"estimated_cycles":"1828"},"used_scoped_memory_configs":'
+      '[{"memory_space":"1","offset":"0","size":"1048576"},'
+      '{"memory_space":"0","offset":"0","size":"4096"}]}')
+  r = hlo_audit.audit_hlo(scoped, options=AuditOptions(device="v5e"))
+  y = {k.name: k for k in r.kernels}["y"]
+  assert y.on_chip_scratch == 1 << 20  # VMEM only: space 0 is HBM
+  assert "Scratch" in text.kernel_columns(r)
+  row = dict(zip(text.kernel_columns(r), text.kernel_rows(r)[0]))
+  assert row["Scratch"] == "1.00 MiB"
+  cpu = hlo_audit.audit_hlo(_TPU.replace("S(1)", ""))
+  assert text.kernel_columns(cpu) == text.KERNEL_COLUMNS  # nothing on chip
