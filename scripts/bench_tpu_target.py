@@ -42,6 +42,29 @@ def _placed(target, tree, spec=None):
   return jax.tree.map(lambda x: _sds(x, sharding), tree)
 
 
+def _classifier_loss(model, x, labels):
+  import optax
+  return optax.softmax_cross_entropy_with_integer_labels(model(x), labels).mean()
+
+
+def _nnx_step(model, tx, loss_of):
+  """A jitted nnx train step the functional way the nnx docs show (split
+  outside, merge inside): `loss_of(model, x, y)`, `tx` an optax optimizer."""
+  from flax import nnx
+
+  opt = nnx.Optimizer(model, tx, wrt=nnx.Param)
+  graphdef, state = nnx.split((model, opt))
+
+  @jax.jit
+  def step(state, x, y):
+    model, opt = nnx.merge(graphdef, state)
+    grads = nnx.grad(lambda m: loss_of(m, x, y))(model)
+    opt.update(model, grads)
+    return nnx.state((model, opt))
+
+  return step, state
+
+
 # ------------------------------------------------------------ programs ----
 
 
@@ -59,21 +82,8 @@ def nnx_mlp_adamw(target):
     def __call__(self, x):
       return self.l3(nnx.gelu(self.l2(nnx.gelu(self.l1(x)))))
 
-  model = MLP(nnx.Rngs(0))
-  opt = nnx.Optimizer(model, optax.adamw(1e-3), wrt=nnx.Param)
-  graphdef, state = nnx.split((model, opt))
-
-  @jax.jit
-  def step(state, x, y):
-    model, opt = nnx.merge(graphdef, state)
-
-    def loss(m):
-      return jnp.mean((m(x) - y) ** 2)
-
-    grads = nnx.grad(loss)(model)
-    opt.update(model, grads)
-    return nnx.state((model, opt))
-
+  step, state = _nnx_step(MLP(nnx.Rngs(0)), optax.adamw(1e-3),
+                          lambda m, x, y: jnp.mean((m(x) - y) ** 2))
   x = jnp.zeros((512, 1024), jnp.float32)
   return step, (state, x, x)
 
@@ -181,21 +191,7 @@ def nnx_conv_batchnorm(target):
       x = nnx.relu(self.b2(self.c2(x)))
       return self.head(x.mean(axis=(1, 2)))
 
-  model = Net(nnx.Rngs(0))
-  opt = nnx.Optimizer(model, optax.sgd(1e-2), wrt=nnx.Param)
-  graphdef, state = nnx.split((model, opt))
-
-  @jax.jit
-  def step(state, x, y):
-    model, opt = nnx.merge(graphdef, state)
-
-    def loss(m):
-      return optax.softmax_cross_entropy_with_integer_labels(m(x), y).mean()
-
-    grads = nnx.grad(loss)(model)
-    opt.update(model, grads)
-    return nnx.state((model, opt))
-
+  step, state = _nnx_step(Net(nnx.Rngs(0)), optax.sgd(1e-2), _classifier_loss)
   return step, (state, jnp.zeros((64, 64, 64, 3)), jnp.zeros((64,), jnp.int32))
 
 
@@ -251,20 +247,7 @@ def nnx_vit_dp(target):
         x = blk(x)
       return self.head(self.norm(x).mean(axis=1))
 
-  model = ViT(nnx.Rngs(0))
-  opt = nnx.Optimizer(model, optax.adamw(1e-3), wrt=nnx.Param)
-  graphdef, state = nnx.split((model, opt))
-
-  @jax.jit
-  def step(state, x, y):
-    model, opt = nnx.merge(graphdef, state)
-
-    def loss(m):
-      return optax.softmax_cross_entropy_with_integer_labels(m(x), y).mean()
-
-    grads = nnx.grad(loss)(model)
-    opt.update(model, grads)
-    return nnx.state((model, opt))
+  step, state = _nnx_step(ViT(nnx.Rngs(0)), optax.adamw(1e-3), _classifier_loss)
 
   x = jnp.zeros((batch, patches, patch_dim))
   y = jnp.zeros((batch,), jnp.int32)
