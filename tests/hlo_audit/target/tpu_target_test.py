@@ -230,3 +230,36 @@ def test_targets_lists_the_tpu_generations():
   assert set(listed) == {"v4", "v5e", "v5p", "v6e"}
   assert listed["v4"]["devices_per_chip"] == 2
   assert listed["v5e"]["device_facts"]["platform"] == "tpu"
+
+
+def test_run_and_sweep_compile_for_a_tpu(tmp_path):
+  require_tpu_target()
+  module = tmp_path / "model.py"
+  module.write_text("import jax\n\ndef f(x, w):\n  return jax.nn.gelu(x @ w).sum()\n")
+  p = _cli("run", f"{module}:f", "--arg", "bf16[512,512]", "--arg", "bf16[512,2048]",
+           "--target", "v6e", "--json")
+  assert p.returncode == 0, p.stderr
+  report = json.loads(p.stdout)
+  assert report["module"]["target"] == "v6e"
+  assert report["timing"]["device"]["name"] == "v6e"
+  assert report["xla_estimate"]["seconds"] > 0
+  out = tmp_path / "sweep"
+  p = _cli("sweep", "example", "--target", "v5e:2x2", "--grid", "batch=4,8", "--out", str(out),
+           "--no-progress", "--jobs", "0")
+  assert p.returncode == 0, p.stderr
+  rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+  assert [r["status"] for r in rows] == ["ok", "ok"], rows[0]
+  assert {(r["audit"]["target"], r["audit"]["time_device"]) for r in rows} == {("v5e:2x2", "v5e")}
+  assert all(abs(r["audit"]["peak_agreement"]) <= 0.01 for r in rows)
+
+
+def test_file_prices_tpu_hlo_for_the_target_named(tmp_path):
+  # Compiled HLO needs no libtpu to read: --target names the device to price it for.
+  from tests.hlo_audit.analysis.on_chip_memory_test import _TPU
+  path = tmp_path / "tpu.hlo"
+  path.write_text(_TPU)
+  p = _cli("file", str(path), "--target", "v5p", "--json")
+  assert p.returncode == 0, p.stderr
+  report = json.loads(p.stdout)
+  assert report["timing"]["device"]["name"] == "v5p"
+  assert report["timing"]["device"]["platform"] == "tpu"
