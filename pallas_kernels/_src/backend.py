@@ -21,7 +21,8 @@ lowered, the one moment the device is known: the op is built for this CPU
 for each GPU of `DEFERRED_GPUS` and for a TPU, and a `pallas_kernels_target`
 index, lowered for the compiling client's device, keeps the build of the
 nearest GPU (`lax.platform_dependent` keeps the CPU build on "cpu" and the
-TPU build on "tpu", where each op's guard says why it runs XLA's ops). Fallbacks of a
+TPU build on "tpu": the row ops' Mosaic TPU kernels, elsewhere each op's
+guard says why it runs XLA's ops). Fallbacks of a
 build are recorded when, and only when, that build is the one lowered, with
 the device they concern.
 
@@ -426,7 +427,8 @@ def device_kind() -> str:
 def resolve_target(spec: Any) -> Target | None:
   """A `Target` from what a caller may pass as `target=`: None, a `Target`,
   a `jax.Device` (a topology's too), an `AbstractDevice`, or a device name
-  ("h200", "NVIDIA A100-SXM4-80GB", "cpu").
+  ("h200", "NVIDIA A100-SXM4-80GB", "cpu", "tpu": a TPU, whose kernels
+  run in TPU interpret mode with `interpret=True` on a CPU).
 
   Raises:
     ValueError: for a name no entry of `devices.DEVICES` matches.
@@ -437,10 +439,12 @@ def resolve_target(spec: Any) -> Target | None:
     if spec.lower() == "cpu":
       return _local_target() if _local_target().backend is Backend.CPU else Target(
           Backend.CPU, "cpu")
+    if spec.lower() == "tpu":
+      return _local_target() if _local_target().backend is Backend.TPU else DEFERRED_TPU
     entry = devices.lookup(spec)
     if entry is None or entry.compute_capability is None:
       known = ", ".join(d.name for d in devices.DEVICES if d.compute_capability)
-      raise ValueError(f"unknown target {spec!r}; known GPUs: {known}, or 'cpu'")
+      raise ValueError(f"unknown target {spec!r}; known GPUs: {known}, 'tpu' or 'cpu'")
     local = _local_target()
     if local.backend is Backend.GPU and devices.lookup(local.device_kind) is entry:
       return local

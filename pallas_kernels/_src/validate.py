@@ -345,8 +345,9 @@ def validate(op: str | OpSpec | Sequence[str | OpSpec], *,
     target: build the kernels for this device ("h200", a `jax.Device`, a
       `Target`; see `backend.resolve_target`): with `interpret=True` on a CPU,
       the kernels a GPU would compile run in their interpret mode (for an
-      H200, the Mosaic GPU matmul in Mosaic GPU's interpreter). None: the
-      device the inputs are on.
+      H200, the Mosaic GPU matmul in Mosaic GPU's interpreter; for "tpu", the
+      row ops' Mosaic TPU kernels in TPU interpret mode). None: the device
+      the inputs are on.
 
   Returns:
     A frozen `ValidationReport`; `report.passed` is the verdict, `print(report)`

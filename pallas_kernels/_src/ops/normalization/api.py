@@ -13,10 +13,12 @@ import jax.numpy as jnp
 
 from pallas_kernels._src import backend as backend_lib
 from pallas_kernels._src import guard as guard_lib
+from pallas_kernels._src import tpu as tpu_lib
 from pallas_kernels._src.ops import quantize as quant
 from pallas_kernels._src.ops.normalization import config as config_lib
 from pallas_kernels._src.ops.normalization import guard
 from pallas_kernels._src.ops.normalization import reference
+from pallas_kernels._src.ops.normalization import tpu as norm_tpu
 from pallas_kernels._src.ops.normalization import vjp
 
 Implementation = Literal["pallas", "xla"]
@@ -113,27 +115,38 @@ def _launch(kind, x, gamma, beta, residual, *, eps, out_dtype, quantize,
             interp: bool, config, backward_config, run_reference):
   """The guarded kernel call for the current target and interpret mode."""
   dtypes = tuple(a.dtype for a in (x, gamma, beta, residual) if a is not None)
-  reason = guard.unsupported_reason(x_shape=tuple(x.shape), dtypes=dtypes,
-                                    quantize=quantize, interpret=interp)
+  h_dtype = reference.h_dtype(x.dtype, None if residual is None else residual.dtype)
+  y_dtype = jnp.dtype(out_dtype if out_dtype is not None else h_dtype)
+  on_tpu = tpu_lib.is_target()
+  signature = guard_lib.signature(x=x, residual=residual, gamma=gamma, beta=beta)
+  if on_tpu:
+    reason = guard.tpu_unsupported_reason(
+        x_shape=tuple(x.shape), dtypes=dtypes,
+        residual_dtype=None if residual is None else residual.dtype, out_dtype=y_dtype,
+        quantize=quantize, requested_rows=None if config is None else config.block_rows)
+  else:
+    reason = guard.unsupported_reason(x_shape=tuple(x.shape), dtypes=dtypes,
+                                      quantize=quantize, interpret=interp)
   if reason:
-    guard_lib.record_fallback(
-        kind, reason,
-        guard_lib.signature(x=x, residual=residual, gamma=gamma, beta=beta))
+    guard_lib.record_fallback(kind, reason, signature)
     return run_reference()
 
-  h_dtype = reference.h_dtype(x.dtype, None if residual is None else residual.dtype)
   # Interpret mode gets the interpreter's tiling wherever it runs.
   tiling_backend = backend_lib.Backend.CPU if interp else backend_lib.current_backend()
   cfg = config or config_lib.heuristic_config(tuple(x.shape), x.dtype, tiling_backend)
   bwd_cfg = backward_config or config_lib.heuristic_backward_config(
       tuple(x.shape), x.dtype, tiling_backend)
+  tpu_plan = None
+  if on_tpu:
+    tpu_plan = _tpu_plan(x, residual, y_dtype, config, backward_config)
+    guard_lib.record_choice(kind, tpu_lib.KERNEL_BACKEND, "", signature)
   static = vjp.Static(
       kind=kind, eps=float(eps),
-      out_dtype=vjp.dtype_name(out_dtype if out_dtype is not None else h_dtype),
+      out_dtype=vjp.dtype_name(y_dtype),
       quantize=quantize, cfg=cfg, bwd_cfg=bwd_cfg, interpret=interp,
       x_dtype=vjp.dtype_name(x.dtype),
       residual_dtype=vjp.dtype_name(None if residual is None else residual.dtype),
-      beta_dtype=vjp.dtype_name(None if beta is None else beta.dtype))
+      beta_dtype=vjp.dtype_name(None if beta is None else beta.dtype), tpu=tpu_plan)
 
   lead, n = tuple(x.shape[:-1]), x.shape[-1]
   y, h, scale = _run(x.reshape(-1, n),
@@ -145,6 +158,23 @@ def _launch(kind, x, gamma, beta, residual, *, eps, out_dtype, quantize,
   if residual is None:
     return normalized
   return normalized, h.reshape(x.shape)
+
+
+def _tpu_plan(x, residual, y_dtype, config, backward_config) -> vjp.TpuPlan:
+  """Row blocks of the TPU kernels (the forward's fits: the guard said so)."""
+  n_rows, n_cols = guard.rows_and_cols(tuple(x.shape))
+  rdt = None if residual is None else residual.dtype
+  bm, _ = norm_tpu.forward_block_rows(
+      n_rows, n_cols, x_dtype=x.dtype, residual_dtype=rdt, out_dtype=y_dtype,
+      requested=None if config is None else config.block_rows)
+  bwd_bm, fit = norm_tpu.backward_block_rows(
+      n_rows, n_cols, h_dtype=reference.h_dtype(x.dtype, rdt), dy_dtype=y_dtype,
+      has_dh=residual is not None,
+      requested=None if backward_config is None else backward_config.block_rows)
+  return vjp.TpuPlan(block_rows=bm, bwd_block_rows=bwd_bm,
+                     bwd_reason=guard.tpu_backward_unsupported_reason(
+                         n_rows=n_rows, n_cols=n_cols, block_rows=bwd_bm,
+                         fit_reason=fit))
 
 
 def layer_norm(x, gamma, beta, *, residual=None, eps: float = 1e-6,

@@ -24,7 +24,19 @@ from pallas_kernels._src import guard as guard_lib
 from pallas_kernels._src.ops.normalization import guard
 from pallas_kernels._src.ops.normalization import kernel
 from pallas_kernels._src.ops.normalization import reference
+from pallas_kernels._src.ops.normalization import tpu as norm_tpu
 from pallas_kernels._src.ops.normalization.config import Config
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TpuPlan:
+  """The Mosaic TPU kernels' tiling of a call (built for a TPU target)."""
+
+  #: Rows per block of the forward and the backward kernel.
+  block_rows: int
+  bwd_block_rows: int
+  #: Why the backward kernel cannot run (then XLA's vjp runs), or None.
+  bwd_reason: str | None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -41,6 +53,8 @@ class Static:
   x_dtype: str
   residual_dtype: str | None
   beta_dtype: str | None
+  #: Set: the TPU kernels (`tpu.py`) run the call, not the Triton ones.
+  tpu: TpuPlan | None = None
 
 
 def reference_outputs(static: Static, x, residual, gamma, beta):
@@ -59,6 +73,11 @@ def reference_outputs(static: Static, x, residual, gamma, beta):
 
 
 def _forward(static: Static, x, residual, gamma, beta, save_stats: bool):
+  if static.tpu is not None:
+    return norm_tpu.forward(
+        x, residual, gamma, beta, kind=static.kind, eps=static.eps,
+        out_dtype=static.out_dtype, save_stats=save_stats,
+        block_rows=static.tpu.block_rows, interpret=static.interpret)
   return kernel.forward(
       x, residual, gamma, beta, kind=static.kind, eps=static.eps,
       out_dtype=static.out_dtype, quantize=static.quantize,
@@ -66,6 +85,8 @@ def _forward(static: Static, x, residual, gamma, beta, save_stats: bool):
 
 
 def _backward_reason(static: Static, x) -> str | None:
+  if static.tpu is not None:
+    return static.tpu.bwd_reason
   return guard.backward_unsupported_reason(
       n_rows=x.shape[0], n_cols=x.shape[1], cfg=static.bwd_cfg)
 
@@ -104,9 +125,14 @@ def _norm_bwd(static: Static, saved, cts):
                           x, residual, gamma, beta)
     return pullback((ct_y, ct_h, None))
   h, gamma, mean, rstd = saved
-  dh, dgamma, dbeta = kernel.backward(
-      h, gamma, mean, rstd, ct_y, ct_h, kind=static.kind, dx_dtype=h.dtype,
-      cfg=static.bwd_cfg, interpret=static.interpret)
+  if static.tpu is not None:
+    dh, dgamma, dbeta = norm_tpu.backward(
+        h, gamma, mean, rstd, ct_y, ct_h, kind=static.kind, dx_dtype=h.dtype,
+        block_rows=static.tpu.bwd_block_rows, interpret=static.interpret)
+  else:
+    dh, dgamma, dbeta = kernel.backward(
+        h, gamma, mean, rstd, ct_y, ct_h, kind=static.kind, dx_dtype=h.dtype,
+        cfg=static.bwd_cfg, interpret=static.interpret)
   dx = dh.astype(static.x_dtype)
   dres = None if static.residual_dtype is None else dh.astype(static.residual_dtype)
   dbeta = None if static.beta_dtype is None else dbeta.astype(static.beta_dtype)

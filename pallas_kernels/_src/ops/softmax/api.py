@@ -12,10 +12,12 @@ import jax.numpy as jnp
 
 from pallas_kernels._src import backend as backend_lib
 from pallas_kernels._src import guard as guard_lib
+from pallas_kernels._src import tpu as tpu_lib
 from pallas_kernels._src.ops.softmax import config as config_lib
 from pallas_kernels._src.ops.softmax import guard
 from pallas_kernels._src.ops.softmax import kernel
 from pallas_kernels._src.ops.softmax import reference
+from pallas_kernels._src.ops.softmax import tpu as softmax_tpu
 from pallas_kernels._src.ops.softmax import vjp
 
 Implementation = Literal["pallas", "xla"]
@@ -145,14 +147,25 @@ def softmax(x, *, scale: float | None = None, mask=None, causal: bool = False,
 def _launch(x, mask, *, scale, causal, causal_alignment, out_dtype, interp: bool,
             config, backward_config, run_reference):
   """The guarded kernel call for the current target and interpret mode."""
-  reason = guard.unsupported_reason(
-      x_shape=tuple(x.shape), x_dtype=x.dtype,
-      mask_dtype=None if mask is None else mask.dtype, interpret=interp)
+  shape = tuple(x.shape)
+  on_tpu = tpu_lib.is_target()
+  if on_tpu:
+    layout = softmax_tpu.Layout.of(
+        shape, None if mask is None else tuple(mask.shape),
+        None if mask is None else ("boolean" if mask.dtype == jnp.bool_ else "additive"),
+        reference.causal_offset(shape[-2], shape[-1], causal_alignment) if causal else None)
+    reason = guard.tpu_unsupported_reason(
+        x_shape=shape, x_dtype=x.dtype, mask_dtype=None if mask is None else mask.dtype,
+        out_dtype=out_dtype, layout=layout,
+        requested_rows=None if config is None else config.block_rows)
+  else:
+    reason = guard.unsupported_reason(
+        x_shape=shape, x_dtype=x.dtype,
+        mask_dtype=None if mask is None else mask.dtype, interpret=interp)
   if reason:
     guard_lib.record_fallback("softmax", reason, guard_lib.signature(x=x, mask=mask))
     return run_reference()
 
-  shape = tuple(x.shape)
   masking = kernel.Masking(
       mask_kind=None if mask is None else (
           "boolean" if mask.dtype == jnp.bool_ else "additive"),
@@ -162,11 +175,31 @@ def _launch(x, mask, *, scale, causal, causal_alignment, out_dtype, interp: bool
       offset=reference.causal_offset(shape[-2], shape[-1], causal_alignment)
       if causal else 0)
   tiling_backend = backend_lib.Backend.CPU if interp else backend_lib.current_backend()
+  tpu_plan = None
+  if on_tpu:
+    tpu_plan = _tpu_plan(x, mask, layout, out_dtype, config, backward_config)
+    guard_lib.record_choice("softmax", tpu_lib.KERNEL_BACKEND, "",
+                            guard_lib.signature(x=x, mask=mask))
   static = vjp.Static(
       scale=scale, causal=causal, causal_alignment=causal_alignment,
       masking=masking, out_dtype=jnp.dtype(out_dtype).name,
       cfg=config or config_lib.heuristic_config(shape, x.dtype, tiling_backend),
       bwd_cfg=backward_config or config_lib.heuristic_backward_config(
           shape, x.dtype, tiling_backend),
-      interpret=interp)
+      interpret=interp, tpu=tpu_plan)
   return _run(x, mask, static)
+
+
+def _tpu_plan(x, mask, layout, out_dtype, config, backward_config) -> vjp.TpuPlan:
+  """Row blocks of the TPU kernels (the forward's fits: the guard said so)."""
+  mask_dtype = None
+  if mask is not None:
+    mask_dtype = jnp.int8 if mask.dtype == jnp.bool_ else mask.dtype
+  bm, _ = softmax_tpu.forward_block_rows(
+      layout, x_dtype=x.dtype, mask_dtype=mask_dtype, out_dtype=out_dtype,
+      requested=None if config is None else config.block_rows)
+  bwd_bm, fit = softmax_tpu.backward_block_rows(
+      x.size // x.shape[-1], x.shape[-1], y_dtype=out_dtype, dy_dtype=out_dtype,
+      dx_dtype=x.dtype,
+      requested=None if backward_config is None else backward_config.block_rows)
+  return vjp.TpuPlan(layout=layout, block_rows=bm, bwd_block_rows=bwd_bm, bwd_reason=fit)

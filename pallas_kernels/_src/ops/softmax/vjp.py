@@ -24,7 +24,20 @@ from pallas_kernels._src import guard as guard_lib
 from pallas_kernels._src.ops.softmax import guard
 from pallas_kernels._src.ops.softmax import kernel
 from pallas_kernels._src.ops.softmax import reference
+from pallas_kernels._src.ops.softmax import tpu as softmax_tpu
 from pallas_kernels._src.ops.softmax.config import Config
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TpuPlan:
+  """The Mosaic TPU kernels' layout and tiling of a call."""
+
+  layout: softmax_tpu.Layout
+  #: Query rows per forward block; rows per backward block.
+  block_rows: int
+  bwd_block_rows: int
+  #: Why the backward block does not fit VMEM (then XLA's vjp runs), or None.
+  bwd_reason: str | None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -39,6 +52,8 @@ class Static:
   cfg: Config
   bwd_cfg: Config
   interpret: bool
+  #: Set: the TPU kernels (`tpu.py`) run the call, not the Triton ones.
+  tpu: TpuPlan | None = None
 
 
 def _reference(static: Static, x, mask):
@@ -48,6 +63,13 @@ def _reference(static: Static, x, mask):
 
 
 def _forward(static: Static, x, mask):
+  if static.tpu is not None:
+    if mask is not None and mask.dtype == jnp.bool_:
+      mask = mask.astype(jnp.int8)  # Loaded as bytes; nonzero keeps.
+    return softmax_tpu.forward(
+        x, mask, layout=static.tpu.layout, scale=static.scale,
+        out_dtype=jnp.dtype(static.out_dtype), block_rows=static.tpu.block_rows,
+        interpret=static.interpret)
   n = x.shape[-1]
   mask2 = None
   if mask is not None:
@@ -62,7 +84,10 @@ def _forward(static: Static, x, mask):
 
 
 def _backward_reason(static: Static, x) -> str | None:
-  return guard.backward_unsupported_reason(x_dtype=x.dtype, out_dtype=static.out_dtype)
+  reason = guard.backward_unsupported_reason(x_dtype=x.dtype, out_dtype=static.out_dtype)
+  if reason is None and static.tpu is not None:
+    return static.tpu.bwd_reason
+  return reason
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
@@ -107,9 +132,15 @@ def _softmax_bwd(static: Static, saved, dy):
     return dx, dmask
   y, mask, x_dtype_carrier = saved
   n = y.shape[-1]
-  dx = kernel.backward(y.reshape(-1, n), dy.reshape(-1, n), scale=static.scale,
-                       dx_dtype=x_dtype_carrier.dtype, cfg=static.bwd_cfg,
-                       interpret=static.interpret).reshape(y.shape)
+  if static.tpu is not None:
+    dx = softmax_tpu.backward(
+        y.reshape(-1, n), dy.reshape(-1, n), scale=static.scale,
+        dx_dtype=x_dtype_carrier.dtype, block_rows=static.tpu.bwd_block_rows,
+        interpret=static.interpret).reshape(y.shape)
+  else:
+    dx = kernel.backward(y.reshape(-1, n), dy.reshape(-1, n), scale=static.scale,
+                         dx_dtype=x_dtype_carrier.dtype, cfg=static.bwd_cfg,
+                         interpret=static.interpret).reshape(y.shape)
 
   def dlogits():
     y32, dy32 = y.astype(jnp.float32), dy.astype(jnp.float32)
