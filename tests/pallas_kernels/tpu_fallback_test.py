@@ -1,6 +1,6 @@
-"""Until Mosaic TPU kernels land, an op lowered for a TPU runs XLA's ops and
-records why (it did so silently before: the CPU's interpret-mode build was
-lowered into the TPU program)."""
+"""Lowered for a TPU, an op runs its Mosaic TPU kernel where it has one (the
+row ops) and XLA's ops where it has none (the matmul), recording why; before,
+the CPU's interpret-mode build was lowered into the TPU program, silently."""
 
 from __future__ import annotations
 
@@ -8,20 +8,37 @@ import hlo_audit
 from tests.tpu_target import require_tpu_target
 
 
-def test_pallas_kernels_lowered_for_a_tpu_say_they_fall_back():
-  require_tpu_target()
+def _lowered_for_a_v5e(fn, shape):
   import jax
   import jax.numpy as jnp
 
-  import pallas_kernels
   from pallas_kernels._src import guard
 
   device = hlo_audit.get_target("v5e").devices()[0]
-  x = jax.ShapeDtypeStruct((8, 256), jnp.float32,
-                           sharding=jax.sharding.SingleDeviceSharding(device))
+  sharding = jax.sharding.SingleDeviceSharding(device)
+  args = [jax.ShapeDtypeStruct(s, jnp.float32, sharding=sharding) for s in shape]
   with guard.collect_fallbacks() as records:
-    text = jax.jit(lambda a: pallas_kernels.softmax(a, implementation="pallas")).trace(
-        x).lower().compile().as_text()
+    text = jax.jit(fn).trace(*args).lower().compile().as_text()
+  return text, records
+
+
+def test_an_op_without_a_tpu_kernel_says_it_falls_back():
+  require_tpu_target()
+  import pallas_kernels
+
+  text, records = _lowered_for_a_v5e(
+      lambda x, w: pallas_kernels.matmul(x, w, implementation="pallas"),
+      [(128, 256), (256, 256)])
   assert "tpu_custom_call" not in text
-  reasons = [f.reason for f in records if f.op == "softmax"]
+  reasons = [f.reason for f in records if f.op == "matmul"]
   assert reasons and all(r.startswith("when lowered for TPU v5 lite: ") for r in reasons)
+
+
+def test_a_row_op_lowered_for_a_tpu_is_its_mosaic_tpu_kernel():
+  require_tpu_target()
+  import pallas_kernels
+
+  text, records = _lowered_for_a_v5e(
+      lambda x: pallas_kernels.softmax(x, implementation="pallas"), [(8, 256)])
+  assert 'custom_call_target="tpu_custom_call"' in text
+  assert not [f for f in records if f.op == "softmax"]

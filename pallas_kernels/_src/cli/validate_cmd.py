@@ -43,8 +43,8 @@ def add_parser(sub) -> None:
                  help="fail a case that fell back to XLA (auto: where kernels compile)")
   add_grads_flag(p)
   p.add_argument("--target", metavar="NAME", default=None,
-                 help="build the kernels for this GPU (h200, a100, ...; interpreted on a "
-                      "machine without it)")
+                 help="build the kernels for this device: a GPU (h200, a100, ...) or tpu "
+                      "(Mosaic TPU kernels); interpreted on a machine without it")
   p.set_defaults(handler=run)
 
 
