@@ -1,84 +1,538 @@
-"""Mutation score of the tests: how many plausible one-line bugs they catch.
+"""Mutation score of the tests: how many of the slips developers make they catch.
 
-Runs mutmut (a mutation tool for Python: it changes one operator, constant or
-call at a time and reruns the tests that reach the changed function) over
-groups of modules, each with the tests that cover it: `analysis` (the
-audit's analyses), `kernels` (the ops, their guards and backend choice) and
-`swap`, defined in pyproject.toml's `[tool.bench_mutation.groups]` beside the
-package layout they name.
+Generated mutants of the usual kind (an operator, a constant, a deleted call)
+are mostly caught by any test that runs the line, so their score says little:
+mutmut scored these tests 85-90% while they caught 6 of 14 one-line slips put
+in by hand. This script makes the slips themselves, one edit at one line, with
+operators of its own (`OPERATORS`, read off the AST, applied to the line's
+text so everything else stays as written):
 
-Every mutant of a module is listed, then a seeded sample of each group is run
-(a full run of thousands of mutants takes hours on two cores): the score is
-killed / (killed + survived + not covered) of the sample, with a 95% interval.
-The work happens in a scratch copy, so the checkout gets no `mutants/` folder.
-Survivors are written out with their diffs: each is a test to write (or an
-equivalent mutant: a change no test can see, listed in DO_NOT_MUTATE with why).
+  swap_args      two neighbouring positional arguments of a call swapped
+  swap_compare   the two operands of an ordering comparison swapped
+  boundary       `<` for `<=`, `>` for `>=` and back
+  neighbour_name a local or parameter used in place of another one nearby
+  drop_term      one term of a guard's `and`/`or` dropped
+  any_all        `any` for `all` and back
+  sort_order     a sort key's minus sign dropped, or `reverse=True` toggled
+  get_default    a `.get(k, default)`'s default changed
+  dict_key       a string key of a mapping read as a neighbouring key of it
+
+Each package folder of `[tool.bench_mutation.folders]` in pyproject.toml
+names its sources and the tests that own them; hlo_audit's folders also run
+the whole-audit snapshots. Per folder a seeded sample is drawn, round robin
+over the operators (so a small sample still spans them), and each mutant is
+written into a scratch copy of the checkout (one per job; the checkout itself
+is never touched) and judged by `python -m pytest -x -q` over the folder's
+tests: killed (a test fails or the run times out), survived, or invalid (the
+module no longer imports: not counted). The score is killed / (killed +
+survived) with a Wilson 95% interval; results.json holds every mutant and
+survivors.md each survivor's diff: a test to write, or an equivalent mutant
+to list under `[tool.bench_mutation.equivalent]` with why.
 
 Example:
-  pip install -e '.[mutation]'
-  python scripts/bench_mutation.py --groups swap --sample 60 --out /tmp/mutation
+  python scripts/bench_mutation.py --folders hlo,report --sample 8 --seed 1 \\
+      --jobs 1 --out /tmp/mutation
+  python scripts/bench_mutation.py --mutants 'hlo_audit/_src/hlo/parser.py:412:*' \\
+      --out /tmp/mutation   # re-run survivors after writing their tests
 """
 
 from __future__ import annotations
 
+import ast
+import collections
+import concurrent.futures
 import dataclasses
+import difflib
 import fnmatch
 import json
 import math
 import os
+import queue
 import random
-import re
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
 import tomllib
+from collections.abc import Iterator
 
 from absl import app
 from absl import flags
 
-_GROUPS = flags.DEFINE_list("groups", "analysis,kernels,swap", "Module groups to mutate.")
-_SAMPLE = flags.DEFINE_integer("sample", 80, "Mutants run per group (0: all of them).")
+_FOLDERS = flags.DEFINE_list("folders", None,
+                             "Package folders to mutate (default: every folder of the table).")
+_SAMPLE = flags.DEFINE_integer("sample", 20, "Mutants run per folder (0: all of them).")
 _SEED = flags.DEFINE_integer("seed", 0, "Seed of the sample.")
-_CHILDREN = flags.DEFINE_integer("max_children", 2, "Mutants run at once.")
+_JOBS = flags.DEFINE_integer("jobs", 1, "Mutants judged at once (one scratch copy each).")
 _MUTANTS = flags.DEFINE_list(
-    "mutants", [], "Run these mutants (names as survivors.md gives them, fnmatch patterns "
-    "allowed) instead of a sample: to check that new tests kill earlier survivors.")
+    "mutants", [], "Run these mutants (ids as results.json and survivors.md give them, "
+    "fnmatch patterns allowed) instead of a sample: to check that new tests kill them.")
 _OUT = flags.DEFINE_string("out", None, "Folder for results.json and survivors.md.")
-_KEEP = flags.DEFINE_bool("keep", False, "Keep the scratch copy (its mutants/ folder).")
+_TIMEOUT = flags.DEFINE_float(
+    "timeout_factor", 3.0, "A mutant's tests time out (and count as killed) after this "
+    "many times the unmutated run, plus a minute.")
+_LIST = flags.DEFINE_bool("list", False, "Only list the sampled mutants.")
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PYTEST = ("-m", "pytest", "-x", "-q", "-p", "no:cacheprovider")
+
+
+# -- the mutator -------------------------------------------------------------
 
 
 @dataclasses.dataclass(frozen=True)
-class Group:
-  """Modules to mutate and the tests that cover them."""
+class Mutant:
+  """One edit at one line of one file."""
+
+  path: str  # relative to the repository root
+  line: int  # 1-based
+  operator: str
+  index: int  # among this line's mutants of this operator: keeps ids unique
+  before: str  # the line as written
+  after: str  # the line mutated
+
+  @property
+  def id(self) -> str:
+    return f"{self.path}:{self.line}:{self.operator}:{self.index}"
+
+  @property
+  def key(self) -> str:
+    """What `[tool.bench_mutation.equivalent]` names: stable while lines move."""
+    return f"{self.path} {self.operator}: {self.before.strip()} -> {self.after.strip()}"
+
+  def describe(self) -> str:
+    return f"{self.path}:{self.line} {self.operator}: {self.before.strip()} -> {self.after.strip()}"
+
+  def apply(self, source: str) -> str:
+    lines = source.splitlines(keepends=True)
+    old = lines[self.line - 1]
+    if old.rstrip("\r\n") != self.before:
+      raise ValueError(f"{self.id}: the line changed since the mutant was made")
+    lines[self.line - 1] = self.after + old[len(old.rstrip("\r\n")):]
+    return "".join(lines)
+
+  def diff(self, source: str) -> str:
+    return "".join(difflib.unified_diff(
+        source.splitlines(keepends=True), self.apply(source).splitlines(keepends=True),
+        f"a/{self.path}", f"b/{self.path}", n=2))
+
+
+@dataclasses.dataclass(frozen=True)
+class _Edit:
+  """Replace bytes [start, end) of a line (ast's offsets are UTF-8 bytes)."""
+
+  line: int
+  start: int
+  end: int
+  text: str
+
+
+# Calls whose arguments commute: swapping them is no slip anyone can see.
+_SYMMETRIC = frozenset({
+    "max", "min", "maximum", "minimum", "add", "multiply", "gcd", "lcm", "hypot", "isclose",
+    "allclose", "array_equal", "logical_and", "logical_or", "logical_xor", "union",
+    "intersection", "print", "assertEqual", "bitwise_and", "bitwise_or",
+})
+_ORDERING = {ast.Lt: "<", ast.LtE: "<=", ast.Gt: ">", ast.GtE: ">="}
+_BOUNDARY = {"<": "<=", "<=": "<", ">": ">=", ">=": ">"}
+_SORTS = frozenset({"sorted", "sort"})
+
+
+def _one_line(node: ast.AST) -> bool:
+  return getattr(node, "lineno", None) is not None and node.lineno == node.end_lineno
+
+
+def _seg(lines: list[bytes], node: ast.AST) -> str:
+  return lines[node.lineno - 1][node.col_offset:node.end_col_offset].decode()
+
+
+def _call_name(call: ast.Call) -> str | None:
+  f = call.func
+  return f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else None
+
+
+def _paren(node: ast.AST, text: str) -> str:
+  """`text` of node, parenthesized where it binds looser than `and`/`or`'s operands."""
+  return f"({text})" if isinstance(node, (ast.BoolOp, ast.IfExp, ast.Lambda,
+                                          ast.NamedExpr)) else text
+
+
+class _Scopes:
+  """Per function: its locals and parameters with the lines they occur at."""
+
+  def __init__(self, tree: ast.AST):
+    self.uses: list[tuple[ast.Name, ast.AST]] = []  # (a local read, its function)
+    self.occurs: dict[int, dict[str, list[int]]] = {}  # id(function) -> name -> lines
+    self.first_bound: dict[int, dict[str, int]] = {}
+    self.annotation: dict[int, dict[str, str]] = {}
+    self.called: dict[int, set[str]] = {}
+    for fn in ast.walk(tree):
+      if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        self._function(fn)
+
+  def _function(self, fn: ast.FunctionDef | ast.AsyncFunctionDef) -> None:
+    key = id(fn)
+    occurs: dict[str, list[int]] = collections.defaultdict(list)
+    bound: dict[str, int] = {}
+    notes: dict[str, str] = {}
+    a = fn.args
+    for arg in [*a.posonlyargs, *a.args, *a.kwonlyargs, a.vararg, a.kwarg]:
+      if arg is not None and arg.arg not in ("self", "cls"):
+        bound[arg.arg] = fn.lineno
+        occurs[arg.arg].append(arg.lineno)
+        if arg.annotation is not None:
+          notes[arg.arg] = ast.unparse(arg.annotation)
+    reads: list[ast.Name] = []
+    called: set[str] = set()
+    for node in _own_nodes(fn):
+      if isinstance(node, ast.Name):
+        if isinstance(node.ctx, ast.Store):
+          bound[node.id] = min(bound.get(node.id, node.lineno), node.lineno)
+          occurs[node.id].append(node.lineno)
+        elif isinstance(node.ctx, ast.Load):
+          reads.append(node)
+      elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
+        called.add(node.func.id)
+    for node in reads:
+      if node.id in bound:
+        occurs[node.id].append(node.lineno)
+        self.uses.append((node, fn))
+    self.occurs[key] = occurs
+    self.first_bound[key] = bound
+    self.annotation[key] = notes
+    self.called[key] = called
+
+  def neighbour(self, use: ast.Name, fn: ast.AST, window: int = 4) -> str | None:
+    """The local nearest the read (by the lines either occurs at) that could be
+    read there instead: bound before it, of the same annotation, and called
+    only where the read one is."""
+    key = id(fn)
+    best: tuple[int, int, str] | None = None
+    for name, lines in self.occurs[key].items():
+      if name in (use.id, "_") or self.first_bound[key][name] >= use.lineno:
+        continue  # the same name, or one unbound where it would be read
+      notes = self.annotation[key]
+      if name in notes and use.id in notes and notes[name] != notes[use.id]:
+        continue
+      if (name in self.called[key]) != (use.id in self.called[key]):
+        continue
+      gap = min(abs(line - use.lineno) for line in lines)
+      if gap <= window:
+        # Nearest first; among equals, the one bound latest (the likelier mix-up).
+        cand = (gap, -self.first_bound[key][name], name)
+        if best is None or cand < best:
+          best = cand
+    return best[2] if best else None
+
+
+def _own_nodes(fn: ast.AST) -> Iterator[ast.AST]:
+  """The nodes of fn's body outside nested functions, classes, lambdas and
+  comprehensions (their names are theirs) and outside annotations."""
+  todo = list(fn.body)
+  while todo:
+    node = todo.pop()
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda,
+                         ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)):
+      continue
+    yield node
+    for name, child in ast.iter_fields(node):
+      if name in ("annotation", "returns"):
+        continue
+      for c in child if isinstance(child, list) else [child]:
+        if isinstance(c, ast.AST):
+          todo.append(c)
+
+
+def _annotation_nodes(tree: ast.AST) -> set[int]:
+  """Nodes inside annotations: never evaluated (`from __future__ import annotations`)."""
+  out: set[int] = set()
+  for node in ast.walk(tree):
+    notes = []
+    if isinstance(node, ast.arg) and node.annotation is not None:
+      notes.append(node.annotation)
+    elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.returns:
+      notes.append(node.returns)
+    elif isinstance(node, ast.AnnAssign):
+      notes.append(node.annotation)
+    for n in notes:
+      out.update(id(x) for x in ast.walk(n))
+  return out
+
+
+def _guards(tree: ast.AST) -> Iterator[ast.AST]:
+  for node in ast.walk(tree):
+    if isinstance(node, (ast.If, ast.While, ast.IfExp, ast.Assert)):
+      yield node.test
+    elif isinstance(node, ast.comprehension):
+      yield from node.ifs
+
+
+def _edits(tree: ast.AST, lines: list[bytes]) -> Iterator[tuple[str, _Edit]]:
+  """(operator, edit) for every slip the operators make in a module."""
+  skip = _annotation_nodes(tree)
+  for node in ast.walk(tree):
+    if id(node) in skip:
+      continue
+    if isinstance(node, ast.Call):
+      yield from _call_edits(node, lines)
+    elif isinstance(node, ast.Compare):
+      yield from _compare_edits(node, lines)
+  for test in _guards(tree):
+    for node in ast.walk(test):
+      if isinstance(node, ast.BoolOp) and _one_line(node):
+        word = " and " if isinstance(node.op, ast.And) else " or "
+        for drop in range(len(node.values)):
+          kept = [_paren(v, _seg(lines, v)) for i, v in enumerate(node.values) if i != drop]
+          yield "drop_term", _Edit(node.lineno, node.col_offset, node.end_col_offset,
+                                   word.join(kept))
+  scopes = _Scopes(tree)
+  for use, fn in scopes.uses:
+    if id(use) not in skip:
+      other = scopes.neighbour(use, fn)
+      if other:
+        yield "neighbour_name", _Edit(use.lineno, use.col_offset, use.end_col_offset, other)
+  yield from _key_edits(tree, lines, skip)
+
+
+def _call_edits(call: ast.Call, lines: list[bytes]) -> Iterator[tuple[str, _Edit]]:
+  name = _call_name(call)
+  args = call.args
+  if name not in _SYMMETRIC:
+    for a, b in zip(args, args[1:]):
+      if (not isinstance(a, ast.Starred) and not isinstance(b, ast.Starred) and _one_line(a)
+          and _one_line(b) and a.lineno == b.lineno and _seg(lines, a) != _seg(lines, b)):
+        line = lines[a.lineno - 1]
+        middle = line[a.end_col_offset:b.col_offset].decode()
+        yield "swap_args", _Edit(a.lineno, a.col_offset, b.end_col_offset,
+                                 _seg(lines, b) + middle + _seg(lines, a))
+  if name in ("any", "all"):
+    f = call.func
+    other = "all" if name == "any" else "any"
+    if isinstance(f, ast.Name):
+      yield "any_all", _Edit(f.lineno, f.col_offset, f.end_col_offset, other)
+    elif _one_line(f):
+      yield "any_all", _Edit(f.lineno, f.end_col_offset - len(name), f.end_col_offset, other)
+  if name in _SORTS:
+    yield from _sort_edits(call, lines)
+  if name == "get" and isinstance(call.func, ast.Attribute) and len(args) == 2:
+    yield from _default_edits(args[1], lines)
+
+
+def _sort_edits(call: ast.Call, lines: list[bytes]) -> Iterator[tuple[str, _Edit]]:
+  reverse = next((k for k in call.keywords if k.arg == "reverse"), None)
+  if reverse is not None:
+    v = reverse.value
+    if isinstance(v, ast.Constant) and isinstance(v.value, bool) and _one_line(v):
+      yield "sort_order", _Edit(v.lineno, v.col_offset, v.end_col_offset, str(not v.value))
+  elif _one_line(call) and (call.args or call.keywords):
+    # `reverse=True` added before the closing parenthesis.
+    line = lines[call.lineno - 1]
+    close = call.end_col_offset - 1
+    inner = line[call.col_offset:close].decode().rstrip()
+    comma = "" if inner.endswith(",") else ", "
+    yield "sort_order", _Edit(call.lineno, call.col_offset, call.end_col_offset,
+                              f"{inner}{comma}reverse=True)")
+  key = next((k for k in call.keywords if k.arg == "key"), None)
+  if key is not None and isinstance(key.value, ast.Lambda):
+    body = key.value.body
+    terms = body.elts if isinstance(body, ast.Tuple) else [body]
+    for t in terms:
+      if isinstance(t, ast.UnaryOp) and isinstance(t.op, ast.USub) and _one_line(t):
+        yield "sort_order", _Edit(t.lineno, t.col_offset, t.end_col_offset,
+                                  _seg(lines, t.operand))
+
+
+def _default_edits(default: ast.AST, lines: list[bytes]) -> Iterator[tuple[str, _Edit]]:
+  if not _one_line(default):
+    return
+  new: str | None = None
+  if isinstance(default, ast.Constant):
+    v = default.value
+    if isinstance(v, bool):
+      new = str(not v)
+    elif isinstance(v, (int, float)):
+      new = "1" if v == 0 else "0"
+    elif isinstance(v, str):
+      new = '""' if v else None
+    elif v is None:
+      new = "0"
+  elif isinstance(default, (ast.List, ast.Tuple, ast.Dict, ast.Set)):
+    new = "None"  # an empty container where None was expected, or back
+  elif isinstance(default, ast.UnaryOp) and isinstance(default.operand, ast.Constant):
+    new = "0"
+  else:
+    new = "None"
+  if new is not None and new != _seg(lines, default):
+    yield "get_default", _Edit(default.lineno, default.col_offset, default.end_col_offset, new)
+
+
+def _key_edits(tree: ast.AST, lines: list[bytes], skip: set[int]
+               ) -> Iterator[tuple[str, _Edit]]:
+  """A mapping's string key read as the nearest other key the same function
+  (or module) reads of the same mapping: `d["rows"]` for `d["cols"]`."""
+  for scope in ast.walk(tree):
+    if not isinstance(scope, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef)):
+      continue
+    nodes = _own_nodes(scope) if not isinstance(scope, ast.Module) else _module_nodes(scope)
+    reads: dict[str, list[ast.Constant]] = collections.defaultdict(list)
+    for node in nodes:
+      if id(node) in skip:
+        continue
+      target, key = None, None
+      if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant):
+        target, key = node.value, node.slice
+      elif (isinstance(node, ast.Call) and _call_name(node) in ("get", "pop", "setdefault")
+            and isinstance(node.func, ast.Attribute) and node.args
+            and isinstance(node.args[0], ast.Constant)):
+        target, key = node.func.value, node.args[0]
+      if key is not None and isinstance(key.value, str) and _one_line(key):
+        reads[ast.dump(target)].append(key)
+    for keys in reads.values():
+      for key in keys:
+        others = [k for k in keys if k.value != key.value]
+        if others:
+          near = min(others, key=lambda k: (abs(k.lineno - key.lineno), k.lineno))
+          yield "dict_key", _Edit(key.lineno, key.col_offset, key.end_col_offset,
+                                  _seg(lines, near))
+
+
+def _module_nodes(module: ast.Module) -> Iterator[ast.AST]:
+  """Module-level nodes outside functions and classes."""
+  todo: list[ast.AST] = list(module.body)
+  while todo:
+    node = todo.pop()
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
+      continue
+    yield node
+    todo.extend(ast.iter_child_nodes(node))
+
+
+def _compare_edits(cmp: ast.Compare, lines: list[bytes]) -> Iterator[tuple[str, _Edit]]:
+  operands = [cmp.left, *cmp.comparators]
+  for op, a, b in zip(cmp.ops, operands, operands[1:]):
+    sym = _ORDERING.get(type(op))
+    if sym is None or not (_one_line(a) and _one_line(b) and a.lineno == b.lineno):
+      continue
+    line = lines[a.lineno - 1]
+    middle = line[a.end_col_offset:b.col_offset].decode()
+    at = middle.find(sym)
+    if at < 0:
+      continue
+    start = a.end_col_offset + len(middle[:at].encode())
+    yield "boundary", _Edit(a.lineno, start, start + len(sym), _BOUNDARY[sym])
+    if len(cmp.ops) == 1 and _seg(lines, a) != _seg(lines, b):
+      yield "swap_compare", _Edit(a.lineno, a.col_offset, b.end_col_offset,
+                                  _seg(lines, b) + middle + _seg(lines, a))
+
+
+OPERATORS = ("swap_args", "swap_compare", "boundary", "neighbour_name", "drop_term",
+             "any_all", "sort_order", "get_default", "dict_key")
+
+
+def mutants(source: str, path: str = "<string>") -> list[Mutant]:
+  """Every mutant of a module, in line order; none is a no-op: each one's AST
+  differs from the original's (and from every other mutant's)."""
+  tree = ast.parse(source)
+  text_lines = source.splitlines()
+  lines = [t.encode() for t in text_lines]
+  original = ast.dump(tree)
+  seen: set[str] = set()
+  made: list[tuple[int, str, str, str]] = []
+  for op, e in _edits(tree, lines):
+    raw = lines[e.line - 1]
+    after = (raw[:e.start] + e.text.encode() + raw[e.end:]).decode()
+    if after == text_lines[e.line - 1]:
+      continue
+    new = "\n".join([*text_lines[:e.line - 1], after, *text_lines[e.line:]])
+    try:
+      dump = ast.dump(ast.parse(new))
+    except SyntaxError:
+      continue
+    if dump == original or dump in seen:
+      continue
+    seen.add(dump)
+    made.append((e.line, op, text_lines[e.line - 1], after))
+  made.sort(key=lambda m: (m[0], OPERATORS.index(m[1]), m[3]))
+  out: list[Mutant] = []
+  count: collections.Counter[tuple[int, str]] = collections.Counter()
+  for line, op, before, after in made:
+    out.append(Mutant(path, line, op, count[line, op], before, after))
+    count[line, op] += 1
+  return out
+
+
+# -- the folders and their tests ---------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Folder:
+  """Sources to mutate and the tests that own them."""
 
   name: str
   sources: tuple[str, ...]
   tests: tuple[str, ...]
-  #: Test files left out: those that cannot run in mutmut's copy.
-  ignore: tuple[str, ...] = ()
-  #: Whether the workers share one persistent JAX compilation cache (see
-  #: `_mutmut`); off where a test reads what only a real compile gives.
+  #: Whether the mutants' runs share one persistent JAX compilation cache
+  #: (filled by the unmutated run); off where a test reads what only a real
+  #: compile writes (XLA's dump reports).
   compilation_cache: bool = False
 
 
-def _groups() -> dict[str, Group]:
-  """The groups of pyproject.toml's `[tool.bench_mutation.groups]`."""
-  with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
-    table = tomllib.load(f)["tool"]["bench_mutation"]["groups"]
-  return {name: Group(name, tuple(g["sources"]), tuple(g["tests"]),
-                      tuple(g.get("ignore", ())), bool(g.get("compilation_cache", False)))
-          for name, g in table.items()}
+def load_config(root: str = ROOT) -> tuple[dict[str, Folder], dict[str, str]]:
+  """pyproject.toml's `[tool.bench_mutation]`: the folders, and the mutants
+  known equivalent (their `Mutant.key`) with why."""
+  with open(os.path.join(root, "pyproject.toml"), "rb") as f:
+    table = tomllib.load(f)["tool"]["bench_mutation"]
+  folders = {name: Folder(name, tuple(g["sources"]), tuple(g["tests"]),
+                          bool(g.get("compilation_cache", False)))
+             for name, g in table["folders"].items()}
+  return folders, dict(table.get("equivalent", {}))
 
 
-GROUPS = _groups()
+def source_files(folder: Folder, root: str = ROOT) -> list[str]:
+  out = []
+  for src in folder.sources:
+    full = os.path.join(root, src)
+    if os.path.isfile(full):
+      out.append(src)
+      continue
+    for d, _, names in os.walk(full):
+      out.extend(os.path.relpath(os.path.join(d, n), root) for n in names if n.endswith(".py"))
+  return sorted(out)
 
-#: Statuses that count as caught: the tests failed or crashed. A timeout is
-#: not judged (on a loaded machine it measures the machine): it is reported.
-_CAUGHT = ("killed", "segfault", "caught by type check")
+
+def folder_mutants(folder: Folder, equivalent: dict[str, str], root: str = ROOT
+                   ) -> list[Mutant]:
+  out = []
+  for path in source_files(folder, root):
+    with open(os.path.join(root, path)) as f:
+      out.extend(m for m in mutants(f.read(), path) if m.key not in equivalent)
+  return out
+
+
+def sample(all_mutants: list[Mutant], n: int, seed: int) -> list[Mutant]:
+  """n mutants, round robin over the operators in a seeded order, each
+  operator's mutants shuffled: a sample of 8 spans the operators rather than
+  the commonest one (a name read is far commoner than an `any`)."""
+  if not n or n >= len(all_mutants):
+    return list(all_mutants)
+  rng = random.Random(seed)
+  by_op: dict[str, list[Mutant]] = collections.defaultdict(list)
+  for m in all_mutants:
+    by_op[m.operator].append(m)
+  ops = sorted(by_op)
+  rng.shuffle(ops)
+  for op in ops:
+    rng.shuffle(by_op[op])
+  out: list[Mutant] = []
+  while len(out) < n:
+    for op in ops:
+      if by_op[op] and len(out) < n:
+        out.append(by_op[op].pop())
+  return out
+
+
+# -- judging -----------------------------------------------------------------
 
 
 def _copy_project(dest: str) -> None:
@@ -87,70 +541,83 @@ def _copy_project(dest: str) -> None:
                          capture_output=True, check=True).stdout.decode().split("\0")
   for rel in filter(None, files):
     src = os.path.join(ROOT, rel)
-    if not os.path.isfile(src):
-      continue
-    os.makedirs(os.path.dirname(os.path.join(dest, rel)), exist_ok=True)
-    shutil.copy2(src, os.path.join(dest, rel))
+    if os.path.isfile(src):
+      os.makedirs(os.path.dirname(os.path.join(dest, rel)), exist_ok=True)
+      shutil.copy2(src, os.path.join(dest, rel))
 
 
-#: Source lines mutmut leaves alone (a regex over each line, and why): each
-#: makes only equivalent mutants, which no test can tell from the original.
-DO_NOT_MUTATE = (
-    # swap/probe.py `_within`: `<` differs from `<=` only when a float error
-    # equals its tolerance exactly.
-    r"^  return err <= tol$",
-)
-
-
-def _configure(work: str, group: Group) -> None:
-  with open(os.path.join(work, "pyproject.toml"), "a") as f:
-    f.write("\n[tool.mutmut]\n"
-            f"source_paths = {json.dumps(list(group.sources))}\n"
-            f"pytest_add_cli_args_test_selection = {json.dumps(list(group.tests))}\n"
-            f"pytest_add_cli_args = {json.dumps([f'--ignore={t}' for t in group.ignore])}\n"
-            'also_copy = ["hlo_audit", "pallas_kernels", "tests", "scripts", "pyproject.toml"]\n'
-            "mutate_only_covered_lines = true\n"
-            f"do_not_mutate_patterns = {json.dumps(list(DO_NOT_MUTATE))}\n"
-            # JAX starts threads once it imports or computes: a worker forked
-            # from a process that did can deadlock, so workers fork from a
-            # server that imported neither JAX nor the tests.
-            'process_isolation = "forkserver"\n'
-            'forkserver_warmup = "none"\n'
-            # Each worker compiles its programs afresh: far slower than the
-            # warm run mutmut times the tests by.
-            "timeout_multiplier = 40.0\n"
-            "timeout_constant = 60.0\n")
-
-
-def _mutmut(work: str, group: Group, *args: str) -> subprocess.CompletedProcess:
-  env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONWARNINGS="ignore")
-  if group.compilation_cache:
-    # One persistent compilation cache for every worker: the stats run fills
-    # it, and a mutant's tests compile only the programs its change alters
-    # (the normalization kernels' tests take 35 s cold, 10 s warm). mutmut's
-    # clean run of the chosen mutants' tests comes after the stats run, with
-    # the cache warm, so a test that the cache would change fails there,
-    # before any mutant is judged.
+def _env(work: str, folder: Folder) -> dict[str, str]:
+  env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONWARNINGS="ignore",
+             # The copy's packages, ahead of the editable install's finder
+             # (which sits after the path finder): pytest imports the plugin
+             # entry point before its own `pythonpath` applies.
+             PYTHONPATH=work,
+             # A mutant and its restored original can share a size and an
+             # mtime second: a stale .pyc would run the wrong one.
+             PYTHONDONTWRITEBYTECODE="1")
+  corpus = os.path.join(ROOT, "..", "shared", "hlo_corpus")
+  if "HLO_CORPUS" not in env and os.path.isfile(os.path.join(corpus, "INDEX.tsv")):
+    # The parser's corpus tests find it beside the checkout, not beside the copy.
+    env["HLO_CORPUS"] = os.path.abspath(corpus)
+  if folder.compilation_cache:
     env.update(JAX_COMPILATION_CACHE_DIR=os.path.join(work, ".jax_cache"),
                JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
                JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
-  return subprocess.run([sys.executable, "-m", "mutmut", *args], cwd=work, env=env,
-                        capture_output=True, text=True)
+  return env
 
 
-def _exit_codes(work: str) -> dict[str, int | None]:
-  """Mutant name -> its test run's exit code (None: not run), from mutmut's
-  per-module metadata."""
-  out: dict[str, int | None] = {}
-  for folder, _, names in os.walk(os.path.join(work, "mutants")):
-    for name in names:
-      if name.endswith(".meta"):
-        with open(os.path.join(folder, name)) as f:
-          out.update(json.load(f).get("exit_code_by_key", {}))
-  return out
+def _pytest(work: str, folder: Folder, timeout: float | None
+            ) -> tuple[int | None, float, str]:
+  """(exit code or None on timeout, seconds, output tail)."""
+  t0 = time.perf_counter()
+  proc = subprocess.Popen([sys.executable, *PYTEST, *folder.tests], cwd=work,
+                          env=_env(work, folder), stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, start_new_session=True)
+  try:
+    out, _ = proc.communicate(timeout=timeout)
+    return proc.returncode, time.perf_counter() - t0, out[-3000:]
+  except subprocess.TimeoutExpired:
+    os.killpg(proc.pid, 9)  # the whole session: pytest and what it started
+    proc.communicate()
+    return None, time.perf_counter() - t0, ""
 
 
-def _wilson(k: int, n: int) -> tuple[float, float]:
+def _imports(work: str, folder: Folder, path: str) -> bool:
+  module = path[:-3].replace(os.sep, ".").removesuffix(".__init__")
+  return subprocess.run([sys.executable, "-c", f"import {module}"], cwd=work,
+                        env=_env(work, folder), capture_output=True).returncode == 0
+
+
+def judge(work: str, folder: Folder, m: Mutant, timeout: float) -> dict:
+  """Writes the mutant into the copy at work, runs the folder's tests, puts
+  the original back."""
+  full = os.path.join(work, m.path)
+  with open(full) as f:
+    original = f.read()
+  try:
+    with open(full, "w") as f:
+      f.write(m.apply(original))
+    code, seconds, tail = _pytest(work, folder, timeout)
+    if code is None:
+      status = "timeout"
+    elif code == 0:
+      status = "survived"
+    elif code in (1, 2):  # tests failed; or collection failed, an import perhaps
+      status = "killed" if _imports(work, folder, m.path) else "invalid"
+    else:  # pytest's own error, or no tests: nothing judged
+      status = "error"
+  finally:
+    with open(full, "w") as f:
+      f.write(original)
+  return {"id": m.id, "mutant": m.describe(), "operator": m.operator, "status": status,
+          "seconds": round(seconds, 1), "diff": m.diff(original),
+          **({"output": tail} if status == "error" else {})}
+
+
+_KILLED = ("killed", "timeout")
+
+
+def wilson(k: int, n: int) -> tuple[float, float]:
   if n == 0:
     return 0.0, 1.0
   z, p = 1.96, k / n
@@ -160,107 +627,105 @@ def _wilson(k: int, n: int) -> tuple[float, float]:
   return max(0.0, c - h), min(1.0, c + h)
 
 
-def run_group(group: Group, sample: int, seed: int, children: int, keep: bool,
-              only: tuple[str, ...] = ()) -> dict:
-  work = tempfile.mkdtemp(prefix=f"mutation-{group.name}-")
+def run_folder(folder: Folder, chosen: list[Mutant], total: int, jobs: int,
+               timeout_factor: float) -> dict:
+  t0 = time.perf_counter()
+  copies = [tempfile.mkdtemp(prefix=f"mutation-{folder.name}-") for _ in range(jobs)]
   try:
-    _copy_project(work)
-    _configure(work, group)
-    t0 = time.perf_counter()
-    # Generates every mutant, and records which tests reach which function,
-    # running none (no name matches).
-    listed = _mutmut(work, group, "run", "--max-children", str(children), "no.such.mutant")
-    if "failed to collect stats" in listed.stdout + listed.stderr:
-      # A test fails in mutmut's copy (a file it did not copy, say): no
-      # mutant can be judged against a suite that fails unmutated.
-      raise RuntimeError(f"the tests of {group.name} fail unmutated in mutmut's copy "
-                         f"(set debug = true under [tool.mutmut] to see which):\n"
-                         f"{listed.stdout[-2000:]}\n{listed.stderr[-2000:]}")
-    names = sorted(_exit_codes(work))
-    if not names:
-      raise RuntimeError(f"mutmut listed no mutants for {group.name}:\n"
-                         f"{listed.stdout[-2000:]}\n{listed.stderr[-2000:]}")
-    if only:
-      chosen = [n for n in names if any(fnmatch.fnmatchcase(n, p) for p in only)]
-    elif not sample or sample >= len(names):
-      chosen = names
-    else:
-      chosen = sorted(random.Random(seed).sample(names, sample))
-    if not chosen:
-      return {"group": group.name, "mutants": len(names), "sampled": 0, "counts": {},
-              "killed": 0, "judged": 0, "score": None, "interval": [0.0, 1.0],
-              "seconds": time.perf_counter() - t0, "survivors": []}
-    ran = _mutmut(work, group, "run", "--max-children", str(children), *chosen)
-    if ran.returncode != 0:
-      # mutmut stops before any mutant when the chosen mutants' tests fail
-      # unmutated (its clean run, with the compilation cache warm).
-      raise RuntimeError(f"mutmut failed for {group.name} (exit {ran.returncode}):\n"
-                         f"{ran.stdout[-3000:]}\n{ran.stderr[-2000:]}")
-    codes = _exit_codes(work)
-    from mutmut.stats import status_by_exit_code  # mutmut's own reading of them
-    counts: dict[str, int] = {}
-    survivors = []
-    for name in chosen:
-      code = codes.get(name)
-      status = status_by_exit_code[code]
-      counts[status] = counts.get(status, 0) + 1
-      if status in ("survived", "no tests"):
-        diff = _mutmut(work, group, "show", name).stdout
-        survivors.append({"name": name, "status": status, "diff": diff})
-    killed = sum(counts.get(s, 0) for s in _CAUGHT)
-    judged = killed + counts.get("survived", 0) + counts.get("no tests", 0)
-    lo, hi = _wilson(killed, judged)
-    return {"group": group.name, "mutants": len(names), "sampled": len(chosen),
-            "counts": counts, "killed": killed, "judged": judged,
-            "score": killed / judged if judged else None, "interval": [lo, hi],
-            "seconds": time.perf_counter() - t0, "survivors": survivors}
+    for c in copies:
+      _copy_project(c)
+    # The copy must be what the tests import, and they must pass unmutated
+    # there, or every mutant would read as killed.
+    probe = subprocess.run(
+        [sys.executable, "-c", "import hlo_audit, pallas_kernels; "
+         "print(hlo_audit.__file__); print(pallas_kernels.__file__)"],
+        cwd=copies[0], env=_env(copies[0], folder), capture_output=True, text=True)
+    if probe.returncode or any(not p.startswith(copies[0]) for p in probe.stdout.split()):
+      raise RuntimeError(f"the scratch copy's packages are not the ones imported:\n"
+                         f"{probe.stdout}{probe.stderr}")
+    code, base, tail = _pytest(copies[0], folder, None)
+    if code != 0:
+      raise RuntimeError(f"the tests of {folder.name} fail unmutated (exit {code}):\n{tail}")
+    timeout = timeout_factor * base + 60
+    print(f"{folder.name}: unmutated tests {base:.0f} s; {len(chosen)} mutants, "
+          f"timeout {timeout:.0f} s each", flush=True)
+    free: queue.Queue[str] = queue.Queue()
+    for c in copies:
+      free.put(c)
+
+    def one(m: Mutant) -> dict:
+      work = free.get()
+      try:
+        r = judge(work, folder, m, timeout)
+      finally:
+        free.put(work)
+      print(f"  {r['status']:8s} {r['seconds']:6.0f} s  {r['mutant']}", flush=True)
+      return r
+
+    with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
+      results = list(pool.map(one, chosen))
   finally:
-    if keep:
-      print(f"kept {work}")
-    else:
-      shutil.rmtree(work, ignore_errors=True)
+    for c in copies:
+      shutil.rmtree(c, ignore_errors=True)
+  counts = collections.Counter(r["status"] for r in results)
+  killed = sum(counts[s] for s in _KILLED)
+  judged = killed + counts["survived"]
+  lo, hi = wilson(killed, judged)
+  return {"folder": folder.name, "sources": list(folder.sources), "tests": list(folder.tests),
+          "mutants": total, "sampled": len(chosen), "counts": dict(counts),
+          "killed": killed, "judged": judged, "score": killed / judged if judged else None,
+          "interval": [lo, hi], "baseline_seconds": round(base, 1),
+          "seconds": round(time.perf_counter() - t0), "results": results}
 
 
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  try:
-    import mutmut  # noqa: F401
-  except ImportError:
-    raise app.UsageError("needs mutmut: pip install -e '.[mutation]'") from None
-  unknown = [g for g in _GROUPS.value if g not in GROUPS]
+  folders, equivalent = load_config()
+  names = _FOLDERS.value or list(folders)
+  unknown = [n for n in names if n not in folders]
   if unknown:
-    raise app.UsageError(f"unknown groups {unknown}; known: {', '.join(GROUPS)}")
+    raise app.UsageError(f"unknown folders {unknown}; known: {', '.join(folders)}")
+  plan = []
+  for name in names:
+    everything = folder_mutants(folders[name], equivalent)
+    if _MUTANTS.value:
+      chosen = [m for m in everything
+                if any(fnmatch.fnmatchcase(m.id, p) for p in _MUTANTS.value)]
+    else:
+      chosen = sample(everything, _SAMPLE.value, _SEED.value)
+    if chosen:
+      plan.append((folders[name], chosen, len(everything)))
+  if _LIST.value:
+    for folder, chosen, total in plan:
+      print(f"{folder.name}: {len(chosen)} of {total}")
+      for m in chosen:
+        print(f"  {m.id}  {m.describe()}")
+    return 0
   results = []
-  for name in _GROUPS.value:
-    r = run_group(GROUPS[name], _SAMPLE.value, _SEED.value, _CHILDREN.value, _KEEP.value,
-                  tuple(_MUTANTS.value))
-    results.append(r)
+  for folder, chosen, total in plan:
+    results.append(run_folder(folder, chosen, total, max(1, _JOBS.value), _TIMEOUT.value))
+  print(f"\n{'folder':10s} {'killed':>8s}  score (95% interval)  sample of mutants")
+  for r in results:
     lo, hi = r["interval"]
-    print(f"{name:9s} {r['killed']:4d}/{r['judged']:<4d} killed "
-          f"({100 * (r['score'] or 0):.1f}%, 95% {100 * lo:.0f}-{100 * hi:.0f}%) of "
-          f"{r['sampled']} sampled from {r['mutants']} mutants; {r['counts']}; "
-          f"{r['seconds']:.0f} s", flush=True)
-  unjudged = [r["group"] for r in results if r["sampled"] and not r["judged"]]
-  killed = sum(r["killed"] for r in results)
-  judged = sum(r["judged"] for r in results)
-  lo, hi = _wilson(killed, judged)
-  print(f"{'all':9s} {killed:4d}/{judged:<4d} killed ({100 * killed / max(judged, 1):.1f}%, "
-        f"95% {100 * lo:.0f}-{100 * hi:.0f}%)")
+    score = f"{100 * r['score']:.0f}%" if r["score"] is not None else "-"
+    print(f"{r['folder']:10s} {r['killed']:3d}/{r['judged']:<4d} {score:>5s} "
+          f"({100 * lo:.0f}-{100 * hi:.0f}%)      {r['sampled']} of {r['mutants']}; "
+          f"{dict(r['counts'])}; {r['seconds']} s")
   if _OUT.value:
     os.makedirs(_OUT.value, exist_ok=True)
     with open(os.path.join(_OUT.value, "results.json"), "w") as f:
       json.dump(results, f, indent=1)
     with open(os.path.join(_OUT.value, "survivors.md"), "w") as f:
       for r in results:
-        f.write(f"# {r['group']}\n\n")
-        for s in r["survivors"]:
-          f.write(f"## {s['name']} ({s['status']})\n\n```diff\n{s['diff'].strip()}\n```\n\n")
-  if unjudged:
-    print(f"no mutant of {', '.join(unjudged)} was judged (see the counts): no score",
-          file=sys.stderr)
+        f.write(f"# {r['folder']}\n\n")
+        for s in r["results"]:
+          if s["status"] == "survived":
+            f.write(f"## {s['id']}\n\n{s['mutant']}\n\n```diff\n{s['diff'].strip()}\n```\n\n")
+  if not plan:
+    print("no mutant matched", file=sys.stderr)
     return 1
-  return 0
+  return 1 if any(r["judged"] == 0 for r in results) else 0
 
 
 if __name__ == "__main__":

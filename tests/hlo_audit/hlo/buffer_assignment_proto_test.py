@@ -55,6 +55,13 @@ def test_allocations_values_and_names():
   assert instruction_names(_module(), {UID}) == {UID: "fusion.2"}
 
 
+def test_an_allocation_without_an_index_field_is_allocation_0():
+  # proto3 leaves out fields at their zero value: allocation 0 carries no index.
+  (alloc,) = parse_buffer_assignment_proto(_field(3, _field(2, 32) + _field(3, 1)),
+                                           _module()).allocations
+  assert (alloc.index, alloc.size, alloc.is_thread_local) == (0, 32, True)
+
+
 def test_unknown_ids_are_named_by_id_and_bad_bytes_raise():
   ba = parse_buffer_assignment_proto(_assignment())  # no module proto
   assert ba.allocations[1].values[0].instruction == f"#{UID}"

@@ -498,6 +498,7 @@ def test_partially_bound_async_start_follows_the_installed_xla(monkeypatch, bind
     expected.append(("async_param.1", "parameter", "s32[]", 1))
   assert [g[:2] for g in got] == [e[:2] for e in expected]
   assert [(g[0], g[3]) for g in got] == [(e[0], e[3]) for e in expected]
+  assert [g[2] for g in got] == [e[2] for e in expected]  # each parameter's own shape
 
 
 def test_op_name_and_role_fast_paths_agree_with_their_patterns():
@@ -662,3 +663,22 @@ def test_an_attribute_of_a_run_the_split_rejects_is_no_value_either(run):
   except HloParseError:
     expected = "error"
   assert read(run) == expected
+
+
+def test_an_attribute_asked_again_is_read_once(monkeypatch):
+  """`Instruction.attribute` keeps what it read from the unsplit run: analyses
+  ask a fusion's kind again and again."""
+  from hlo_audit._src.hlo import ir
+  m = parse_hlo("""HloModule m
+ENTRY main {
+  x = f32[8] parameter(0)
+  ROOT n = f32[8] negate(x), metadata={op_name="jit(f)/neg"}
+}
+""")
+  inst = m.entry.instruction("n")
+  reads = []
+  unsplit = ir._unsplit_value
+  monkeypatch.setattr(ir, "_unsplit_value", lambda *a: reads.append(a) or unsplit(*a))
+  first = inst.attribute("metadata")
+  assert first is not None and inst.attribute("metadata") == first
+  assert len(reads) == 1

@@ -470,3 +470,13 @@ def test_bad_tuple_element_operands(operand, message):
           f"  ROOT r = f32[4] negate({operand})\n}}\n")
   with pytest.raises(HloParseError, match=message):
     parse_hlo(text)
+
+
+def test_no_shape_is_inferred_from_an_operand_of_unknown_shape():
+  from hlo_audit._src.hlo import shape_inference  # pylint: disable=import-outside-toplevel
+  f32 = parse_shape("f32[4]")
+  none = lambda name: None  # noqa: E731 - no computation roots here
+  assert shape_inference.infer("tuple", [f32, f32], {}, none) is not None
+  for opcode in ("tuple", "add", "select"):
+    assert shape_inference.infer(opcode, [f32, None, f32][:3 if opcode == "select" else 2],
+                                 {}, none) is None, opcode

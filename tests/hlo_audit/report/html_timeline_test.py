@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 from html.parser import HTMLParser
 import json
+import re
 import types
 
 import pytest
@@ -172,6 +173,12 @@ def test_thousands_of_launches_draw_one_mark_per_pixel_or_wider_bar():
   assert 60 <= len(drawn) <= 2 * 840
   assert sum(1 for b in drawn if b.title.startswith("long: ")) == 60
   assert len(svg) < 200_000
+
+
+def test_the_time_axis_labels_its_ends_inside_and_centres_the_rest():
+  svg = html.step_timeline_svg(gathers())
+  anchors = re.findall(r'<text x="[^"]*" y="[^"]*" text-anchor="(\w+)">', svg)
+  assert anchors[:5] == ["start", "middle", "middle", "middle", "end"]
 
 
 def test_without_an_estimate_one_sentence_says_why():

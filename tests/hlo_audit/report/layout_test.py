@@ -20,7 +20,7 @@ from hlo_audit._src.report import layout
 from hlo_audit._src.report.grouping import group_findings, ranked_groups
 from hlo_audit._src.report.layout import Column
 from hlo_audit._src.report.memory_view import stack_buffers
-from hlo_audit._src.report.units import openable_path, parse_bytes
+from hlo_audit._src.report.units import fmt_delta_bytes, openable_path, parse_bytes, parse_time
 
 @functools.cache
 def example_report():
@@ -170,6 +170,17 @@ def test_parse_bytes():
   assert parse_bytes("2GB") == 2 * 10 ** 9 and parse_bytes("4096") == 4096
   with pytest.raises(ValueError, match="not a size"):
     parse_bytes("lots")
+
+
+def test_a_change_in_bytes_is_signed_only_when_it_is_not_zero():
+  assert [fmt_delta_bytes(n) for n in (1536, -1536, 0)] == ["+1.50 KiB", "-1.50 KiB", "0 B"]
+
+
+def test_parse_time_takes_no_negative_number():
+  assert parse_time("1.5ms") == 1.5e-3 and parse_time(2) == 2.0
+  for bad in (-1, -0.5, float("inf"), "lots"):
+    with pytest.raises(ValueError, match="not a time"):
+      parse_time(bad)
 
 
 def test_stacked_bands_never_overlap_while_both_are_live():

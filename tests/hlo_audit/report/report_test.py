@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
+import types
 
 import jax
 import jax.numpy as jnp
@@ -99,6 +101,24 @@ def test_markdown_and_terminal_show_tables_and_records():
   assert "pallas_kernels.matmul" in text
   assert "peak" in text and "XLA's" in text
   assert str(rep()).count("unfused epilogue") >= 1
+
+
+def test_kernel_table_names_a_kernels_commonest_fused_ops_first():
+  from hlo_audit._src.report.text import kernel_rows  # pylint: disable=import-outside-toplevel
+  r = rep()
+  k = dataclasses.replace(r.kernels[0], fused_ops={
+      "add": 1, "exponential": 5, "multiply": 3, "select": 2, "negate": 1, "divide": 4,
+      "convert": 1, "maximum": 6})
+  row = kernel_rows(dataclasses.replace(r, kernels=(k,)))[0]
+  # The six commonest, commonest first: one op of count 1 is left out.
+  assert row[3].startswith("maximumx6, exponentialx5, dividex4, multiplyx3, selectx2, ")
+
+
+def test_a_fix_saving_no_time_is_not_said_to_cost_time():
+  from hlo_audit._src.report.text import _time_saved  # pylint: disable=import-outside-toplevel
+  said = [_time_saved(types.SimpleNamespace(time_saved=t)) for t in (0.0, -1e-6, 2e-6, None)]
+  assert said == ["~0 s per step (estimated)", "costs ~1.00 us per step (estimated)",
+                  "~2.00 us per step (estimated)", "not estimated (the device is unknown)"]
 
 
 def test_summary_counts_kernels_by_kind():

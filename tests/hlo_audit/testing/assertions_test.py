@@ -4,6 +4,7 @@ with the offending rows and sources, when the fusion is undone on purpose."""
 from __future__ import annotations
 
 import re
+import types
 
 import jax
 import jax.numpy as jnp
@@ -124,6 +125,14 @@ def test_assert_no_findings_filters_by_class_bytes_and_source():
   testing.assert_no_copies(r)
 
 
+def test_a_library_kernel_runs_a_dot_when_its_detail_names_any_library_word():
+  from hlo_audit._src.analysis.backend_traits import KernelKind  # pylint: disable=import-outside-toplevel
+  from hlo_audit._src.testing.assertions import _runs  # pylint: disable=import-outside-toplevel
+  cublas = types.SimpleNamespace(detail="__cublas$gemm", kind=KernelKind.LIBRARY_CALL)
+  assert _runs("dot", frozenset(), cublas)
+  assert not _runs("gelu", frozenset(), cublas)
+
+
 def test_assert_kernel_count_and_peak():
   r = hlo_audit.audit(mlp, X, W, B)
   testing.assert_kernel_count(r, at_most=2)
@@ -133,5 +142,8 @@ def test_assert_kernel_count_and_peak():
   with pytest.raises(AssertionError, match="is not below") as e:
     testing.assert_peak_below(r, bytes=r.peak_bytes)
   assert "live at the peak" in str(e.value) and "f32[256,512]" in str(e.value)
+  # The largest buffers first: the weight, the input, the bias.
+  shapes = re.findall(r"f32\[[0-9,]+\]", str(e.value).split("live at the peak:", 1)[1])
+  assert shapes == ["f32[256,512]", "f32[128,256]", "f32[512]"]
   with pytest.raises(TypeError):
     testing.assert_kernel_count(r)

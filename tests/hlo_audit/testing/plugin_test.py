@@ -47,7 +47,9 @@ def test_snapshot_is_written_then_matches_then_catches_an_unfused_epilogue(pytes
   pytester.makepyfile(test_model=MODEL.format(body="jnp.tanh(x @ w + b)"))
   missing = run()
   missing.assert_outcomes(failed=1)
-  missing.stdout.fnmatch_lines(["*no hlo-audit snapshot*--hlo-audit-update*"])
+  # The missing file named from the project's root, where a user looks for it.
+  missing.stdout.fnmatch_lines(["*no hlo-audit snapshot __hlo_audit__?test_model?test_layer.json: "
+                                "run pytest --hlo-audit-update*"])
   run("--hlo-audit-update").assert_outcomes(passed=1)
   path = pytester.path / "__hlo_audit__" / "test_model" / "test_layer.json"
   stored = json.loads(path.read_text())
@@ -65,6 +67,14 @@ def test_snapshot_is_written_then_matches_then_catches_an_unfused_epilogue(pytes
                                # shape is written: donating it would save memory.
                                "*+ undonated-argument f32?64,128? ?x? safe*at test_model.py:6",
                                "*+ unfused-epilogue f32?64,128? ?activation:tanh? safe*at test_model.py:6"])
+
+
+def test_a_snapshot_line_counts_a_finding_only_when_it_repeats():
+  e = {"class": "unfused-epilogue", "shape": "f32[8]", "ops": ["tanh"], "verdict": "safe",
+       "bytes_saved": 32, "source": "m.py:3"}
+  assert snap.entry_line(e) == "unfused-epilogue f32[8] [tanh] safe 32 B at m.py:3"
+  assert snap.entry_line({**e, "count": 1}) == snap.entry_line(e)
+  assert snap.entry_line({**e, "count": 3}).startswith("unfused-epilogue x3 f32[8] ")
 
 
 def test_matching_ignores_instruction_names():
