@@ -32,7 +32,7 @@ to list under `[tool.bench_mutation.equivalent]` with why.
 Example:
   python scripts/bench_mutation.py --folders hlo,report --sample 8 --seed 1 \\
       --jobs 1 --out /tmp/mutation
-  python scripts/bench_mutation.py --mutants 'hlo_audit/_src/hlo/parser.py:412:*' \\
+  python scripts/bench_mutation.py --mutants '*/hlo/parser.py:412:*' \\
       --out /tmp/mutation   # re-run survivors after writing their tests
 """
 
