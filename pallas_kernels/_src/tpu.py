@@ -1,4 +1,4 @@
-"""TPU (Mosaic-lowered Pallas) facts shared by the row-wise ops.
+"""TPU (Mosaic-lowered Pallas) facts shared by the row-wise ops and the matmul.
 
 The row kernels on a TPU take a block of whole rows per grid step: the row
 block is a multiple of the sublane tile (8 rows of 32-bit values, 16 of
@@ -39,7 +39,7 @@ MAX_BLOCK_ROWS = 1024
 #: has no VPU support on v5e and earlier).
 SUPPORTED_DTYPES = frozenset({"float32", "bfloat16"})
 #: Blocks in flight per array: Pallas double-buffers each input and output.
-_BUFFERS = 2
+BUFFERS = 2
 
 
 def is_target() -> bool:
@@ -58,10 +58,17 @@ def row_multiple(dtypes: Iterable[Any]) -> int:
   return SUBLANES * max(1, 4 // narrowest)
 
 
+def tile_bytes(rows: int, cols: int, dtype: Any) -> int:
+  """VMEM one [rows, cols] block of `dtype` takes: rows rounded up to whole
+  sublane tiles, columns to whole lanes."""
+  multiple = row_multiple([dtype])
+  return (-(-rows // multiple) * multiple) * padded_lanes(cols) * jnp.dtype(dtype).itemsize
+
+
 def row_bytes(n_cols: int, io_itemsizes: Iterable[int], f32_temps: int) -> int:
   """VMEM one row of a block takes: every input and output row,
   double-buffered, plus `f32_temps` float32 rows of temporaries."""
-  return padded_lanes(n_cols) * (_BUFFERS * sum(io_itemsizes) + 4 * f32_temps)
+  return padded_lanes(n_cols) * (BUFFERS * sum(io_itemsizes) + 4 * f32_temps)
 
 
 def block_rows(n_rows: int, n_cols: int, per_row: int, multiple: int,
@@ -110,6 +117,13 @@ def interpret_params(interpret: bool) -> Any:
   return pltpu.InterpretParams() if interpret else False
 
 
-def compiler_params(grid_dims: int) -> Any:
-  """Mosaic params: every grid axis independent (megacore may split them)."""
-  return pltpu.CompilerParams(dimension_semantics=("parallel",) * grid_dims)
+def compiler_params(grid_dims: int, *, sequential: int = 0, fusible_inputs: int = 0) -> Any:
+  """Mosaic params: the leading grid axes independent (megacore may split
+  them), the last `sequential` ones "arbitrary": run in order on one core,
+  as a reduction carried in scratch across them needs. The first
+  `fusible_inputs` inputs may take their producer (a pad, a layout copy, an
+  elementwise op) into the kernel's input DMA instead of a separate XLA
+  launch that materializes it; XLA decides whether to."""
+  return pltpu.CompilerParams(
+      dimension_semantics=("parallel",) * (grid_dims - sequential) + ("arbitrary",) * sequential,
+      allow_input_fusion=[True] * fusible_inputs if fusible_inputs else None)

@@ -10,6 +10,7 @@ import jax.numpy as jnp
 
 from pallas_kernels._src import backend as backend_lib
 from pallas_kernels._src import guard as guard_lib
+from pallas_kernels._src import tpu as tpu_lib
 from pallas_kernels._src.ops import quantize as quant
 from pallas_kernels._src.ops.matmul import config as config_lib
 from pallas_kernels._src.ops.matmul import gpu
@@ -141,8 +142,9 @@ def matmul(x: jax.Array, w: jax.Array, *, bias: jax.Array | None = None,
       it), "xla" (the reference), or None: the kernel where it compiles (GPU)
       or when `interpret=True` is passed, else XLA.
     interpret: Pallas interpret mode; None interprets exactly when no GPU/TPU.
-    config: tiling: a `Config` (Triton) or a `MosaicConfig` (Mosaic GPU);
-      None picks the backend's heuristic.
+    config: tiling: a `Config` (Triton; on a TPU target, its block sizes
+      rounded up to 128 are the Mosaic TPU kernel's tiles) or a `MosaicConfig`
+      (Mosaic GPU); None picks the backend's heuristic.
     precision: of float32 dots, as for `jnp.matmul`: None (JAX's
       `jax_default_matmul_precision`, else DEFAULT), a `jax.lax.Precision` or
       its name. On a GPU, DEFAULT and HIGH run TF32 tensor cores, as XLA does
@@ -154,7 +156,9 @@ def matmul(x: jax.Array, w: jax.Array, *, bias: jax.Array | None = None,
       GPU on a Hopper target when its guard accepts the call, else Triton. The
       target is the device the operands are placed on (see
       `pallas_kernels._src.backend`), never the default backend. A named
-      backend whose guard rejects the call falls back to XLA (recorded).
+      backend whose guard rejects the call falls back to XLA (recorded). On a
+      TPU target, None runs the Mosaic TPU kernel (`tpu.py`; no dequantizing
+      prologue, quantize or column sums there: those fall back, recorded).
     w_column_sum: also return `colsum = sum(w_l, axis=-2)` in float32, the
       sums of the logical w over the contraction axis: [N], or w's own batch
       dims + [N] for a batched w (cuBLASLt's BGRADB epilogue). For
@@ -290,7 +294,13 @@ def matmul(x: jax.Array, w: jax.Array, *, bias: jax.Array | None = None,
     elif isinstance(config, Config):
       kernel_backend = "triton"
     preferred, not_preferred = backend_lib.preferred_kernel_backend(target, interp)
-    if kernel_backend is None:
+    # A TPU target runs the Mosaic TPU kernel unless the caller named a GPU
+    # backend (a `Config`'s tiles are its tile request, `tpu.plan`).
+    on_tpu = (target.backend is backend_lib.Backend.TPU and backend is None
+              and not isinstance(config, MosaicConfig))
+    if on_tpu:
+      kernel_backend, why = tpu_lib.KERNEL_BACKEND, ""
+    elif kernel_backend is None:
       kernel_backend, why = preferred, not_preferred
     mosaic_cfg = mosaic_aux_cfg = None
     if kernel_backend == "mosaic_gpu" and impl == "pallas":
@@ -320,7 +330,9 @@ def matmul(x: jax.Array, w: jax.Array, *, bias: jax.Array | None = None,
         group_size=group, config=cfg, interpret=interp, backend=target.backend,
         target=target, precision=prec, kernel_backend=kernel_backend or "triton",
         mosaic_config=mosaic_cfg, mosaic_aux_config=mosaic_aux_cfg,
-        w_column_sum=w_column_sum)
+        w_column_sum=w_column_sum,
+        tpu_request=(config.block_m, config.block_n, config.block_k)
+        if on_tpu and isinstance(config, Config) else None)
     if impl == "xla" or kernel_backend is None:
       return vjp.reference_call(static, *operands)
     if kernel_backend == "triton":
@@ -329,6 +341,17 @@ def matmul(x: jax.Array, w: jax.Array, *, bias: jax.Array | None = None,
           group_size=group, quantize=quantize, transpose_x=transpose_x,
           transpose_w=transpose_w, backend=static.backend, interpret=interp, config=cfg,
           column_sum=w_column_sum, w_scale=w_scale)
+      if reason is not None:
+        guard_lib.record_fallback("matmul", reason, signature)
+        return vjp.reference_call(static, *operands)
+    elif kernel_backend == tpu_lib.KERNEL_BACKEND:
+      reason = guard.tpu_unsupported_reason(
+          x, w, out_dtype=odt, bias=bias, residual=residual, scale=scale, x_scale=x_scale,
+          w_scale=w_scale, quantize=quantize, column_sum=w_column_sum,
+          transpose_x=transpose_x, transpose_w=transpose_w, transpose_out=transpose_out,
+          aux_dtype=vjp.aux_dtype(odt) if (act != "identity" or clamp is not None
+                                           or scale is not None) else None,
+          requested=static.tpu_request)
       if reason is not None:
         guard_lib.record_fallback("matmul", reason, signature)
         return vjp.reference_call(static, *operands)

@@ -15,10 +15,12 @@ import jax.numpy as jnp
 
 from pallas_kernels._src import backend as backend_lib
 from pallas_kernels._src import compat
+from pallas_kernels._src import tpu as tpu_lib
 from pallas_kernels._src.ops.matmul import config as config_lib
 from pallas_kernels._src.ops.matmul import gpu
 from pallas_kernels._src.ops.matmul import mosaic_gpu
 from pallas_kernels._src.ops.matmul import reference
+from pallas_kernels._src.ops.matmul import tpu as matmul_tpu
 from pallas_kernels._src.ops.matmul.config import Config
 
 #: Dtypes the kernel accepts for x (int4 activations are not supported).
@@ -279,3 +281,54 @@ def mosaic_unsupported_reason(x: Any, w: Any, *, out_dtype, bias: Any = None,
     return (f"{config} needs ~{smem // 1024} KiB of shared memory, more than the "
             f"{limit // 1024} KiB available")
   return None
+
+
+# --------------------------------------------------------------------------
+# The Mosaic TPU kernel.
+# --------------------------------------------------------------------------
+
+
+def tpu_unsupported_reason(x: Any, w: Any, *, out_dtype, bias: Any = None,
+                           residual: Any = None, scale: Any = None, x_scale: Any = None,
+                           w_scale: Any = None, quantize: str | None = None,
+                           column_sum: bool = False, transpose_x: bool = False,
+                           transpose_w: bool = False, transpose_out: bool = False,
+                           aux_dtype=None,
+                           requested: tuple[int, int, int] | None = None) -> str | None:
+  """Why the Mosaic TPU kernel (`tpu.py`) cannot run this (validated) call, or None.
+
+  Ragged shapes are not reasons: M and N edges are padded blocks whose extra
+  rows and columns are never stored, and K is zero-padded to whole blocks.
+
+  Args:
+    x, w, out_dtype, bias, residual, scale, quantize, transpose_x,
+      transpose_w, transpose_out: as `mosaic_unsupported_reason`.
+    x_scale, w_scale: the dequantization scales, if any.
+    column_sum: the column sums of w are asked (`w_column_sum`).
+    aux_dtype: dtype of the pre-epilogue accumulator the backward saves, or
+      None (it takes VMEM beside the output block).
+    requested: a caller's `Config` (block_m, block_n, block_k), or None.
+  """
+  if quantize is not None:
+    return (f"quantize={quantize!r} has no TPU kernel (the TPU matmul fuses scale, bias, "
+            "activation, residual, clamp and the output cast only)")
+  if column_sum:
+    return "w_column_sum: the TPU matmul emits no column sums of w"
+  if x_scale is not None or w_scale is not None or reference.is_quantized(
+      x.dtype) or reference.is_quantized(w.dtype):
+    return (f"quantized operands or dequantization scales (x {_name(x.dtype)}, w "
+            f"{_name(w.dtype)}): the dequantizing prologue has no TPU kernel")
+  reason = tpu_lib.dtype_reason([a.dtype for a in (x, w, bias, residual, scale)
+                                 if a is not None] + [out_dtype])
+  if reason:
+    return reason
+  m, n, k = dims(x.shape, w.shape, transpose_x, transpose_w)
+  batch = math.prod(jnp.broadcast_shapes(tuple(x.shape[:-2]), tuple(w.shape[:-2])))
+  if min(m, n, k, batch) == 0:
+    return f"empty dimension (M={m}, N={n}, K={k}, batch={batch})"
+  geo = matmul_tpu.geometry(x.shape, w.shape, transpose_x, transpose_w, transpose_out)
+  fp = matmul_tpu.footprint(
+      x, w, geo, transpose_x=transpose_x, transpose_w=transpose_w, out_dtype=out_dtype,
+      residual_dtype=None if residual is None else residual.dtype, aux_dtype=aux_dtype,
+      vectors=(bias is not None) + (scale is not None))
+  return matmul_tpu.vmem_reason(matmul_tpu.plan(geo, fp, requested), fp)

@@ -29,6 +29,10 @@ gradient directly (w unbatched, no broadcast batch summed after), that is the
 dw kernel's bias epilogue (bias is added per logical column, before the
 transposed store); otherwise XLA adds it to the f32 dw before the one cast.
 
+On a TPU (kernel_backend "mosaic_tpu") the dx and dw products are the
+Mosaic TPU kernel (`tpu.py`) and step 1 is `jax.vjp` of the reference
+epilogue at aux, in XLA: there is no fused dAct + bias-gradient kernel there.
+
 When the backward kernels cannot run (a guard reason for the dx/dw launches)
 or the output is quantized, the backward is `jax.vjp` of the reference,
 recorded as a fallback when traced.
@@ -51,6 +55,7 @@ from pallas_kernels._src.ops.matmul import guard
 from pallas_kernels._src.ops.matmul import kernel
 from pallas_kernels._src.ops.matmul import mosaic_gpu
 from pallas_kernels._src.ops.matmul import reference
+from pallas_kernels._src.ops.matmul import tpu as matmul_tpu
 from pallas_kernels._src.ops.matmul.config import Config, MosaicConfig
 
 _F32 = jnp.float32
@@ -80,7 +85,7 @@ class Static:
   target: backend_lib.Target
   #: `jax.lax.Precision` name of the f32 dots (`gpu.resolve_precision`).
   precision: str = "HIGHEST"
-  #: The Pallas backend of the kernels: "triton" or "mosaic_gpu".
+  #: The Pallas backend of the kernels: "triton", "mosaic_gpu" or "mosaic_tpu".
   kernel_backend: str = "triton"
   #: The Mosaic GPU tiling (kernel_backend "mosaic_gpu"), and the one with
   #: room for the aux the backward saves.
@@ -88,6 +93,9 @@ class Static:
   mosaic_aux_config: MosaicConfig | None = None
   #: Also return the float32 column sums of the logical w (see `api.matmul`).
   w_column_sum: bool = False
+  #: The caller's `Config` tiles (block_m, block_n, block_k) for the Mosaic
+  #: TPU kernel, or None: its heuristic (`tpu.plan`).
+  tpu_request: tuple[int, int, int] | None = None
 
 
 class Operands:
@@ -153,6 +161,16 @@ def forward(static: Static, x, w, bias, residual, scale, x_scale, w_scale, *,
   m, n, k = guard.dims(x.shape, w.shape, static.transpose_x, static.transpose_w)
   fused_quantize = fuses_quantize(static, n)
   out_dtype = static.out_dtype if static.quantize is None or fused_quantize else _F32
+  if static.kernel_backend == "mosaic_tpu":
+    # `guard.tpu_unsupported_reason` ruled out scales, quantize and column sums.
+    return matmul_tpu.matmul_forward(
+        x, w, interpret=static.interpret, compute_dtype=static.compute_dtype,
+        out_dtype=out_dtype, activation=static.activation,
+        scale=None if scale is None else jnp.broadcast_to(jnp.asarray(scale), (n,)),
+        bias=bias, residual=residual, clamp=static.clamp, transpose_x=static.transpose_x,
+        transpose_w=static.transpose_w, transpose_out=static.transpose_out,
+        save_aux=save_aux, aux_dtype=aux_dtype(static.out_dtype),
+        precision=static.precision, requested=static.tpu_request)
   if static.kernel_backend == "mosaic_gpu":
     # `guard.mosaic_unsupported_reason` sends column sums to Triton.
     assert not static.w_column_sum
@@ -209,7 +227,8 @@ class _GradLaunch:
   row-major, which the Mosaic GPU kernel needs)."""
 
   backend: str
-  config: Config | MosaicConfig
+  #: None for "mosaic_tpu" (its tiles follow from the shapes, `tpu.plan`).
+  config: Config | MosaicConfig | None
   swap: bool
 
 
@@ -217,6 +236,10 @@ def _grad_launch(static: Static, lhs, rhs, tl: bool, tr: bool, to: bool,
                  out_dtype) -> tuple[_GradLaunch | None, str | None]:
   """(how lhs @ rhs runs as a kernel, None) or (None, why it cannot)."""
   cdt = reference.compute_dtype(lhs.dtype, rhs.dtype)
+  if static.kernel_backend == "mosaic_tpu":
+    reason = guard.tpu_unsupported_reason(lhs, rhs, out_dtype=out_dtype, transpose_x=tl,
+                                          transpose_w=tr, transpose_out=to)
+    return (None, reason) if reason else (_GradLaunch("mosaic_tpu", None, swap=False), None)
   mosaic_why = None
   if static.kernel_backend == "mosaic_gpu":
     a, b, ta, tb = (rhs, lhs, not tr, not tl) if to else (lhs, rhs, tl, tr)
@@ -287,6 +310,11 @@ def _matmul_grad(static: Static, lhs, rhs, *, tl: bool, tr: bool, to: bool, out_
   cdt = reference.compute_dtype(lhs.dtype, rhs.dtype)
   plan, reason = _grad_launch(static, lhs, rhs, tl, tr, to, out_dtype)
   assert plan is not None, reason  # `_plan` ruled this out before the forward.
+  if plan.backend == "mosaic_tpu":
+    assert bias is None  # Column sums, whose cotangent it carries, are not on TPU.
+    return matmul_tpu.matmul_forward(
+        lhs, rhs, interpret=static.interpret, compute_dtype=cdt, out_dtype=out_dtype,
+        transpose_x=tl, transpose_w=tr, transpose_out=to, precision=static.precision).out
   if plan.backend == "mosaic_gpu":
     assert bias is None  # `_kernel_backward` adds it in XLA on this path.
     a, b, ta, tb = (rhs, lhs, not tr, not tl) if plan.swap else (lhs, rhs, tl, tr)
@@ -308,6 +336,26 @@ def _dequantized_w_stored(static: Static, w, w_scale):
   return (w.astype(_F32) * s).astype(static.compute_dtype)
 
 
+def _epilogue_grads(static: Static, aux, ct, scale, bias, residual):
+  """(g in the compute dtype, logical [..., M, N]; g transposed? (never);
+  db [N]; dscale [N]; dres) by `jax.vjp` of the reference epilogue at the
+  saved accumulator `aux`."""
+  n = aux.shape[-1]
+  vec = lambda v: None if v is None else jnp.broadcast_to(jnp.asarray(v, _F32), (n,))
+
+  def epilogue(acc, s, b, r):
+    return reference._epilogue(  # pylint: disable=protected-access
+        acc, _F32, _F32, bias=b, activation=static.activation, residual=r,
+        out_dtype=_F32, scale=s, clamp=static.clamp, transpose_out=static.transpose_out,
+        quantize=None)
+
+  _, pullback = jax.vjp(epilogue, aux.astype(_F32), vec(scale), vec(bias),
+                        None if residual is None else residual.astype(_F32))
+  g, dscale, db, dres = pullback(ct.astype(_F32))
+  return (g.astype(static.compute_dtype), False, db, dscale,
+          ct if residual is None else dres)
+
+
 def _kernel_backward(static: Static, inputs, aux, ct, want_dx: bool, want_dw: bool,
                      dcolsum=None):
   x, w, bias, residual, scale, x_scale, w_scale = inputs
@@ -316,7 +364,12 @@ def _kernel_backward(static: Static, inputs, aux, ct, want_dx: bool, want_dw: bo
   row = _row_mult(static, x_scale)
   cdt = jnp.dtype(static.compute_dtype)
   db = dscale = None
-  if _needs_aux(static, scale):
+  if _needs_aux(static, scale) and static.kernel_backend == "mosaic_tpu":
+    # No fused dAct + bias-gradient kernel on a TPU: XLA differentiates the
+    # reference epilogue at the saved accumulator in one fused elementwise
+    # pass with its column reductions; the two gemms below are the kernel.
+    g, g_t, db, dscale, dres = _epilogue_grads(static, aux, ct, scale, bias, residual)
+  elif _needs_aux(static, scale):
     if static.kernel_backend != "triton":
       # An element-wise pass with column sums: no wgmma, no TMA tiles to gain.
       guard_lib.record_choice(
