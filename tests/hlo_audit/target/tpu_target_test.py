@@ -263,3 +263,15 @@ def test_file_prices_tpu_hlo_for_the_target_named(tmp_path):
   report = json.loads(p.stdout)
   assert report["timing"]["device"]["name"] == "v5p"
   assert report["timing"]["device"]["platform"] == "tpu"
+
+
+def test_the_examples_swap_passes_its_gate_on_a_v5e():
+  # pallas_kernels' Mosaic TPU kernels compiled into XLA:TPU's program, no
+  # fallback, the numerics and XLA's footprint checked.
+  require_tpu_target()
+  p = _cli("example", "--swap", "--target", "v5e")
+  flat = " ".join(p.stdout.split())
+  assert p.returncode == 0, p.stdout[-2000:] + p.stderr
+  assert "verdict: PASS" in flat
+  assert re.search(r"kernels on v5e: \d+ compiled \(\d+ Pallas/Mosaic TPU\)", flat), flat[-800:]
+  assert "kernels ran pass" in flat
