@@ -37,6 +37,7 @@ import contextlib
 import dataclasses
 import enum
 import functools
+import re
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -424,6 +425,10 @@ def device_kind() -> str:
   return target().device_kind
 
 
+#: A TPU named by device kind or by generation and slice.
+_TPU_NAME = re.compile(r"^(tpu\b.*|v[2-7][a-z]*(:\d+(x\d+)*)?)$")
+
+
 def resolve_target(spec: Any) -> Target | None:
   """A `Target` from what a caller may pass as `target=`: None, a `Target`,
   a `jax.Device` (a topology's too), an `AbstractDevice`, or a device name
@@ -441,6 +446,14 @@ def resolve_target(spec: Any) -> Target | None:
           Backend.CPU, "cpu")
     if spec.lower() == "tpu":
       return _local_target() if _local_target().backend is Backend.TPU else DEFERRED_TPU
+    if _TPU_NAME.match(spec.strip().lower()):
+      # A TPU by what jax calls it ("TPU v5 lite") or by generation ("v5e",
+      # "v5e:2x2"): the Mosaic TPU kernels do not depend on which one.
+      local = _local_target()
+      if local.backend is Backend.TPU:
+        return local
+      kind = spec.strip() if spec.lower().startswith("tpu") else f"TPU {spec.strip()}"
+      return Target(Backend.TPU, kind, abstract=True)
     entry = devices.lookup(spec)
     if entry is None or entry.compute_capability is None:
       known = ", ".join(d.name for d in devices.DEVICES if d.compute_capability)

@@ -3,10 +3,14 @@
 `jax.nn.dot_product_attention(..., implementation="cudnn")` runs cuDNN's
 flash attention where cuDNN takes the chain; JAX's Pallas attention kernel
 (`jax.experimental.pallas.ops.gpu.attention.mha`, Triton) where it does
-not; XLA's gemm -> softmax -> gemm otherwise. The rules are JAX's own
+not; on a TPU, JAX's Pallas TPU flash attention
+(`jax.experimental.pallas.ops.tpu.flash_attention.flash_attention`, Mosaic
+TPU); XLA's gemm -> softmax -> gemm otherwise. The rules are JAX's own
 (jax/_src/cudnn/fused_attention_stablehlo.py: `check_is_flash_attention`
 and the dtype check of `_dot_product_attention`;
-jax/experimental/pallas/ops/gpu/attention.py: `mha`'s shape checks). The
+jax/experimental/pallas/ops/gpu/attention.py: `mha`'s shape checks;
+jax/experimental/pallas/ops/tpu/flash_attention.py: `_verify_block` on its
+default block sizes). The
 audit's suggestions (`audit/jax_calls.py`) and swap's routing
 (`swap/attention.py`) both ask here.
 """
@@ -18,6 +22,12 @@ import math
 
 ATTENTION = "jax.nn.dot_product_attention"
 PALLAS_ATTENTION = "jax.experimental.pallas.ops.gpu.attention.mha"
+TPU_FLASH_ATTENTION = "jax.experimental.pallas.ops.tpu.flash_attention.flash_attention"
+#: The TPU flash attention's default blocks (`BlockSizes.get_default`): 128
+#: along both sequences, the keys' a divisor of their length.
+TPU_FLASH_BLOCK = 128
+#: Element types the TPU flash attention kernel computes in (f32 softmax).
+TPU_FLASH_DTYPES = frozenset({"f32", "bf16"})
 
 #: cuDNN's fused attention: element types it takes (fp8 needs its own
 #: scaling arguments, not a drop-in call).
@@ -97,6 +107,22 @@ def pallas_reason(shape: AttentionShape, device) -> str:
       # Triton's blocks are powers of two: a shorter sequence is one block.
       return (f"JAX's Pallas attention kernel needs the {what} ({n}) to be a "
               f"multiple of {PALLAS_BLOCK} or a power of two below it")
+  return ""
+
+
+def tpu_flash_reason(shape: AttentionShape, device) -> str:
+  """Why JAX's Pallas TPU flash attention cannot take the chain on
+  `device`; "" when it can."""
+  if getattr(device, "platform", "") != "tpu":
+    return "JAX's Pallas flash attention for TPUs needs a TPU"
+  if shape.dtype not in TPU_FLASH_DTYPES:
+    return f"JAX's TPU flash attention takes f32 or bf16 (q is {shape.dtype})"
+  if shape.queries < TPU_FLASH_BLOCK:
+    return (f"JAX's TPU flash attention needs at least {TPU_FLASH_BLOCK} queries "
+            f"with its default blocks (there are {shape.queries})")
+  if shape.keys < TPU_FLASH_BLOCK or shape.keys % TPU_FLASH_BLOCK:
+    return (f"JAX's TPU flash attention needs the keys ({shape.keys}) to be a "
+            f"multiple of {TPU_FLASH_BLOCK} with its default blocks")
   return ""
 
 

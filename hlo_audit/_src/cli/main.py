@@ -53,9 +53,10 @@ def run(argv: list[str] | None = None) -> ExitCode:
   except SystemExit as e:  # argparse printed the usage error
     return ExitCode.OK if e.code == 0 else ExitCode.USAGE
   verbose = getattr(args, "verbose", False)
-  # Before anything starts JAX: a CUDA plugin installed for --target on a
-  # machine without a GPU would print a traceback on every run otherwise.
-  wheels.cpu_unless_gpu()
+  # Before anything starts JAX: a CUDA plugin (or libtpu) installed for
+  # --target on a machine without its device would print a traceback (or
+  # libtpu's warnings) on every run otherwise.
+  wheels.cpu_unless_accelerator()
   wheels.import_jax_quietly()
   try:
     check_output_flags(args)

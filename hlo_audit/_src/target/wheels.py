@@ -91,15 +91,20 @@ def has_nvidia_gpu() -> bool:
   return os.path.exists("/dev/nvidia0") or bool(glob.glob("/proc/driver/nvidia/gpus/*"))
 
 
-def cpu_unless_gpu(environ=os.environ) -> bool:
-  """Makes JAX start on the CPU (`JAX_PLATFORMS=cpu`) when the CUDA plugin is
-  installed on a machine without a GPU and the user chose no platform: the
-  plugin then starts without a GPU (a target compiles), and JAX prints no
-  traceback about the cuDNN it looks for. Call before JAX starts; returns
-  whether it set it."""
+def cpu_unless_accelerator(environ=os.environ) -> bool:
+  """Makes JAX start on the CPU (`JAX_PLATFORMS=cpu`) when a target's
+  wheels are installed on a machine without their device (the CUDA plugin
+  without a GPU, libtpu without a TPU) and the user chose no platform: the
+  plugin then starts without its device (a target compiles), and JAX prints
+  no traceback about the cuDNN it looks for, nor libtpu its lines about the
+  TPU VM this is not. Call before JAX starts; returns whether it set it."""
   from hlo_audit._src.target import specs
 
-  if "JAX_PLATFORMS" in environ or specs.plugin_library() is None or has_nvidia_gpu():
+  if "JAX_PLATFORMS" in environ:
+    return False
+  cuda = specs.plugin_library() is not None
+  tpu = libtpu_version() is not None
+  if (cuda and has_nvidia_gpu()) or (tpu and has_tpu()) or not (cuda or tpu):
     return False
   environ["JAX_PLATFORMS"] = "cpu"
   return True

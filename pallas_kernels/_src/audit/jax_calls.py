@@ -8,7 +8,9 @@ report then names "jax" as the source of the fix), and pallas_kernels'
 `swap` puts them in (`swapped_by`). Where cuDNN cannot take a chain, the call
 written is JAX's Pallas attention kernel
 (`jax.experimental.pallas.ops.gpu.attention.mha`), and where neither can,
-the verdict says that XLA keeps the chain.
+the verdict says that XLA keeps the chain. On a TPU the call is JAX's Pallas
+flash attention for TPUs (`jax.experimental.pallas.ops.tpu.flash_attention`)
+where its blocks fit the chain.
 
 The rules are JAX's own (jax/_src/cudnn/fused_attention_stablehlo.py:
 `check_is_flash_attention` and the dtype check of `_dot_product_attention`;
@@ -21,8 +23,10 @@ from __future__ import annotations
 import math
 
 from hlo_audit import plugins
-from pallas_kernels._src.jax_attention import (ATTENTION, PALLAS_ATTENTION, AttentionShape,
-                                               capability, cudnn_reason, pallas_reason)
+from pallas_kernels._src.jax_attention import (ATTENTION, PALLAS_ATTENTION,
+                                               TPU_FLASH_ATTENTION, AttentionShape,
+                                               capability, cudnn_reason, pallas_reason,
+                                               tpu_flash_reason)
 
 #: The library's name: its ops are JAX's public names ("jax.nn....").
 NAME = "jax"
@@ -75,6 +79,17 @@ class JaxCalls:
     if shape is None:
       return None
     arrays = shape.arrays()
+    if getattr(device, "platform", "") == "tpu":
+      flash = tpu_flash_reason(shape, device)
+      if not flash:
+        return plugins.Suggestion(
+            f"{TPU_FLASH_ATTENTION}(q, k, v, causal=causal, sm_scale=scale)  # {arrays}, "
+            "each transposed to [batch, heads, seq, head_dim]",
+            f"kernel runs (JAX's Pallas flash attention for TPUs, Mosaic TPU: "
+            f"{shape.dtype}, {shape.queries} queries, {shape.keys} keys)")
+      return plugins.Suggestion(
+          f'{ATTENTION}(q, k, v, implementation="xla")  # {arrays}',
+          f"falls back to XLA: {flash}")
     cudnn = cudnn_reason(shape, device)
     if not cudnn:
       cc = capability(device)

@@ -158,7 +158,7 @@ def _module_target(module, device=None):
   device's facts); None: this process's."""
   from pallas_kernels._src import backend
   named_by = [getattr(module, attr, None) for attr in ("target", "device_kind")]
-  if device is not None and device.platform in ("gpu", "cpu"):
+  if device is not None and device.platform in ("gpu", "cpu", "tpu"):
     named_by.append(device.name)
   for named in named_by:
     if named:

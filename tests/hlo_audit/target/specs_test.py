@@ -130,18 +130,37 @@ def test_missing_or_mismatched_wheels_name_the_pip_command(monkeypatch):
 def test_jax_starts_on_the_cpu_where_the_plugin_has_no_gpu(monkeypatch):
   from hlo_audit._src.target import specs as specs_mod
 
+  monkeypatch.setattr(wheels, "libtpu_version", lambda: None)
   monkeypatch.setattr(specs_mod, "plugin_library", lambda: ("/x/xla_cuda_plugin.so", "p 1"))
   monkeypatch.setattr(wheels, "has_nvidia_gpu", lambda: False)
   env = {}
-  assert wheels.cpu_unless_gpu(env) and env == {"JAX_PLATFORMS": "cpu"}
+  assert wheels.cpu_unless_accelerator(env) and env == {"JAX_PLATFORMS": "cpu"}
   env = {"JAX_PLATFORMS": "cuda"}  # the user's choice stands
-  assert not wheels.cpu_unless_gpu(env) and env == {"JAX_PLATFORMS": "cuda"}
+  assert not wheels.cpu_unless_accelerator(env) and env == {"JAX_PLATFORMS": "cuda"}
   monkeypatch.setattr(wheels, "has_nvidia_gpu", lambda: True)
   env = {}
-  assert not wheels.cpu_unless_gpu(env) and env == {}
+  assert not wheels.cpu_unless_accelerator(env) and env == {}
   monkeypatch.setattr(wheels, "has_nvidia_gpu", lambda: False)
   monkeypatch.setattr(specs_mod, "plugin_library", lambda: None)
-  assert not wheels.cpu_unless_gpu(env) and env == {}
+  assert not wheels.cpu_unless_accelerator(env) and env == {}
+
+
+def test_jax_starts_on_the_cpu_where_libtpu_has_no_tpu(monkeypatch):
+  from hlo_audit._src.target import specs as specs_mod
+
+  monkeypatch.setattr(specs_mod, "plugin_library", lambda: None)
+  monkeypatch.setattr(wheels, "libtpu_version", lambda: "0.0.42.1")
+  monkeypatch.setattr(wheels, "has_tpu", lambda: False)
+  env = {}
+  assert wheels.cpu_unless_accelerator(env) and env == {"JAX_PLATFORMS": "cpu"}
+  monkeypatch.setattr(wheels, "has_tpu", lambda: True)  # a TPU VM: its TPU runs
+  env = {}
+  assert not wheels.cpu_unless_accelerator(env) and env == {}
+  # Both wheels, a GPU but no TPU: the GPU runs.
+  monkeypatch.setattr(wheels, "has_tpu", lambda: False)
+  monkeypatch.setattr(specs_mod, "plugin_library", lambda: ("/x/xla_cuda_plugin.so", "p 1"))
+  monkeypatch.setattr(wheels, "has_nvidia_gpu", lambda: True)
+  assert not wheels.cpu_unless_accelerator(env) and env == {}
 
 
 def test_jaxlibs_import_logs_are_left_out_of_stderr_and_the_rest_kept(capfd):

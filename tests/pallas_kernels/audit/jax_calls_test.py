@@ -133,3 +133,49 @@ def test_other_needs_are_not_jaxs():
   class F:
     need = plugins.KernelNeed(hlo_audit.FindingKind.SEPARATE_REDUCTION, "softmax")
   assert LIBRARY.kernel_for(F()).op is None
+
+
+V5E = hlo_audit.device_facts("v5e")
+
+
+@pytest.mark.parametrize("shape, why", [
+    (_shape(), ""),
+    (_shape(dtype="f32", queries=256, keys=512), ""),
+    (_shape(dtype="f16"), "takes f32 or bf16"),
+    (_shape(queries=64), "at least 128 queries"),
+    (_shape(keys=192), "keys (192) to be a multiple of 128"),
+    (_shape(keys=64), "keys (64) to be a multiple of 128"),
+])
+def test_jaxs_tpu_flash_attention_takes_its_default_blocks(shape, why):
+  reason = jax_calls.tpu_flash_reason(shape, V5E)
+  assert (why in reason) if why else reason == ""
+  assert "needs a TPU" in jax_calls.tpu_flash_reason(_shape(), H200)
+
+
+def test_on_a_tpu_an_attention_chain_gets_jaxs_tpu_flash_attention():
+  found = _attention("example", "v5e")  # 128 queries and keys, f32
+  assert len(found) == 2
+  for f in found:
+    assert f.suggestion.startswith(jax_calls.TPU_FLASH_ATTENTION + "(q, k, v, causal=causal")
+    assert f.guard_verdict.startswith("kernel runs (JAX's Pallas flash attention for TPUs")
+  short = _attention("bert_mlm", "v5e")  # 32 queries: below its block
+  assert short and all(f.guard_verdict.startswith("falls back to XLA: JAX's TPU flash "
+                                                   "attention needs at least 128 queries")
+                       for f in short)
+
+
+def test_pallas_kernels_verdicts_on_a_tpu_audit_are_asked_for_the_tpu():
+  # The TPU compile of the example at batch 32 writes its attention
+  # probabilities to HBM; the fix offered is pallas_kernels' softmax, whose
+  # guard is asked for the audited TPU (its Mosaic TPU kernel), not this CPU.
+  from pallas_kernels._src import backend
+  from tests.hlo_audit.real_models import tpu_support
+
+  r = hlo_audit.audit_hlo(tpu_support.fixture("example_b32"),
+                          options=hlo_audit.AuditOptions(device="v5e"))
+  softmax = [f for f in r.findings if f.kernel == "pallas_kernels.softmax"]
+  assert softmax and all("mosaic_tpu" in f.guard_verdict for f in softmax), [
+      f.guard_verdict for f in softmax]
+  for name in ("v5e", "TPU v5 lite", "v6e:2x2"):
+    assert backend.resolve_target(name).backend is backend.Backend.TPU
+  assert backend.resolve_target("h200").backend is backend.Backend.GPU
