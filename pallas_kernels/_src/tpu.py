@@ -47,6 +47,12 @@ def is_target() -> bool:
   return backend.current_backend() is backend.Backend.TPU
 
 
+def bytes_moved(inputs, out_shape) -> int:
+  """Bytes a kernel that reads each input and writes each output once moves
+  (its `pl.CostEstimate`'s `bytes_accessed`)."""
+  return sum(a.size * jnp.dtype(a.dtype).itemsize for a in (*inputs, *out_shape))
+
+
 def padded_lanes(n_cols: int) -> int:
   """A row's width in VMEM: `n_cols` rounded up to whole lanes."""
   return -(-n_cols // LANES) * LANES

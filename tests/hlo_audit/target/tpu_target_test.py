@@ -275,3 +275,5 @@ def test_the_examples_swap_passes_its_gate_on_a_v5e():
   assert "verdict: PASS" in flat
   assert re.search(r"kernels on v5e: \d+ compiled \(\d+ Pallas/Mosaic TPU\)", flat), flat[-800:]
   assert "kernels ran pass" in flat
+  # XLA:TPU left no gap at the swapped lines: nothing removed is not a pass.
+  assert "intermediates removed not measured 0/0 targeted findings gone" in flat

@@ -148,3 +148,15 @@ def test_low_precision_numerics_are_judged_against_float32():
   assert not ok and "against float32" in lines[0]
   _, _, ok = compare("output", [baseline], [better], bf16, grad=False)
   assert not ok  # without the truth, only the bound
+
+
+def test_nothing_to_remove_is_not_a_removal_pass():
+  # One elementwise chain XLA fuses whole: no gap for a swap to close, so
+  # the removal gate is not measured (and no launch grew).
+  def f(x):
+    return jnp.tanh(x) * 2.0 + x
+
+  r = pallas_kernels.verify(f, f, jnp.ones((64, 128)))
+  removed = r.gate("intermediates removed")
+  assert removed.figures.startswith("0/0 targeted findings gone")
+  assert removed.status == "not measured", removed

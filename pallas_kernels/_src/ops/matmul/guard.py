@@ -71,6 +71,17 @@ def dims(x_shape, w_shape, transpose_x: bool, transpose_w: bool) -> tuple[int, i
   return int(m), int(n), int(k)
 
 
+def _sizes(x: Any, w: Any, transpose_x: bool, transpose_w: bool
+           ) -> tuple[tuple[int, int, int, int], str | None]:
+  """((M, N, K, batch), why the problem is empty or None) of every backend's
+  guard."""
+  m, n, k = dims(x.shape, w.shape, transpose_x, transpose_w)
+  batch = math.prod(jnp.broadcast_shapes(tuple(x.shape[:-2]), tuple(w.shape[:-2])))
+  empty = min(m, n, k, batch) == 0
+  return (m, n, k, batch), (
+      f"empty dimension (M={m}, N={n}, K={k}, batch={batch})" if empty else None)
+
+
 def unsupported_reason(x: Any, w: Any, *, out_dtype, bias: Any = None,
                        residual: Any = None, scale: Any = None,
                        group_size: int | None = None, quantize: str | None = None,
@@ -118,10 +129,9 @@ def unsupported_reason(x: Any, w: Any, *, out_dtype, bias: Any = None,
     if reason:
       return reason
 
-  m, n, k = dims(x.shape, w.shape, transpose_x, transpose_w)
-  batch = math.prod(jnp.broadcast_shapes(tuple(x.shape[:-2]), tuple(w.shape[:-2])))
-  if min(m, n, k, batch) == 0:
-    return f"empty dimension (M={m}, N={n}, K={k}, batch={batch})"
+  (m, n, k, batch), reason = _sizes(x, w, transpose_x, transpose_w)
+  if reason:
+    return reason
   for label, a in (("x", x), ("w", w), ("residual", residual)):
     if a is not None and math.prod(a.shape) > MAX_ELEMENTS:
       return f"{label} has more than 2**31-1 elements (int32 offsets)"
@@ -242,10 +252,9 @@ def mosaic_unsupported_reason(x: Any, w: Any, *, out_dtype, bias: Any = None,
             "spills registers; a K-major pair of one 8-bit kind (w stored [N, K], "
             "transpose_w) runs on wgmma as stored")
 
-  m, n, k = dims(x.shape, w.shape, transpose_x, transpose_w)
-  batch = math.prod(jnp.broadcast_shapes(tuple(x.shape[:-2]), tuple(w.shape[:-2])))
-  if min(m, n, k, batch) == 0:
-    return f"empty dimension (M={m}, N={n}, K={k}, batch={batch})"
+  (m, n, k, batch), reason = _sizes(x, w, transpose_x, transpose_w)
+  if reason:
+    return reason
   for label, shape, dt in (("x", x.shape, x.dtype), ("w", w.shape, w.dtype),
                            ("the result", (m, n), odt),
                            ("residual", None if residual is None else residual.shape,
@@ -322,10 +331,9 @@ def tpu_unsupported_reason(x: Any, w: Any, *, out_dtype, bias: Any = None,
                                  if a is not None] + [out_dtype])
   if reason:
     return reason
-  m, n, k = dims(x.shape, w.shape, transpose_x, transpose_w)
-  batch = math.prod(jnp.broadcast_shapes(tuple(x.shape[:-2]), tuple(w.shape[:-2])))
-  if min(m, n, k, batch) == 0:
-    return f"empty dimension (M={m}, N={n}, K={k}, batch={batch})"
+  (m, n, k, batch), reason = _sizes(x, w, transpose_x, transpose_w)
+  if reason:
+    return reason
   geo = matmul_tpu.geometry(x.shape, w.shape, transpose_x, transpose_w, transpose_out)
   fp = matmul_tpu.footprint(
       x, w, geo, transpose_x=transpose_x, transpose_w=transpose_w, out_dtype=out_dtype,

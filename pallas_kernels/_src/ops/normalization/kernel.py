@@ -49,21 +49,40 @@ class ForwardOutputs(NamedTuple):
   rstd: jax.Array | None
 
 
+def forward_refs(refs, *, kind: str, has_residual: bool, has_beta: bool, quantize: bool,
+                 save_stats: bool) -> tuple:
+  """(x, residual, gamma, beta, y, h, scale, mean, rstd) refs of a forward
+  kernel, None for those the call has not: the order every backend's launch
+  passes them in."""
+  refs = list(refs)
+  out = (refs.pop(0), refs.pop(0) if has_residual else None, refs.pop(0),
+         refs.pop(0) if has_beta else None, refs.pop(0),
+         refs.pop(0) if has_residual else None, refs.pop(0) if quantize else None,
+         refs.pop(0) if save_stats and kind == "layer_norm" else None,
+         refs.pop(0) if save_stats else None)
+  assert not refs
+  return out
+
+
+def backward_refs(refs, *, kind: str, has_dh: bool) -> tuple:
+  """(h, gamma, mean, rstd, dy, dh, dx, dgamma, dbeta) refs of a backward
+  kernel, None for those the call has not (as `forward_refs`)."""
+  refs = list(refs)
+  layer = kind == "layer_norm"
+  out = (refs.pop(0), refs.pop(0), refs.pop(0) if layer else None, refs.pop(0),
+         refs.pop(0), refs.pop(0) if has_dh else None, refs.pop(0), refs.pop(0),
+         refs.pop(0) if layer else None)
+  assert not refs
+  return out
+
+
 def _forward_kernel(*refs, kind: str, n_rows: int, n_cols: int, eps: float,
                     cfg: Config, has_residual: bool, has_beta: bool,
                     h_dtype: jnp.dtype, quantize: str | None, save_stats: bool):
   bm, bn = cfg.block_rows, cfg.block_cols
-  refs = list(refs)
-  x_ref = refs.pop(0)
-  r_ref = refs.pop(0) if has_residual else None
-  g_ref = refs.pop(0)
-  b_ref = refs.pop(0) if has_beta else None
-  y_ref = refs.pop(0)
-  h_ref = refs.pop(0) if has_residual else None
-  s_ref = refs.pop(0) if quantize else None
-  mean_ref = refs.pop(0) if save_stats and kind == "layer_norm" else None
-  rstd_ref = refs.pop(0) if save_stats else None
-  assert not refs
+  x_ref, r_ref, g_ref, b_ref, y_ref, h_ref, s_ref, mean_ref, rstd_ref = forward_refs(
+      refs, kind=kind, has_residual=has_residual, has_beta=has_beta,
+      quantize=bool(quantize), save_stats=save_stats)
 
   rows = rows_lib.row_ids(pl.program_id(0), bm)
   row_ok = rows < n_rows
@@ -264,17 +283,8 @@ def forward(x, residual, gamma, beta, *, kind: str, eps: float, out_dtype,
 def _backward_kernel(*refs, kind: str, n_rows: int, n_cols: int, cfg: Config,
                      has_dh: bool):
   bm, bn, steps = cfg.block_rows, cfg.block_cols, cfg.row_steps
-  refs = list(refs)
-  h_ref = refs.pop(0)
-  g_ref = refs.pop(0)
-  mean_ref = refs.pop(0) if kind == "layer_norm" else None
-  rstd_ref = refs.pop(0)
-  dy_ref = refs.pop(0)
-  dh_ref = refs.pop(0) if has_dh else None
-  dx_ref = refs.pop(0)
-  dg_ref = refs.pop(0)
-  db_ref = refs.pop(0) if kind == "layer_norm" else None
-  assert not refs
+  h_ref, g_ref, mean_ref, rstd_ref, dy_ref, dh_ref, dx_ref, dg_ref, db_ref = backward_refs(
+      refs, kind=kind, has_dh=has_dh)
 
   n_chunks = rows_lib.num_chunks(n_cols, bn)
   single = n_chunks == 1

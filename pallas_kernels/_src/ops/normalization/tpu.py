@@ -21,7 +21,8 @@ from jax.experimental import pallas as pl
 
 from pallas_kernels._src import backend
 from pallas_kernels._src import tpu as tpu_lib
-from pallas_kernels._src.ops.normalization.kernel import ForwardOutputs
+from pallas_kernels._src.ops.normalization.kernel import (ForwardOutputs, backward_refs,
+                                                         forward_refs)
 
 _F32 = jnp.float32
 #: float32 [block, width] temporaries each body holds at once (h, centered, y;
@@ -55,16 +56,9 @@ def backward_block_rows(n_rows: int, n_cols: int, *, h_dtype, dy_dtype, has_dh: 
 
 def _forward_kernel(*refs, kind: str, n_cols: int, eps: float, has_residual: bool,
                     has_beta: bool, h_dtype, save_stats: bool):
-  refs = list(refs)
-  x_ref = refs.pop(0)
-  r_ref = refs.pop(0) if has_residual else None
-  g_ref = refs.pop(0)
-  b_ref = refs.pop(0) if has_beta else None
-  y_ref = refs.pop(0)
-  h_ref = refs.pop(0) if has_residual else None
-  mean_ref = refs.pop(0) if save_stats and kind == "layer_norm" else None
-  rstd_ref = refs.pop(0) if save_stats else None
-  assert not refs
+  x_ref, r_ref, g_ref, b_ref, y_ref, h_ref, _, mean_ref, rstd_ref = forward_refs(
+      refs, kind=kind, has_residual=has_residual, has_beta=has_beta, quantize=False,
+      save_stats=save_stats)
 
   h = x_ref[...].astype(_F32)
   if r_ref is not None:
@@ -125,8 +119,7 @@ def forward(x, residual, gamma, beta, *, kind: str, eps: float, out_dtype,
       has_residual=residual is not None, has_beta=beta is not None,
       h_dtype=h_dtype, save_stats=save_stats)
   elems = n_rows * n_cols
-  moved = sum(a.size * a.dtype.itemsize for a in inputs) + sum(
-      s.size * s.dtype.itemsize for s in out_shape)
+  moved = tpu_lib.bytes_moved(inputs, out_shape)
   with backend.kernel_scope(kind):
     outs = pl.pallas_call(
         body,
@@ -151,17 +144,8 @@ def forward(x, residual, gamma, beta, *, kind: str, eps: float, out_dtype,
 
 def _backward_kernel(*refs, kind: str, n_rows: int, n_cols: int, block_rows: int,
                      has_dh: bool):
-  refs = list(refs)
-  h_ref = refs.pop(0)
-  g_ref = refs.pop(0)
-  mean_ref = refs.pop(0) if kind == "layer_norm" else None
-  rstd_ref = refs.pop(0)
-  dy_ref = refs.pop(0)
-  dh_ref = refs.pop(0) if has_dh else None
-  dx_ref = refs.pop(0)
-  dg_ref = refs.pop(0)
-  db_ref = refs.pop(0) if kind == "layer_norm" else None
-  assert not refs
+  h_ref, g_ref, mean_ref, rstd_ref, dy_ref, dh_ref, dx_ref, dg_ref, db_ref = backward_refs(
+      refs, kind=kind, has_dh=has_dh)
 
   h = h_ref[...].astype(_F32)
   dy = dy_ref[...].astype(_F32)
@@ -218,8 +202,7 @@ def backward(h, gamma, mean, rstd, dy, dh, *, kind: str, dx_dtype, block_rows: i
 
   body = functools.partial(_backward_kernel, kind=kind, n_rows=n_rows, n_cols=n_cols,
                            block_rows=bm, has_dh=dh is not None)
-  moved = sum(a.size * a.dtype.itemsize for a in inputs) + sum(
-      s.size * s.dtype.itemsize for s in out_shape)
+  moved = tpu_lib.bytes_moved(inputs, out_shape)
   with backend.kernel_scope(kind):
     outs = pl.pallas_call(
         body,
