@@ -6,9 +6,11 @@ take off the peak.
 
 - Undonated argument: an entry parameter not in `input_output_alias` whose
   last read comes no later than the write of the output JAX's donation would
-  alias it to (first output of its shape and dtype, in order). Donating it
-  lets that output reuse the argument's memory; the fix names the argument
-  numbers (`donate_argnums`) or names (`donate_argnames`).
+  alias it to (first output of its shape and dtype, in order), in an
+  argument the step returns: more than half of the argument's leaves find
+  an output. Donating it lets that output reuse the argument's memory; the
+  fix names the argument numbers (`donate_argnums`) or names
+  (`donate_argnames`).
 - Remat candidate: a buffer live at the peak, written by an elementwise kernel
   whose inputs stay live until its late (backward) uses anyway, so
   recomputing it there costs reads and flops but no extra memory: the
@@ -26,7 +28,8 @@ from collections.abc import Iterable
 
 from hlo_audit._src.analysis.buffers import Lifetime
 from hlo_audit._src.analysis.donation import donation_aliases
-from hlo_audit._src.analysis.program import Program, WhatIfError, parameter_paths
+from hlo_audit._src.analysis.program import (Argument, Program, WhatIfError,
+                                             parameter_paths)
 from hlo_audit._src.analysis.records import (FindingKind, FusionDecisionRecord,
                                              NumericalClass, Verdict)
 from hlo_audit._src.analysis.replay import remat_split, replay, take_full_replay
@@ -76,6 +79,34 @@ def _function_name(module: HloModule) -> str:
   return name or "f"
 
 
+def _argument_key(a: Argument) -> tuple:
+  """The argument a parameter belongs to, as a donation finding names it: its
+  number where the capture knows the signature, else its path's first name."""
+  if a.argnum is not None:
+    return ("argnum", a.argnum, a.argname)
+  return ("path", re.split(r"[\[.]", a.path, maxsplit=1)[0], None)
+
+
+def _returned_arguments(args: Iterable[Argument], returned: set[int]) -> set[tuple]:
+  """The arguments the step returns: more than half of whose leaves
+  (`returned`: aliased, or given an output of their shape and dtype by
+  JAX's donation) find an output.
+
+  State threaded through a step comes back leaf for leaf. An argument most
+  of whose leaves find no output is read and kept (a model's constants, a
+  batch): the caller passes it again, and a leaf that shares a shape and
+  dtype with an output (a constant f32[] and the loss) matches by accident,
+  so donating it would delete part of what the caller still needs. "Most",
+  not "all": a wrapper may pass the batch in the same argument as the model
+  and its optimizer state (equinox's `filter_jit` passes them as one `d`).
+  """
+  leaves: dict[tuple, list[int]] = {}
+  for a in args:
+    leaves.setdefault(_argument_key(a), []).append(a.parameter)
+  return {key for key, numbers in leaves.items()
+          if 2 * sum(n in returned for n in numbers) > len(numbers)}
+
+
 def _undonated(program: Program) -> list[FusionDecisionRecord]:
   module, dataflow, schedule = program.module, program.dataflow, program.schedule
   entry = module.entry
@@ -89,8 +120,12 @@ def _undonated(program: Program) -> list[FusionDecisionRecord]:
   out_value = dict(dataflow.holds.get(root.name, ()))
   time = schedule.time
   args = {a.parameter: a for a in program.arguments}
+  threaded = _returned_arguments(program.arguments, donated | {n for _, n in pairs})
   groups: dict[tuple, list[tuple[int, tuple[int, ...], int, int]]] = {}
   for index, n in pairs:
+    key = _argument_key(args[n])
+    if key not in threaded:
+      continue  # read and kept: its outputs of the same shape are no update of it
     p = by_number[n]
     vid = (p.name, ())
     last_read = max((time[u] for u, _ in dataflow.uses.get(vid, ()) if u in time),
@@ -98,11 +133,6 @@ def _undonated(program: Program) -> list[FusionDecisionRecord]:
     written = time.get(out_value[index][0], -1)
     if last_read > written:
       continue  # read after the output is written: XLA would copy
-    a = args[n]
-    if a.argnum is not None:
-      key = ("argnum", a.argnum, a.argname)
-    else:
-      key = ("path", re.split(r"[\[.]", a.path, maxsplit=1)[0], None)
     groups.setdefault(key, []).append((n, index, last_read, written))
   if not groups:
     return []

@@ -65,6 +65,36 @@ def test_undonated_arguments_are_found_by_path_with_the_fix():
   assert p.source is not None and p.source.file.endswith("what_if_test.py")
 
 
+def constants_step(consts, params, x):
+  # A model's constants (penzai's eps, query scale and mask value, each
+  # f32[]) read every step and never returned, beside parameters updated.
+  def loss(params):
+    h = x @ params["w"]
+    h = h * jax.lax.rsqrt(jnp.mean(h * h, axis=-1, keepdims=True) + consts["eps"])
+    return jnp.mean(jnp.where(h > consts["mask"], h * consts["scale"], 0.0))
+
+  value, grads = jax.value_and_grad(loss)(params)
+  return jax.tree.map(lambda p, g: p - 0.1 * g, params, grads), value
+
+
+CONSTS = {"eps": S((), F32), "mask": S((), F32), "scale": S((), F32)}
+
+
+def test_constants_sharing_only_the_losss_shape_are_not_donated():
+  # The loss is the one f32[] output, and JAX's donation would alias it to
+  # the first constant: that argument is read and kept (two of its three
+  # leaves find no output), so donating it would delete the constants the
+  # caller passes again. The parameters, returned updated, are donated.
+  args = CONSTS, {"w": S((64, 32), F32)}, S((16, 64), F32)
+  text = jax.jit(constants_step).lower(*args).compile().as_text()
+  for r, fix in ((hlo_audit.audit(jax.jit(constants_step), *args), "donate_argnums=(1,)"),
+                 # From HLO text alone the arguments are known by their paths.
+                 (hlo_audit.audit_hlo(text), "donate_argnames=('params',)")):
+    (f,) = r.findings_of(FindingKind.UNDONATED_ARGUMENT)
+    assert f.boundary == "params" and f.ops == ("params['w']",)
+    assert f.suggestion == f"jax.jit(constants_step, {fix})"
+
+
 def test_donation_prediction_matches_the_donated_program():
   before, after = report(), report((0, 1))
   w = before.what_if(donate=[0, 1])

@@ -101,6 +101,22 @@ def test_the_cross_entropy_heads_label_gather_is_found():
   assert "gathering 2048 of its 67108864 elements" in f.evidence
 
 
+def test_rows_written_beside_their_softmax_statistic_are_found():
+  # XLA:TPU fuses a softmax's row statistic into the kernel writing the rows
+  # (a gemm's multi-output fusion); the rows still go to HBM, as every
+  # reader needs the statistic first. No reader reduces them again.
+  R = hlo_audit.FindingKind.SEPARATE_REDUCTION
+  found = {f.boundary: f for name in ("example_b32", "ce_head_b32")
+           for f in _report(name).findings_of(R)}
+  dp = found["multiply_reduce_fusion{1}"]  # the attention backward's dP
+  assert dp.ops == ("attention",) and dp.consumers == ("fusion.24", "fusion.25")
+  assert "beside its row reduction multiply_reduce_fusion{0}" in dp.evidence
+  shifted = found["exponential_reduce_fusion{1}"]  # the LM head's logits - max
+  assert shifted.ops == ("log_softmax",) and len(shifted.consumers) == 3
+  logits = found["fusion.41{1}"]  # ce_head_b32's bf16 logits, beside their max
+  assert logits.ops == ("log_softmax",) and logits.bytes_saved == 5 * 32 * 64 * 32768 * 2
+
+
 def test_memory_space_staging_is_no_copy():
   # example_b32 evicts fourteen VMEM results to HBM (copy-start/copy-done)
   # and prefetches them back: none is a standalone copy.

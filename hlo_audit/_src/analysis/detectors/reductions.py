@@ -7,7 +7,9 @@ reduction) and over which axes; a gemm -> softmax -> gemm chain is an
 attention kernel's business, and x_hat saved for one backward reduction can
 be recomputed there. Reductions split in two kernels (tree stages), a gemm's
 own split-K sums and reductions that need values computed later are not
-separate reductions.
+separate reductions. Rows a kernel writes beside their softmax statistic
+(XLA:TPU's multi-output fusions), every reader of which needs the statistic
+first, are one too, though no reader reduces them again.
 """
 
 from __future__ import annotations
@@ -182,7 +184,147 @@ def find(program: Program) -> tuple[FusionDecisionRecord, ...]:
         ops=(pattern or "reduce",), trip_count=trip,
         source=buf.source, computation=producer.computation, need=need,
         boundary_kept=bool(others)))
+  reported = {f.boundary for f in out}
+  out += [f for f in _statistics_beside(program) if f.boundary not in reported]
   return tuple(out)
+
+
+def _statistics_beside(program: Program) -> list[FusionDecisionRecord]:
+  """Rows written beside their statistic: a kernel writing a row reduction
+  (a softmax's sum, the softmax backward's rowsum(dP * P)) and, as another
+  output, the rows it reduces, every reader of which reads the statistic
+  too (or a row-sized value computed from it). The readers apply the
+  statistic to whole rows, so the rows go to memory until it is known; no
+  reader re-reduces them (XLA:TPU fuses the reduction into the producer),
+  yet a kernel holding each row (a softmax, a fused attention or
+  cross-entropy) would keep them on chip."""
+  out = []
+  for producer in program.kernels.values():
+    fused = fused_computation(program, producer)
+    if fused is None or fused.root_name not in fused:
+      continue
+    root = fused.instruction(fused.root_name)
+    if root.opcode != "tuple":
+      continue
+    for i, name in enumerate(root.operands):
+      reduce = fused.instruction(name)
+      for j, rows in _rows_reduced(fused, root, reduce):
+        stat = program.buffers.get(f"{producer.name}{{{i}}}")
+        buf = program.buffers.get(f"{producer.name}{{{j}}}")
+        if stat is None or buf is None or buf.internal or not buf.consumers:
+          continue
+        record = _beside_record(program, producer, buf, stat, rows,
+                                reducer_op(program, reduce))
+        if record is not None:
+          out.append(record)
+  return out
+
+
+def _rows_reduced(fused: Computation, root: Instruction,
+                  inst: Instruction) -> list[tuple[int, int]]:
+  """For a reduce among a fusion's outputs that reduces trailing axes (one
+  result per row), the other outputs it reduces, index by index: (output
+  number, row length) of each."""
+  if inst.opcode != "reduce" or not inst.operands or inst.operands[0] not in fused:
+    return []
+  operand = fused.instruction(inst.operands[0])
+  axes = sorted(inst.dimensions or ())
+  if operand.shape is None or not operand.shape.is_array or not axes:
+    return []
+  rank = len(operand.shape.dims)
+  if axes != list(range(rank - len(axes), rank)) or len(axes) == rank:
+    return []
+  size = product(operand.shape.dims)
+  outputs = {n: j for j, n in enumerate(root.operands)}
+  found, seen, stack = [], set(), [operand.name]
+  # The reduce's operand and what it is computed from elementwise (of its
+  # size): an output among them is the rows the statistic reduces.
+  while stack:
+    name = stack.pop()
+    if name in seen or name not in fused:
+      continue
+    seen.add(name)
+    cur = fused.instruction(name)
+    if cur.shape is None or not cur.shape.is_array or product(cur.shape.dims) != size:
+      continue
+    if name in outputs:
+      found.append((outputs[name], product(operand.shape.dims[a] for a in axes)))
+    if cur.opcode in opcodes.ELEMENTWISE or cur.opcode in ("bitcast", "copy", "convert"):
+      stack.extend(cur.operands)
+  return found
+
+
+def _beside_record(program: Program, producer: Kernel, buf: Buffer, stat: Buffer,
+                   row: int, reducer: str | None) -> FusionDecisionRecord | None:
+  """The finding on `buf`, written by `producer` beside `stat` (its rows of
+  `row` elements reduced by `reducer`), or None where some reader does not
+  need the statistic or the statistic is no softmax's."""
+  readers = consumer_kernels(program, buf)
+  if not readers or len(readers) != len(buf.consumers) or \
+      any(r.trip_count != producer.trip_count for r in readers):
+    return None
+  # The kernels reading the statistic, or a row-sized value computed from
+  # it (its negation, its log): what needs the whole row reduced first.
+  elements = product(stat.dims)
+  needs, derived, stack = set(), set(), [stat]
+  while stack:
+    b = stack.pop()
+    for c in b.consumers:
+      needs.add(c)
+      for w in program.writes.get(c, ()):
+        if w.name not in derived and product(w.dims) == elements:
+          derived.add(w.name)
+          stack.append(w)
+  if any(r.name not in needs for r in readers):
+    return None  # a reader that does not wait for the statistic keeps the rows
+  # A softmax's statistic: its row max, read by kernels taking exp, or a sum
+  # of exp (forward, or the backward's rowsum(dP * P)); not a norm's moments.
+  exp = {"exp", "exponential"}
+  names = set(primitives(program, producer))
+  if reducer not in ("maximum", "add") or (reducer == "add" and not names & exp):
+    return None
+  for c in needs:
+    if c in program.kernels:
+      names |= primitives(program, program.kernels[c])
+  if not names & exp:
+    return None
+  gemms = anchor_of(program, producer) is not None and \
+      all(anchor_of(program, r) is not None for r in readers)
+  pattern = ("attention" if gemms else
+             "log_softmax" if names & {"log", "log_softmax"} else "softmax")
+  backward = "transpose(" in producer.op_name
+  trip = producer.trip_count
+  fix = (f"a fused attention kernel ({ATTENTION_KERNELS}) streams the rows with "
+         "running statistics" if pattern == "attention" else
+         f"a {pattern.replace('_', '-')} kernel holding each row of {row} elements "
+         "computes the statistic and applies it on chip")
+  return FusionDecisionRecord(
+      kind=FindingKind.SEPARATE_REDUCTION, producer=producer.name,
+      consumers=tuple(r.name for r in readers), boundary=buf.name,
+      boundary_shape=buf.shape, bytes_saved=times(buf.bytes * (1 + len(readers)), trip),
+      launches_removed=times(len(readers) if pattern == "attention" else 0, trip),
+      extra_arithmetic="the statistic and its use in one kernel: a running "
+                       "statistic, or the row held on chip",
+      extra_resources="one row (or a tile and its running statistics) on chip",
+      numerical_class=NumericalClass.REASSOCIATED,
+      guard="keep XLA's kernels where a row does not fit on chip",
+      layout_effect="none",
+      evidence=(f"{kernel_desc(producer)} writes {buf.shape} beside its row "
+                f"reduction {stat.name} ({stat.shape}, {row} elements a row)"
+                f"{' in the backward pass' if backward else ''}; "
+                f"{', '.join(kernel_desc(r) for r in readers)} "
+                f"{'reads' if len(readers) == 1 else 'read'} the rows with the "
+                "statistic, so the rows are written until the whole row is reduced: "
+                f"{fix}"),
+      verdict=Verdict.RISKY,
+      reasons=("a separate algorithmic phase: each reader needs its row's "
+               "statistic before it reads the row",),
+      risks=("numerical: reassociated sums change the last bits",
+             "on-chip memory: a row or tile and its statistics lower occupancy") +
+            COMMON_RISKS,
+      ops=(pattern,), trip_count=trip, source=buf.source,
+      computation=producer.computation,
+      need=KernelNeed(FindingKind.SEPARATE_REDUCTION, pattern))
 
 
 def _column_sum_gemm(program: Program, others: Sequence[str], stats) -> str | None:
