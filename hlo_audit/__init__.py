@@ -54,3 +54,7 @@ from hlo_audit._src.analysis.time_model import Bound as Bound
 from hlo_audit._src.analysis.time_model import KernelTime as KernelTime
 from hlo_audit._src.analysis.time_model import StepTime as StepTime
 from hlo_audit._src.analysis.program import WhatIfError as WhatIfError
+from hlo_audit._src.sweep.runner import Reporter as SweepReporter
+from hlo_audit._src.sweep.runner import SweepOptions as SweepOptions
+from hlo_audit._src.sweep.runner import SweepResult as SweepResult
+from hlo_audit._src.sweep.runner import run_sweep as run_sweep

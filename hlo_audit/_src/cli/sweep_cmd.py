@@ -26,7 +26,9 @@ Resume: rerunning the same command skips points already recorded (a failed
 point too, unless --retry-failed). --num-shards/--shard-index split the grid
 round-robin across machines (run once more with --report-only when all are
 done). --jobs N runs points in N worker processes (a crash or --point-timeout
-fails only that point); --jobs 0 in this process.
+fails only that point); --jobs 0 in this process. --executor ray runs each
+point as a task on a Ray cluster (RAY_ADDRESS, or ray://HOST:PORT); this
+process still writes every result, so resuming works the same.
 
 Flags, the grid, the --args template at every point, --target and the
 results already in --out are checked before any point runs.
@@ -52,7 +54,9 @@ EPILOG = """examples:
       --grid 'd_model=32;heads=2;d_ff=64;vocab=64'
   hlo-audit sweep example --target h200 --out out/sweep_h200 \\
       --grid 'batch=1,2;seq=32,64' --grid 'd_model=32;heads=2;d_ff=64;vocab=64'
-  hlo-audit sweep matmul --out out/mm --validate --grid 'm=64,128;k=256;n=512'"""
+  hlo-audit sweep matmul --out out/mm --validate --grid 'm=64,128;k=256;n=512'
+  RAY_ADDRESS=head-node:6379 hlo-audit sweep matmul --executor ray --out out/mm \\
+      --validate --time --grid 'm=1024,2048,4096;k=4096;n=4096;dtype=bfloat16'"""
 
 
 def add_parser(sub) -> None:
@@ -69,8 +73,15 @@ def add_parser(sub) -> None:
   p.add_argument("--grid-file", help="a .json or .toml grid file")
   p.add_argument("--args", help="MODULE:FUNCTION only: argument template, e.g. "
                                  "'x=f32[{b},{d}];w=f32[{d},{f}]'")
-  p.add_argument("--jobs", type=int, default=1,
-                 help="worker processes (0: run points in this process)")
+  p.add_argument("--jobs", type=int, default=None,
+                 help="worker processes (default 1; 0: run points in this process); "
+                      "with --executor ray, at most N points in flight (default: "
+                      "the cluster's slots)")
+  p.add_argument("--executor", default="local", metavar="local|ray|ray://HOST:PORT",
+                 help="where points run: local worker processes (default), or a Ray "
+                      "cluster as ray.init() finds it (RAY_ADDRESS, one started on "
+                      "this machine, else a new one here) or at ray://HOST:PORT; "
+                      "needs pip install 'hlo-audit[ray]'")
   p.add_argument("--num-shards", type=int, default=1, help="machines splitting the grid")
   p.add_argument("--shard-index", type=int, default=0, help="this machine's shard, 0-based")
   p.add_argument("--validate", action="store_true",
@@ -83,7 +94,7 @@ def add_parser(sub) -> None:
   p.add_argument("--retry-failed", action="store_true",
                  help="run points again that an earlier run recorded as failed")
   p.add_argument("--point-timeout", type=float, default=None,
-                 help="seconds before a point is abandoned (--jobs >= 1)")
+                 help="seconds before a point is abandoned (not with --jobs 0)")
   p.add_argument("--point-reports", action="store_true",
                  help="also write each point's HTML audit to OUT/points/")
   p.add_argument("--report-only", action="store_true",
@@ -116,8 +127,21 @@ def options_from(args: argparse.Namespace, argv: list[str] | None = None):
   from hlo_audit._src.sweep.runner import MAX_POINTS, SweepOptions
   from hlo_audit._src.sweep.targets import Measure
 
-  if args.jobs < 0:
-    raise UsageError(f"--jobs must be >= 0, got {args.jobs}")
+  from hlo_audit._src.sweep import ray_pool
+
+  try:
+    executor = ray_pool.parse_executor(args.executor)
+  except ray_pool.ExecutorError as e:
+    raise UsageError(f"--executor: {e}") from None
+  if executor.kind == "ray":
+    if args.jobs is not None and args.jobs < 1:
+      raise UsageError(f"--jobs must be >= 1 with --executor ray (points run in "
+                       f"the cluster), got {args.jobs}")
+    jobs = args.jobs
+  else:
+    jobs = 1 if args.jobs is None else args.jobs
+    if jobs < 0:
+      raise UsageError(f"--jobs must be >= 0, got {jobs}")
   if args.num_shards < 1:
     raise UsageError(f"--num-shards must be >= 1, got {args.num_shards}")
   if not 0 <= args.shard_index < args.num_shards:
@@ -131,7 +155,7 @@ def options_from(args: argparse.Namespace, argv: list[str] | None = None):
                                              args.point_timeout > 0):
     raise UsageError(f"--point-timeout must be a number of seconds > 0, got "
                      f"{args.point_timeout}")
-  if args.point_timeout is not None and args.jobs == 0:
+  if args.point_timeout is not None and jobs == 0:
     raise UsageError("--point-timeout needs worker processes (--jobs >= 1)")
   if args.gpus is not None and args.target is None:
     raise UsageError("--gpus needs --target (e.g. --target h200)")
@@ -148,7 +172,8 @@ def options_from(args: argparse.Namespace, argv: list[str] | None = None):
       measure=Measure(validate=args.validate, time=args.time, repeats=args.repeats,
                       warmup=args.warmup, seed=args.seed, device=args.target,
                       gpus=args.gpus),
-      jobs=args.jobs, num_shards=args.num_shards, shard_index=args.shard_index,
+      jobs=jobs, executor=args.executor, num_shards=args.num_shards,
+      shard_index=args.shard_index,
       retry_failed=args.retry_failed, point_timeout=args.point_timeout,
       point_reports=args.point_reports, report_only=args.report_only,
       plot_x=args.plot_x, command=shlex.join(["hlo-audit", *argv]),

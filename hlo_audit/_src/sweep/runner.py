@@ -9,6 +9,9 @@ compiles), gives each a stable id from what it computes, merges points with
 the same id (they would compile the same program), keeps this shard's share
 (round-robin), and skips points the out folder already holds.
 
+`executor="ray"` runs each point as a Ray task instead (`ray_pool`); the
+sweep process still writes every record.
+
 `jobs=0` runs points in this process (no start-up cost, no isolation).
 `jobs=N` runs them in N worker processes (spawned: JAX does not survive a
 fork), each importing JAX once and then taking one point at a time; a worker
@@ -26,7 +29,6 @@ import signal
 import socket
 import sys
 import time
-import traceback
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from multiprocessing import connection
@@ -35,8 +37,10 @@ from typing import Any
 from hlo_audit._src.errors import HloAuditError
 from hlo_audit._src.report.safe import printable
 from hlo_audit._src.sweep import grid as grid_lib
+from hlo_audit._src.sweep import ray_pool
 from hlo_audit._src.sweep import store as store_lib
 from hlo_audit._src.sweep.grid import GridError
+from hlo_audit._src.sweep.points import PlannedPoint, Task, execute, record_of
 from hlo_audit._src.sweep.targets import (KernelTarget, Measure, Target, TargetRef,
                                           make_target)
 
@@ -61,13 +65,19 @@ class SweepOptions:
   #: The argument template of a MODULE:FUNCTION target.
   args: str | None = None
   measure: Measure = Measure()
-  #: 0: in this process; N >= 1: N worker processes.
-  jobs: int = 1
+  #: Local: 0 runs points in this process, N >= 1 in N worker processes.
+  #: Ray: at most N points in flight; None: as many as the cluster has
+  #: slots for.
+  jobs: int | None = 1
+  #: Where points run: "local" (this machine), "ray" (the Ray cluster that
+  #: `ray.init()` finds: RAY_ADDRESS, one started on this machine, else a new
+  #: one) or "ray://HOST:PORT" (Ray Client).
+  executor: str = "local"
   num_shards: int = 1
   shard_index: int = 0
   #: Run points again that a previous run recorded as failed.
   retry_failed: bool = False
-  #: Seconds before a worker's point is abandoned (jobs >= 1 only).
+  #: Seconds before a worker's point is abandoned (not with jobs=0).
   point_timeout: float | None = None
   #: Write each point's HTML audit to <out>/points/<id>.html.
   point_reports: bool = False
@@ -85,19 +95,6 @@ class SweepOptions:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
-class PlannedPoint:
-  """One point to run."""
-
-  id: str
-  #: Position in the expanded grid.
-  index: int
-  #: The grid's values at this point.
-  values: Mapping[str, Any]
-  #: The target's full, canonical parameters.
-  params: Mapping[str, Any]
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
 class Plan:
   """The grid expanded, merged, sharded."""
 
@@ -110,16 +107,6 @@ class Plan:
   duplicates: int
   #: The grid's names, in order.
   names: tuple[str, ...]
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Task:
-  """What a worker needs for one point (picklable)."""
-
-  target: TargetRef
-  point: PlannedPoint
-  measure: Measure
-  html_path: str | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -189,39 +176,6 @@ def plan(options: SweepOptions, target: Target | None = None,
 
 
 # ----------------------------------------------------------- running ----
-
-
-def _record(task: Task, error: str | None = None) -> dict[str, Any]:
-  """A point's record before its measurements."""
-  return {"schema": store_lib.RECORD_SCHEMA, "id": task.point.id,
-          "index": task.point.index, "target": task.target.text,
-          "params": dict(task.point.params), "status": "error" if error else "ok",
-          "error": error}
-
-
-def execute(task: Task, targets: dict[TargetRef, Target] | None = None) -> dict[str, Any]:
-  """Runs one point and returns its record; never raises (errors are recorded)."""
-  t0 = time.perf_counter()
-  record = _record(task)
-  try:
-    cache = targets if targets is not None else {}
-    if task.target not in cache:
-      cache[task.target] = make_target(task.target)
-    record.update(cache[task.target].run(task.point.params, task.measure,
-                                         task.html_path))
-  except Exception as e:  # noqa: BLE001 - every failure is the point's result.
-    record.update(status="error", error=_error_line(e),
-                  traceback=traceback.format_exc(limit=-8))
-  seconds = dict(record.get("seconds", {}))
-  seconds["total"] = time.perf_counter() - t0
-  record["seconds"] = seconds
-  record["pid"] = os.getpid()
-  return record
-
-
-def _error_line(e: BaseException) -> str:
-  first = str(e).strip().splitlines()[0] if str(e).strip() else ""
-  return f"{type(e).__name__}: {first}"[:500]
 
 
 def _die_with_parent() -> None:
@@ -389,7 +343,7 @@ class WorkerPool:
     worker when one is needed."""
     task = w.task
     self._retire(w, kill=kill)
-    on_record({**_record(task, f"WorkerError: {why}"), "traceback": None,
+    on_record({**record_of(task, f"WorkerError: {why}"), "traceback": None,
                "seconds": {"total": time.monotonic() - w.started}, "pid": w.process.pid})
 
   def close(self) -> None:
@@ -442,10 +396,14 @@ def _point_line(record: Mapping, label_names: Sequence[str] | None) -> str:
   names = [k for k in params if k != "args"] if label_names is None else label_names
   label = " ".join(f"{k}={params.get(k)}" for k in names) or record["id"]
   secs = record.get("seconds", {}).get("total", 0.0)
+  # Where a Ray task ran it, and whether its first worker died under it.
+  where = f" on {record['host']}" if record.get("node") else ""
+  if record.get("retried_after") and record.get("status") == "ok":
+    where += ", after its first worker died"
   if record.get("status") != "ok":
-    return f"FAIL {label} ({secs:.1f} s): {record.get('error')}"
+    return f"FAIL {label} ({secs:.1f} s{where}): {record.get('error')}"
   a = record["audit"]
-  parts = [f"ok   {label} ({secs:.1f} s):", f"{a['kernels']} kernels,",
+  parts = [f"ok   {label} ({secs:.1f} s{where}):", f"{a['kernels']} kernels,",
            f"peak {fmt_bytes(a['peak_bytes'])} (XLA {fmt_bytes(a['xla_peak_bytes'])}),",
            f"saves {fmt_bytes(a['bytes_saved'])}"]
   if a.get("step_time") is not None:
@@ -577,10 +535,19 @@ def run_sweep(options: SweepOptions, reporter: Reporter | None = None) -> SweepR
     TargetError: for a GPU target that cannot be compiled for (`check_device`).
     StoreError: if the out folder cannot be written or is in use, or holds a
       results file with a line that is not a record.
+    ExecutorError: for an unknown executor, Ray not installed (before
+      anything runs), a Ray cluster that cannot be reached, or one whose
+      workers fail every point before running one.
   """
   reporter = reporter or Reporter()
   t0 = time.perf_counter()
-  if options.jobs < 0:
+  executor = ray_pool.parse_executor(options.executor)
+  if executor.kind == "ray":
+    if options.jobs is not None and options.jobs < 1:
+      raise GridError(f"--jobs must be >= 1 with a Ray executor, got {options.jobs}")
+    if not options.report_only:
+      ray_pool.import_ray()  # Before anything runs: one line naming the extra.
+  elif options.jobs is None or options.jobs < 0:
     raise GridError(f"--jobs must be >= 0, got {options.jobs}")
   grid_lib.shard((), options.num_shards, options.shard_index)  # (checks the pair)
   target = make_target(TargetRef(options.target, options.args))
@@ -610,7 +577,8 @@ def run_sweep(options: SweepOptions, reporter: Reporter | None = None) -> SweepR
 
       def on_record(record: dict) -> None:
         nonlocal ran, failed
-        record.update(finished_at=_now(), host=host, shard=shard)
+        # A Ray worker's record names its own host.
+        record.update(finished_at=_now(), host=record.get("host", host), shard=shard)
         store.append(record)
         ran += 1
         failed += record.get("status") != "ok"
@@ -618,25 +586,34 @@ def run_sweep(options: SweepOptions, reporter: Reporter | None = None) -> SweepR
 
       if store.state.repaired:
         reporter.message(f"repaired {store.jsonl_path}: {store.state.repaired}")
-      workers = min(options.jobs, len(tasks))
+      pool: WorkerPool | ray_pool.RayPool | None = None
+      if tasks and executor.kind == "ray":
+        m = options.measure
+        pool = ray_pool.RayPool(executor, measured=m.validate or m.time,
+                                jobs=options.jobs, point_timeout=options.point_timeout,
+                                message=reporter.message)
+        where = f" on {pool.connect()}"
+      elif tasks and options.jobs:
+        pool = WorkerPool(min(options.jobs, len(tasks)), options.point_timeout)
+        where = f" on {pool.jobs} worker process(es)"
+      else:
+        where = " in this process" if tasks else ""
       reporter.message(
           f"sweep {options.target}: {len(p.points)} points"
           + (f" ({p.duplicates} duplicate grid points merged)" if p.duplicates else "")
           + (f", shard {options.shard_index} of {options.num_shards}: "
              f"{len(p.shard_points)}" if options.num_shards > 1 else "")
-          + f"; {skipped} already done, {len(tasks)} to run"
-          + (f" on {workers} worker process(es)" if workers else
-             " in this process" if tasks else ""))
+          + f"; {skipped} already done, {len(tasks)} to run" + where)
       label_names = [n for n in p.names
                      if len({repr(pt.values.get(n)) for pt in p.points}) > 1]
       reporter.start(len(p.shard_points), skipped, options.target, label_names)
       try:
-        if tasks and options.jobs == 0:
+        if pool is not None:
+          pool.run(tasks, on_record)
+        elif tasks:
           targets = {p.target: target}
           for task in tasks:
             on_record(execute(task, targets))
-        elif tasks:
-          WorkerPool(workers, options.point_timeout).run(tasks, on_record)
       finally:
         reporter.stop()
   files = []

@@ -275,6 +275,56 @@ def step_summary(timing) -> dict[str, Any]:
           "time_device": timing.facts.name}
 
 
+#: The module's source tables (`FileNames` ... `StackFrames`): each a title
+#: line, then rows up to a blank line.
+_SOURCE_TABLES = ("FileNames", "FunctionNames", "FileLocations", "StackFrames")
+
+
+def program_fingerprint(hlo_text: str) -> str:
+  """A hash of the program in `hlo_text`, without its source metadata: the
+  Python stack XLA keeps (`metadata={...}`, the stack-frame tables) differs
+  with where the compile was called from (this process, a worker process, a
+  Ray task) while the program is the same."""
+  kept: list[str] = []
+  skipping = False
+  for line in hlo_text.splitlines():
+    if skipping:
+      skipping = bool(line.strip())
+      continue
+    if line.strip() in _SOURCE_TABLES:
+      skipping = True
+      continue
+    kept.append(_without_metadata(line))
+  return hashlib.sha256("\n".join(kept).encode()).hexdigest()[:16]
+
+
+def _without_metadata(line: str) -> str:
+  """`line` without its `, metadata={...}` (braces inside quoted strings, as
+  in an op_name, do not end it)."""
+  start = line.find(", metadata={")
+  if start < 0:
+    return line
+  depth, quoted, escaped = 0, False, False
+  for i in range(start + len(", metadata="), len(line)):
+    c = line[i]
+    if quoted:
+      if escaped:
+        escaped = False
+      elif c == "\\":
+        escaped = True
+      elif c == '"':
+        quoted = False
+    elif c == '"':
+      quoted = True
+    elif c == "{":
+      depth += 1
+    elif c == "}":
+      depth -= 1
+      if depth == 0:
+        return line[:start] + _without_metadata(line[i + 1:])
+  return line
+
+
 def compile_and_audit(fn, args, html_path: str | None = None,
                       kwargs: Mapping[str, Any] | None = None,
                       target: Any = None) -> dict[str, Any]:
@@ -294,7 +344,7 @@ def compile_and_audit(fn, args, html_path: str | None = None,
   return {
       "audit": audit_summary(report),
       # Points with the same fingerprint compiled to the same program.
-      "hlo_fingerprint": hashlib.sha256(cap.hlo_text.encode()).hexdigest()[:16],
+      "hlo_fingerprint": program_fingerprint(cap.hlo_text),
       "seconds": {"compile": t1 - t0, "analysis": t2 - t1},
   }
 

@@ -161,3 +161,33 @@ def test_audit_summary_keeps_the_estimated_step_its_split_and_device():
   unknown = audit_summary(hlo_audit.audit_hlo(GPU_UNFUSED))
   assert {k: unknown[k] for k in (*TIME_KEYS, "time_device")} == dict.fromkeys(
       (*TIME_KEYS, "time_device"))
+
+
+def test_the_fingerprint_is_the_programs_not_where_it_was_compiled_from():
+  from hlo_audit._src.sweep.targets import program_fingerprint
+
+  def module(frames: str, op_name: str, op: str = "tanh") -> str:
+    return f"""HloModule jit_f, is_scheduled=true
+
+FileNames
+1 "{frames}"
+
+FunctionNames
+1 "f"
+
+FileLocations
+1 {{file_name_id=1 function_name_id=1 line=3 end_line=3 column=1 end_column=9}}
+
+StackFrames
+1 {{file_location_id=1 parent_frame_id=1}}
+
+ENTRY %main (x: f32[8]) -> f32[8] {{
+  %x = f32[8]{{0}} parameter(0), metadata={{op_name="x"}}
+  ROOT %t = f32[8]{{0}} {op}(%x), metadata={{op_name="{op_name}" stack_frame_id=1}}
+}}
+"""
+
+  here = program_fingerprint(module("/work/model.py", "jit(f)/tanh"))
+  # A Ray worker's stack, and an op_name with a brace and an escaped quote.
+  assert program_fingerprint(module("/ray/default_worker.py", 'jit(f)/a}\\"{b')) == here
+  assert program_fingerprint(module("/work/model.py", "jit(f)/tanh", op="exp")) != here

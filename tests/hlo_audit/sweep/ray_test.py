@@ -1,0 +1,318 @@
+"""Sweeps on a Ray cluster: the same rows as the local pool, a dead worker's
+point run again, timeouts, resume after a killed driver, GPUs one point at a
+time; and without Ray, one line naming the extra.
+
+The cluster is local, started by the tests (two CPUs and one GPU that Ray
+is told of but that does not exist: Ray only counts it), on loopback.
+Tests that need Ray skip without it, and fail instead where
+HLO_AUDIT_RAY=required (CI's run with the `ray` extra).
+"""
+
+from __future__ import annotations
+
+import csv
+import datetime
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from hlo_audit._src.cli import main as cli_main
+from hlo_audit._src.sweep.ray_pool import (Executor, ExecutorError, RayPool,
+                                           parse_executor, sent_environment)
+from hlo_audit._src.sweep.runner import SweepOptions, plan, point_line, run_sweep
+from hlo_audit._src.sweep.store import read_jsonl
+from hlo_audit._src.sweep.targets import Measure
+
+MODEL = """\
+import os, signal, time
+import jax.numpy as jnp
+
+def f(x, w, mode="ok", marker=""):
+  if mode == "die_once" and not os.path.exists(marker):
+    open(marker, "w").close()
+    os.kill(os.getpid(), signal.SIGKILL)
+  if mode == "die":
+    os.kill(os.getpid(), signal.SIGKILL)
+  if mode == "hang":
+    time.sleep(120)
+  if mode == "raise":
+    raise RuntimeError("boom")
+  return jnp.tanh(x @ w + 1.0)
+"""
+
+ARGS = "x=f32[{b},{d}];w=f32[{d},{2*d}]"
+
+#: Ray's switch for clusters of one machine (on loopback).
+LOOPBACK = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+
+#: Record keys that say when, where and how fast a point ran, not what.
+_RUN_KEYS = {"seconds", "pid", "host", "node", "finished_at", "attempts",
+             "retried_after", "traceback"}
+
+
+def _ray_or_skip():
+  try:
+    import ray
+  except ImportError:
+    if os.environ.get("HLO_AUDIT_RAY") == "required":
+      pytest.fail("HLO_AUDIT_RAY=required but Ray is not installed: "
+                  "pip install 'hlo-audit[ray]'")
+    pytest.skip("Ray is not installed (pip install 'hlo-audit[ray]')")
+  return ray
+
+
+@pytest.fixture(scope="module")
+def cluster():
+  """A local Ray cluster for this module's tests; its address."""
+  # Ray's single-machine mode: every address on loopback (by default Ray
+  # binds to this machine's network address, even for a local cluster). Ray
+  # reads it when imported.
+  saved = os.environ.get(LOOPBACK)
+  os.environ[LOOPBACK] = "0"
+  ray = _ray_or_skip()
+  ray.init(num_cpus=2, num_gpus=1, include_dashboard=False, log_to_driver=False,
+           logging_level="ERROR")
+  try:
+    yield ray.get_runtime_context().gcs_address
+  finally:
+    ray.shutdown()
+    if saved is None:
+      os.environ.pop(LOOPBACK, None)
+    else:
+      os.environ[LOOPBACK] = saved
+
+
+@pytest.fixture
+def model(tmp_path) -> str:
+  (tmp_path / "model.py").write_text(MODEL)
+  return f"{tmp_path / 'model.py'}:f"
+
+
+def _options(model, out, grid, **kw) -> SweepOptions:
+  return SweepOptions(target=model, out=str(out), grid=grid, args=ARGS, **kw)
+
+
+def _what(records) -> dict:
+  return {r["id"]: {k: v for k, v in r.items() if k not in _RUN_KEYS} for r in records}
+
+
+# ------------------------------------------------------- without a cluster --
+
+
+@pytest.mark.parametrize("text, want", [
+    ("local", Executor()), ("ray", Executor("ray")),
+    ("ray://head:10001", Executor("ray", "ray://head:10001")),
+])
+def test_executors_are_local_ray_or_a_ray_client_address(text, want):
+  assert parse_executor(text) == want
+
+
+@pytest.mark.parametrize("text", ["Ray", "ray://", "dask", "ray:head:6379", ""])
+def test_other_executors_are_refused_with_what_is_accepted(text):
+  with pytest.raises(ExecutorError, match="expected local, ray or ray://HOST:PORT"):
+    parse_executor(text)
+
+
+def test_workers_get_what_decides_the_compile_and_a_gpu_point_keeps_its_gpu():
+  environ = {"JAX_PLATFORMS": "cpu", "XLA_FLAGS": "--xla_force_host_platform_device_count=8",
+             "HLO_AUDIT_CACHE_DIR": "/c", "ALLOW_MULTIPLE_LIBTPU_LOAD": "1",
+             "TPU_WORKER_HOSTNAMES": "localhost", "HOME": "/root", "PATH": "/bin",
+             "CUDA_VISIBLE_DEVICES": "0"}
+  cpu = sent_environment(environ, gpu=False)
+  assert cpu == {k: environ[k] for k in ("JAX_PLATFORMS", "XLA_FLAGS", "HLO_AUDIT_CACHE_DIR",
+                                         "ALLOW_MULTIPLE_LIBTPU_LOAD",
+                                         "TPU_WORKER_HOSTNAMES")}
+  # The driver's JAX_PLATFORMS=cpu would keep JAX off the GPU Ray gave it.
+  assert sent_environment(environ, gpu=True) == {k: v for k, v in cpu.items()
+                                                 if k != "JAX_PLATFORMS"}
+
+
+def test_without_ray_the_sweep_stops_before_anything_runs_naming_the_extra(
+    model, tmp_path, monkeypatch, capsys):
+  monkeypatch.setitem(sys.modules, "ray", None)  # import ray -> ImportError
+  out = tmp_path / "out"
+  with pytest.raises(ExecutorError, match=r"pip install 'hlo-audit\[ray\]'"):
+    run_sweep(_options(model, out, "b=8;d=16", executor="ray", jobs=None))
+  assert not out.exists()
+  code = cli_main.run(["sweep", f"{model}", "--executor=ray", f"--out={out}",
+                        f"--args={ARGS}", "--grid=b=8;d=16", "--no-progress"])
+  err = capsys.readouterr().err.strip().splitlines()
+  assert code == 2 and len(err) == 1, err
+  assert err[0].startswith("hlo-audit: error: ") and "hlo-audit[ray]" in err[0]
+  assert not out.exists()
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--executor=dask"], "--executor: unknown executor 'dask'"),
+    (["--executor=ray", "--jobs=0"], "--jobs must be >= 1 with --executor ray"),
+])
+def test_bad_executor_flags_are_one_line(model, tmp_path, capsys, flags, message):
+  code = cli_main.run(["sweep", model, f"--out={tmp_path / 'out'}", f"--args={ARGS}",
+                        "--grid=b=8;d=16", *flags])
+  err = capsys.readouterr().err.strip().splitlines()
+  assert code == 2 and len(err) == 1 and message in err[0], err
+
+
+# -------------------------------------------------------- on a local cluster --
+
+
+def test_a_ray_sweep_records_the_same_rows_as_the_local_pool(cluster, model, tmp_path):
+  grid = "b=8,16,24;d=32,64;mode=ok,raise"
+  local = run_sweep(_options(model, tmp_path / "local", grid, jobs=2))
+  on_ray = run_sweep(_options(model, tmp_path / "ray", grid, executor="ray", jobs=None))
+  assert (on_ray.total, on_ray.ran, on_ray.failed) == (local.total, local.ran,
+                                                       local.failed) == (12, 12, 6)
+  a, _ = read_jsonl(str(tmp_path / "local" / "results.jsonl"))
+  b, _ = read_jsonl(str(tmp_path / "ray" / "results.jsonl"))
+  assert _what(b) == _what(a)
+  # Run in Ray's workers, not here, and said where.
+  assert all(r["pid"] != os.getpid() and r["node"] == "127.0.0.1" for r in b)
+  ok = next(r for r in b if r["status"] == "ok")
+  assert f"s on {ok['host']}):" in point_line(ok)
+
+  def rows(name):
+    with open(tmp_path / name / "results.csv", newline="") as f:
+      return {r["id"]: {k: v for k, v in r.items() if not k.endswith("_s")}
+              for r in csv.DictReader(f)}
+
+  assert rows("ray") == rows("local")
+
+
+def test_a_point_whose_worker_dies_runs_once_more_and_then_fails_alone(
+    cluster, model, tmp_path):
+  marker = tmp_path / "died"
+  grid = f"b=8;d=16;mode=ok,die_once,die;marker={marker}"
+  result = run_sweep(_options(model, tmp_path / "out", grid, executor="ray", jobs=None))
+  assert (result.ran, result.failed) == (3, 1)
+  records, damaged = read_jsonl(str(tmp_path / "out" / "results.jsonl"))
+  assert not damaged
+  by_mode = {r["params"]["mode"]: r for r in records}
+  assert marker.exists()
+  once = by_mode["die_once"]
+  assert once["status"] == "ok" and once["attempts"] == 2
+  assert once["retried_after"].startswith("WorkerCrashedError")
+  assert "s on " in point_line(once) and ", after its first worker died):" in point_line(once)
+  dead = by_mode["die"]
+  assert dead["status"] == "error" and dead["attempts"] == 2
+  assert dead["error"].startswith("WorkerError: the Ray worker died running this "
+                                  "point, twice (WorkerCrashedError")
+  assert by_mode["ok"]["status"] == "ok" and "attempts" not in by_mode["ok"]
+
+
+def test_a_point_past_its_timeout_is_cancelled_and_the_others_run(
+    cluster, model, tmp_path):
+  t0 = time.monotonic()
+  result = run_sweep(_options(model, tmp_path / "out", "b=8,16,24;d=16;mode=hang,ok",
+                              executor="ray", jobs=None, point_timeout=6))
+  assert time.monotonic() - t0 < 100  # not the 120 s each hanging point sleeps
+  records, _ = read_jsonl(str(tmp_path / "out" / "results.jsonl"))
+  assert (result.ran, result.failed) == (6, 3)
+  for r in records:
+    if r["params"]["mode"] == "hang":
+      assert r["error"] == ("WorkerError: timed out after 6 s (--point-timeout); its "
+                            "Ray task was cancelled")
+      assert "attempts" in r and r["attempts"] == 1  # not run again
+    else:
+      assert r["status"] == "ok"
+
+
+def test_kernel_points_take_one_gpu_each_and_never_share_it(cluster, tmp_path):
+  pytest.importorskip("pallas_kernels")
+  # The cluster's one GPU: validated points run one at a time, while
+  # audits use both CPUs.
+  measured = RayPool(Executor("ray"), measured=True)
+  assert "1 GPU(s)" in measured.connect() and measured._read_slots() == 1
+  audits = RayPool(Executor("ray"), measured=False)
+  audits.connect()
+  assert audits._read_slots() == 2
+  one = RayPool(Executor("ray"), measured=False, jobs=1)
+  one.connect()
+  assert one._read_slots() == 1
+  out = tmp_path / "mm"
+  result = run_sweep(SweepOptions(target="matmul", out=str(out), executor="ray", jobs=None,
+                                  grid="m=8,16,24;k=16;n=16",
+                                  measure=Measure(validate=True)))
+  records, _ = read_jsonl(str(out / "results.jsonl"))
+  assert (result.ran, result.failed) == (3, 0) and len(records) == 3
+  assert all(r["validation"]["passed"] for r in records)
+  spans = sorted((datetime.datetime.fromisoformat(r["finished_at"]).timestamp()
+                  - r["seconds"]["total"],
+                  datetime.datetime.fromisoformat(r["finished_at"]).timestamp())
+                 for r in records)
+  for (_, end), (start, _) in zip(spans, spans[1:]):
+    assert start >= end - 0.05, spans
+
+
+def test_a_killed_driver_loses_no_finished_point_and_the_rerun_runs_only_the_rest(
+    cluster, model, tmp_path):
+  out = tmp_path / "out"
+  grid = "b=8,16,24,32,40,48,56,64;d=16,32"
+  cmd = [sys.executable, "-m", "hlo_audit", "sweep", model, f"--args={ARGS}",
+         f"--grid={grid}", f"--out={out}", "--executor=ray", "--no-progress"]
+  env = {**os.environ, "RAY_ADDRESS": cluster}
+  with open(tmp_path / "first.log", "w") as log:
+    first = subprocess.Popen(cmd + ["--jobs=1"], stdout=log, stderr=log, env=env)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+      if (out / "results.jsonl").exists() and (
+          (out / "results.jsonl").read_bytes().count(b"\n") >= 3):
+        break
+      assert first.poll() is None, (tmp_path / "first.log").read_text()[-2000:]
+      time.sleep(0.05)
+    first.send_signal(signal.SIGKILL)
+    first.wait()
+  before, damaged = read_jsonl(str(out / "results.jsonl"))
+  assert 3 <= len(before) < 16 and not damaged, "the kill came too late to test a resume"
+  lines_before = (out / "results.jsonl").read_bytes().split(b"\n")[:len(before)]
+
+  again = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+  assert again.returncode == 0, again.stderr[-2000:]
+  assert f"{16 - len(before)} points run (0 failed), {len(before)} already done" in again.stdout
+  records, damaged = read_jsonl(str(out / "results.jsonl"))
+  ids = [r["id"] for r in records]
+  expected = {p.id for p in plan(_options(model, out, grid)).points}
+  assert not damaged and len(ids) == 16 and set(ids) == expected
+  assert (out / "results.jsonl").read_bytes().split(b"\n")[:len(before)] == lines_before
+  assert [r["status"] for r in records] == ["ok"] * 16
+
+
+def _free_port() -> int:
+  import socket
+
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+def test_a_sweep_through_ray_client_records_like_any_other(cluster, model, tmp_path):
+  port = _free_port()
+  env = {**os.environ, LOOPBACK: "0",
+         # The cluster asks for Ray's token; a client sends it only when told.
+         "RAY_AUTH_MODE": os.environ.get("RAY_AUTH_MODE", "token")}
+  server = subprocess.Popen(
+      [sys.executable, "-m", "ray.util.client.server", "--host=127.0.0.1",
+       # One server for the one client (the proxy's per-client servers are
+       # Ray's business, not this test's).
+       f"--port={port}", "--mode=legacy", f"--address={cluster}"],
+      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+  try:
+    out = tmp_path / "out"
+    r = subprocess.run(
+        [sys.executable, "-m", "hlo_audit", "sweep", model, f"--args={ARGS}",
+         "--grid=b=8,16;d=16;mode=ok,raise", f"--out={out}",
+         f"--executor=ray://127.0.0.1:{port}"],
+        capture_output=True, text=True, timeout=300, env=env)
+  finally:
+    server.kill()
+    server.wait()
+  assert r.returncode == 1, r.stderr[-2000:]  # the two "raise" points failed
+  assert "4 points run (2 failed)" in r.stdout
+  assert f"to run on Ray cluster ray://127.0.0.1:{port}: 1 node(s), 2 CPU(s)" in r.stderr
+  records, _ = read_jsonl(str(out / "results.jsonl"))
+  assert sorted((r["params"]["mode"], r["status"]) for r in records) == [
+      ("ok", "ok"), ("ok", "ok"), ("raise", "error"), ("raise", "error")]
+  assert all(r["node"] == "127.0.0.1" for r in records)
