@@ -247,8 +247,9 @@ def test_kernel_points_take_one_gpu_each_and_never_share_it(cluster, tmp_path):
     assert start >= end - 0.05, spans
 
 
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGINT], ids=["SIGKILL", "SIGINT"])
 def test_a_killed_driver_loses_no_finished_point_and_the_rerun_runs_only_the_rest(
-    cluster, model, tmp_path):
+    cluster, model, tmp_path, sig):
   out = tmp_path / "out"
   grid = "b=8,16,24,32,40,48,56,64;d=16,32"
   cmd = [sys.executable, "-m", "hlo_audit", "sweep", model, f"--args={ARGS}",
@@ -263,8 +264,11 @@ def test_a_killed_driver_loses_no_finished_point_and_the_rerun_runs_only_the_res
         break
       assert first.poll() is None, (tmp_path / "first.log").read_text()[-2000:]
       time.sleep(0.05)
-    first.send_signal(signal.SIGKILL)
-    first.wait()
+    first.send_signal(sig)
+    code = first.wait(timeout=60)
+  if sig == signal.SIGINT:  # said, in one line, and left for a rerun
+    log = (tmp_path / "first.log").read_text()
+    assert code == 2 and "sweep interrupted; rerun the same command to resume" in log, log
   before, damaged = read_jsonl(str(out / "results.jsonl"))
   assert 3 <= len(before) < 16 and not damaged, "the kill came too late to test a resume"
   lines_before = (out / "results.jsonl").read_bytes().split(b"\n")[:len(before)]
