@@ -139,3 +139,17 @@ def test_report_shows_the_estimated_step_where_there_is_one():
   assert "est. step" not in old and "- estimated step: none (the device was unknown" in old
   assert report.bound_by(TIMED[0]["audit"]) == "memory 60%"
   assert report.bound_by({"step_time": None}) == "-"
+
+
+def test_a_byte_axis_labels_its_top_when_the_top_is_a_round_value():
+  import matplotlib
+
+  matplotlib.use("Agg")
+  from matplotlib.figure import Figure
+
+  ax = Figure().subplots()
+  mib = 1 << 20
+  ax.plot([1, 2], [0, 4 * mib])
+  ax.set_ylim(0, 4 * mib)
+  plots._style_axes(ax, "seq", [1, 2], None, "bytes", True, [mib, 4 * mib])
+  assert [t / mib for t in ax.get_yticks()] == [0.0, 1.0, 2.0, 3.0, 4.0]

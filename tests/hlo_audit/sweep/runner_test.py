@@ -199,3 +199,15 @@ def test_progress_lines_print_the_users_text_as_it_is():
   assert "[1/1] FAIL tag=[bold red]:ok: (0.1 s): ValueError: \\x1b]8;;http://x\\x07link" in out
   assert "[bold red]x/X.py:ok:" in out
   assert "\x1b" not in out and "\x07" not in out and "\U0001f197" not in out
+
+
+def test_point_reports_are_written_under_out_points_and_linked_by_id(model, tmp_path):
+  out = tmp_path / "out"
+  result = run_sweep(options(model, out, "b=8,16;d=16", point_reports=True))
+  records, _ = read_jsonl(str(out / "results.jsonl"))
+  ids = sorted(r["id"] for r in records)
+  assert result.ran == 2 and sorted(p.name for p in (out / "points").iterdir()) == [
+      f"{i}.html" for i in ids]
+  page = (out / "report.html").read_text()
+  for i in ids:
+    assert f'<a href="points/{i}.html">{i}</a>' in page

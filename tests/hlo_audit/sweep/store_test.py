@@ -180,3 +180,18 @@ def test_the_last_line_whole_but_without_its_newline_is_kept(tmp_path):
   jsonl.write_text(json.dumps(rec(1)) + "\n42")
   with pytest.raises(StoreError, match=":2: not a sweep record"):
     read_jsonl(str(jsonl))
+
+
+def test_a_failed_point_leaves_its_counts_blank_and_an_audited_one_counts_zero():
+  from hlo_audit._src.sweep.store import csv_header, csv_row
+
+  header = csv_header(["b"])
+  ok = {"id": "a", "status": "ok", "params": {"b": 1},
+        "audit": {"findings_by_class": {"unfused-epilogue": 2}}}
+  failed = {"id": "f", "status": "error", "params": {"b": 2}, "error": "boom"}
+  row_ok = dict(zip(header, csv_row(ok, ["b"])))
+  row_failed = dict(zip(header, csv_row(failed, ["b"])))
+  assert row_ok["findings_unfused_epilogue"] == "2"
+  assert row_ok["findings_standalone_copy"] == "0"   # audited: none of this class
+  assert row_failed["findings_unfused_epilogue"] == row_failed["findings_standalone_copy"] == ""
+  assert row_failed["error"] == "boom"
