@@ -92,3 +92,25 @@ def test_errors(tmp_path):
     hlo_audit.load_dump(tmp_path, module="zzz")
   with pytest.raises(DumpError, match="not a valid regular expression"):
     hlo_audit.load_dump(tmp_path, module="(")
+
+
+def test_a_folder_with_no_module_names_what_it_holds_in_order(tmp_path):
+  for name in "hgfedcba":  # eight: named in full, sorted
+    _write(tmp_path, f"{name}.txt", "x")
+  with pytest.raises(DumpError) as e:
+    hlo_audit.load_dump(tmp_path)
+  assert str(e.value).endswith("It holds: a.txt, b.txt, c.txt, d.txt, e.txt, f.txt, g.txt, h.txt")
+  _write(tmp_path, "i.txt", "x")  # a ninth: the first eight, then "..."
+  with pytest.raises(DumpError) as e:
+    hlo_audit.load_dump(tmp_path)
+  assert str(e.value).endswith("It holds: a.txt, b.txt, c.txt, d.txt, e.txt, f.txt, g.txt, h.txt ...")
+
+
+def test_the_folder_lists_modules_before_and_after_optimizations_by_name(tmp_path):
+  from hlo_audit._src.capture.dump import read_dump_dir
+
+  _write(tmp_path, "module_0002.jit_step.v2.before_optimizations.txt")
+  _write(tmp_path, "module_0002.jit_step.v2.cpu_after_optimizations.txt")
+  found = [(m.name, m.stage) for m in read_dump_dir(str(tmp_path))]
+  assert found == [("jit_step.v2", "before_optimizations"),
+                   ("jit_step.v2", "cpu_after_optimizations")]
