@@ -134,15 +134,17 @@ def _audit_capture(cap: Capture, options: AuditOptions,
   cache: dict = {}  # tables the what-if replays share with this run
   # Whose buffer-sharing rules apply: the capture's backend, else the HLO's marks.
   platform = cap.platform or infer_platform(module)
-  liveness = analyze_liveness(module, schedule, dataflow, cache=cache, platform=platform)
+  # The device prices the kernels and tells libraries which calls it runs;
+  # a TPU generation sizes XLA:TPU's tuple tables.
+  facts, device_note = device_facts_for(cap, options, platform)
+  liveness = analyze_liveness(module, schedule, dataflow, cache=cache, platform=platform,
+                              device=facts.name if facts is not None else "")
   libraries = installed_libraries(options.kernel_libraries)
   # A kernel library's internals are not the user's code either.
   paths = {"library_paths": options.library_paths + tuple(
                source_mod.library_source_path(lib.name) for lib in libraries.libraries),
            "user_paths": options.user_paths}
   kernels = find_kernels(module, schedule, dataflow, scopes=libraries.scopes, **paths)
-  # The device prices the kernels and tells libraries which calls it runs.
-  facts, device_note = device_facts_for(cap, options, platform)
   buffers = find_buffers(module, schedule, dataflow, liveness, kernels, **paths)
   program = Program(module=module, schedule=schedule, dataflow=dataflow,
                     liveness=liveness, kernels={k.name: k for k in kernels},

@@ -28,12 +28,15 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 from collections.abc import Callable
 
+from hlo_audit._src.analysis import tuple_tables
 from hlo_audit._src.analysis.backend_traits import fusion_config_kind
 from hlo_audit._src.analysis.dataflow import in_place_pairs
 from hlo_audit._src.hlo import dtypes, opcodes
 from hlo_audit._src.hlo.ir import Computation, HloModule, Instruction
+from hlo_audit._src.target import tpus
 
 #: (module, computation, user, operand number, operand's value index, user's
 #: output index) -> whether that output may take that operand value's memory.
@@ -316,6 +319,12 @@ class HeapModel:
   #: Constants are part of the executable (XLA:TPU's program), outside the
   #: device's footprint; else each is an allocation of its own.
   constants_in_program: bool = False
+  #: Bytes of the pointer table of a tuple of n elements (tuple_tables.py).
+  tuple_table_bytes: Callable[[int], int] = tuple_tables.pointer_table_bytes
+  #: XLA:TPU's accounting: every tuple table is held for the whole program,
+  #: and the heap's peak is the temp `memory_analysis()` reports, not the
+  #: packed heap's size (liveness.tpu_reported_temp).
+  tpu_temp: bool = False
 
 
 #: XLA:CPU, and HLO whose backend is unknown: the model the CPU suite holds
@@ -328,16 +337,27 @@ GPU_MODEL = HeapModel(gpu_can_share_buffer, strict_operand_sharing=True,
 
 
 #: XLA:TPU: XLA:CPU's sharing and allocation reuse (the suite's v5e
-#: compiles hold to 1% with it), its constants in the program.
-TPU_MODEL = HeapModel(can_share_buffer, constants_in_program=True)
+#: compiles hold to 1% with it), its constants in the program, its temp
+#: packed by best fit at the 16 KiB its programs align HBM to
+#: (`--xla_jf_program_hbm_alignment_in_kib`), its tuple tables a v5e's
+#: (`heap_model` sizes them for the generation).
+TPU_MODEL = HeapModel(can_share_buffer, constants_in_program=True, packing_alignment=16384,
+                      tuple_table_bytes=functools.partial(tpus.tuple_table_bytes, ""),
+                      tpu_temp=True)
 
 
-def heap_model(platform: str) -> HeapModel:
+@functools.cache
+def heap_model(platform: str, device: str = "") -> HeapModel:
   """The model of the backend that compiled the module ("gpu", "tpu",
-  "cpu", "")."""
+  "cpu", ""). `device`: the TPU generation it was compiled for ("v5e", a
+  topology, or what jax calls the device), which sizes XLA:TPU's tuple
+  tables; where it is unknown ("": HLO text names none), a v5e's."""
   if platform in ("gpu", "cuda", "rocm"):
     return GPU_MODEL
-  return TPU_MODEL if platform == "tpu" else DEFAULT_MODEL
+  if platform != "tpu":
+    return DEFAULT_MODEL
+  return dataclasses.replace(
+      TPU_MODEL, tuple_table_bytes=functools.partial(tpus.tuple_table_bytes, device))
 
 
 def sharing_rule(platform: str) -> SharingRule:

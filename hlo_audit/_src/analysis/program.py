@@ -16,6 +16,7 @@ import re
 import types
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
+from hlo_audit._src.analysis.buffer_sharing import HeapModel, heap_model
 from hlo_audit._src.analysis.buffers import Buffer
 from hlo_audit._src.analysis.dataflow import Dataflow, ValueId
 from hlo_audit._src.analysis.kernel_library import Libraries
@@ -131,6 +132,12 @@ class Program:
   loop_of: Mapping[str, str] = dataclasses.field(init=False, compare=False, repr=False)
   #: Whether the program holds a backward pass (a kernel of a VJP).
   has_backward: bool = dataclasses.field(init=False, compare=False, repr=False)
+
+  @property
+  def heap(self) -> HeapModel:
+    """How the backend that compiled it shares buffers and sizes its heap
+    (XLA:TPU's by the generation the program is priced for)."""
+    return heap_model(self.platform, self.device.name if self.device is not None else "")
 
   @property
   def pre_optimization_text(self) -> str:

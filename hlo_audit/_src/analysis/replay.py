@@ -35,7 +35,6 @@ from hlo_audit._src.analysis.dataflow import (Dataflow, ValueId, analyze_dataflo
                                               with_output_aliases)
 from hlo_audit._src.analysis.donation import (aliasing_copies, donation_aliases, with_copies,
                                               with_donation)
-from hlo_audit._src.analysis.buffer_sharing import heap_model
 from hlo_audit._src.analysis.liveness import LivenessEdits, analyze_liveness
 from hlo_audit._src.analysis.program import (Program, WhatIfError, buffer_name, find_buffer,
                                              parameter_paths, resolve_arguments,
@@ -138,7 +137,7 @@ def replay(program: Program, *, fuse: Sequence[tuple[str, str, Sequence[str]]] =
       notes.append("no output of the same shape and dtype to reuse (JAX would "
                    "warn and ignore the donation): " + ", ".join(unmatched))
     copies = aliasing_copies(module, dataflow, schedule, pairs,
-                             reorders=heap_model(program.platform).reorders_for_donation)
+                             reorders=program.heap.reorders_for_donation)
     for n, _, _, size in copies:
       notes.append(f"XLA copies {paths[n]} ({size} B): a read of it is not "
                    "ordered before the write of its aliased output")
@@ -257,12 +256,14 @@ def replay(program: Program, *, fuse: Sequence[tuple[str, str, Sequence[str]]] =
       edits = early_edits
       notes.append(_AT_PRODUCERS)
     early_edits = None
+  device = program.device.name if program.device is not None else ""
   # Tables shared between replays (a donated program's derived from them).
   after = analyze_liveness(module, schedule, dataflow, edits, cache=program.cache,
-                           platform=program.platform)
+                           platform=program.platform, device=device)
   if early_edits is not None:
     at_producers = analyze_liveness(module, schedule, dataflow, early_edits,
-                                    cache=program.cache, platform=program.platform)
+                                    cache=program.cache, platform=program.platform,
+                                    device=device)
     if at_producers.peak_bytes < after.peak_bytes:
       notes.append(_AT_PRODUCERS)
       after = at_producers
@@ -385,8 +386,8 @@ def _heap_tables(program: Program) -> dict:
 def quick_peak(program: Program, edits: LivenessEdits) -> int:
   """The peak with `edits`, keeping `program`'s buffer assignment: only the
   heap groups and allocations the edits touch are summed again. A packed
-  heap (XLA:GPU's) keeps the program's fragmentation: only a full replay
-  packs it again."""
+  heap (XLA:GPU's, XLA:TPU's) keeps the program's fragmentation: only a
+  full replay packs it again."""
   base, dataflow = program.liveness, program.dataflow
   cache = _heap_tables(program)
   root_of, groups, members_of = cache["root_of"], cache["groups"], cache["members_of"]
@@ -418,7 +419,10 @@ def quick_peak(program: Program, edits: LivenessEdits) -> int:
         line[max(s_, 0):min(e_, end - 1) + 1] += size
     for s_, e_, size in edits.extra:
       line[max(s_, 0):min(e_, end - 1) + 1] += size
-  return total + int(line.max(initial=0)) + base.fragmentation_bytes
+  live = int(line.max(initial=0))
+  if live == 0 and program.heap.tpu_temp:
+    return total  # XLA:TPU reports no temp for a heap of tuple tables alone
+  return total + live + base.fragmentation_bytes
 
 
 class _Overlay:
@@ -572,12 +576,12 @@ def peak_after_fusions(program: Program,
   """(peak, exact) after each fusion alone (None where the boundary is not a
   buffer of the program). A heap boundary away from the peak whose inputs are
   kept no longer can neither lower nor raise the peak (exact, unless the
-  heap is packed, XLA:GPU's: packing it again without the buffer may move
+  heap is packed, XLA:GPU's and XLA:TPU's: packing it again without the buffer may move
   the peak by its fragmentation); the others get the quick replay (not
   exact): those that can move the peak get a full one later, the largest
   first, while the audit's budget lasts (`exact_peaks`)."""
   base = program.liveness
-  packed = heap_model(program.platform).packing_alignment is not None
+  packed = program.heap.packing_alignment is not None
   out: list[tuple[int, bool] | None] = [None] * len(fusions)
   for k, fusion in enumerate(fusions):
     if fusion is None:

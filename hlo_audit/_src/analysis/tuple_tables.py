@@ -16,7 +16,7 @@ allocations of their own (not the heap).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from hlo_audit._src.analysis.dataflow import _callers, _parameter_source, _UnionFind
 from hlo_audit._src.analysis.schedule import Schedule
@@ -24,6 +24,12 @@ from hlo_audit._src.hlo.ir import Computation, HloModule, Shape
 
 #: Bytes of one element's address in a table.
 POINTER_BYTES = 8
+
+
+def pointer_table_bytes(elements: int) -> int:
+  """Bytes of a table of `elements` addresses (XLA:GPU's; XLA:TPU's differ
+  by generation: tpus.py)."""
+  return POINTER_BYTES * elements
 
 _FORWARDING = frozenset({"bitcast", "opt-barrier", "domain", "add-dependency"})
 
@@ -53,12 +59,14 @@ def _nodes(shape: Shape | None, prefix: tuple[int, ...] = ()):
 
 def tuple_tables(module: HloModule, schedule: Schedule,
                  comps: Mapping[str, Computation],
-                 use_time: Mapping[str, int]) -> list[Table]:
+                 use_time: Mapping[str, int],
+                 table_bytes: Callable[[int], int] = pointer_table_bytes) -> list[Table]:
   """The pointer tables XLA's heap holds (see the module docstring).
 
   Args:
     use_time: instruction -> when its reading an operand counts (liveness's
       table: a while's at the loop's start).
+    table_bytes: a table's bytes from its tuple's element count.
   """
   time, span = schedule.time, schedule.span
   entry = module.entry_name
@@ -145,5 +153,5 @@ def tuple_tables(module: HloModule, schedule: Schedule,
       continue
     inst = comps[comp_name].instruction(vid[0])
     start = span[comp_name][0] if inst.opcode == "parameter" else time[vid[0]]
-    out.append(Table(vid, start, max(start, ends[vid]), POINTER_BYTES * n, buffer))
+    out.append(Table(vid, start, max(start, ends[vid]), table_bytes(n), buffer))
   return out

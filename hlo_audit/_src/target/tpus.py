@@ -61,6 +61,18 @@ class TpuGeneration:
   transcendentals_per_second: float
   #: Google's page the peaks come from.
   source: str
+  #: HBM bytes of a tuple's pointer table in XLA:TPU's heap: this many
+  #: whatever the elements (0: 8 per element, rounded up to 32 bytes).
+  #: Measured in libtpu's buffer-assignment dumps (0.0.42.1 and 0.0.50.1):
+  #: 512 on v4 and v5e up to the 106 elements seen; 8 x elements rounded to
+  #: 32 on v5p and v6e.
+  tuple_table_fixed: int = 0
+
+  def tuple_table_bytes(self, elements: int) -> int:
+    """HBM bytes of the pointer table of a tuple of `elements` elements."""
+    if self.tuple_table_fixed:
+      return self.tuple_table_fixed
+    return -(-8 * elements // 32) * 32
 
   @property
   def one_chip(self) -> str:
@@ -72,9 +84,9 @@ class TpuGeneration:
 #: transcendental rates: libtpu's cost model (module docstring), per chip.
 GENERATIONS: tuple[TpuGeneration, ...] = (
     TpuGeneration("v4", "TPU v4", 3, 2, 2, 32 * GiB, 1200e9, 275e12, 275e12, 0.0,
-                  2 * 5.38e11, _DOCS + "v4"),
+                  2 * 5.38e11, _DOCS + "v4", tuple_table_fixed=512),
     TpuGeneration("v5e", "TPU v5 lite", 2, 1, 1, 16 * GiB, 819e9, 197e12, 394e12, 400e9,
-                  1.54e12, _DOCS + "v5e"),
+                  1.54e12, _DOCS + "v5e", tuple_table_fixed=512),
     TpuGeneration("v5p", "TPU v5", 3, 2, 1, 95 * GiB, 2765e9, 459e12, 918e12, 1200e9,
                   3.07e12, _DOCS + "v5p-training"),
     TpuGeneration("v6e", "TPU v6 lite", 2, 1, 1, 32 * GiB, 1638e9, 918e12, 1836e12, 800e9,
@@ -153,6 +165,16 @@ def generation_of(device_kind: str) -> TpuGeneration | None:
     if g.device_kind == device_kind:
       return g
   return None
+
+
+def tuple_table_bytes(device: str, elements: int) -> int:
+  """HBM bytes of a tuple's pointer table on `device` (a generation or
+  topology name, or what jax calls its devices); a v5e's where the device
+  is unknown or no TPU (HLO text names no generation)."""
+  gen = generation_of(device)
+  if gen is None and is_tpu_name(device):
+    gen = parse_topology(device).generation
+  return (gen or _BY_NAME["v5e"]).tuple_table_bytes(elements)
 
 
 def tpu_facts(gen: TpuGeneration) -> DeviceFacts:
