@@ -258,6 +258,15 @@ def test_split_k_partials_summed_by_several_readers():
   assert not [f for f in _report("linen_mlp").findings if f.boundary == "gemm_fusion_dot.5"]
 
 
+def test_split_k_partials_summed_by_triton_norms_ask_no_norm_kernel():
+  # haiku_lm's second MLP gemm is split-K; XLA's Triton LayerNorm kernels
+  # (forward and backward) each sum its partial sums again. Each is one
+  # kernel already: the re-reads are the finding, no norm kernel is offered.
+  (f,) = [f for f in _report("haiku_lm").findings_of(R) if f.boundary == "gemm_fusion_dot.104"]
+  assert f.ops == ("layer_norm",) and f.kernel is None and f.need is None
+  assert "XLA's one-kernel norm" in f.evidence
+
+
 #: The built-in example's actionable findings on an H200, each read off the
 #: committed compile and judged true: (class, boundary, first op).
 EXAMPLE_JUDGED = (

@@ -170,9 +170,9 @@ TRUTH_H200 = ModelTruth(
             "weight-gradient gemm")),
         Expect(K.SEPARATE_REDUCTION, f"bf16[{_TOK},{VOCAB}]", "logits",
                says=f"{VOCAB} elements", why=(
-                   "MISSED: the logits re-read by the row max, whose two stages "
-                   "(dims {2} of [256,128,256], then {1} of [256,128]) reduce all "
-                   f"{VOCAB} words of a row: called 256 elements each")),
+                   "the logits re-read by the row max, whose two stages (dims {2} "
+                   "of [256,128,256], then {1} of [256,128] by the next kernel) "
+                   f"reduce all {VOCAB} words of a row")),
         _GRAD_F32,
         _UNDONATED,
     ),

@@ -119,28 +119,33 @@ TRUTH = ModelTruth(
 # partial sums summed by a second kernel: one reduction, no boundary.
 _GA = f"f32[{BATCH},{HW},{HW},{CH}]"
 
+# Reductions XLA splits over two kernels are named by both stages' axes: the
+# group statistics' first kernel sums H and W ({1} of [8,1024,8,4]), the next
+# the group's 4 channels ({1,3} in all, 4096 elements per sample and group);
+# the channel sums of the backward's dy and dx sum [64,128,32] over {1}, then
+# the batch and rows ({0,1,2} of [8,32,32,32] in all).
 TRUTH_H200 = ModelTruth(
     expect=(
-        Expect(K.SEPARATE_REDUCTION, _GA, "conv1", says="dims {1} of [8,1024,8,4]", why=(
-            "conv1's result re-read by GroupNorm's per-channel sums and sums of "
-            "squares over H and W (the batch axis kept)")),
-        Expect(K.SEPARATE_REDUCTION, _GA, "conv2", says="dims {1} of [8,1024,8,4]",
-               why="conv2's result re-read by gn2's per-channel sums"),
+        Expect(K.SEPARATE_REDUCTION, _GA, "conv1", says="dims {1,3} of [8,1024,8,4]", why=(
+            "conv1's result re-read by GroupNorm's sums and sums of squares over "
+            "H, W and each group's channels (the batch axis kept)")),
+        Expect(K.SEPARATE_REDUCTION, _GA, "conv2", says="dims {1,3} of [8,1024,8,4]",
+               why="conv2's result re-read by gn2's group sums"),
         Expect(K.SEPARATE_REDUCTION, _GA, "act2", says="dims {1} of [8,1024,32]", why=(
             "gn2's apply and swish written only for global average pooling's reduce")),
-        Expect(K.SEPARATE_REDUCTION, _GA, "act1", says="dims {1} of [64,128,32]", why=(
+        Expect(K.SEPARATE_REDUCTION, _GA, "act1", says="dims {0,1,2} of [8,32,32,32]", why=(
             "swish1-backward dy written only for gn1's backward kernel, which "
             "reduces it")),
-        Expect(K.SEPARATE_REDUCTION, _GA, "act2", says="dims {1} of [64,128,32]", why=(
+        Expect(K.SEPARATE_REDUCTION, _GA, "act2", says="dims {0,1,2} of [8,32,32,32]", why=(
             "swish2-backward dy written only for gn2's backward kernel")),
         Expect(K.SEPARATE_REDUCTION, _GA, "gn1", says="dims {1} of [8,1024,32]", count=2, why=(
             "gn1 backward terms, one written only for its per-channel sum, one "
             "re-read by its sum beside the kernel computing dx")),
         Expect(K.SEPARATE_REDUCTION, _GA, "gn2", says="dims {1} of [8,1024,32]", count=2,
                why="the same two backward terms of gn2"),
-        Expect(K.SEPARATE_REDUCTION, _GA, "gn1", says="dims {1} of [64,128,32]", why=(
-            "gn1's dx re-read by conv1's bias-gradient reduce (its first stage)")),
-        Expect(K.SEPARATE_REDUCTION, _GA, "gn2", says="dims {1} of [64,128,32]", why=(
+        Expect(K.SEPARATE_REDUCTION, _GA, "gn1", says="dims {0,1,2} of [8,32,32,32]", why=(
+            "gn1's dx re-read by conv1's bias-gradient reduce (in two kernels)")),
+        Expect(K.SEPARATE_REDUCTION, _GA, "gn2", says="dims {0,1,2} of [8,32,32,32]", why=(
             "gn2's dx re-read by conv2's bias-gradient reduce")),
         Expect(K.UNFUSED_PROLOGUE, _GA, "act1", says="activation:silu", why=(
             "gn1's apply and swish written only for conv2 and its backward-filter "

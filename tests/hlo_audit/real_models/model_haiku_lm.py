@@ -300,13 +300,14 @@ TRUTH_H200 = ModelTruth(
                count=LAYERS, why="the second MLP gemm's input gradient read once by "
                                  "gelu's backward"),
         Expect(K.SEPARATE_REDUCTION, _QKV, "attn", says="sum_of_squares", count=LAYERS, why=(
-            "WRONG CLASS: loop_reduce_fusion.8, .11 (finishing the QKV weight-gradient "
-            "gemm) re-read by three kernels each squaring and summing one slice "
-            "(clip_by_global_norm) and by adam's kernel: reported as an epilogue "
-            "whose three readers are elementwise")),
+            "loop_reduce_fusion.8, .11 (finishing the QKV weight-gradient gemm) "
+            "re-read by three kernels each squaring and summing one slice "
+            "(clip_by_global_norm) and by adam's kernel: slices reduced are no "
+            "elementwise epilogue")),
         Expect(K.SEPARATE_REDUCTION, f"f32[8,{_T},{D_MODEL}]", "mlp", says="layer_norm", why=(
             "the second MLP gemm's split-K partial sums re-read by the Triton "
-            "LayerNorm kernels, each summing them again")),
+            "LayerNorm kernels, each summing them again (no norm kernel missing: "
+            "the split-K sum finished once removes the re-reads)")),
         Expect(K.SEPARATE_REDUCTION, f"f32[{BATCH * HEADS},{SEQ},{SEQ}]", "attn",
                says="attention", count=2 * LAYERS, why=(
                    "gemm -> Triton softmax -> gemm, forward (the scores) and backward "
@@ -343,10 +344,10 @@ TRUTH_H200 = ModelTruth(
                    "dV re-read by v's bias gradient over batch and tokens")),
         Expect(K.SEPARATE_REDUCTION, f"f32[{BATCH * HEADS},{SEQ},{D_MODEL // HEADS}]", "attn",
                says="dims {0,2}", count=2 * LAYERS, why=(
-                   "WRONG STATISTICS: dQ and dK re-read by q's and k's bias gradients, "
-                   "a sum over the tokens (loop_reduce_fusion, .1-.3) whose result is "
-                   "summed over the batch by the next kernels (the global norm's, "
-                   "adam's): reported as the first stage's dims {2}, the batch kept")),
+                   "dQ and dK re-read by q's and k's bias gradients, a sum over the "
+                   "tokens (loop_reduce_fusion, .1-.3) whose result the next kernels "
+                   "(the global norm's, adam's) sum over the batch: one reduction "
+                   "over dims {0,2} in two stages")),
         Expect(K.UNDONATED_ARGUMENT, None, "optax", says="donat", why=(
             "the state is returned updated but not donated")),
     ),

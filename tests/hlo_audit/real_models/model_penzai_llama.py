@@ -269,6 +269,12 @@ _BHT = f"f32[{BATCH * HEADS},{SEQ},{SEQ}]"
 
 TRUTH_H200 = ModelTruth(
     expect=(
+        Expect(K.UNFUSED_PROLOGUE, f"f32[{BATCH},{SEQ - 1},{VOCAB}]", "xent",
+               says="one-hot scatter", why=(
+                   "the cross-entropy's softmax * dloss, -1/N scattered in place at "
+                   "each row's label (one element a row), read only by the pad back "
+                   "to the unsliced logits' shape: the pad could compute the product "
+                   "and the one-hot term (iota == label) on load")),
         Expect(K.LAYOUT_CONFLICT, f"f32[{BATCH},{SEQ},{HEADS},{_HD}]", "apply",
                count=LAYERS, why=(
                    "the heads' output [b, h, p, t] (which w_o's gemm reads as it "

@@ -146,6 +146,38 @@ def through_bitcasts(comp: Computation, name: str) -> Instruction | None:
   return inst
 
 
+def through_kernels(program: Program, comp: Computation, name: str,
+                    caller: Instruction | None = None, outer: Computation | None = None,
+                    also: tuple[str, ...] = ()) -> tuple[Computation, Instruction | None]:
+  """The instruction behind `name` in `comp` through bitcasts (and the
+  one-operand opcodes in `also`) and kernel boundaries: a fused
+  computation's parameter is its caller's operand (`caller`, the fusion
+  instruction running `comp`, in `outer`), a fusion's result is its root.
+  (computation, instruction); the instruction is None where the trail is
+  lost."""
+  for _ in range(16):
+    inst = through_bitcasts(comp, name)
+    if inst is None:
+      return comp, None
+    if inst.opcode in also and inst.operands:
+      name = inst.operands[0]
+      continue
+    if inst.opcode == "parameter" and caller is not None and outer is not None and \
+        (inst.parameter_number or 0) < len(caller.operands):
+      comp, name, caller = outer, caller.operands[inst.parameter_number or 0], None
+      continue
+    if inst.opcode == "fusion" and caller is None:
+      calls = inst.called_computations.get("calls", ())
+      if not calls or calls[0] not in program.module:
+        return comp, inst
+      outer, caller = comp, inst
+      comp = program.module.computation(calls[0])
+      name = comp.root_name
+      continue
+    return comp, inst
+  return comp, None
+
+
 def through_moves(comp: Computation, name: str) -> Instruction | None:
   """The instruction behind `name`, through reshapes, bitcasts, copies and
   transposes (data movement that keeps values)."""
@@ -279,3 +311,34 @@ def scalar_ops(program: Program, k: Kernel) -> set[str]:
   ranked = {i.opcode for i in fused.instructions
             if i.shape is not None and i.shape.is_array and i.shape.dims}
   return {i.opcode for i in fused.instructions} - ranked
+
+
+def one_per_row(program: Program, where: Computation, scatter: Instruction,
+                caller: Instruction | None, outer: Computation) -> bool:
+  """Whether `scatter` writes one element per update at distinct places:
+  its updates hold one element per index tuple, and its indices are a
+  concatenate whose iota parts count every row axis of the updates (so no
+  two tuples are equal). `caller` runs `where` in `outer`, where it is a
+  fused computation."""
+  if len(scatter.operands) != 3:
+    return False  # (a variadic scatter)
+  at, idx = through_kernels(program, where, scatter.operands[1], caller, outer)
+  upd = where.instruction(scatter.operands[2]) if scatter.operands[2] in where else None
+  if idx is None or upd is None or idx.opcode != "concatenate" or not idx.dimensions or \
+      idx.shape is None or upd.shape is None or not idx.shape.is_array:
+    return False
+  (axis,) = idx.dimensions
+  dims = tuple(idx.shape.dims)
+  tuples = product(dims) // max(dims[axis], 1)
+  if upd.shape.num_elements != tuples:
+    return False  # windows of several elements: updates may overlap
+  others = tuple(n for a, n in enumerate(dims) if a != axis)
+  counted = set()
+  for o in idx.operands:
+    part = through_bitcasts(at, o)
+    if part is not None and part.opcode == "iota" and part.shape is not None and \
+        tuple(n for a, n in enumerate(part.shape.dims) if a != axis) == others:
+      counted.add(int(part.attribute("iota_dimension") or -1))
+  rows = {a for a, n in enumerate(dims) if a != axis and n > 1}
+  # (and a part that is no iota: the data index each row scatters to)
+  return bool(rows) and rows <= counted and len(counted) < len(idx.operands)

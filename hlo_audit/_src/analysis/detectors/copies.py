@@ -17,8 +17,9 @@ from hlo_audit._src.analysis.backend_traits import KernelKind
 from hlo_audit._src.analysis.buffers import Lifetime, is_layout_conversion
 from hlo_audit._src.analysis.detectors.common import (COMMON_RISKS, anchor_of,
                                                       consumer_kernels, fused_computation,
-                                                      kernel_desc, through_bitcasts,
-                                                      through_moves, times)
+                                                      kernel_desc, operand_producers,
+                                                      through_bitcasts, through_moves,
+                                                      times)
 from hlo_audit._src.analysis.kernels import Kernel
 from hlo_audit._src.analysis.layouts import kernel_permutes, permutes
 from hlo_audit._src.analysis.program import Program
@@ -167,6 +168,11 @@ def _copies_of(program: Program, k: Kernel, out: list[FusionDecisionRecord]) -> 
             + COMMON_RISKS, ops=("transpose",)))
     elif not moves and converts and consumers and len(anchors) == len(consumers):
       continue  # a cast read only by matmuls: an unfused prologue
+    elif not moves and converts and not consumers and _casts_matmul_alone(program, k):
+      # A cast writing the program's output from a matmul's result it alone
+      # reads: the output is written whatever happens; what can go is the
+      # matmul's result before it, the matmul's epilogue (reported there).
+      continue
     else:
       what = ("layout change" if moves else
               "dtype conversion" if converts else "same-layout copy")
@@ -192,6 +198,22 @@ def _copies_of(program: Program, k: Kernel, out: list[FusionDecisionRecord]) -> 
                   "vectorized access",) if moves else ()) +
                 ("cache reuse: several consumers would each redo it",) + COMMON_RISKS,
           ops=(what,)))
+
+
+def _casts_matmul_alone(program: Program, k: Kernel) -> bool:
+  """Whether every operand of `k` holds a result a matmul (or convolution)
+  wrote that `k` alone reads."""
+  producers = operand_producers(program, k)
+  if not producers or not all(producers):
+    return False
+  for names in producers:
+    for name in names:
+      p = program.kernels[name]
+      if anchor_of(program, p) is None or any(
+          [c.name for c in consumer_kernels(program, b)] != [k.name]
+          for b in program.writes.get(name, ())):
+        return False
+  return True
 
 
 def _layouts(program: Program, k: Kernel, inst: Instruction) -> tuple[str, str]:

@@ -423,10 +423,12 @@ def _through_converts(comp: Computation, inst: Instruction) -> Instruction:
   return inst
 
 
-def _slice_read(program: Program, consumer: Kernel, buf: Buffer) -> int | None:
+def _slice_read(program: Program, consumer: Kernel, buf: Buffer,
+                whole: bool = True) -> int | None:
   """Bytes `consumer` reads of `buf` when it reads it only through slices
   (possibly after elementwise work on the whole, e.g. a gate fusion adding
-  the bias before splitting the gates), else None."""
+  the bias before splitting the gates) and, with `whole`, does same-index
+  work on each slice, else None."""
   operand = operand_number(program, consumer, buf)
   fused = fused_computation(program, consumer)
   if operand is None or fused is None:
@@ -449,12 +451,34 @@ def _slice_read(program: Program, consumer: Kernel, buf: Buffer) -> int | None:
       seen.add(u.name)
       if u.opcode == "slice" and u.shape is not None:
         total += u.shape.byte_size
+        # What the reader does with the slice must be same-index work too:
+        # a slice squared and summed (a global norm over a fused QKV
+        # gradient's parts) needs the whole slice first.
+        if whole and not _elementwise_after(fused, users, u.name):
+          return None
       elif u.opcode == "bitcast" or (u.opcode in opcodes.ELEMENTWISE and
                                      u.shape is not None and u.shape.dims == buf.dims):
         stack.append(u.name)
       else:
         return None
   return total
+
+
+def _elementwise_after(fused: Computation, users: Mapping[str, list[Instruction]],
+                       name: str) -> bool:
+  """Whether everything computed from `name` in `fused` is elementwise or
+  shape-only work (no reduce, gather or matmul)."""
+  stack, seen = [name], set()
+  while stack:
+    for u in users.get(stack.pop(), ()):
+      if u.name in seen:
+        continue
+      seen.add(u.name)
+      if not (u.opcode in opcodes.ELEMENTWISE or u.opcode in (
+          "bitcast", "reshape", "tuple", "transpose", "slice", "broadcast")):
+        return False
+      stack.append(u.name)
+  return True
 
 
 def _store_into_slice(program: Program, consumer: Kernel, buf: Buffer) -> bool:
@@ -502,6 +526,10 @@ def _multi_epilogue(program: Program, k: Kernel, anchor: str, buf: Buffer,
     work = _epilogue_work(program, c, operand, buf) if operand is not None else None
     sliced = _slice_read(program, c, buf) if work is None else None
     if work is None and sliced is None:
+      if _slice_read(program, c, buf, whole=False) is not None and \
+          _depends_on(program, c, k.name, operand):
+        later.append(c)  # slices it with values computed from the whole result
+        continue
       return None  # another matmul, a reduction: reuse the stored result
     if _depends_on(program, c, k.name, operand):
       later.append(c)  # elementwise, but with values computed from the result

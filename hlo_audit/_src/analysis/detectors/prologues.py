@@ -13,12 +13,13 @@ from __future__ import annotations
 
 from hlo_audit._src.analysis import backend_traits as bt
 from hlo_audit._src.analysis.backend_traits import KernelKind
-from hlo_audit._src.analysis.buffers import Buffer, Lifetime, is_layout_conversion
+from hlo_audit._src.analysis.buffers import Buffer, Lifetime, fused_root, is_layout_conversion
 from hlo_audit._src.analysis.detectors.common import (COMMON_RISKS, SLICE_GLUE, SLICE_OPS,
                                                       activation_of, anchor_of,
                                                       consumer_kernels, fused_computation,
-                                                      kernel_desc, operand_number, primitives,
-                                                      scalar_ops, times)
+                                                      kernel_desc, one_per_row,
+                                                      operand_number, primitives, scalar_ops,
+                                                      through_bitcasts, times)
 from hlo_audit._src.analysis.kernels import Kernel
 from hlo_audit._src.analysis.layouts import kernel_permutes
 from hlo_audit._src.analysis.program import Program
@@ -95,8 +96,9 @@ def find(program: Program) -> tuple[FusionDecisionRecord, ...]:
           # Matmuls and convolutions reading one buffer share no kernel.
           need=(KernelNeed(FindingKind.UNFUSED_PROLOGUE, anchor, work)
                 if len(set(anchors)) == 1 else None)))
-  # And arrays written whole for gathers of a few of their elements.
-  return tuple(out) + _gathered_prologues(program)
+  # And arrays written whole for gathers of a few of their elements, and
+  # for one-hot scatters into them.
+  return tuple(out) + _gathered_prologues(program) + _one_hot_scatters(program)
 
 
 def _prologue_saving(k: Kernel, buf: Buffer, readers: int) -> int:
@@ -332,3 +334,61 @@ def _g_record(program: Program, k: Kernel, buf: Buffer, readers: list[Kernel],
                "index alone",),
       risks=COMMON_RISKS, ops=("gather", what), kernel=None, trip_count=k.trip_count,
       source=buf.source, computation=k.computation)
+
+
+def _one_hot_scatters(program: Program) -> tuple[FusionDecisionRecord, ...]:
+  """Arrays computed elementwise, updated in place by a scatter of one
+  element per row (its indices an iota over every row axis beside the data
+  index: take_along_axis's gradient, a cross-entropy's -1/N at each label)
+  and read by one kernel. Such a scatter is elementwise work (iota ==
+  index), but XLA runs a scatter as a kernel of its own: the array is
+  written whole before it and read back whole after it, where the reader
+  could compute the producer's work and the update on load."""
+  out = []
+  for s in program.kernels.values():
+    inst = program.inst(s)
+    comp = program.comps[s.computation]
+    found = fused_root(program.module, inst)
+    where, root = found if found is not None else (comp, inst)
+    root = through_bitcasts(where, root.name)
+    if root is None or root.opcode != "scatter" or len(root.operands) != 3:
+      continue
+    caller = inst if found is not None else None
+    if not one_per_row(program, where, root, caller, comp):
+      continue
+    bid = program.dataflow.buffer_of.get((s.name, ()))
+    buf = program.buffers.get(bid[0]) if bid is not None and not bid[1] else None
+    if buf is None or buf.internal or buf.lifetime is Lifetime.EXTERNAL_OUTPUT or \
+        buf.producer == s.name or buf.producer not in program.kernels:
+      continue
+    k = program.kernels[buf.producer]
+    readers = [c for c in consumer_kernels(program, buf) if c.name != s.name]
+    work = _g_work(program, k, buf)
+    if len(readers) != 1 or work is None or readers[0].trip_count != s.trip_count:
+      continue
+    reader = readers[0]
+    out.append(FusionDecisionRecord(
+        kind=FindingKind.UNFUSED_PROLOGUE, producer=k.name,
+        consumers=(s.name, reader.name), boundary=buf.name, boundary_shape=buf.shape,
+        bytes_saved=times(_prologue_saving(k, buf, 1), k.trip_count),
+        launches_removed=times(2, k.trip_count),
+        extra_arithmetic="the one-hot term (iota == index) per element on load",
+        extra_resources="the indices of each loaded row",
+        numerical_class=NumericalClass.SAME_OPS,
+        guard="none needed: one update per row, so no two updates meet",
+        layout_effect="none: the reader loads the producer's inputs",
+        evidence=(f"{kernel_desc(k)} writes {buf.shape} ({', '.join(work)} of its "
+                  f"inputs); {kernel_desc(s)} scatters one element into each row of it "
+                  "in place (its indices an iota over the rows beside the data index: "
+                  f"a one-hot update), and only {kernel_desc(reader)} reads the result: "
+                  "the scatter is elementwise (iota == index), so the reader could "
+                  "compute the producer's work and the update on load, and the array "
+                  "is never written"),
+        verdict=Verdict.SAFE,
+        reasons=("current element only: each element depends on the producer's "
+                 "inputs and its row's index alone",),
+        risks=("the reader compares every element's column with its row's index",)
+        + COMMON_RISKS,
+        ops=("one-hot scatter", "elementwise"), kernel=None, trip_count=k.trip_count,
+        source=buf.source, computation=k.computation))
+  return tuple(out)

@@ -25,11 +25,12 @@ from hlo_audit._src.analysis.buffers import Buffer, Lifetime, fused_root
 from hlo_audit._src.analysis.dataflow import ValueId
 from hlo_audit._src.analysis.detectors.common import (COMMON_RISKS, anchor_of,
                                                       consumer_kernels, fused_computation,
-                                                      kernel_desc, operand_number,
-                                                      operand_producers, primitives,
+                                                      kernel_desc, one_per_row,
+                                                      operand_number, operand_producers,
+                                                      primitives,
                                                       product, split_k_site,
-                                                      through_bitcasts, through_moves,
-                                                      times)
+                                                      through_bitcasts, through_kernels,
+                                                      through_moves, times)
 from hlo_audit._src.analysis.kernels import Kernel
 from hlo_audit._src.analysis.program import Program
 from hlo_audit._src.analysis.records import (FindingKind, FusionDecisionRecord,
@@ -82,6 +83,11 @@ def find(program: Program) -> tuple[FusionDecisionRecord, ...]:
     producer = program.kernels.get(vid[0]) or program.kernels.get(buf.producer)
     if producer is None or producer.name in by_name:
       continue
+    if _scatters_into_constant(program, producer, vid[1]):
+      # A scatter into a table of one constant (a scatter-add into zeros:
+      # an embedding's gradient, a segment sum): each value is complete only
+      # once every update landing on it has, and no earlier kernel holds it.
+      continue
     # A reduction inside a loop of which the producer is not part reads the
     # buffer on every trip (loop state the body updates, initialised by the
     # producer's copy): the producer, run once, cannot compute it.
@@ -119,8 +125,11 @@ def find(program: Program) -> tuple[FusionDecisionRecord, ...]:
       others = [c for c in others if c != producer.name]
       if not reductions:
         continue
-    whole = [r for r in reductions if _whole_normalization(program, r, buf)]
-    if len(whole) == len(reductions):
+    whole = [r for r in reductions if _whole_normalization(program, r, buf, vid in partials)]
+    # XLA's one-kernel norms each summing a gemm's split-K partial sums again:
+    # no norm kernel is missing, the partial sums are what each re-reads.
+    norms_of_partials = vid in partials and len(whole) == len(reductions)
+    if len(whole) == len(reductions) and not norms_of_partials:
       # XLA's own Triton softmax or norm: already one kernel. Only a fused
       # attention kernel removes the boundary, where a gemm feeds it and a
       # gemm reads it.
@@ -128,7 +137,8 @@ def find(program: Program) -> tuple[FusionDecisionRecord, ...]:
       if chain is not None:
         out.append(chain)
       continue
-    if whole:  # read beside the others, as any reader (a norm's backward in one kernel)
+    if whole and not norms_of_partials:
+      # read beside the others, as any reader (a norm's backward in one kernel)
       reductions = [r for r in reductions if r not in whole]
       others = others + [r.name for r in whole]
     only = not others and len(reductions) == 1
@@ -144,7 +154,7 @@ def find(program: Program) -> tuple[FusionDecisionRecord, ...]:
     # A pattern some kernel could compute asks the libraries; a norm's
     # backward pass is its forward kernel's business.
     need = (KernelNeed(FindingKind.SEPARATE_REDUCTION, pattern, statistics=stats)
-            if pattern in _KERNEL_PATTERNS else None)
+            if pattern in _KERNEL_PATTERNS and not norms_of_partials else None)
     gemm = _column_sum_gemm(program, others, stats) if pattern == "column_reduction" else None
     if gemm is not None:
       # dW = x^T @ dy reads dy whole: its kernel can sum dy's columns as it
@@ -174,7 +184,11 @@ def find(program: Program) -> tuple[FusionDecisionRecord, ...]:
                   (f"; {len(others)} other kernel(s) read it too" if others else
                    "; no other kernel reads it") +
                   ("; it holds the gemm's split-K partial sums, which each reader sums "
-                   "again" if vid in partials else "") + (f"; {what}" if what else "")),
+                   "again" if vid in partials else "") +
+                  ("; each reader is XLA's one-kernel norm (statistics and apply): no "
+                   "norm kernel is missing, the gemm's split-K sum finished once "
+                   "removes the re-reads" if norms_of_partials else "") +
+                  (f"; {what}" if what else "")),
         verdict=Verdict.SAFE if only else Verdict.RISKY,
         reasons=(("tile-local partial reductions",) if only else
                  ("tile-local partial reductions",
@@ -466,6 +480,27 @@ def _tree_stage(program: Program, producer: Kernel, buf: Buffer, r: Kernel) -> b
   return False
 
 
+def _scatters_into_constant(program: Program, producer: Kernel,
+                            index: tuple[int, ...]) -> bool:
+  """Whether `producer` writes its output `index` by a scatter whose
+  destination holds one constant everywhere (a broadcast of a constant, in
+  the kernel or written by the kernel before it) and whose updates may
+  meet (not one per row)."""
+  inst = program.inst(producer)
+  comp = program.comps[producer.computation]
+  found = fused_root(program.module, inst, index)
+  where, root = found if found is not None else (comp, inst)
+  root = through_bitcasts(where, root.name)
+  if root is None or root.opcode != "scatter" or not root.operands:
+    return False
+  caller = inst if found is not None else None
+  if one_per_row(program, where, root, caller, comp):
+    return False  # one update per row: no two meet, each row is its update's
+  _, dest = through_kernels(program, where, root.operands[0], caller, comp,
+                            also=("broadcast", "convert"))
+  return dest is not None and dest.opcode == "constant"
+
+
 def _reducer_name(inst: Instruction) -> str | None:
   """The reducer computation's name, less the `.clone` suffixes XLA adds
   when it splits a reduction (`region_0.1.clone` is `region_0.1`)."""
@@ -551,15 +586,22 @@ def _reduce_inputs(program: Program, r: Kernel, operand: int | None) -> int | No
   return found
 
 
-def _whole_normalization(program: Program, r: Kernel, buf: Buffer) -> bool:
+def _whole_normalization(program: Program, r: Kernel, buf: Buffer,
+                         partials: bool = False) -> bool:
   """Whether `r` is an XLA Triton fusion holding a whole softmax or norm
   over `buf`: its reductions and the elementwise apply in one kernel, writing
-  a result of `buf`'s size."""
+  a result of `buf`'s size (with `partials`, of the size of what `r`'s
+  split-K sum makes of `buf`)."""
   if r.kind is not KernelKind.TRITON_FUSION or "reduce" not in r.fused_ops:
     return False
   shape = program.inst(r).shape
-  return shape is not None and shape.is_array and \
-      shape.num_elements == product(buf.dims)
+  size = product(buf.dims)
+  if partials:
+    site = split_k_site(program, r)
+    if site is None or site.shape is None or not site.shape.is_array:
+      return False
+    size = site.shape.num_elements
+  return shape is not None and shape.is_array and shape.num_elements == size
 
 
 #: The fused attention kernels a gemm -> softmax -> gemm chain needs.
@@ -723,6 +765,90 @@ def _through_same_shape(comp: Computation, inst: Instruction) -> Instruction:
   return inst
 
 
+def _later_stages(program: Program, r: Kernel, comp: Computation, inst: Instruction,
+                  dims: tuple[int, ...], axes: tuple[int, ...]
+                  ) -> tuple[tuple[int, ...], tuple[int, ...]]:
+  """(dims, axes) of the reduction `inst` of kernel `r` begins, where XLA
+  runs it in stages over several kernels (a row max over 32768 words as
+  [256,128,256] reduced over {2}, then the [256,128] partials over {1} by
+  the next kernel; a bias gradient summed over the tokens, then over the
+  batch): each later kernel reducing the partial results themselves, as
+  `r` writes them, with the same reducer adds its axes."""
+  for _ in range(4):  # (a tree has few stages)
+    nxt = _next_stage(program, r, comp, inst)
+    if nxt is None:
+      break
+    r, comp, inst, second = nxt
+    kept = [a for a in range(len(dims)) if a not in axes]
+    if len(kept) != len(comp.instruction(inst.operands[0]).shape.dims):
+      break
+    axes = tuple(sorted(set(axes) | {kept[a] for a in second}))
+  return dims, axes
+
+
+def _widest_reduce(program: Program, r: Kernel, buf: Buffer):
+  """((operand dims, reduced axes), (computation, reduce)) of the reduction
+  kernel's widest reduce of `buf` (of all its reduces where none reads
+  `buf`); (None, None) where it has none."""
+  best = site = None
+  for comp, inst in _reduce_sites(program, r, operand_number(program, r, buf)):
+    found = _reduced_dims(comp, inst)
+    if found is not None and (best is None or (len(found[0]), len(found[1])) >
+                              (len(best[0]), len(best[1]))):
+      best, site = found, (comp, inst)
+  return best, site
+
+
+def _stage_kernels(program: Program, r: Kernel, buf: Buffer) -> list[Kernel]:
+  """`r` and the kernels reducing its partial results further (`_next_stage`
+  from its widest reduce of `buf`)."""
+  _, site = _widest_reduce(program, r, buf)
+  out = [r]
+  while site is not None and len(out) < 5:
+    nxt = _next_stage(program, out[-1], *site)
+    if nxt is None:
+      break
+    out.append(nxt[0])
+    site = nxt[1], nxt[2]
+  return out
+
+
+def _next_stage(program: Program, r: Kernel, comp: Computation, inst: Instruction
+                ) -> tuple[Kernel, Computation, Instruction, tuple[int, ...]] | None:
+  """The kernel reducing what reduce `inst` (in `r`) writes, as written (a
+  reduce of the kernel's parameter, through bitcasts, by the same reducer
+  computation): (that kernel, its computation, its reduce, the axes it
+  reduces); None when no kernel does."""
+  if inst.opcode != "reduce" or comp.name == r.computation:
+    return None
+  root = comp.root
+  index: tuple[int, ...] = ()
+  if root.opcode == "tuple":
+    hits = [j for j, o in enumerate(root.operands)
+            if (through_bitcasts(comp, o) or root).name == inst.name]
+    if len(hits) != 1:
+      return None
+    index = (hits[0],)
+  elif (through_bitcasts(comp, root.name) or root).name != inst.name:
+    return None
+  reducer = _reducer_name(inst)
+  for buf in program.writes.get(r.name, ()):
+    if buf.index != index:
+      continue
+    for c in consumer_kernels(program, buf):
+      operand = operand_number(program, c, buf)
+      if operand is None or c.trip_count != r.trip_count:
+        continue
+      for where, i in _reduce_sites(program, c, operand):
+        src = through_bitcasts(where, i.operands[0]) if i.operands else None
+        if i.opcode == "reduce" and i.dimensions and _reducer_name(i) == reducer and \
+            src is not None and src.opcode == "parameter" and \
+            src.parameter_number == operand and \
+            where.instruction(i.operands[0]).shape.dims == src.shape.dims:
+          return c, where, i, tuple(sorted(i.dimensions))
+  return None
+
+
 def _map_axes(src: tuple[int, ...], axes: tuple[int, ...],
               dst: tuple[int, ...]) -> tuple[int, ...] | None:
   """`axes` of `src` as axes of `dst`, a reshape of it, where the reduced
@@ -748,15 +874,10 @@ def _statistics(program: Program, r: Kernel, buf: Buffer) -> Statistics | None:
   """What the reduction kernel's widest reduce of `buf` reduces (the widest
   of all its reduces where none reads `buf`), in `buf`'s dims where the two
   are reshapes of each other, with the scale applied beside."""
-  best = None
-  for comp, inst in _reduce_sites(program, r, operand_number(program, r, buf)):
-    found = _reduced_dims(comp, inst)
-    if found is not None and (best is None or (len(found[0]), len(found[1])) >
-                              (len(best[0]), len(best[1]))):
-      best = found
+  best, site = _widest_reduce(program, r, buf)
   if best is None:
     return None
-  dims, axes = best
+  dims, axes = _later_stages(program, r, *site, *best)
   mapped = _map_axes(dims, axes, tuple(buf.dims))
   if mapped is not None:
     dims, axes = tuple(buf.dims), mapped
@@ -838,8 +959,11 @@ def _reduction_pattern(program: Program, r: Kernel, producer: Kernel,
   # What reads the reduction's result: statistics feed an rsqrt there (the
   # producer's own ops say nothing: x_hat holds an rsqrt too). Each kernel's
   # primitives are read only as far as the answer needs them.
-  after = [r] + [program.kernels[c] for b in program.writes.get(r.name, ())
-                 for c in b.consumers if c in program.kernels]
+  # (A reduction XLA stages over several kernels: what reads its last stage.)
+  stages = _stage_kernels(program, r, buf)
+  after = stages + [program.kernels[c] for k in stages
+                    for b in program.writes.get(k.name, ())
+                    for c in b.consumers if c in program.kernels]
   backward = "transpose(" in r.op_name or "transpose(" in producer.op_name
   if reducer in _TESTS:
     return _TESTS[reducer]  # jnp.any / jnp.all: a mask's test, not statistics
