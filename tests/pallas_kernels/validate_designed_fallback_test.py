@@ -63,3 +63,32 @@ def test_anything_but_the_designed_fallback_fails(clean_fallbacks, reasons):
   assert not row.fallback_as_designed and not report.passed
   if not reasons:
     assert "MISSING DESIGNED FALLBACK" in str(report)
+
+
+def test_a_rows_error_is_its_worst_outputs_not_its_first():
+  # Two outputs: the first exact, the second 1e-3 off; the row must say 1e-3.
+  def reference(x):
+    return x, 2.0 * x
+
+  def fn(x, *, implementation, interpret=None):
+    del interpret
+    return (x, 2.0 * x * (1.0 + 1e-3)) if implementation == "pallas" else reference(x)
+
+  x = jax.random.normal(jax.random.key(1), (4, 16), jnp.float32)
+  case = Case(name="x=f32[4,16]", args=(x,), kwargs={}, tags=frozenset({"ci"}))
+  spec = dataclasses.replace(registry.get_spec("softmax"), name="two_outputs", fn=fn,
+                             reference_f32=reference,
+                             cases=lambda tag, seed: iter([case] if tag == "ci" else []))
+  [row] = pk.validate(spec, require_kernel=False, check_grads=False).rows
+  assert row.kernel_err == pytest.approx(1e-3, rel=0.05)
+  assert not row.passed
+
+
+def test_every_finite_element_is_checked_where_some_are_not_finite():
+  from pallas_kernels._src import validate
+
+  ref = jnp.array([-jnp.inf, 1.0, 2.0, 3.0], jnp.float32)   # a masked row's -inf
+  written = jnp.array([-jnp.inf, 1.0, 2.0, 3.0], jnp.float32)
+  unwritten = jnp.array([-jnp.inf, 1.0, 2.0, 9.0e6], jnp.float32)  # garbage left behind
+  assert validate._written(written, ref, 1e-5)
+  assert not validate._written(unwritten, ref, 1e-5)
