@@ -138,7 +138,8 @@ def _audit_capture(cap: Capture, options: AuditOptions,
   # a TPU generation sizes XLA:TPU's tuple tables.
   facts, device_note = device_facts_for(cap, options, platform)
   liveness = analyze_liveness(module, schedule, dataflow, cache=cache, platform=platform,
-                              device=facts.name if facts is not None else "")
+                              device=facts.name if facts is not None else "",
+                              libtpu=cap.libtpu_version)
   libraries = installed_libraries(options.kernel_libraries)
   # A kernel library's internals are not the user's code either.
   paths = {"library_paths": options.library_paths + tuple(
@@ -151,7 +152,8 @@ def _audit_capture(cap: Capture, options: AuditOptions,
                     buffers={b.name: b for b in buffers},
                     arguments=arguments_of(module, cap.argument_names),
                     platform=platform, options=options, libraries=libraries,
-                    device=facts, pre_optimization=lambda: cap.pre_optimization_text, cache=cache)
+                    device=facts, libtpu_version=cap.libtpu_version,
+                    pre_optimization=lambda: cap.pre_optimization_text, cache=cache)
   optimized = is_optimized(module)
   # The findings judge XLA's decisions: a module XLA has not optimized holds
   # none yet (every op would read as a boundary left unfused).

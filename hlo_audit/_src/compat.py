@@ -11,6 +11,7 @@ Sections:
   * XLA's HLO parser: what the installed jaxlib's parser builds differently.
   * XLA:GPU specs: what the installed XLA reads of a GPU's spec text.
   * CPython's collector: objects the interpreter itself freezes.
+  * XLA:TPU (libtpu): what the libtpu that compiled a module does differently.
   * Compile reuse and XLA's memory reports: where an executable jit built
     keeps XLA's buffer assignment.
 
@@ -99,6 +100,23 @@ GPU_SPEC_FIELDS_UNKNOWN: tuple[str, ...] = (
 #: interpreter's too).
 INTERPRETER_FROZEN_AT_START: int = (gc.get_freeze_count()
                                     if sys.version_info[:2] == (3, 12) else 0)
+
+
+# ---------------------------------------------------- XLA:TPU (libtpu) ----
+
+
+def libtpu_temporaries_share_outputs(libtpu_version: str) -> bool:
+  """Whether XLA:TPU of `libtpu_version` (the libtpu that compiled a
+  module; "" unknown) lets a temporary take an output's allocation before the
+  output is written. Read from the buffer-assignment dumps of the eight
+  programs of scripts/bench_tpu_target.py: libtpu 0.0.42.1 puts temporaries
+  in outputs' allocations (the MLP's 8 MiB activation; 74 of the decoder's
+  107 output allocations), 0.0.50.1 gives every output an allocation of its
+  own and keeps every temporary in the heap (none of 312 output allocations
+  holds a second value). Versions between were not compiled. HLO text alone
+  says neither; unknown gets 0.0.42.1's, the committed TPU fixtures'
+  compiler."""
+  return not libtpu_version or parse_version(libtpu_version) < (0, 0, 50)
 
 
 # ---------------------------------------------------------------------------

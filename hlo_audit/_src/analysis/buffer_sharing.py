@@ -31,6 +31,7 @@ import dataclasses
 import functools
 from collections.abc import Callable
 
+from hlo_audit._src import compat
 from hlo_audit._src.analysis import tuple_tables
 from hlo_audit._src.analysis.backend_traits import fusion_config_kind
 from hlo_audit._src.analysis.dataflow import in_place_pairs
@@ -325,6 +326,10 @@ class HeapModel:
   #: and the heap's peak is the temp `memory_analysis()` reports, not the
   #: packed heap's size (liveness.tpu_reported_temp).
   tpu_temp: bool = False
+  #: A temporary may take a live-out allocation while the output is not yet
+  #: live (XLA's BufferAssigner); else every temporary is in the heap
+  #: (XLA:TPU of libtpu 0.0.50: compat.libtpu_temporaries_share_outputs).
+  temporaries_share_outputs: bool = True
 
 
 #: XLA:CPU, and HLO whose backend is unknown: the model the CPU suite holds
@@ -347,17 +352,19 @@ TPU_MODEL = HeapModel(can_share_buffer, constants_in_program=True, packing_align
 
 
 @functools.cache
-def heap_model(platform: str, device: str = "") -> HeapModel:
+def heap_model(platform: str, device: str = "", libtpu: str = "") -> HeapModel:
   """The model of the backend that compiled the module ("gpu", "tpu",
   "cpu", ""). `device`: the TPU generation it was compiled for ("v5e", a
   topology, or what jax calls the device), which sizes XLA:TPU's tuple
-  tables; where it is unknown ("": HLO text names none), a v5e's."""
+  tables; where it is unknown ("": HLO text names none), a v5e's.
+  `libtpu`: the version of the libtpu that compiled it ("": unknown)."""
   if platform in ("gpu", "cuda", "rocm"):
     return GPU_MODEL
   if platform != "tpu":
     return DEFAULT_MODEL
   return dataclasses.replace(
-      TPU_MODEL, tuple_table_bytes=functools.partial(tpus.tuple_table_bytes, device))
+      TPU_MODEL, tuple_table_bytes=functools.partial(tpus.tuple_table_bytes, device),
+      temporaries_share_outputs=compat.libtpu_temporaries_share_outputs(libtpu))
 
 
 def sharing_rule(platform: str) -> SharingRule:

@@ -14,7 +14,8 @@ numbers XLA reports (`memory_analysis()`, the buffer-assignment report):
    allocation it fits, where "fits" means no live range overlaps, except that
    an output may start the moment an operand it can overwrite dies (XLA's
    `CanShareBuffer`, whose rules differ by backend: buffer_sharing.py).
-   Outputs that find none get their own allocation.
+   Outputs that find none get their own allocation. (XLA:TPU of libtpu
+   0.0.50 offers a temporary no output's allocation: `HeapModel`.)
 2. The heap: temporaries that found no allocation. Its peak is the largest sum
    of temporaries live at one time, an output again taking the memory of an
    operand that dies where it is written.
@@ -102,18 +103,19 @@ class LivenessEdits:
 def analyze_liveness(module: HloModule, schedule: Schedule,
                      dataflow: Dataflow, edits: LivenessEdits | None = None,
                      cache: dict | None = None, *, platform: str = "",
-                     device: str = "") -> Liveness:
+                     device: str = "", libtpu: str = "") -> Liveness:
   """Live ranges of `dataflow`'s values and buffers, and the peak memory;
   with `edits`, of the program those edits describe. `cache`: a dict kept
   between runs on the same module, schedule and dataflow (what-if replays),
   where the tables no edit changes are made once. `platform`: the backend
   that compiled the module ("gpu", "cpu", ""), whose buffer-sharing rules
-  apply; `device`: the TPU generation it was compiled for (`heap_model`)."""
+  apply; `device`: the TPU generation it was compiled for, `libtpu` the
+  version of the libtpu that compiled it (`heap_model`)."""
   tables = cache.get("liveness_tables") if cache is not None else None
   if tables is None or not tables.serves(module, schedule, dataflow):
     base = tables if tables is not None and tables.extends_to(
         module, schedule, dataflow) else None
-    tables = _Tables(module, schedule, dataflow, base, heap_model(platform, device))
+    tables = _Tables(module, schedule, dataflow, base, heap_model(platform, device, libtpu))
     if cache is not None and base is None:
       cache["liveness_tables"] = tables
   end = schedule.end
@@ -664,6 +666,7 @@ def _assign(tables, placing, value_ranges, sharer):
   occupancy = _Occupancy(program_end)
   busy_of, occupy = occupancy.busy, occupancy.add
   reusable = 0  # bits of the allocations a temporary may join
+  temporaries_share = tables.model.temporaries_share_outputs
   # size -> bits of the reusable allocations of that size (the only ones a
   # live-out buffer may join).
   reusable_sized: dict[int, int] = {}
@@ -692,7 +695,8 @@ def _assign(tables, placing, value_ranges, sharer):
     # Every allocation a buffer may join is in `candidates`; which of them a
     # value overlaps other than at an end (they cannot fit) is asked once,
     # and only if one passes the cheaper tests.
-    candidates = reusable_sized.get(size, 0) if live_out else reusable
+    candidates = (reusable_sized.get(size, 0) if live_out else
+                  reusable if temporaries_share else 0)
     if candidates & full:
       for start, last, _ in values:
         if last > start and last > 0:

@@ -112,6 +112,8 @@ class Program:
   #: The device the program is priced for (`DeviceFacts`; None: unknown):
   #: kernel libraries read which of their calls it runs.
   device: DeviceFacts | None = None
+  #: The version of the libtpu that compiled it ("": unknown, or not XLA:TPU).
+  libtpu_version: str = ""
   #: Gives the module's text before XLA optimized it, where captured (it
   #: keeps the parameters' shardings newer XLA drops); called only when a
   #: partitioned module needs it (converting a large module costs ~1 s).
@@ -137,7 +139,8 @@ class Program:
   def heap(self) -> HeapModel:
     """How the backend that compiled it shares buffers and sizes its heap
     (XLA:TPU's by the generation the program is priced for)."""
-    return heap_model(self.platform, self.device.name if self.device is not None else "")
+    return heap_model(self.platform, self.device.name if self.device is not None else "",
+                      self.libtpu_version)
 
   @property
   def pre_optimization_text(self) -> str:

@@ -259,11 +259,12 @@ def replay(program: Program, *, fuse: Sequence[tuple[str, str, Sequence[str]]] =
   device = program.device.name if program.device is not None else ""
   # Tables shared between replays (a donated program's derived from them).
   after = analyze_liveness(module, schedule, dataflow, edits, cache=program.cache,
-                           platform=program.platform, device=device)
+                           platform=program.platform, device=device,
+                           libtpu=program.libtpu_version)
   if early_edits is not None:
     at_producers = analyze_liveness(module, schedule, dataflow, early_edits,
                                     cache=program.cache, platform=program.platform,
-                                    device=device)
+                                    device=device, libtpu=program.libtpu_version)
     if at_producers.peak_bytes < after.peak_bytes:
       notes.append(_AT_PRODUCERS)
       after = at_producers

@@ -43,6 +43,7 @@ from hlo_audit._src.hlo.buffer_assignment_proto import (
 from hlo_audit._src.hlo.parser import parse_hlo
 from hlo_audit._src.hlo.xla_reports import (BufferAssignment, parse_buffer_assignment,
                                             parse_live_range)
+from hlo_audit._src.target import wheels
 from hlo_audit._src.target.target import Target, resolve_target
 
 
@@ -281,11 +282,13 @@ def _from_compiled(compiled, *, origin: str, dumped=None, pre=None,
   except BaseException:
     analyses.cancel()
     raise
+  platform = device.platform if device is not None else jax.default_backend()
   partial = Capture(
-      module=module, hlo_text=text, pre_optimization=pre,
-      platform=device.platform if device is not None else jax.default_backend(),
+      module=module, hlo_text=text, pre_optimization=pre, platform=platform,
       device_kind=device.device_kind if device is not None else "",
       jax_version=jax.__version__, jaxlib_version=jaxlib.__version__,
+      # XLA:TPU is the installed libtpu, a target's compile-only one included.
+      libtpu_version=(wheels.libtpu_version() or "") if platform == "tpu" else "",
       origin=origin, notes=tuple(notes))
 
   @functools.cache

@@ -47,6 +47,9 @@ class Capture:
   device_kind: str = ""
   jax_version: str = ""
   jaxlib_version: str = ""
+  #: The libtpu that compiled it (XLA:TPU compiles here); "" otherwise, and
+  #: for HLO text and dumps, which do not say.
+  libtpu_version: str = ""
   #: XLA's cost analysis ("flops", "bytes accessed", ...).
   cost_analysis: Mapping[str, float] | None = None
   memory_stats: MemoryStats | None = None

@@ -5,6 +5,7 @@ whole program at its generation's size (liveness.tpu_reported_temp)."""
 from __future__ import annotations
 
 import hlo_audit
+from hlo_audit._src import compat
 from hlo_audit._src.analysis.dataflow import analyze_dataflow
 from hlo_audit._src.analysis.liveness import analyze_liveness
 from hlo_audit._src.analysis.schedule import flatten_schedule
@@ -79,11 +80,11 @@ ENTRY %main (x: f32[128,128], s: f32[]) -> (f32[128,128], f32[128,128]) {{
 """
 
 
-def _liveness(text: str, device: str = ""):
+def _liveness(text: str, device: str = "", libtpu: str = ""):
   module = hlo_audit.parse_hlo(text)
   schedule = flatten_schedule(module)
   return analyze_liveness(module, schedule, analyze_dataflow(module, schedule),
-                          platform="tpu", device=device)
+                          platform="tpu", device=device, libtpu=libtpu)
 
 
 def _ceil16k(n: int) -> int:
@@ -99,6 +100,21 @@ def test_reported_temp_is_twice_the_aligned_heap_less_what_is_live():
   assert live.peak_heap_bytes == 2 * _ceil16k(packed) - (most_live + table) == 294400
   assert live.fragmentation_bytes == live.peak_heap_bytes - most_live
   assert live.peak_bytes == 128 * KiB + 294400
+
+
+def test_libtpu_0_0_50_keeps_temporaries_out_of_outputs_allocations():
+  assert compat.libtpu_temporaries_share_outputs("0.0.42.1")
+  assert compat.libtpu_temporaries_share_outputs("")  # HLO text: the fixtures' 0.0.42.1
+  assert not compat.libtpu_temporaries_share_outputs("0.0.50.1")
+  assert _liveness(TWO_OUTPUTS, libtpu="0.0.42.1").peak_heap_bytes == 294400
+  live = _liveness(TWO_OUTPUTS, libtpu="0.0.50.1")
+  # %p1 (64 KiB, steps 1-5) is a temporary of the heap, %o's allocation its own.
+  assert live.allocation_sizes == (64 * KiB, 64 * KiB)
+  assert ("p", (1,)) in live.heap_buffers
+  table = 512
+  most_live = 64 * KiB + 64 * KiB + 192 * KiB  # %p1, %q and %r at step 5
+  assert live.peak_heap_bytes - live.fragmentation_bytes == most_live
+  assert live.peak_heap_bytes == 2 * _ceil16k(most_live + table) - (most_live + table) == 359936
 
 
 def test_tables_take_their_generations_size():
