@@ -70,10 +70,6 @@ class Executor:
   #: connects through Ray Client.
   address: str | None = None
 
-  @property
-  def label(self) -> str:
-    return self.address or self.kind
-
 
 def parse_executor(text: str) -> Executor:
   """`local`, `ray` or `ray://HOST:PORT`.
@@ -256,7 +252,7 @@ class RayPool:
       ref = remote.remote(task)
       flights[ref] = _Flight(task, time.monotonic(), attempt, retried_after)
 
-    quiet = _QuietRayletErrors(ray)
+    quiet = _QuietRayletErrors()
     try:
       while pending or flights:
         while pending and len(flights) < self._read_slots():
@@ -265,18 +261,18 @@ class RayPool:
         ready, _ = ray.wait(list(flights), num_returns=1, timeout=self._wait_time(flights))
         for ref in ready:
           flight = flights.pop(ref)
-          record, infra = self._result(ref, flight)
+          record, why, unstarted = self._result(ref, flight)
           if record is None:  # Its worker died: once more.
-            submit(flight.task, flight.attempt + 1, infra)
+            submit(flight.task, flight.attempt + 1, why)
             continue
-          if infra and not anything_ran:
+          if unstarted and not anything_ran:
             start_failures += 1
             if start_failures >= _START_FAILURES:
               on_record(record)
               raise ExecutorError(f"{start_failures} points failed in Ray before any "
                                   f"ran ({record['error']}); is hlo-audit installed "
                                   "on the cluster's workers?")
-          anything_ran |= not infra
+          anything_ran |= not unstarted
           on_record(record)
         self._expire(flights, on_record)
     finally:
@@ -295,9 +291,10 @@ class RayPool:
     left = min(self.point_timeout - (now - f.started) for f in flights.values())
     return min(1.0, max(0.05, left))
 
-  def _result(self, ref, flight: _Flight) -> tuple[dict | None, str | None]:
-    """The point's record and, for a failure outside the point's own code,
-    its error line; (None, error) for a point to run again."""
+  def _result(self, ref, flight: _Flight) -> tuple[dict | None, str | None, bool]:
+    """The point's record, Ray's error line for a failure outside the
+    point's own code, and whether the task never ran the point (Ray could
+    not start it); (None, error, False) for a point to run again."""
     ex = self._ray.exceptions
     try:
       record = self._ray.get(ref)
@@ -307,21 +304,22 @@ class RayPool:
       # on the worker).
       cause = getattr(e, "cause", None) or e
       why = points.error_line(cause)
-      return self._failed(flight, f"RayTaskError: {why}"), why
+      return self._failed(flight, f"RayTaskError: {why}"), why, True
     except _retryable(ex) as e:
+      # The point ran and its worker died (XLA crashed, the OOM killer).
       why = _first_sentence(e)
       if flight.attempt == 1:
-        return None, why
+        return None, why, False
       return self._failed(flight, f"WorkerError: the Ray worker died running this "
-                          f"point, twice ({why})"), why
-    except ex.RayError as e:
+                          f"point, twice ({why})"), why, False
+    except ex.RayError as e:  # A runtime environment Ray could not set up, ...
       why = _first_line(e)
-      return self._failed(flight, f"WorkerError: {why}"), why
+      return self._failed(flight, f"WorkerError: {why}"), why, True
     record["node"] = self._node_address(record.get("node"))
     if flight.retried_after:
       record["attempts"] = flight.attempt
       record["retried_after"] = flight.retried_after
-    return record, None
+    return record, None, False
 
   def _node_address(self, node_id: str | None) -> str | None:
     """A node's address (`NodeManagerAddress`), read from the cluster again
@@ -361,7 +359,7 @@ class _QuietRayletErrors:
   output only), so its printer is wrapped where Ray's driver looks it up;
   a Ray without that name is left as it is."""
 
-  def __init__(self, ray):
+  def __init__(self):
     try:
       from ray._private import worker
     except ImportError:

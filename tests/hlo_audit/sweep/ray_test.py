@@ -320,3 +320,89 @@ def test_a_sweep_through_ray_client_records_like_any_other(cluster, model, tmp_p
   assert sorted((r["params"]["mode"], r["status"]) for r in records) == [
       ("ok", "ok"), ("ok", "ok"), ("raise", "error"), ("raise", "error")]
   assert all(r["node"] == "127.0.0.1" for r in records)
+
+
+def test_points_whose_workers_die_first_do_not_stop_the_sweep(cluster, model, tmp_path):
+  # Three points that crash their workers (twice each) before any runs: the
+  # points' own failures, not a cluster that cannot run points.
+  result = run_sweep(_options(model, tmp_path / "out", "b=8,16,24,32;d=16;mode=die",
+                              executor="ray", jobs=None))
+  assert (result.ran, result.failed) == (4, 4)
+
+
+class _FakeRay:
+  """Just enough of Ray for the pool's loop: every task raises `error`."""
+
+  def __init__(self, error):
+    import types
+
+    class RayError(Exception):
+      pass
+
+    class RayTaskError(RayError):
+      cause = None
+
+    self.exceptions = types.SimpleNamespace(RayError=RayError, RayTaskError=RayTaskError)
+    self.error = error(self.exceptions)
+    self.cancelled = []
+    fake = self
+
+    class Remote:
+      def options(self, **_):
+        return self
+
+      def remote(self, task):
+        return object()
+
+    self._remote = Remote()
+    self.remote = lambda fn: fake._remote
+
+  def is_initialized(self):
+    return True
+
+  def get_runtime_context(self):
+    import types
+
+    return types.SimpleNamespace(gcs_address="fake:6379")
+
+  def cluster_resources(self):
+    return {"CPU": 2}
+
+  def nodes(self):
+    return []
+
+  def wait(self, refs, num_returns, timeout):
+    return refs[:1], refs[1:]
+
+  def get(self, ref):
+    raise self.error
+
+  def cancel(self, ref, force):
+    self.cancelled.append(ref)
+
+
+def _tasks(n):
+  from hlo_audit._src.sweep.points import PlannedPoint, Task
+  from hlo_audit._src.sweep.targets import TargetRef
+
+  ref = TargetRef("m.py:f", ARGS)
+  return [Task(target=ref, point=PlannedPoint(id=f"p{i}", index=i, values={}, params={}),
+               measure=Measure()) for i in range(n)]
+
+
+def test_a_cluster_whose_tasks_cannot_start_stops_the_sweep_after_three(monkeypatch):
+  def cannot_import(ex):
+    e = ex.RayTaskError("ray::_run_point()")
+    e.cause = ModuleNotFoundError("No module named 'hlo_audit'")
+    return e
+
+  fake = _FakeRay(cannot_import)
+  monkeypatch.setitem(sys.modules, "ray", fake)
+  pool = RayPool(Executor("ray"), measured=False)
+  pool.connect()
+  records = []
+  with pytest.raises(ExecutorError, match="3 points failed in Ray before any ran"):
+    pool.run(_tasks(10), records.append)
+  assert [r["error"] for r in records] == [
+      "RayTaskError: ModuleNotFoundError: No module named 'hlo_audit'"] * 3
+  assert len(fake.cancelled) == 1  # the other point in flight when it stopped
