@@ -1,12 +1,14 @@
 """The ground-truth models compiled for a TPU v5e on a machine without one
 (libtpu's compile-only topologies), and the committed HLO of those compiles
-with XLA:TPU's memory statistics, so the TPU truth runs without recompiling.
+with XLA:TPU's memory statistics and libtpu's cost analysis, so the TPU truth
+runs without recompiling.
 
 `python -m tests.hlo_audit.real_models.tpu_support NAME...` rewrites the
 fixtures (a model's name, one of `VARIANTS`, or `example`; needs libtpu;
 run with JAX_PLATFORMS=cpu). Each fixture is `NAME.hlo.gz` (XLA:TPU's
-optimized HLO) and `NAME.json` (`memory_analysis()`: argument, output,
-alias and temp bytes).
+optimized HLO) and `NAME.json`: `memory_analysis()` (argument, output,
+alias and temp bytes), libtpu's `cost_analysis()` of the same compile
+(`COST_KEYS`, `optimal_seconds` as reported) and the libtpu version.
 """
 
 from __future__ import annotations
@@ -49,8 +51,28 @@ class MemoryStats:
     return self.argument + self.output + self.temp - self.alias
 
 
+def _record(name: str) -> dict:
+  return json.loads((HERE / f"{name}.json").read_text())
+
+
 def stats(name: str) -> MemoryStats:
-  return MemoryStats(**json.loads((HERE / f"{name}.json").read_text()))
+  r = _record(name)
+  return MemoryStats(**{f.name: r[f.name] for f in dataclasses.fields(MemoryStats)})
+
+
+#: What a fixture keeps of libtpu's `cost_analysis()`: `optimal_seconds` is
+#: its step estimate (with -1 per op it cannot price, as reported).
+COST_KEYS = ("optimal_seconds", "flops", "transcendentals", "bytes accessed")
+
+
+def cost(name: str) -> dict[str, float]:
+  """libtpu's `cost_analysis()` of the compile (`COST_KEYS`)."""
+  return dict(_record(name)["cost_analysis"])
+
+
+def libtpu_version(name: str) -> str:
+  """The libtpu that compiled the fixture."""
+  return _record(name)["libtpu"]
 
 
 def fixtures() -> tuple[str, ...]:
@@ -127,16 +149,28 @@ def _stats_of(compiled) -> MemoryStats:
                      alias=m.alias_size_in_bytes, temp=m.temp_size_in_bytes)
 
 
+def _cost_of(compiled) -> dict[str, float]:
+  c = compiled.cost_analysis()
+  if isinstance(c, (list, tuple)):  # older JAX: one dict per device
+    c = c[0]
+  return {k: float(c[k]) for k in COST_KEYS if k in c}
+
+
+def topology(name: str) -> str:
+  """The slice `name` is compiled for ("v5e:1x1" unless `VARIANTS` says)."""
+  return VARIANTS.get(name, (name, TOPOLOGY))[1]
+
+
 def compile_one(name: str):
-  """`name` compiled for its TPU topology: (optimized HLO, memory stats)."""
+  """`name` compiled for its TPU topology: (optimized HLO, memory stats,
+  libtpu's cost analysis)."""
   import jax
   import numpy as np
   from jax.sharding import NamedSharding, PartitionSpec
 
   from tests.hlo_audit.real_models import h200_support
-  model, topology = VARIANTS.get(name, (name, TOPOLOGY))
-  fn, args = program(model)
-  devices = _devices(topology)
+  fn, args = program(VARIANTS.get(name, (name, TOPOLOGY))[0])
+  devices = _devices(topology(name))
   if len(devices) == 1:
     compiled = h200_support.lower_step(
         fn, args, jax.sharding.SingleDeviceSharding(devices[0])).compile()
@@ -148,14 +182,17 @@ def compile_one(name: str):
     batch = jax.tree.map(lambda a: place(a, NamedSharding(mesh, PartitionSpec("data"))),
                          batch)
     compiled = fn.trace(state, batch).lower().compile()
-  return compiled.as_text(), _stats_of(compiled)
+  return compiled.as_text(), _stats_of(compiled), _cost_of(compiled)
 
 
 def write_fixture(name: str) -> pathlib.Path:
-  text, mem = compile_one(name)
+  from hlo_audit._src.target import wheels
+  text, mem, cost_analysis = compile_one(name)
   path = fixture_path(name)
   path.write_bytes(gzip.compress(text.encode(), compresslevel=9, mtime=0))
-  (HERE / f"{name}.json").write_text(json.dumps(dataclasses.asdict(mem), indent=1) + "\n")
+  record = {**dataclasses.asdict(mem), "cost_analysis": cost_analysis,
+            "libtpu": wheels.libtpu_version() or ""}
+  (HERE / f"{name}.json").write_text(json.dumps(record, indent=1) + "\n")
   return path
 
 
