@@ -178,13 +178,14 @@ def _best_fit(intervals: Mapping[Value, _Interval], groups: Mapping[Value, list[
       iv = intervals[c]
       starts[used], ends[used] = iv.start, iv.end
       offsets[used] = offset
-      aligned_ends[used] = _align(offset + need, alignment)
+      aligned_ends[used] = align(offset + need, alignment)
       used += 1
     heap = max(heap, offset + need)
   return heap
 
 
-def _align(x: int, alignment: int) -> int:
+def align(x: int, alignment: int) -> int:
+  """`x` rounded up to a multiple of `alignment`."""
   return -(-x // alignment) * alignment
 
 
@@ -200,8 +201,8 @@ def _best_offset(offsets: np.ndarray, ends: np.ndarray, need: int, alignment: in
   for i in order:
     lo, hi = int(offsets[i]), int(ends[i])
     if lo > cursor:
-      start = _align(cursor, alignment)
+      start = align(cursor, alignment)
       if start + need <= lo and (best is None or lo - cursor < best[0]):
         best = (lo - cursor, start)
     cursor = max(cursor, hi)
-  return best[1] if best is not None else _align(cursor, alignment)
+  return best[1] if best is not None else align(cursor, alignment)

@@ -34,7 +34,7 @@ import types
 from collections.abc import Mapping
 
 from hlo_audit._src.analysis.buffer_sharing import HeapModel, heap_model
-from hlo_audit._src.analysis.heap_packing import HeapValue, pack_heap
+from hlo_audit._src.analysis.heap_packing import HeapValue, align, pack_heap
 from hlo_audit._src.analysis.dataflow import Dataflow, ValueId
 from hlo_audit._src.analysis.schedule import Schedule
 from hlo_audit._src.analysis.tuple_tables import tuple_tables
@@ -221,7 +221,7 @@ def tpu_reported_temp(packed: int, live: int, tables, alignment: int) -> int:
   """
   if live == 0:
     return 0
-  return 2 * (-(-packed // alignment) * alignment) - (live + sum(t.size for t in tables))
+  return 2 * align(packed, alignment) - (live + sum(t.size for t in tables))
 
 
 def _scalar_outside_kernels(inst: Instruction) -> bool:
