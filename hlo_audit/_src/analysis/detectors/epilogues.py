@@ -541,10 +541,15 @@ def _multi_epilogue(program: Program, k: Kernel, anchor: str, buf: Buffer,
     return None
   n = len(fused)
   stored = bool(later)
+  accumulate = False
   if all(w == ("slice",) for w in works) and read <= buf.bytes and not stored:
     ops: tuple[str, ...] = (f"split:{n}",)
     what = (f"{n} kernels ({', '.join(c.name for c in fused)}) each read a "
             "disjoint slice of it (column blocks)")
+    accumulate = all(_accumulates_slice(program, c, buf) for c in fused)
+    if accumulate:
+      what += (" and add it into an array of its own (per-parameter gradient "
+               "accumulators of one product)")
   else:
     items = dict.fromkeys(w for work in works for w in work
                           if w != "slice" and not w.startswith("outputs:"))
@@ -559,6 +564,9 @@ def _multi_epilogue(program: Program, k: Kernel, anchor: str, buf: Buffer,
              "fused readers' reads")
   saved = read + (0 if stored else buf.bytes)
   consumers = fused
+  if accumulate:
+    return _split_accumulate(k, anchor, buf, fused, ops, saved, what,
+                             fuses_addend=program.platform == "gpu")
   return FusionDecisionRecord(
       kind=FindingKind.UNFUSED_EPILOGUE, producer=k.name,
       consumers=tuple(c.name for c in consumers), boundary=buf.name,
@@ -579,6 +587,68 @@ def _multi_epilogue(program: Program, k: Kernel, anchor: str, buf: Buffer,
       ops=ops, kernel=None, trip_count=k.trip_count, source=buf.source,
       computation=k.computation, boundary_kept=stored,
       need=KernelNeed(FindingKind.UNFUSED_EPILOGUE, anchor, ops, outputs=_outputs_of(ops)))
+
+
+def _accumulates_slice(program: Program, consumer: Kernel, buf: Buffer) -> bool:
+  """Whether `consumer` only adds one slice of `buf` into another array of
+  the slice's shape (`acc + result[:, block]`: a gradient accumulated per
+  parameter, each parameter one column block of the product)."""
+  operand = operand_number(program, consumer, buf)
+  fused = fused_computation(program, consumer)
+  if operand is None or fused is None:
+    return False
+  root = through_bitcasts(fused, fused.root.name)
+  if root is None or root.opcode != "add" or len(root.operands) != 2:
+    return False
+  sides = [through_bitcasts(fused, o) for o in root.operands]
+  if any(s is None for s in sides):
+    return False
+  sliced = [s for s in sides if s.opcode == "slice" and s.operands]
+  if len(sliced) != 1:
+    return False
+  source = through_bitcasts(fused, sliced[0].operands[0])
+  other = next(s for s in sides if s is not sliced[0])
+  return (source is not None and source.opcode == "parameter" and
+          source.parameter_number == operand and other.opcode == "parameter" and
+          other.shape is not None and
+          sliced[0].shape is not None and
+          product(other.shape.dims) == product(sliced[0].shape.dims))
+
+
+def _split_accumulate(k: Kernel, anchor: str, buf: Buffer, readers: list[Kernel],
+                      ops: tuple[str, ...], saved: int, what: str, *,
+                      fuses_addend: bool) -> FusionDecisionRecord:
+  """A product whose column blocks are each added into an array of their
+  own: the parameters of those arrays (an LSTM cell's per-gate weights,
+  whose gradients the scan accumulates) kept as one array make one
+  accumulator. XLA:GPU adds it in the gemm's epilogue (`fuses_addend`;
+  measured on flax's LSTM compiled for an H200: the split and its adds
+  gone); XLA:CPU keeps the one add apart, a residual epilogue. A program
+  change, not a kernel: no matmul writes N accumulators."""
+  n = len(readers)
+  then = ("which XLA:GPU fuses into the gemm" if fuses_addend else
+          "a residual epilogue of the matmul (XLA:GPU fuses it into the gemm; this "
+          "backend keeps it a kernel of its own)")
+  return FusionDecisionRecord(
+      kind=FindingKind.UNFUSED_EPILOGUE, producer=k.name,
+      consumers=tuple(c.name for c in readers), boundary=buf.name,
+      boundary_shape=buf.shape, bytes_saved=times(saved, k.trip_count),
+      launches_removed=times(n, k.trip_count),
+      extra_arithmetic="none: one add in the matmul's store instead of n",
+      extra_resources="one accumulator tile read in the epilogue",
+      numerical_class=NumericalClass.SAME_OPS,
+      guard=(f"n/a: a change to the program: keep the {n} arrays its column blocks "
+             f"accumulate into as one {buf.shape} array (one parameter for the "
+             "blocks, e.g. an LSTM cell's gates' weights side by side), so one "
+             f"add reads the product, {then}"),
+      layout_effect=f"the {n} accumulators become one array of the product's shape",
+      evidence=f"{kernel_desc(k)} writes its {anchor} result {buf.shape}; {what}",
+      verdict=Verdict.SAFE,
+      reasons=("current element only: each accumulator element adds one product element",),
+      risks=("the parameters' structure changes: checkpoints and optimizer state "
+             "keep the new layout",) + COMMON_RISKS,
+      ops=ops, kernel=None, trip_count=k.trip_count, source=buf.source,
+      computation=k.computation, boundary_kept=False, need=None)
 
 
 def _resources(work: tuple[str, ...]) -> str:

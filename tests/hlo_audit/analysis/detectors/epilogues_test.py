@@ -229,3 +229,63 @@ def test_a_reader_that_needs_the_results_statistics_keeps_the_result_stored():
   assert (epi.boundary, epi.consumers, epi.boundary_kept) == ("d", ("ex",), True)
   assert epi.bytes_saved == 128 * 512 * 4  # the exp's read, not the stored result
   assert "out also reads it with values computed from the whole result" in epi.evidence
+
+
+def _split_into_accumulators(second: str = "%a = f32[64,64]{1,0} add(%acc, %s)") -> str:
+  """A dW product f32[64,256] whose four column blocks four kernels add into
+  four accumulators of their own (flax's LSTM: one per gate's weight)."""
+  comps, calls = [], []
+  for i in range(4):
+    body = (second if i == 1 else "%a = f32[64,64]{1,0} add(%acc, %s)")
+    comps.append(f"""
+%fused_acc.{i} (acc: f32[64,64], p: f32[64,256]) -> f32[64,64] {{
+  %acc = f32[64,64]{{1,0}} parameter(0)
+  %p = f32[64,256]{{1,0}} parameter(1)
+  %s = f32[64,64]{{1,0}} slice(%p), slice={{[0:64], [{64 * i}:{64 * i + 64}]}}
+  ROOT {body}
+}}""")
+    calls.append(f"  %f{i} = f32[64,64]{{1,0}} fusion(%a{i}, %d), kind=kLoop, "
+                 f"calls=%fused_acc.{i}")
+  params = "\n".join(f"  %a{i} = f32[64,64]{{1,0}} parameter({i + 2})" for i in range(4))
+  return f"""
+HloModule acc, is_scheduled=true
+{''.join(comps)}
+
+ENTRY %main (x: f32[32,64], g: f32[32,256], a0: f32[64,64], a1: f32[64,64], a2: f32[64,64], a3: f32[64,64]) -> (f32[64,64], f32[64,64], f32[64,64], f32[64,64]) {{
+  %x = f32[32,64]{{1,0}} parameter(0)
+  %g = f32[32,256]{{1,0}} parameter(1)
+{params}
+  %d = f32[64,256]{{1,0}} dot(%x, %g), lhs_contracting_dims={{0}}, rhs_contracting_dims={{0}}
+{chr(10).join(calls)}
+  ROOT %t = (f32[64,64]{{1,0}}, f32[64,64]{{1,0}}, f32[64,64]{{1,0}}, f32[64,64]{{1,0}}) tuple(%f0, %f1, %f2, %f3)
+}}
+"""
+
+
+def test_column_blocks_added_into_accumulators_of_their_own_are_a_program_change():
+  # flax's LSTM under a scan: the dW product's four gate blocks each added
+  # into its gate's gradient accumulator. One accumulator for the four (one
+  # parameter) makes one add, which XLA:GPU fuses into the gemm: no kernel
+  # writes four accumulators.
+  text = _split_into_accumulators()
+  (cpu,) = hlo_audit.audit_hlo(text).findings_of(FindingKind.UNFUSED_EPILOGUE)
+  assert (cpu.boundary, cpu.ops, cpu.need, cpu.kernel) == ("d", ("split:4",), None, None)
+  assert cpu.guard.startswith("n/a: a change to the program: keep the 4 arrays")
+  assert "residual epilogue" in cpu.guard
+  # XLA:GPU's launches name their operation queue.
+  gpu_text = text.replace("calls=%fused_acc.", 'backend_config={"operation_queue_id":"0"}, '
+                          "calls=%fused_acc.")
+  (gpu,) = hlo_audit.audit_hlo(gpu_text).findings_of(FindingKind.UNFUSED_EPILOGUE)
+  assert gpu.guard.endswith("which XLA:GPU fuses into the gemm")
+  assert gpu.bytes_saved == cpu.bytes_saved == 2 * 64 * 256 * 4
+
+
+@pytest.mark.parametrize("second", [
+    "%a = f32[64,64]{1,0} multiply(%acc, %s)",  # a gate's activation, not a sum
+    "%a = f32[64,64]{1,0} add(%s, %s)",  # no accumulator
+    "%a = f32[64,64]{1,0} add(%acc, %acc)",  # the slice is not what is added
+])
+def test_a_block_that_is_not_accumulated_keeps_the_split_a_kernels_business(second):
+  text = _split_into_accumulators(second)
+  found = hlo_audit.audit_hlo(text).findings_of(FindingKind.UNFUSED_EPILOGUE)
+  assert all(not f.guard.startswith("n/a") for f in found), [f.guard for f in found]
