@@ -35,8 +35,9 @@ _UNCOVERED = {
                         "does not span",
     "group_norm_stats": "pallas_kernels has no group-norm kernel: its statistics "
                         "reduce over groups of channels and the spatial axes",
-    "column_reduction": "no pallas_kernels matmul emits a column sum of its operand "
-                        "(a bias or gamma gradient) beside its product yet",
+    "column_reduction": "no pallas_kernels op computes this column sum: no gemm reads "
+                        "the summed operand (a matmul's w_column_sum would), and no "
+                        "row norm's backward writes it (its kernel sums gamma's gradient)",
 }
 
 

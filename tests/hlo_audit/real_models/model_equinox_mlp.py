@@ -149,7 +149,7 @@ TRUTH_H200 = ModelTruth(
     ),
     not_flagged=(
         NotFlagged("the LayerNorm is XLA's one Triton kernel: no separate statistics "
-                   "pass", says="layer_norm"),
+                   "pass", op="layer_norm"),
         NotFlagged("no RMS norm here", says="rms_norm"),
         NotFlagged("split-K partial sums belong to their gemm", evidence="4 elements each"),
     ),

@@ -364,7 +364,8 @@ TRUTH_H200 = ModelTruth(
                    "of squares needs every row's accumulated sum, so it cannot run in "
                    "the scatter", kind=K.SEPARATE_REDUCTION, marker="embed"),
         NotFlagged("XLA's Triton softmax is one kernel", says="pallas_kernels.softmax"),
-        NotFlagged("XLA's Triton LayerNorm is one kernel", says="pallas_kernels.layer_norm"),
+        NotFlagged("XLA's Triton LayerNorm is one kernel: no statistics kernel to add",
+                   says="pallas_kernels.layer_norm", op="layer_norm"),
         NotFlagged("no RMS norm here: haiku's LayerNorm centers", says="rms_norm"),
     ),
 )

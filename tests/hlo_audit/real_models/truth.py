@@ -150,6 +150,9 @@ class NotFlagged:
   says: str | None = None
   #: Substring of its evidence prose (lowercase), for claims made only there.
   evidence: str | None = None
+  #: A pattern the finding's ops name, e.g. "layer_norm" (a statistics pass;
+  #: a norm's backward naming the norm's kernel is no such claim).
+  op: str | None = None
   #: Numerical class name the finding must not give, e.g. "EXACT".
   numerical: str | None = None
   #: Verdict value the finding must not give, e.g. "safe".
@@ -284,6 +287,7 @@ def _violates(name: str, n: NotFlagged, f: FusionDecisionRecord) -> bool:
           (n.marker is None or in_model(name, f, n.marker)) and
           (n.says is None or n.says in _claims(f)) and
           (n.evidence is None or n.evidence in f.evidence.lower()) and
+          (n.op is None or n.op in f.ops) and
           (n.numerical is None or f.numerical_class.name == n.numerical) and
           (n.verdict is None or f.verdict.value == n.verdict) and
           (n.boundary is None or f.boundary == n.boundary))
@@ -311,25 +315,40 @@ def compare(name: str, findings: tuple[FusionDecisionRecord, ...],
   """Judges scored findings: those contradicting a `NotFlagged` are false
   positives and match nothing (a right boundary with a wrong claim is not
   the expected finding); the others fill expectations (each takes up to
-  `count` findings, in report order, the most constrained expectations
-  first); the rest are unjudged."""
+  `count` findings) as many as can be filled at once -- a finding two
+  expectations accept goes where it leaves the other's findings a place;
+  the rest are unjudged."""
   scored = [f for f in findings if f.kind not in UNSCORED]
   bad = {i: next((n.why for n in truth.not_flagged if _violates(name, n, f)), None)
          for i, f in enumerate(scored)}
-  taken: set[int] = set()
-  got: dict[int, list[FusionDecisionRecord]] = {}
-  # The most constrained expectations choose first, so one that any
-  # finding of a shape fills does not take the finding a narrower one needs.
-  order = sorted(range(len(truth.expect)), key=lambda j: -_constraints(truth.expect[j]))
-  for j in order:
-    e = truth.expect[j]
-    mine = got[j] = []
-    for i, f in enumerate(scored):
-      if len(mine) < e.count and i not in taken and bad[i] is None and \
-          _expect_matches(name, e, f):
-        mine.append(f)
-        taken.add(i)
-  matched = [(e, tuple(got[j])) for j, e in enumerate(truth.expect)]
+  exp = truth.expect
+  # Tried most constrained first: among equal fillings, a finding fills the
+  # narrowest expectation it meets.
+  order = sorted(range(len(exp)), key=lambda j: -_constraints(exp[j]))
+  accepts = {i: [j for j in order if _expect_matches(name, exp[j], f)]
+             for i, f in enumerate(scored) if bad[i] is None}
+  holders: dict[int, list[int]] = {j: [] for j in range(len(exp))}
+
+  def place(i: int, tried: set[int]) -> bool:
+    # An augmenting path: i takes a free place, or one whose holder moves on.
+    for j in accepts[i]:
+      if j in tried:
+        continue
+      tried.add(j)
+      if len(holders[j]) < exp[j].count:
+        holders[j].append(i)
+        return True
+      for other in list(holders[j]):
+        if place(other, tried):
+          holders[j].remove(other)
+          holders[j].append(i)
+          return True
+    return False
+
+  for i in accepts:
+    place(i, set())
+  taken = {i for held in holders.values() for i in held}
+  matched = [(e, tuple(scored[i] for i in sorted(holders[j]))) for j, e in enumerate(exp)]
   fps, unjudged = [], []
   for i, f in enumerate(scored):
     if bad[i] is not None:

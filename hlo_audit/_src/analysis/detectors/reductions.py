@@ -35,7 +35,7 @@ from hlo_audit._src.analysis.kernels import Kernel
 from hlo_audit._src.analysis.program import Program
 from hlo_audit._src.analysis.records import (FindingKind, FusionDecisionRecord,
                                              KernelNeed, NumericalClass, Statistics,
-                                             Verdict)
+                                             Verdict, with_changes)
 from hlo_audit._src.hlo import opcodes
 from hlo_audit._src.hlo.ir import Computation, Instruction
 
@@ -68,6 +68,8 @@ def find(program: Program) -> tuple[FusionDecisionRecord, ...]:
         if sums:
           partials.add(vid)
   out = []
+  # A norm backward's reduction kernels -> the anchor its need names.
+  norm_kernels: dict[str, str] = {}
   for vid, by_name in readers.items():
     reductions = list(by_name.values())
     bid = program.dataflow.buffer_of.get(vid)
@@ -155,6 +157,13 @@ def find(program: Program) -> tuple[FusionDecisionRecord, ...]:
     # backward pass is its forward kernel's business.
     need = (KernelNeed(FindingKind.SEPARATE_REDUCTION, pattern, statistics=stats)
             if pattern in _KERNEL_PATTERNS and not norms_of_partials else None)
+    norm = (_norm_of_backward(program, [producer, *reductions], buf.dims)
+            if pattern == "norm_backward" and not norms_of_partials else None)
+    if norm is not None:
+      # The norm's own kernel, called in the forward, runs its backward as
+      # one pass over dy (dx, and gamma/beta gradients as partial sums).
+      need = KernelNeed(FindingKind.SEPARATE_REDUCTION, norm + BACKWARD)
+      norm_kernels.update((r.name, need.anchor) for r in reductions)
     gemm = _column_sum_gemm(program, others, stats) if pattern == "column_reduction" else None
     if gemm is not None:
       # dW = x^T @ dy reads dy whole: its kernel can sum dy's columns as it
@@ -200,7 +209,163 @@ def find(program: Program) -> tuple[FusionDecisionRecord, ...]:
         boundary_kept=bool(others)))
   reported = {f.boundary for f in out}
   out += [f for f in _statistics_beside(program) if f.boundary not in reported]
-  return tuple(out)
+  return tuple(_norm_parameter_gradients(program, out, norm_kernels))
+
+
+#: Suffix of the anchor a norm's backward pass needs ("layer_norm_backward").
+BACKWARD = "_backward"
+
+
+def _times_normalized(program: Program, k: Kernel) -> str | None:
+  """The norm ("layer_norm", "rms_norm") whose normalized values x_hat
+  kernel `k` multiplies elementwise by another value (dy * x_hat, gamma's
+  gradient before its column sum), x_hat read whole from a forward kernel
+  that takes an rsqrt of one statistic per row; None."""
+  fused = fused_computation(program, k)
+  if fused is None:
+    return None
+  producers = operand_producers(program, k)
+  for inst in fused.instructions:
+    if inst.opcode != "multiply" or inst.shape is None:
+      continue
+    for name in inst.operands:
+      src = through_bitcasts(fused, name)
+      if src is None or src.opcode != "parameter" or src.shape is None or \
+          product(src.shape.dims) != product(inst.shape.dims) or \
+          src.parameter_number >= len(producers):
+        continue
+      for p in producers[src.parameter_number]:
+        norm = program.kernels[p]
+        if "transpose(" not in norm.op_name:
+          found = _norm_in(program, norm, src.shape.dims)
+          if found:
+            return found
+  return None
+
+
+def _norm_in(program: Program, k: Kernel, dims: Sequence[int]) -> str | None:
+  """The norm kernel `k` normalizes the rows of `dims` with, where it takes
+  an rsqrt of one statistic per row (a batch norm's is one per channel):
+  "layer_norm" where the statistic is a variance (`_centered`), else
+  "rms_norm"; None without such an rsqrt."""
+  fused = fused_computation(program, k)
+  if fused is not None:
+    comp, insts = fused, fused.instructions
+    caller, outer = program.inst(k), program.comps[k.computation]
+  else:
+    comp, insts, caller, outer = program.comps[k.computation], (program.inst(k),), None, None
+  if not dims:
+    return None
+  rows = product(dims) // max(dims[-1], 1)
+  for i in insts:
+    if i.opcode == "rsqrt" and i.shape is not None and product(i.shape.dims) == rows:
+      return "layer_norm" if _centered(program, comp, i, caller, outer, rows) else "rms_norm"
+  return None
+
+
+def _centered(program: Program, comp: Computation, rsqrt: Instruction,
+              caller: Instruction | None, outer: Computation | None, rows: int) -> bool:
+  """Whether the per-row statistic `rsqrt` takes is a variance: a
+  subtraction leads to it (E[x^2] - E[x]^2 on the row values, or x - mean
+  in the values a row reduction sums), where an RMS norm's mean of squares
+  has none. Walked back across kernels through per-row values, and through
+  the elementwise work on the full rows each reduction sums."""
+  # (computation, name, its fusion instruction and that one's computation,
+  # whether the value is a full row a reduction sums)
+  stack = [(comp, o, caller, outer, False) for o in rsqrt.operands]
+  seen: set[tuple[str, str, bool]] = set()
+  while stack and len(seen) < 512:
+    comp, name, caller, outer, full = stack.pop()
+    if (comp.name, name, full) in seen or name not in comp:
+      continue
+    seen.add((comp.name, name, full))
+    inst = comp.instruction(name)
+    op = inst.opcode
+    if op == "parameter":
+      n = inst.parameter_number or 0
+      if caller is not None and outer is not None and n < len(caller.operands):
+        stack.append((outer, caller.operands[n], None, None, full))
+      continue
+    if op in ("fusion", "get-tuple-element"):
+      fusion = inst if op == "fusion" else (
+          comp.instruction(inst.operands[0]) if inst.operands and inst.operands[0] in comp
+          else None)
+      calls = fusion.called_computations.get("calls", ()) if fusion is not None and \
+          fusion.opcode == "fusion" else ()
+      if calls and calls[0] in program.module:
+        called = program.module.computation(calls[0])
+        root = called.root
+        if op == "fusion":
+          stack.append((called, root.name, fusion, comp, full))
+        elif root.opcode == "tuple" and (inst.tuple_index or 0) < len(root.operands):
+          stack.append((called, root.operands[inst.tuple_index or 0], fusion, comp, full))
+      continue
+    if op == "subtract":
+      return True
+    if op == "reduce":
+      if not full and inst.operands:
+        stack.append((comp, inst.operands[0], caller, outer, True))
+      continue
+    size = product(inst.shape.dims) if inst.shape is not None and inst.shape.is_array else 1
+    if full:
+      if op not in opcodes.ELEMENTWISE and op not in (
+          "bitcast", "reshape", "broadcast", "copy", "convert"):
+        continue
+    elif size not in (rows, 1):
+      continue  # a full-size value outside a reduction's input: not the statistic
+    stack.extend((comp, o, caller, outer, full) for o in inst.operands)
+  return False
+
+
+def _norm_of_backward(program: Program, kernels: Sequence[Kernel],
+                      dims: Sequence[int]) -> str | None:
+  """The norm a backward pass over rows of `dims` belongs to: the one whose
+  per-row rsqrt a kernel of it takes, or reads from the forward kernel that
+  took it (the saved rstd, x_hat); None where none does."""
+  for k in kernels:
+    found = _norm_in(program, k, dims)
+    for names in () if found else operand_producers(program, k):
+      for name in names:
+        found = found or _norm_in(program, program.kernels[name], dims)
+    if found:
+      return found
+  return None
+
+
+def _norm_parameter_gradients(program: Program, found: Sequence[FusionDecisionRecord],
+                              norm_kernels: dict[str, str]) -> list[FusionDecisionRecord]:
+  """`found` with a norm's scale and shift gradients needing that norm's
+  kernel, whose backward sums them beside dx: column reductions of what a
+  norm backward's reduction kernels wrote (`norm_kernels`), or of dy * x_hat
+  and dy where a kernel of the reduction forms dy * x_hat."""
+  out = []
+  for f in found:
+    if f.ops != ("column_reduction",):
+      out.append(f)
+      continue
+    anchor = norm_kernels.get(f.producer)
+    if anchor is None and f.need is not None and f.need.anchor == "column_reduction":
+      # dy * x_hat (or dy beside it) summed over the rows; or, written only
+      # for the column sum, a backward kernel's product in which x_hat is
+      # recomputed from the saved row statistics.
+      producer = program.kernels.get(f.producer)
+      norm = next(filter(None, (_times_normalized(program, program.kernels[name])
+                                for name in (f.producer, *f.consumers)
+                                if name in program.kernels)), None)
+      if norm is None and producer is not None and not f.boundary_kept and \
+          "transpose(" in producer.op_name and f.need.statistics is not None:
+        norm = _norm_in(program, producer, f.need.statistics.dims)
+      anchor = norm and norm + BACKWARD
+    if anchor is None:
+      out.append(f)
+      continue
+    out.append(with_changes(
+        f, need=KernelNeed(FindingKind.SEPARATE_REDUCTION, anchor),
+        evidence=f.evidence + (
+            f"; {f.producer} is part of a {anchor.removesuffix(BACKWARD).replace('_', ' ')}'s "
+            "backward: this is its scale (gamma) gradient, which the norm's backward "
+            "kernel sums beside dx")))
+  return out
 
 
 def _statistics_beside(program: Program) -> list[FusionDecisionRecord]:
@@ -1088,8 +1253,8 @@ _PATTERN_TEXT = {
     "contraction": ("a product summed over the reduced axes: an einsum contraction "
                     "XLA runs as multiply + reduce (e.g. mixing experts' outputs by "
                     "their routing weights)"),
-    "norm_backward": ("a normalization's backward pass; no kernel suggested: "
-                      "the forward op's kernel brings its own backward"),
+    "norm_backward": ("a normalization's backward pass: the norm's kernel, called "
+                      "in the forward, runs it as one pass over dy"),
 }
 
 

@@ -182,7 +182,9 @@ def _flops(kind: str):
 def _closes(op: str) -> Closes:
   return Closes(
       kinds=frozenset({"separate-reduction", "unfused-prologue"}),
-      anchors=frozenset({op}), epilogues=frozenset({"cast", "quantize"}),
+      # Its backward (the custom VJP of a call in the forward) is one pass
+      # over dy, gamma's and beta's gradients summed beside dx.
+      anchors=frozenset({op, f"{op}_backward"}), epilogues=frozenset({"cast", "quantize"}),
       prologues=frozenset({"residual"}), statistics="last axis",
       keywords=(("residual", "residual"), ("cast", "out_dtype")))
 
