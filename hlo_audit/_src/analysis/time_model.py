@@ -103,6 +103,9 @@ class KernelTime:
   #: Bytes one launch reads and writes in on-chip memory spaces (a TPU's
   #: VMEM): not in `bytes`, which is main memory's traffic.
   on_chip_bytes: int = 0
+  #: Bytes its gathers and scatters move in whole blocks, one index at a
+  #: time (`DeviceFacts.index_block`), beyond `bytes`.
+  indexed_bytes: int = 0
 
   @property
   def time_per_launch(self) -> float:
@@ -142,7 +145,7 @@ class KernelTime:
             "strided": self.strided, "reduce_elements": self.reduce_elements,
             "parallel": self.parallel, "orientation": self.orientation,
             "variant": self.variant, "on_chip_bytes": self.on_chip_bytes,
-            "time": self.time, "bound": self.bound.value,
+            "indexed_bytes": self.indexed_bytes, "time": self.time, "bound": self.bound.value,
             "intensity": self.intensity}
 
 
@@ -273,6 +276,7 @@ def price_kernel(k: Kernel, work: Work, facts: DeviceFacts, collective=None, *,
   variant = matrix_variant(k, work)
   comm = 0.0
   overlapped = False
+  indexed = sum(facts.indexed_bytes(a) for a in work.indexed)
   if collective is not None:
     link = facts.link_bandwidth or facts.memory_bandwidth
     comm = (collective.bytes_sent / link if link else 0.0) + facts.collective_latency
@@ -285,6 +289,9 @@ def price_kernel(k: Kernel, work: Work, facts: DeviceFacts, collective=None, *,
     memory = moved / rate if rate else 0.0
     if on_chip_bytes and facts.on_chip_bandwidth:
       memory += on_chip_bytes / facts.on_chip_bandwidth
+    if indexed and facts.memory_bandwidth:
+      # One index after another, each a whole block: no streaming overlap.
+      memory += indexed / facts.memory_bandwidth
     compute = 0.0
     narrow = facts.contraction_efficiency(work.narrowest, variant)
     for element, flops in work.matrix_flops.items():
@@ -312,7 +319,8 @@ def price_kernel(k: Kernel, work: Work, facts: DeviceFacts, collective=None, *,
           facts.launch_overhead + (facts.parallel_overhead if work.parallel else 0.0)),
       communication_time=comm, overlapped=overlapped, strided=work.strided,
       reduce_elements=work.reduce_elements, parallel=work.parallel,
-      orientation=work.orientation, variant=variant, on_chip_bytes=on_chip_bytes)
+      orientation=work.orientation, variant=variant, on_chip_bytes=on_chip_bytes,
+      indexed_bytes=indexed if collective is None else 0)
 
 
 def matrix_variant(k: Kernel, work: Work) -> str:

@@ -13,7 +13,10 @@ them, and transcendentals.
   of a dozen FLOPs); sqrt and rsqrt, one instruction and a refinement on
   every unit, as elementwise arithmetic.
 - Data movement (copies, transposes, broadcasts, slices, gathers) does no
-  arithmetic: its cost is the bytes, which `kernels.Kernel` counts.
+  arithmetic: its cost is the bytes, which `kernels.Kernel` counts. Gathers
+  and scatters also record their indexed accesses (`IndexedAccess`): a
+  device that moves each index's row in blocks, one index at a time (a
+  TPU's), prices those apart (`DeviceFacts.index_block`).
 
 Three traits of how a kernel touches memory, read from layouts and configs,
 let a backend's quirks be priced where its device facts say they cost:
@@ -37,7 +40,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from hlo_audit._src.analysis import backend_traits as bt
-from hlo_audit._src.hlo import opcodes
+from hlo_audit._src.hlo import dtypes, opcodes
 from hlo_audit._src.hlo.ir import Computation, HloModule, Instruction
 
 #: Opcodes priced as transcendentals: one special-function result each.
@@ -50,6 +53,22 @@ TRANSCENDENTAL = frozenset({
 _NO_ARITHMETIC = frozenset({"copy", "bitcast-convert"})
 
 _EMPTY: Mapping[str, int] = types.MappingProxyType({})
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class IndexedAccess:
+  """A gather's or scatter's accesses of its operand, one per index."""
+
+  #: Indices (a scatter's updates, a gather's slices).
+  indices: int
+  #: The window one index touches, in elements along the operand's
+  #: minor-most dimension, its second-minor one, and the rest together.
+  minor: int
+  second_minor: int
+  rest: int
+  element_bytes: int
+  #: A scatter's read-modify-write (True) or a gather's read.
+  writes: bool
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -78,6 +97,8 @@ class Work:
   #: right one transposed: it contracts its minor dimension), "tn", "tt";
   #: "" without a dot (libraries run some of these far slower).
   orientation: str = ""
+  #: Its gathers' and scatters' per-index accesses of their operands.
+  indexed: tuple[IndexedAccess, ...] = ()
 
   @property
   def flops(self) -> int:
@@ -95,6 +116,7 @@ def total_work(works) -> Work:
   narrow = 0
   strided = parallel = False
   orientation, largest = "", -1
+  indexed: list[IndexedAccess] = []
   for w in works:
     if w is NO_WORK:
       continue
@@ -113,8 +135,10 @@ def total_work(works) -> Work:
       narrow = w.narrowest
     strided = strided or w.strided
     parallel = parallel or w.parallel
+    indexed.extend(w.indexed)
   return Work(types.MappingProxyType(matrix) if matrix else _EMPTY, vector,
-              transcendentals, scratch, reduced, narrow, strided, parallel, orientation)
+              transcendentals, scratch, reduced, narrow, strided, parallel, orientation,
+              tuple(indexed))
 
 
 NO_WORK = Work()
@@ -162,13 +186,21 @@ def _owners(module: HloModule, cache: dict) -> dict[str, Computation]:
   return index
 
 
-def _op_work(module: HloModule, comp: Computation, inst: Instruction, cache: dict) -> Work:
+def _op_work(module: HloModule, comp: Computation, inst: Instruction, cache: dict,
+             nested: bool = False) -> Work:
   op = inst.opcode
   if op == "fusion":
     calls = inst.called_computations.get("calls", ())
     if not calls or calls[0] not in module:
       return NO_WORK
-    return computation_work(module, calls[0], cache)
+    work = computation_work(module, calls[0], cache)
+    if nested and work.indexed and _fills_scatter_operand(module, comp, inst, calls[0]):
+      # The kernel makes the scatter's operand itself (a fill fused in):
+      # XLA:TPU updates it where it made it, with no per-index traffic
+      # (libtpu 0.0.42.1 prices such a scatter at its bytes).
+      work = dataclasses.replace(work, indexed=tuple(a for a in work.indexed
+                                                     if not a.writes))
+    return work
   if op == "custom-call":
     return _library_work(comp, inst)
   if op == "async-start":
@@ -188,9 +220,24 @@ def computation_work(module: HloModule, name: str, cache: dict) -> Work:
   cache[name] = NO_WORK  # a cycle (malformed input) counts nothing twice
   comp = module.computation(name)
   total = cache[name] = total_work(
-      _op_work(module, comp, i, cache) for i in comp.instructions
+      _op_work(module, comp, i, cache, nested=True) for i in comp.instructions
       if i.opcode != "parameter")
   return total
+
+
+def _fills_scatter_operand(module: HloModule, comp: Computation, inst: Instruction,
+                           callee: str) -> bool:
+  """Whether the nested fusion `inst` roots a scatter whose operand `comp`
+  computes (not one of `comp`'s parameters: a buffer the kernel reads)."""
+  root = module.computation(callee).root
+  if root.opcode != "scatter" or not root.operands:
+    return False
+  operand = module.computation(callee).instruction(root.operands[0])
+  if operand.opcode != "parameter" or operand.parameter_number is None:
+    return False
+  k = operand.parameter_number
+  source = _operand(comp, inst, k)
+  return source is not None and source.opcode != "parameter"
 
 
 def _elements(inst: Instruction) -> int:
@@ -258,7 +305,12 @@ def _instruction_work(module: HloModule, comp: Computation, inst: Instruction,
     return Work(vector_flops=(_elements(source) if source else 0) * size)
   if op == "scatter":
     updates = _operand(comp, inst, len(inst.operands) - 1)
-    return Work(vector_flops=_elements(updates) if updates else 0)
+    access = _scatter_access(comp, inst, updates)
+    return Work(vector_flops=_elements(updates) if updates else 0,
+                indexed=(access,) if access else ())
+  if op == "gather":
+    access = _gather_access(comp, inst)
+    return Work(indexed=(access,)) if access else NO_WORK
   if op == "sort":
     n = _elements(inst)
     dims = inst.dimensions or ()
@@ -273,6 +325,62 @@ def _instruction_work(module: HloModule, comp: Computation, inst: Instruction,
     return total_work(computation_work(module, c, cache)
                       for c in inst.called_computation_names() if c in module)
   return NO_WORK
+
+
+def _ints(inst: Instruction, key: str) -> tuple[int, ...]:
+  raw = inst.attribute(key)
+  if not raw:
+    return ()
+  try:
+    return tuple(int(x) for x in raw.strip("{}").split(",") if x.strip())
+  except ValueError:
+    return ()
+
+
+def _window_access(operand: Instruction, window: Mapping[int, int], indices: int,
+                   writes: bool) -> IndexedAccess | None:
+  """`indices` accesses of `window` (operand dimension -> elements) of
+  `operand`, its dimensions named in memory order."""
+  shape = operand.shape
+  if shape is None or not shape.is_array or indices <= 0:
+    return None
+  order = (shape.layout.minor_to_major if shape.layout is not None
+           and shape.layout.minor_to_major else tuple(reversed(range(len(shape.dims)))))
+  sizes = [max(1, window.get(d, 1)) for d in order]
+  minor = sizes[0] if sizes else 1
+  second = sizes[1] if len(sizes) > 1 else 1
+  rest = math.prod(sizes[2:]) if len(sizes) > 2 else 1
+  return IndexedAccess(indices=indices, minor=minor, second_minor=second, rest=rest,
+                       element_bytes=max(1, dtypes.storage_bits_of(shape.element_type) // 8),
+                       writes=writes)
+
+
+def _gather_access(comp: Computation, inst: Instruction) -> IndexedAccess | None:
+  """A gather's reads: one window of `slice_sizes` per index."""
+  operand, index = _operand(comp, inst, 0), _operand(comp, inst, 1)
+  if operand is None or index is None or index.shape is None or not index.shape.is_array:
+    return None
+  dims = index.shape.dims
+  vector_dim = _ints(inst, "index_vector_dim")
+  vd = vector_dim[0] if vector_dim else len(dims)
+  indices = math.prod(d for k, d in enumerate(dims) if k != vd)
+  window = dict(enumerate(_ints(inst, "slice_sizes")))
+  return _window_access(operand, window, indices, writes=False)
+
+
+def _scatter_access(comp: Computation, inst: Instruction,
+                    updates: Instruction | None) -> IndexedAccess | None:
+  """A scatter's read-modify-writes: one update window per index."""
+  operand = _operand(comp, inst, 0)
+  if operand is None or updates is None or updates.shape is None \
+      or not updates.shape.is_array or operand.shape is None:
+    return None
+  window_dims = _ints(inst, "update_window_dims")
+  indices = math.prod(d for k, d in enumerate(updates.shape.dims) if k not in window_dims)
+  skipped = set(_ints(inst, "inserted_window_dims")) | set(_ints(inst, "input_batching_dims"))
+  kept = [d for d in range(len(operand.shape.dims)) if d not in skipped]
+  window = {d: updates.shape.dims[w] for d, w in zip(kept, window_dims)}
+  return _window_access(operand, window, indices, writes=True)
 
 
 def _minor(inst: Instruction) -> int | None:

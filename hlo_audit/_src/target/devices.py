@@ -92,6 +92,11 @@ class DeviceFacts:
   #: Bytes/s of kernels' reads and writes of buffers XLA keeps on chip (a
   #: TPU's VMEM, memory space 1); 0: free.
   on_chip_bandwidth: float = 0.0
+  #: (sublanes, lanes) of the block a gather or scatter moves per index, one
+  #: index after another, at `memory_bandwidth` (a TPU's: every index reads,
+  #: a scatter's reads and writes, each (8, 128) block its window touches);
+  #: (): indices cost only the bytes they move.
+  index_block: tuple[int, ...] = ()
   #: Fact name -> where it comes from.
   sources: Mapping[str, str] = dataclasses.field(default_factory=dict)
   #: Whether the facts were measured on this machine (the CPU's).
@@ -128,6 +133,16 @@ class DeviceFacts:
     rate = self.vector_flops.get(element_type) or self.vector_flops.get("f32")
     return rate or 0.0
 
+  def indexed_bytes(self, access) -> int:
+    """Bytes one `work.IndexedAccess` moves in `index_block`s (0 without
+    them): whole blocks per index, read, and written back by a scatter."""
+    if not self.index_block:
+      return 0
+    sublanes, lanes = self.index_block
+    blocks = -(-access.minor // lanes) * -(-access.second_minor // sublanes) * access.rest
+    return (access.indices * blocks * sublanes * lanes * access.element_bytes
+            * (2 if access.writes else 1))
+
   def bandwidth(self, working_set: int) -> float:
     """Bytes/s for a kernel moving `working_set` bytes: the first cache level
     that holds it, else main memory."""
@@ -155,6 +170,7 @@ class DeviceFacts:
             "loop_reduction_rate": self.loop_reduction_rate,
             "compute_capability": self.compute_capability,
             "on_chip_bandwidth": self.on_chip_bandwidth,
+            "index_block": list(self.index_block),
             "sources": dict(self.sources), "measured": self.measured,
             "checked": self.checked}
 
@@ -180,6 +196,7 @@ class DeviceFacts:
           reduction_rate=float(d.get("reduction_rate", 0.0)),
           compute_capability=str(d.get("compute_capability", "")),
           on_chip_bandwidth=float(d.get("on_chip_bandwidth", 0.0)),
+          index_block=tuple(int(x) for x in d.get("index_block", ())),
           vector_flops=types.MappingProxyType(
               {str(k): float(v) for k, v in d.get("vector_flops", {}).items()}),
           transcendentals_per_second=float(d.get("transcendentals_per_second", 0.0)),

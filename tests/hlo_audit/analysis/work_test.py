@@ -198,3 +198,81 @@ def test_a_cublas_call_counts_its_gemm_and_not_its_workspace():
   w = kernel_work(module, comp, inst)
   assert dict(w.matrix_flops) == {"f32": 2 * 128 * 512 * 256}
   assert w.scratch_bytes == 4194304
+
+
+_SCATTER = """HloModule m
+
+%add (a: f32[], b: f32[]) -> f32[] {
+  %a = f32[] parameter(0)
+  %b = f32[] parameter(1)
+  ROOT %s = f32[] add(%a, %b)
+}
+
+%scatter (x: f32[1000,2], i: s32[14031], u: f32[14031,2]) -> f32[1000,2] {
+  %x = f32[1000,2]{1,0:T(8,128)} parameter(0)
+  %i = s32[14031]{0:T(1024)} parameter(1)
+  %u = f32[14031,2]{1,0:T(8,128)} parameter(2)
+  ROOT %s = f32[1000,2]{1,0:T(8,128)} scatter(%x, %i, %u), update_window_dims={1}, inserted_window_dims={0}, scatter_dims_to_operand_dims={0}, index_vector_dim=1, to_apply=%add
+}
+
+%fill (z: f32[]) -> f32[1000,2] {
+  %z = f32[] parameter(0)
+  ROOT %b = f32[1000,2]{1,0:T(8,128)} broadcast(%z), dimensions={}
+}
+
+%filled (z: f32[], i: s32[14031], u: f32[14031,2]) -> f32[1000,2] {
+  %z = f32[] parameter(0)
+  %i = s32[14031]{0:T(1024)} parameter(1)
+  %u = f32[14031,2]{1,0:T(8,128)} parameter(2)
+  %f = f32[1000,2]{1,0:T(8,128)} fusion(%z), kind=kLoop, calls=%fill
+  ROOT %n = f32[1000,2]{1,0:T(8,128)} fusion(%f, %i, %u), kind=kCustom, calls=%scatter
+}
+
+%passed (x: f32[1000,2], i: s32[14031], u: f32[14031,2]) -> f32[1000,2] {
+  %x = f32[1000,2]{1,0:T(8,128)} parameter(0)
+  %i = s32[14031]{0:T(1024)} parameter(1)
+  %u = f32[14031,2]{1,0:T(8,128)} parameter(2)
+  ROOT %n = f32[1000,2]{1,0:T(8,128)} fusion(%x, %i, %u), kind=kCustom, calls=%scatter
+}
+
+%gather (x: f32[1000,256], i: s32[9000]) -> f32[9000,256] {
+  %x = f32[1000,256]{1,0:T(8,128)} parameter(0)
+  %i = s32[9000]{0:T(1024)} parameter(1)
+  ROOT %g = f32[9000,256]{1,0:T(8,128)} gather(%x, %i), offset_dims={1}, collapsed_slice_dims={0}, start_index_map={0}, index_vector_dim=1, slice_sizes={1,256}
+}
+
+ENTRY %e (x: f32[1000,2], i: s32[14031], u: f32[14031,2], z: f32[], t: f32[1000,256], j: s32[9000]) -> (f32[1000,2], f32[1000,2], f32[1000,2], f32[9000,256]) {
+  %x = f32[1000,2]{1,0:T(8,128)} parameter(0)
+  %i = s32[14031]{0:T(1024)} parameter(1)
+  %u = f32[14031,2]{1,0:T(8,128)} parameter(2)
+  %z = f32[] parameter(3)
+  %t = f32[1000,256]{1,0:T(8,128)} parameter(4)
+  %j = s32[9000]{0:T(1024)} parameter(5)
+  %into_buffer = f32[1000,2]{1,0:T(8,128)} fusion(%x, %i, %u), kind=kCustom, calls=%scatter
+  %into_fill = f32[1000,2]{1,0:T(8,128)} fusion(%z, %i, %u), kind=kCustom, calls=%filled
+  %into_passed = f32[1000,2]{1,0:T(8,128)} fusion(%x, %i, %u), kind=kCustom, calls=%passed
+  %rows = f32[9000,256]{1,0:T(8,128)} fusion(%t, %j), kind=kCustom, calls=%gather
+  ROOT %r = (f32[1000,2]{1,0:T(8,128)}, f32[1000,2]{1,0:T(8,128)}, f32[1000,2]{1,0:T(8,128)}, f32[9000,256]{1,0:T(8,128)}) tuple(%into_buffer, %into_fill, %into_passed, %rows)
+}
+"""
+
+
+def test_a_scatter_records_one_update_window_per_index():
+  (a,) = work_of(_SCATTER, "into_buffer").indexed
+  # 14031 updates, each a row of 2 along the operand's minor dimension.
+  assert (a.indices, a.minor, a.second_minor, a.rest) == (14031, 2, 1, 1)
+  assert a.element_bytes == 4 and a.writes
+
+
+def test_a_gather_records_one_slice_per_index_and_only_reads():
+  (a,) = work_of(_SCATTER, "rows").indexed
+  assert (a.indices, a.minor, a.second_minor, a.rest) == (9000, 256, 1, 1)
+  assert not a.writes
+
+
+def test_a_scatter_into_a_fill_its_kernel_makes_has_no_per_index_writes():
+  # XLA:TPU writes the updates where its kernel made the fill; a scatter
+  # whose operand is a buffer the kernel reads (even through a nested
+  # fusion) updates it index by index.
+  assert work_of(_SCATTER, "into_fill").indexed == ()
+  assert len(work_of(_SCATTER, "into_passed").indexed) == 1
