@@ -122,11 +122,14 @@ def test_the_largest_boundary_that_can_move_the_peak_gets_the_full_replay(monkey
   # fusions, or one assigned at both of its placements (its kernel where the
   # consumer or where the producer ran), each charged.
   assert r.program.cache["replay_budget"].replays == n == 3
-  assert len(exact) in (1, 2) and exact == [f for _, f in ranked[:len(exact)]]
+  # (the largest first: among boundaries of one size, any of them)
+  assert len(exact) in (1, 2)
+  assert min(n for n, f in ranked if f.peak_exact) >= max(
+      n for n, f in ranked if not f.peak_exact)
   for f in exact:
     assert f.peak_after == r.what_if(fuse=[f]).peak_bytes
   # The others keep the quick estimate, and say so.
-  assert not any(f.peak_exact for _, f in ranked[2:])
+  assert sum(f.peak_exact for _, f in ranked) == len(exact)
 
 
 def test_the_budget_is_shared_by_donation_and_fusions_and_deterministic(monkeypatch):

@@ -133,9 +133,11 @@ def test_fuse_takes_only_findings_a_fusion_closes():
     dp.what_if(fuse=[replicated])
   with pytest.raises(WhatIfError, match=r"'exposed communication' finding \(fusion-start\)"):
     dp.what_if(fuse=[exposed])
-  (prologue,) = dp.findings_of(FindingKind.UNFUSED_PROLOGUE)
-  assert dp.what_if(fuse=[prologue]).changes == (
-      "fuse loop_multiply_fusion (loop_multiply_fusion -> gemm_fusion_dot.2)",)
+  # The backward's scaling of the forward gemm's result reads nothing else:
+  # the gemm's epilogue (its prologue alternative for the next gemm a note).
+  (epilogue,) = dp.findings_of(FindingKind.UNFUSED_EPILOGUE)
+  assert dp.what_if(fuse=[epilogue]).changes == (
+      "fuse gemm_fusion_dot.1 (gemm_fusion_dot.1 -> loop_multiply_fusion)",)
   assert {k.fix for k in FindingKind} == {"fuse", "donate", "remat", ""}
   assert [k for k in FindingKind if not k.fix] == [
       FindingKind.ALREADY_FUSED, FindingKind.COSTLY_REMAT, FindingKind.EXPOSED_COLLECTIVE,

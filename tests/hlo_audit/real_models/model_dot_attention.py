@@ -123,8 +123,11 @@ TRUTH = ModelTruth(
         Expect(K.UNFUSED_EPILOGUE, f"{_A}{_S}", "attention", says="cast:", why=(
             "dP read by its cast (0.10: to bf16, for every reader; from 0.11: to "
             "f32 for the rowsum, beside dS's kernels that need the rowsum)")),
-        Expect(K.UNFUSED_EPILOGUE, f"f32{_BHTD}", "attention", says="cast:bf16", count=2,
-               why="dq and dk read once by their rounding to bf16 and transpose"),
+        Expect(K.UNFUSED_EPILOGUE, f"f32{_BHTD}", "attention",
+               says="cast:bf16" if NATIVE_BF16_DOT else "round:bf16", count=2,
+               why=("dq and dk read once by their rounding to bf16 and transpose "
+                    "(0.10: widened back, the transposed copy is f32: a rounding, "
+                    "not the output's dtype)")),
         Expect(K.UNFUSED_EPILOGUE, f"{_A}{_BHDT}", "attention", says="transpose", count=2,
                why=("the PV output and dV^T read once by their transpose (0.10: "
                     "and rounding); from 0.11 a transpose only, the same bf16 "
@@ -138,14 +141,13 @@ TRUTH = ModelTruth(
         Expect(K.UNFUSED_EPILOGUE, f"{_A}{_TOK}", "proj", count=3, why=(
             "q, k, v: 0.10 read once by their rounding to bf16; from 0.11 q and k "
             "read by two transposing kernels each (one widening to f32 for the "
-            "backward), v by one transpose (MISSED there: q and k are said to "
-            "have a reader needing values computed from the whole result, v's "
-            "transpose is called more precise)")),
+            "backward, which reads nothing else: outputs:2), v by one "
+            "transpose")),
         Expect(K.UNFUSED_EPILOGUE, f"{_A}[{DIM},{DIM}]", None, says="residual", count=4, why=(
-            "MISSED: each weight gradient read once by sgd's update w - lr * g "
-            "(rounded to bf16 on the way; 0.10: transposed for w_o): an "
-            "epilogue adding the weight and writing bf16 (0.10: called scale and "
-            "cast alone; from 0.11: out_dtype f32)")),
+            "each weight gradient read once by sgd's update w - lr * g "
+            "(rounded to bf16 on the way; 0.10: transposed before the weight "
+            "is added): an epilogue adding the weight and writing bf16 (MISSED "
+            "on 0.10: an add after the transpose is not named the residual)")),
         Expect(K.UNFUSED_PROLOGUE, f"f32{_S}", "attention", says="affine", count=2, why=(
             "dS = (dP / sum - rowsum) * exp, masked and scaled, written once per "
             "layout, each only for the dq or the dk dot")),
@@ -184,7 +186,7 @@ TRUTH = ModelTruth(
                    numerical="MORE_PRECISE", evidence="once to apply transpose;"),
         NotFlagged("0.10: out - y is f32 (out rounded to bf16, widened, y "
                    "subtracted): a matmul writing bf16 drops its precision",
-                   kind=K.UNFUSED_EPILOGUE, marker="o_proj",
+                   kind=K.UNFUSED_EPILOGUE, shape=f"f32{_TOK}", marker="o_proj",
                    says="out_dtype=jnp.bfloat16", evidence="apply residual"),
         NotFlagged("0.10: sgd's update adds the weight to the scaled gradient: a "
                    "matmul that only scales and casts leaves that kernel",

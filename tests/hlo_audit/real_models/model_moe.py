@@ -96,6 +96,10 @@ TRUTH = ModelTruth(
             "residual: the anchor's result written to memory and read back by elementwise work")),
         Expect(K.UNFUSED_EPILOGUE, "f32[256,64]", "moe", why=(
             "bias: the anchor's result written to memory and read back by elementwise work")),
+        Expect(K.UNFUSED_EPILOGUE, "f32[256,1,2]", "combine", why=(
+            "dot.15, the top-k weights' gradient (the combine einsum's backward), "
+            "read only by bitcast_copy_fusion, which copies it into the scatter-"
+            "add's updates and reads nothing else: the dot could store it there")),
         Expect(K.UNFUSED_EPILOGUE, "f32[64,64]", "moe", why=(
             "outputs:2: the anchor's result written to memory and read back by elementwise work")),
         Expect(K.UNFUSED_EPILOGUE, "f32[64,8]", "router", why=(

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 from hlo_audit._src.analysis import backend_traits as bt
 from hlo_audit._src.analysis.backend_traits import KernelKind
-from hlo_audit._src.analysis.buffers import Lifetime, is_layout_conversion
+from hlo_audit._src.analysis.buffers import Buffer, Lifetime, is_layout_conversion
 from hlo_audit._src.analysis.detectors.common import (COMMON_RISKS, anchor_of,
                                                       consumer_kernels, fused_computation,
                                                       kernel_desc, operand_producers,
@@ -22,7 +22,7 @@ from hlo_audit._src.analysis.detectors.common import (COMMON_RISKS, anchor_of,
                                                       times)
 from hlo_audit._src.analysis.kernels import Kernel
 from hlo_audit._src.analysis.layouts import kernel_permutes, permutes
-from hlo_audit._src.analysis.program import Program
+from hlo_audit._src.analysis.program import Program, buffer_name
 from hlo_audit._src.analysis.records import (FindingKind, FusionDecisionRecord,
                                              KernelNeed, NumericalClass, Verdict)
 from hlo_audit._src.hlo import dtypes
@@ -62,7 +62,8 @@ def _copies_of(program: Program, k: Kernel, out: list[FusionDecisionRecord]) -> 
     return  # XLA:TPU staging a value into VMEM or evicting it: no copy of the program's
   moves = kernel_permutes(program.module, comp, inst)
   converts = "convert" in k.fused_ops or inst.opcode == "convert"
-  for buf in program.writes.get(k.name, ()):
+  own = program.writes.get(k.name, ())
+  for buf in own or _shared_write(program, k):
     if buf.internal or buf.lifetime is Lifetime.EXTERNAL_OUTPUT and \
         bt.moves_memory_space(comp, inst):
       # The output's one write to device memory, from where XLA:TPU kept
@@ -77,7 +78,10 @@ def _copies_of(program: Program, k: Kernel, out: list[FusionDecisionRecord]) -> 
         bytes_saved=times(2 * buf.bytes, k.trip_count),
         launches_removed=times(1, k.trip_count), extra_resources="none expected",
         numerical_class=NumericalClass.EXACT, trip_count=k.trip_count,
-        source=buf.source, computation=k.computation, kernel=None)
+        source=buf.source, computation=k.computation, kernel=None,
+        # Into a buffer that stays (loop state, a conditional's result): the
+        # copy's traffic goes, the buffer does not.
+        boundary_kept=not own)
     anchors = [c for c in consumers if anchor_of(program, c)]
     aliasing = _aliasing_copy(program, k, inst)
     # A permuting copy into loop state is a layout change first: the
@@ -198,6 +202,21 @@ def _copies_of(program: Program, k: Kernel, out: list[FusionDecisionRecord]) -> 
                   "vectorized access",) if moves else ()) +
                 ("cache reuse: several consumers would each redo it",) + COMMON_RISKS,
           ops=(what,)))
+
+
+def _shared_write(program: Program, k: Kernel) -> tuple[Buffer, ...]:
+  """The buffer a copy kernel writes when another value defined it first (a
+  while body's new carry element, copied into the loop state at its end; a
+  conditional branch's result): that buffer, named after the copy."""
+  if program.inst(k).opcode != "copy":
+    return ()
+  first = program.dataflow.buffer_of.get((k.name, ()))
+  buf = program.buffers.get(buffer_name(first)) if first is not None else None
+  if buf is None or first == (k.name, ()):
+    return ()
+  return (dataclasses.replace(buf, name=k.name, instruction=k.name, index=(),
+                              computation=k.computation, producer=k.name,
+                              producer_opcode="copy"),)
 
 
 def _casts_matmul_alone(program: Program, k: Kernel) -> bool:

@@ -66,11 +66,12 @@ def find(program: Program) -> tuple[FusionDecisionRecord, ...]:
       if "glu" not in work and _glu_partner(program, k, consumer, operand):
         work = ("glu", "multiply") + _glu_activation(program, consumer, work) + tuple(
             w for w in work if w not in ("product", "elementwise"))
-      low_precision = buf.dtype in ("bf16", "f16") or buf.dtype.startswith("f8")
       epilogue = bt.gemm_epilogue(inst)
       evidence = (f"{kernel_desc(k)} writes its {anchor} result {buf.shape} to memory; "
                   f"{kernel_desc(consumer)} reads it once to apply "
                   f"{', '.join(work)}")
+      numerical = _numerical_class(buf, work)
+      work = _applied(work)
       if "glu" in work:
         evidence += (" (a GLU: the activation of one part of the result times the "
                      "other, the gate and up projections computed as one gemm)")
@@ -104,8 +105,7 @@ def find(program: Program) -> tuple[FusionDecisionRecord, ...]:
           extra_arithmetic="none: the epilogue's elementwise ops move into the "
                            "matmul's store",
           extra_resources=_resources(work),
-          numerical_class=(NumericalClass.MORE_PRECISE if low_precision
-                           else NumericalClass.SAME_OPS),
+          numerical_class=numerical,
           guard="no kernel covers all of this epilogue",
           layout_effect=f"none: the result keeps layout {str(inst.shape.layout) if inst.shape is not None and inst.shape.layout else '{}'}",
           evidence=evidence, verdict=verdict, reasons=tuple(reasons),
@@ -141,9 +141,13 @@ def _depends_on(program: Program, consumer: Kernel, anchor: str, operand: int,
   needs the whole result first and cannot be an epilogue. A path through
   elementwise kernels only (GELU split over two fusions) is same-index work
   one epilogue can do."""
+  # A backward reader of a forward result needs the gradients, unless it
+  # reads nothing else (a forward value widened or relaid out only for a
+  # backward dot).
   if "transpose(" in consumer.op_name and anchor in program.kernels and \
-      "transpose(" not in program.kernels[anchor].op_name:
-    return True  # a backward reader of a forward result needs the gradients
+      "transpose(" not in program.kernels[anchor].op_name and \
+      _reads_another_array(program, consumer, operand):
+    return True
   # (kernel, whether the path from it back to here mixed elements)
   frontier: set[tuple[str, bool]] = {
       (p, False) for i, producers in enumerate(operand_producers(program, consumer))
@@ -167,6 +171,18 @@ def _depends_on(program: Program, consumer: Kernel, anchor: str, operand: int,
       return False
     frontier = nxt
   return (anchor, True) in frontier
+
+
+def _reads_another_array(program: Program, consumer: Kernel, operand: int) -> bool:
+  """Whether `consumer` reads an array (more than a scalar) besides its
+  operand `operand`."""
+  comp = program.comps[consumer.computation]
+  for i, o in enumerate(program.inst(consumer).operands):
+    src = comp.instruction(o) if o in comp else None
+    if i != operand and (src is None or src.shape is None or
+                         not src.shape.is_array or src.shape.num_elements > 1):
+      return True
+  return False
 
 
 def _epilogue_work(program: Program, consumer: Kernel, operand: int,
@@ -220,6 +236,29 @@ def _epilogue_work(program: Program, consumer: Kernel, operand: int,
   root = fused.root
   outputs = sum(o in seen for o in root.operands) if root.opcode == "tuple" else 1
   return ((f"outputs:{outputs}",) + work) if outputs > 1 else work
+
+
+#: Epilogue work that moves or cuts the result without arithmetic.
+_MOVES_ONLY = frozenset({"transpose", "slice", "store into slice"})
+
+
+def _numerical_class(buf: Buffer, work: tuple[str, ...]) -> NumericalClass:
+  """How a fused store's values compare with the reader's: work done on the
+  f32 accumulator skips the rounding of a low-precision result (or the
+  reader's own "round:" trip through a narrower type); work that only moves
+  the result writes the same values."""
+  if all(w in _MOVES_ONLY for w in work):
+    return NumericalClass.SAME_OPS
+  low_precision = buf.dtype in ("bf16", "f16") or buf.dtype.startswith("f8")
+  if low_precision or any(w.startswith("round:") for w in work):
+    return NumericalClass.MORE_PRECISE
+  return NumericalClass.SAME_OPS
+
+
+def _applied(work: tuple[str, ...]) -> tuple[str, ...]:
+  """The work a fused store applies: a rounding through a narrower type is
+  skipped on the accumulator (it stays where it is all the reader does)."""
+  return tuple(w for w in work if not w.startswith("round:")) or work
 
 
 def _need(anchor: str, work: tuple[str, ...]) -> KernelNeed:
@@ -317,17 +356,26 @@ def _classify_elementwise(comp: Computation, chain: list[Instruction],
     items.append("mask")
   if "transpose" in opcodes_:
     items.append("transpose")
-  # A widening convert is a cast only where the work writes the wider type:
-  # a bf16 activation computed in f32 and rounded back casts nothing.
+  # A convert is a cast only where the work writes its type: a bf16
+  # activation computed in f32 and rounded back casts nothing, and an f32
+  # result rounded to bf16 and widened back (the model's bf16 value, which
+  # XLA:CPU's f32 dot leaves its reader to round) is a rounding the fused
+  # store skips, not the output's dtype.
   written = _written_types(chain)
   converts = [i for i in chain if i.opcode == "convert" and i.shape is not None]
   for c in converts:
     t = c.shape.element_type
     if dtypes.is_integral(t) or t.startswith("f8"):
       items.append(f"quantize:{t}")
-    elif t != anchor_buf.dtype and (
-        t in written or not dtypes.is_widening(anchor_buf.dtype, t)):
-      items.append(f"cast:{t}")
+    elif t == anchor_buf.dtype or t in written:
+      if t != anchor_buf.dtype:
+        items.append(f"cast:{t}")
+    elif not dtypes.is_widening(anchor_buf.dtype, t):
+      items.append(f"round:{t}")
+  if items and all(w.startswith("round:") for w in items):
+    # A reader that only rounds (f32 -> bf16 -> f32, nothing else) is the
+    # dtype round trip the copy and prologue rules judge, as a cast.
+    items = [f"cast:{w.partition(':')[2]}" for w in items]
   if _gated_product(comp, chain, anchor_param):
     # act(gate) * up from two parts of one result: a GLU's gate/up gemm.
     items = ["glu", "multiply:halves"] + [w for w in items if w != "product"]
@@ -551,7 +599,7 @@ def _multi_epilogue(program: Program, k: Kernel, anchor: str, buf: Buffer,
       what += (" and add it into an array of its own (per-parameter gradient "
                "accumulators of one product)")
   else:
-    items = dict.fromkeys(w for work in works for w in work
+    items = dict.fromkeys(w for work in works for w in _applied(work)
                           if w != "slice" and not w.startswith("outputs:"))
     ops = (f"outputs:{sum(_outputs_of(w) for w in works)}",) + tuple(items)
     what = (f"{n} kernel{'s' if n > 1 else ''} read it elementwise ("

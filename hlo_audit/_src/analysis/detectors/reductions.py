@@ -85,6 +85,8 @@ def find(program: Program) -> tuple[FusionDecisionRecord, ...]:
     producer = program.kernels.get(vid[0]) or program.kernels.get(buf.producer)
     if producer is None or producer.name in by_name:
       continue
+    if _fills_constant(program, producer, vid[1]):
+      continue  # one constant everywhere: no data the producer could reduce
     if _scatters_into_constant(program, producer, vid[1]):
       # A scatter into a table of one constant (a scatter-add into zeros:
       # an embedding's gradient, a segment sum): each value is complete only
@@ -585,8 +587,9 @@ def _fused_reduces(program: Program, fused: Computation) -> tuple[Instruction, .
 
 def _is_scan(comp: Computation, inst: Instruction) -> bool:
   """Whether `inst` is a reduce-window whose result keeps every dim of its
-  operand: a prefix sum (`jnp.cumsum`, `lax.associative_scan`) or a
-  stride-1 sliding window, not a reduction to statistics. (XLA:CPU's first
+  operand (or pads it longer: `jnp.cumsum`'s last stage sums 3 block totals
+  into 4 prefixes): a prefix sum (`jnp.cumsum`, `lax.associative_scan`) or
+  a stride-1 sliding window, not a reduction to statistics. (XLA:CPU's first
   stage of a tree reduction is a reduce-window too, striding to fewer
   elements.)"""
   if inst.opcode != "reduce-window" or not inst.operands or inst.shape is None:
@@ -594,7 +597,8 @@ def _is_scan(comp: Computation, inst: Instruction) -> bool:
   src = comp.instruction(inst.operands[0]) if inst.operands[0] in comp else None
   if src is None or src.shape is None or not src.shape.is_array or not inst.shape.is_array:
     return False
-  return tuple(src.shape.dims) == tuple(inst.shape.dims)
+  dims, out = tuple(src.shape.dims), tuple(inst.shape.dims)
+  return len(dims) == len(out) and all(o >= d for d, o in zip(dims, out))
 
 
 def _sums_partials(program: Program, r: Kernel, operand: int) -> bool:
@@ -643,6 +647,18 @@ def _tree_stage(program: Program, producer: Kernel, buf: Buffer, r: Kernel) -> b
         src.opcode == "parameter" and src.parameter_number == operand:
       return True
   return False
+
+
+def _fills_constant(program: Program, producer: Kernel, index: tuple[int, ...]) -> bool:
+  """Whether `producer` writes its output `index` as a broadcast of a
+  constant (zeros written beside a kernel's real output, which XLA then
+  reads wherever that constant is compared with or added)."""
+  found = fused_root(program.module, program.inst(producer), index)
+  if found is None:
+    return False
+  where, root = found
+  _, src = through_kernels(program, where, root.name, also=("broadcast", "convert"))
+  return src is not None and src.opcode == "constant" and root.opcode != "constant"
 
 
 def _scatters_into_constant(program: Program, producer: Kernel,
@@ -877,7 +893,7 @@ def _masks_in_order(fused: Computation) -> tuple[dict[str, int], dict[str, int]]
       past[name] = upto[name] = 0  # (a parameter is not computed from itself)
       continue
     mask = first = 0
-    for o in inst.operands:
+    for o in _value_operands(inst):
       mask |= flows[o]
       first |= firsts[o]
     past[name] = flows[name] = mask
@@ -885,6 +901,21 @@ def _masks_in_order(fused: Computation) -> tuple[dict[str, int], dict[str, int]]
     stops = inst.opcode in ("reduce", "reduce-window") and not bt.is_split_k_reduce(inst)
     firsts[name] = 0 if stops else first
   return past, upto
+
+
+def _value_operands(inst: Instruction) -> tuple[str, ...]:
+  """The operands whose values `inst` passes on: a gather's, dynamic
+  slice's or scatter's indices only choose where (a sum of the values
+  gathered at cell hashes sums no hash)."""
+  ops = inst.operands
+  if inst.opcode in ("gather", "dynamic-slice"):
+    return ops[:1]
+  if inst.opcode == "dynamic-update-slice":
+    return ops[:2]
+  if inst.opcode == "scatter" and len(ops) % 2 == 1:
+    n = len(ops) // 2  # (n inputs, the indices, n updates)
+    return ops[:n] + ops[n + 1:]
+  return ops
 
 
 def _reduced_dims(comp: Computation, inst: Instruction) -> tuple[tuple[int, ...], tuple[int, ...]] | None:

@@ -115,3 +115,60 @@ def test_a_transpose_between_bitcasts_names_the_layouts_inside_the_fusion():
   assert (t.boundary, t.ops, t.consumers) == ("t", ("layout change",), ("e",))
   assert "a layout change {0,1} -> {1,0} of f32[512,256]" in t.evidence, t.evidence
   assert t.layout_effect == "consumers read {0,1} directly instead of the {1,0} copy"
+
+
+# A while body whose new carry element is copied into the loop state at its
+# end (XLA does so where the value it is computed from shares the old
+# carry's buffer): the copy writes the loop-state buffer, which its initial
+# copy defined first.
+LOOP_EXIT_COPY = """
+HloModule loop, is_scheduled=true
+
+%cond (p: (s32[], f32[256,128], f32[256,128])) -> pred[] {
+  %p = (s32[], f32[256,128]{1,0}, f32[256,128]{1,0}) parameter(0)
+  %i = s32[] get-tuple-element(%p), index=0
+  %n = s32[] constant(10)
+  ROOT %lt = pred[] compare(%i, %n), direction=LT
+}
+
+%fused_step (p0: f32[256,128], p1: f32[256,128]) -> (f32[256,128], f32[256,128]) {
+  %p0 = f32[256,128]{1,0} parameter(0)
+  %p1 = f32[256,128]{1,0} parameter(1)
+  %e = f32[256,128]{1,0} exponential(%p0)
+  %t = f32[256,128]{1,0} add(%p0, %p1)
+  ROOT %o = (f32[256,128]{1,0}, f32[256,128]{1,0}) tuple(%e, %t)
+}
+
+%body (p: (s32[], f32[256,128], f32[256,128])) -> (s32[], f32[256,128], f32[256,128]) {
+  %p = (s32[], f32[256,128]{1,0}, f32[256,128]{1,0}) parameter(0)
+  %i = s32[] get-tuple-element(%p), index=0
+  %x = f32[256,128]{1,0} get-tuple-element(%p), index=1
+  %v = f32[256,128]{1,0} get-tuple-element(%p), index=2
+  %f = (f32[256,128]{1,0}, f32[256,128]{1,0}) fusion(%x, %v), kind=kLoop, calls=%fused_step, metadata={op_name="jit(f)/while/body/exp"}
+  %a = f32[256,128]{1,0} get-tuple-element(%f), index=0
+  %b = f32[256,128]{1,0} get-tuple-element(%f), index=1
+  %c = f32[256,128]{1,0} copy(%b)
+  %one = s32[] constant(1)
+  %j = s32[] add(%i, %one)
+  ROOT %r = (s32[], f32[256,128]{1,0}, f32[256,128]{1,0}) tuple(%j, %a, %c)
+}
+
+ENTRY %main (x: f32[256,128], v: f32[256,128]) -> (s32[], f32[256,128], f32[256,128]) {
+  %x = f32[256,128]{1,0} parameter(0)
+  %v = f32[256,128]{1,0} parameter(1)
+  %x0 = f32[256,128]{1,0} copy(%x)
+  %v0 = f32[256,128]{1,0} copy(%v)
+  %zero = s32[] constant(0)
+  %init = (s32[], f32[256,128]{1,0}, f32[256,128]{1,0}) tuple(%zero, %x0, %v0)
+  ROOT %w = (s32[], f32[256,128]{1,0}, f32[256,128]{1,0}) while(%init), condition=%cond, body=%body, backend_config={"known_trip_count":{"n":"10"}}
+}
+"""
+
+
+def test_a_copy_into_the_loop_state_at_the_bodys_end_is_a_standalone_copy():
+  report = hlo_audit.audit_hlo(LOOP_EXIT_COPY)
+  (copy,) = [f for f in report.findings_of(FindingKind.STANDALONE_COPY) if f.boundary == "c"]
+  assert copy.ops == ("loop-carry copy (body exit)",)
+  assert copy.bytes_saved == 2 * 256 * 128 * 4 * 10  # every trip
+  # The loop state stays: the copy's traffic goes, not the buffer.
+  assert copy.boundary_kept and copy.peak_saved == 0

@@ -289,3 +289,109 @@ def test_a_block_that_is_not_accumulated_keeps_the_split_a_kernels_business(seco
   text = _split_into_accumulators(second)
   found = hlo_audit.audit_hlo(text).findings_of(FindingKind.UNFUSED_EPILOGUE)
   assert all(not f.guard.startswith("n/a") for f in found), [f.guard for f in found]
+
+
+# The block's f32 output (a bf16 matmul XLA:CPU ran in f32) read once by
+# out.astype(f32) - y: rounded to bf16, widened back, y subtracted.
+ROUNDED_RESIDUAL = """
+HloModule rounded, is_scheduled=true
+
+%fused_sub (p0: f32[4,128,128], p1: f32[512,128]) -> f32[4,128,128] {
+  %p1 = f32[512,128]{1,0} parameter(1)
+  %r = bf16[512,128]{1,0} convert(%p1)
+  %rf = f32[512,128]{1,0} convert(%r)
+  %b = f32[4,128,128]{2,1,0} bitcast(%rf)
+  %p0 = f32[4,128,128]{2,1,0} parameter(0)
+  ROOT %s = f32[4,128,128]{2,1,0} subtract(%b, %p0), metadata={op_name="jit(step)/sub"}
+}
+
+ENTRY %main (x: f32[512,128], w: f32[128,128], y: f32[4,128,128]) -> f32[4,128,128] {
+  %x = f32[512,128]{1,0} parameter(0)
+  %w = f32[128,128]{1,0} parameter(1)
+  %y = f32[4,128,128]{2,1,0} parameter(2)
+  %d = f32[512,128]{1,0} dot(%x, %w), lhs_contracting_dims={1}, rhs_contracting_dims={0}, metadata={op_name="jit(step)/dot_general"}
+  ROOT %f = f32[4,128,128]{2,1,0} fusion(%y, %d), kind=kLoop, calls=%fused_sub
+}
+"""
+
+
+def test_a_rounding_widened_back_is_no_output_cast():
+  # The reader writes f32: a matmul writing bf16 would drop its precision.
+  # The fused store skips the rounding: more precise than the reader.
+  (epi,) = hlo_audit.audit_hlo(ROUNDED_RESIDUAL).findings_of(FindingKind.UNFUSED_EPILOGUE)
+  assert epi.ops == ("residual",)
+  assert "round:bf16" in epi.evidence
+  assert epi.numerical_class is hlo_audit.NumericalClass.MORE_PRECISE
+  # Kept in bf16 (written so), the rounding is the output's cast.
+  kept = ROUNDED_RESIDUAL.replace(
+      "%rf = f32[512,128]{1,0} convert(%r)\n  %b = f32[4,128,128]{2,1,0} bitcast(%rf)",
+      "%b = bf16[4,128,128]{2,1,0} bitcast(%r)").replace(
+      "ROOT %s = f32[4,128,128]{2,1,0} subtract(%b, %p0)",
+      "%yb = bf16[4,128,128]{2,1,0} convert(%p0)\n"
+      "  ROOT %s = bf16[4,128,128]{2,1,0} subtract(%b, %yb)").replace(
+      "-> f32[4,128,128] {", "-> bf16[4,128,128] {").replace(
+      "-> f32[4,128,128] {", "-> bf16[4,128,128] {").replace(
+      "ROOT %f = f32[4,128,128]{2,1,0}", "ROOT %f = bf16[4,128,128]{2,1,0}")
+  (cast,) = hlo_audit.audit_hlo(kept).findings_of(FindingKind.UNFUSED_EPILOGUE)
+  assert cast.ops == ("residual", "cast:bf16")
+
+
+# A bf16 projection (the matmul writes bf16) read by two kernels: its
+# transpose for the forward's batched dot, and its transposed f32 copy for
+# a backward dot, which reads nothing else.
+PROJECTION = """
+HloModule proj, is_scheduled=true
+
+%fused_fwd (p0: bf16[512,128]) -> bf16[4,4,32,128] {
+  %p0 = bf16[512,128]{1,0} parameter(0)
+  %b = bf16[4,128,4,32]{3,2,1,0} bitcast(%p0)
+  ROOT %t = bf16[4,4,32,128]{3,2,1,0} transpose(%b), dimensions={0,2,3,1}
+}
+
+%fused_bwd (p0: bf16[512,128]) -> f32[4,4,128,32] {
+  %p0 = bf16[512,128]{1,0} parameter(0)
+  %c = f32[512,128]{1,0} convert(%p0)
+  %b = f32[4,128,4,32]{3,2,1,0} bitcast(%c)
+  ROOT %t = f32[4,4,128,32]{3,2,1,0} transpose(%b), dimensions={0,2,1,3}
+}
+
+ENTRY %main (x: bf16[512,128], w: bf16[128,128]) -> (bf16[4,4,32,128], f32[4,4,128,32]) {
+  %x = bf16[512,128]{1,0} parameter(0)
+  %w = bf16[128,128]{1,0} parameter(1)
+  %d = bf16[512,128]{1,0} dot(%x, %w), lhs_contracting_dims={1}, rhs_contracting_dims={0}, metadata={op_name="jit(step)/jvp()/dot_general"}
+  %fwd = bf16[4,4,32,128]{3,2,1,0} fusion(%d), kind=kLoop, calls=%fused_fwd, metadata={op_name="jit(step)/jvp()/reshape"}
+  %bwd = f32[4,4,128,32]{3,2,1,0} fusion(%d), kind=kLoop, calls=%fused_bwd, metadata={op_name="jit(step)/transpose(jvp(vmap(BTNH,BSNH->BNTS)))/dot_general"}
+  ROOT %out = (bf16[4,4,32,128]{3,2,1,0}, f32[4,4,128,32]{3,2,1,0}) tuple(%fwd, %bwd)
+}
+"""
+
+
+def test_a_backward_reader_of_the_forward_result_alone_needs_no_gradient():
+  # Both readers can be the matmul's epilogue: the result is never stored.
+  (epi,) = hlo_audit.audit_hlo(PROJECTION).findings_of(FindingKind.UNFUSED_EPILOGUE)
+  assert (set(epi.consumers), epi.ops, epi.boundary_kept) == (
+      {"fwd", "bwd"}, ("outputs:2", "transpose", "cast:f32"), False)
+
+
+def test_a_transpose_alone_writes_the_same_values_fused_or_not():
+  # A bf16 result only transposed: the fused store rounds the accumulator
+  # to the same bf16 values, no arithmetic moves onto it.
+  fwd_only = PROJECTION.replace(
+      "  %bwd = f32[4,4,128,32]{3,2,1,0} fusion(%d), kind=kLoop, calls=%fused_bwd, "
+      'metadata={op_name="jit(step)/transpose(jvp(vmap(BTNH,BSNH->BNTS)))/dot_general"}\n',
+      "").replace("tuple(%fwd, %bwd)", "tuple(%fwd, %w)").replace(
+      "f32[4,4,128,32]{3,2,1,0}) tuple", "bf16[128,128]{1,0}) tuple").replace(
+      "-> (bf16[4,4,32,128], f32[4,4,128,32])", "-> (bf16[4,4,32,128], bf16[128,128])")
+  (epi,) = hlo_audit.audit_hlo(fwd_only).findings_of(FindingKind.UNFUSED_EPILOGUE)
+  assert (epi.ops, epi.numerical_class) == (("transpose",),
+                                            hlo_audit.NumericalClass.SAME_OPS)
+  # With arithmetic on it, the fused work runs on the f32 accumulator.
+  scaled = fwd_only.replace(
+      "ROOT %t = bf16[4,4,32,128]{3,2,1,0} transpose(%b), dimensions={0,2,3,1}",
+      "%two = bf16[] constant(2)\n"
+      "  %twob = bf16[4,128,4,32]{3,2,1,0} broadcast(%two), dimensions={}\n"
+      "  %s = bf16[4,128,4,32]{3,2,1,0} multiply(%b, %twob)\n"
+      "  ROOT %t = bf16[4,4,32,128]{3,2,1,0} transpose(%s), dimensions={0,2,3,1}")
+  (more,) = hlo_audit.audit_hlo(scaled).findings_of(FindingKind.UNFUSED_EPILOGUE)
+  assert more.ops == ("scale", "transpose")
+  assert more.numerical_class is hlo_audit.NumericalClass.MORE_PRECISE

@@ -272,3 +272,156 @@ def test_an_unfused_reduce_is_a_separate_reduction():
   (f,) = hlo_audit.audit_hlo(UNFUSED_SUM).findings_of(FindingKind.SEPARATE_REDUCTION)
   assert (f.boundary, f.consumers) == ("ex", ("sum",))
   assert "reduces dims {1} of [64,128] (128 elements each)" in f.evidence
+
+
+# jax-md's cell list as XLA writes it: one kernel hashes the particles'
+# cells, another gathers the table's rows at those hashes and sums their
+# squares (the candidates' squared distances).
+GATHERED = """
+HloModule gathered, is_scheduled=true
+
+%add (a: f32[], b: f32[]) -> f32[] {
+  %a = f32[] parameter(0)
+  %b = f32[] parameter(1)
+  ROOT %s = f32[] add(%a, %b)
+}
+
+%fused_hash (p0: f32[64,4]) -> s32[64,4] {
+  %p0 = f32[64,4]{1,0} parameter(0)
+  %k = f32[] constant(0.25)
+  %kb = f32[64,4]{1,0} broadcast(%k), dimensions={}
+  %m = f32[64,4]{1,0} multiply(%p0, %kb), metadata={op_name="jit(f)/mul"}
+  %fl = f32[64,4]{1,0} floor(%m), metadata={op_name="jit(f)/floor"}
+  ROOT %h = s32[64,4]{1,0} convert(%fl), metadata={op_name="jit(f)/convert_element_type"}
+}
+
+%fused_table (p0: f32[256,2]) -> f32[256,2] {
+  %p0 = f32[256,2]{1,0} parameter(0)
+  ROOT %e = f32[256,2]{1,0} exponential(%p0), metadata={op_name="jit(f)/exp"}
+}
+
+%fused_sum (p0: f32[256,2], p1: s32[64,4]) -> f32[256] {
+  %p1 = s32[64,4]{1,0} parameter(1)
+  %idx = s32[256,1]{1,0} bitcast(%p1)
+  %p0 = f32[256,2]{1,0} parameter(0)
+  %g = f32[256,1,2]{2,1,0} gather(%p0, %idx), offset_dims={1,2}, collapsed_slice_dims={}, start_index_map={0}, index_vector_dim=1, slice_sizes={1,2}
+  %gb = f32[256,2]{1,0} bitcast(%g)
+  %sq = f32[256,2]{1,0} multiply(%gb, %gb)
+  %z = f32[] constant(0)
+  ROOT %r = f32[256]{0} reduce(%sq, %z), dimensions={1}, to_apply=%add, metadata={op_name="jit(f)/reduce_sum"}
+}
+
+ENTRY %main (x: f32[64,4], t: f32[256,2]) -> f32[256] {
+  %x = f32[64,4]{1,0} parameter(0)
+  %t = f32[256,2]{1,0} parameter(1)
+  %hash = s32[64,4]{1,0} fusion(%x), kind=kLoop, calls=%fused_hash, metadata={op_name="jit(f)/convert_element_type"}
+  %table = f32[256,2]{1,0} fusion(%t), kind=kLoop, calls=%fused_table, metadata={op_name="jit(f)/exp"}
+  ROOT %sum = f32[256]{0} fusion(%table, %hash), kind=kInput, calls=%fused_sum, metadata={op_name="jit(f)/reduce_sum"}
+}
+"""
+
+
+def test_gather_indices_are_not_what_a_reduction_sums():
+  # The gathered rows are reduced (their producer could sum them); the
+  # hashes only say where to read.
+  report = hlo_audit.audit_hlo(GATHERED, options=hlo_audit.AuditOptions(min_bytes_saved=0))
+  (f,) = report.findings_of(FindingKind.SEPARATE_REDUCTION)
+  assert (f.boundary, f.consumers) == ("table", ("sum",))
+  assert not [f for f in report.findings if f.boundary == "hash"]
+
+
+# jnp.cumsum's last stage as XLA:GPU writes it: the 3 block totals (the
+# last column of each block) summed into 4 prefixes by a reduce-window
+# padded longer than its operand.
+PREFIX = """
+HloModule prefix, is_scheduled=true
+
+%add (a: s32[], b: s32[]) -> s32[] {
+  %a = s32[] parameter(0)
+  %b = s32[] parameter(1)
+  ROOT %s = s32[] add(%a, %b)
+}
+
+%fused_blocks (p0: s32[3,16]) -> s32[3,16] {
+  %p0 = s32[3,16]{1,0} parameter(0)
+  ROOT %m = s32[3,16]{1,0} multiply(%p0, %p0), metadata={op_name="jit(f)/mul"}
+}
+
+%fused_prefix (p0: s32[3,16]) -> s32[4,1] {
+  %p0 = s32[3,16]{1,0} parameter(0)
+  %last = s32[3,1]{1,0} slice(%p0), slice={[0:3], [15:16]}
+  %z = s32[] constant(0)
+  ROOT %rw = s32[4,1]{1,0} reduce-window(%last, %z), window={size=3x1 pad=3_0x0_0}, to_apply=%add
+}
+
+ENTRY %main (x: s32[3,16]) -> s32[4,1] {
+  %x = s32[3,16]{1,0} parameter(0)
+  %blocks = s32[3,16]{1,0} fusion(%x), kind=kLoop, calls=%fused_blocks, metadata={op_name="jit(f)/mul"}
+  ROOT %pre = s32[4,1]{1,0} fusion(%blocks), kind=kLoop, calls=%fused_prefix, metadata={op_name="jit(f)/cumsum"}
+}
+"""
+
+
+def test_a_window_padded_longer_than_its_operand_is_a_prefix_sum():
+  every = hlo_audit.AuditOptions(min_bytes_saved=0)  # (a few hundred bytes)
+  assert not hlo_audit.audit_hlo(PREFIX, options=every).findings_of(
+      FindingKind.SEPARATE_REDUCTION)
+  # Unpadded, the window sums the 3 totals into one: a reduction.
+  summed = PREFIX.replace("s32[4,1]", "s32[1,1]").replace("pad=3_0x0_0", "pad=0_0x0_0")
+  (f,) = hlo_audit.audit_hlo(summed, options=every).findings_of(
+      FindingKind.SEPARATE_REDUCTION)
+  assert f.boundary == "blocks"
+
+
+# A kernel writing zeros beside its result (XLA's CSE of one zero
+# broadcast: a scatter-add's destination), read by a reduction only where
+# that zero is compared with.
+ZEROS_BESIDE = """
+HloModule zeros, is_scheduled=true
+
+%add (a: f32[], b: f32[]) -> f32[] {
+  %a = f32[] parameter(0)
+  %b = f32[] parameter(1)
+  ROOT %s = f32[] add(%a, %b)
+}
+
+%fused_step (p0: f32[1000,2]) -> (f32[1000,2], f32[1000,2]) {
+  %p0 = f32[1000,2]{1,0} parameter(0)
+  %e = f32[1000,2]{1,0} exponential(%p0), metadata={op_name="jit(f)/exp"}
+  %c = f32[] constant(0)
+  SECOND
+  ROOT %o = (f32[1000,2]{1,0}, f32[1000,2]{1,0}) tuple(%e, %zeros)
+}
+
+%fused_check (p0: f32[1000,2], p1: f32[1000,2]) -> f32[] {
+  %p0 = f32[1000,2]{1,0} parameter(0)
+  %p1 = f32[1000,2]{1,0} parameter(1)
+  %lt = pred[1000,2]{1,0} compare(%p1, %p0), direction=LT
+  %n = f32[1000,2]{1,0} negate(%p1)
+  %s = f32[1000,2]{1,0} select(%lt, %n, %p1)
+  %z = f32[] constant(0)
+  ROOT %r = f32[] reduce(%s, %z), dimensions={0,1}, to_apply=%add, metadata={op_name="jit(f)/reduce_sum"}
+}
+
+ENTRY %main (x: f32[1000,2], y: f32[1000,2]) -> (f32[1000,2], f32[]) {
+  %x = f32[1000,2]{1,0} parameter(0)
+  %y = f32[1000,2]{1,0} parameter(1)
+  %step = (f32[1000,2]{1,0}, f32[1000,2]{1,0}) fusion(%x), kind=kLoop, calls=%fused_step, metadata={op_name="jit(f)/exp"}
+  %zeros = f32[1000,2]{1,0} get-tuple-element(%step), index=1
+  %e = f32[1000,2]{1,0} get-tuple-element(%step), index=0
+  %check = f32[] fusion(%zeros, %y), kind=kInput, calls=%fused_check, metadata={op_name="jit(f)/reduce_sum"}
+  ROOT %out = (f32[1000,2]{1,0}, f32[]) tuple(%e, %check)
+}
+"""
+
+
+def test_a_constant_written_beside_a_result_holds_nothing_to_reduce():
+  zeros = ZEROS_BESIDE.replace(
+      "SECOND", "%zeros = f32[1000,2]{1,0} broadcast(%c), dimensions={}")
+  # (The expanded broadcast is its finding, with no reduction noted on it.)
+  (wide,) = hlo_audit.audit_hlo(zeros).findings_of(FindingKind.EXPANDED_BROADCAST)
+  assert wide.boundary == "step{1}" and not wide.notes, wide.notes
+  # Data written beside it is what the reduction could take from its kernel.
+  data = ZEROS_BESIDE.replace("SECOND", "%zeros = f32[1000,2]{1,0} negate(%p0)")
+  (f,) = hlo_audit.audit_hlo(data).findings_of(FindingKind.SEPARATE_REDUCTION)
+  assert f.boundary == "step{1}"
