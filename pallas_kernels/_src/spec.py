@@ -58,6 +58,11 @@ class Closes:
   keywords: tuple[tuple[str, str], ...] = ()
   #: Outputs one call writes.
   outputs: int = 1
+  #: Whether, differentiated, the forward also stores the anchor's result
+  #: (the pre-epilogue product) from which its backward recomputes the
+  #: epilogue's derivative: the values XLA's readers write beside the
+  #: epilogue's output for the backward pass are then not needed.
+  stores_result: bool = False
   #: Whether it reads an operand's parts (a concatenate's pieces) in place.
   reads_parts: bool = False
   #: For reductions: which statistics it computes. "last axis": one

@@ -43,12 +43,24 @@ _UNCOVERED = {
 
 def _work(ops: tuple[str, ...]) -> tuple[str, ...]:
   """The fused work as an op's `Closes` lists it: "cast:bf16" -> "cast"
-  (an activation keeps its name: only some are supported)."""
-  return tuple(w if w.startswith("activation:") else w.split(":")[0] for w in ops)
+  (an activation keeps its name: only some are supported); the outputs the
+  readers write ("outputs:2") are `need.outputs`, not work."""
+  return tuple(w if w.startswith("activation:") else w.split(":")[0] for w in ops
+               if not w.startswith("outputs:"))
 
 
-def _covers(spec: OpSpec, need: plugins.KernelNeed) -> tuple[bool, str]:
-  """(whether `spec` closes `need`, why not when it comes close)."""
+def _for_backward(c, need: plugins.KernelNeed, kept: bool) -> bool:
+  """Whether the readers' outputs beyond the epilogue's are values kept for
+  the backward pass that `c`'s own backward does without: the result stays
+  stored for the gradients (`kept`), the epilogue has a derivative to take
+  (an activation), and the op keeps its product for that."""
+  return (kept and c.stores_result and
+          any(w.startswith("activation:") for w in need.ops))
+
+
+def _covers(spec: OpSpec, need: plugins.KernelNeed, kept: bool = False) -> tuple[bool, str]:
+  """(whether `spec` closes `need`, why not when it comes close); `kept`:
+  the finding's boundary stays stored for later readers (gradients)."""
   c = spec.closes
   op = f"{NAME}.{spec.name}"
   if need.anchor in c.declines:
@@ -59,7 +71,7 @@ def _covers(spec: OpSpec, need: plugins.KernelNeed) -> tuple[bool, str]:
     return False, f"{op} takes whole operands"
   if need.kind.slug not in c.kinds:
     return False, ""
-  if need.outputs > c.outputs:
+  if need.outputs > c.outputs and not _for_backward(c, need, kept):
     return False, f"{op} writes {'one output' if c.outputs == 1 else f'{c.outputs} outputs'}"
   why = _statistics_mismatch(c.statistics, need.statistics)
   if why:
@@ -98,7 +110,7 @@ class PallasKernels:
     for spec in registry.specs().values():
       if spec.closes is None:
         continue
-      ok, reason = _covers(spec, need)
+      ok, reason = _covers(spec, need, finding.boundary_kept)
       if ok:
         return plugins.KernelChoice(f"{NAME}.{spec.name}")
       why = why or reason

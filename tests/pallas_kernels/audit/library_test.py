@@ -19,14 +19,16 @@ E, P, R = (FindingKind.UNFUSED_EPILOGUE, FindingKind.UNFUSED_PROLOGUE,
 
 
 class _Finding:
-  """What `kernel_for` reads of a finding: its need."""
+  """What `kernel_for` reads of a finding: its need, and whether its
+  boundary stays stored for later readers."""
 
-  def __init__(self, need):
+  def __init__(self, need, kept=False):
     self.need = need
+    self.boundary_kept = kept
 
 
-def _choose(kind, anchor, ops=(), **kw):
-  return LIBRARY.kernel_for(_Finding(plugins.KernelNeed(kind, anchor, ops, **kw)))
+def _choose(kind, anchor, ops=(), kept=False, **kw):
+  return LIBRARY.kernel_for(_Finding(plugins.KernelNeed(kind, anchor, ops, **kw), kept))
 
 
 def test_it_is_a_kernel_library_and_the_entry_point_finds_it():
@@ -68,6 +70,20 @@ def test_no_op_and_why(kind, anchor, ops, kw, why):
   choice = _choose(kind, anchor, ops, **kw)
   assert choice.op is None
   assert choice.why_not.startswith(why) if why else choice.why_not == ""
+
+
+@pytest.mark.parametrize("ops", [("outputs:2", "activation:gelu"),
+                                 ("outputs:1", "bias", "activation:gelu_tanh")])
+def test_an_activations_values_for_the_backward_are_the_matmuls_own(ops):
+  # XLA's reader writes the activation and values for its derivative while
+  # the gradients keep the product stored: the matmul's forward stores its
+  # product for its own backward, which recomputes the derivative from it.
+  need = dict(outputs=int(ops[0].partition(":")[2]))
+  assert _choose(E, "dot", ops, kept=True, **need).op == "pallas_kernels.matmul"
+  # Nothing kept for a backward, or no derivative to take: several outputs.
+  assert _choose(E, "dot", ops, kept=False, **need).op == (
+      "pallas_kernels.matmul" if need["outputs"] == 1 else None)
+  assert _choose(E, "dot", ("outputs:2", "bias"), kept=True, outputs=2).op is None
 
 
 def test_each_ops_keywords_are_parameters_of_its_function():

@@ -411,7 +411,9 @@ CLOSES = Closes(
                            "tanh", "identity"}),
     keywords=(("bias", "bias"), ("activation", "activation"),
               ("residual", "residual"), ("cast", "out_dtype"),
-              ("column_sum", "w_column_sum")))
+              ("column_sum", "w_column_sum")),
+    # Its custom VJP keeps aux = x @ w for the activation's derivative.
+    stores_result=True)
 
 
 def _dot_call(anchor) -> tuple[dict, list, tuple[int, ...]] | None:
