@@ -159,7 +159,10 @@ def find(program: Program) -> tuple[FusionDecisionRecord, ...]:
     # backward pass is its forward kernel's business.
     need = (KernelNeed(FindingKind.SEPARATE_REDUCTION, pattern, statistics=stats)
             if pattern in _KERNEL_PATTERNS and not norms_of_partials else None)
-    norm = (_norm_of_backward(program, [producer, *reductions], buf.dims)
+    # (Rows as the reduction reads them: a split-K gemm's partial sums have
+    # one more axis.)
+    norm = (_norm_of_backward(program, [producer, *reductions],
+                              stats.dims if stats is not None else buf.dims)
             if pattern == "norm_backward" and not norms_of_partials else None)
     if norm is not None:
       # The norm's own kernel, called in the forward, runs its backward as
