@@ -35,6 +35,7 @@ from hlo_audit._src import compat
 from hlo_audit._src.analysis import tuple_tables
 from hlo_audit._src.analysis.backend_traits import fusion_config_kind
 from hlo_audit._src.analysis.dataflow import in_place_pairs
+from hlo_audit._src.analysis.heap_packing import DECREASING_ORDERS, PackingOrder
 from hlo_audit._src.hlo import dtypes, opcodes
 from hlo_audit._src.hlo.ir import Computation, HloModule, Instruction
 from hlo_audit._src.target import tpus
@@ -312,6 +313,8 @@ class HeapModel:
   #: Alignment of XLA's best-fit packing of the temporaries into one heap
   #: (heap_packing.py); None: the heap is the most bytes live at once.
   packing_alignment: int | None = None
+  #: The orders that packing tries, the smallest heap kept.
+  packing_orders: tuple[PackingOrder, ...] = DECREASING_ORDERS
   #: Copy insertion orders a donated parameter's reads before the write of
   #: its aliased output where the dataflow allows (control edges), copying
   #: it only where a read must follow the write (XLA:GPU); else every read
@@ -343,10 +346,11 @@ GPU_MODEL = HeapModel(gpu_can_share_buffer, strict_operand_sharing=True,
 
 #: XLA:TPU: XLA:CPU's sharing and allocation reuse (the suite's v5e
 #: compiles hold to 1% with it), its constants in the program, its temp
-#: packed by best fit at the 16 KiB its programs align HBM to
-#: (`--xla_jf_program_hbm_alignment_in_kib`), its tuple tables a v5e's
-#: (`heap_model` sizes them for the generation).
+#: packed by best fit in definition order at the 16 KiB its programs align
+#: HBM to (`--xla_jf_program_hbm_alignment_in_kib`), its tuple tables a
+#: v5e's (`heap_model` sizes them for the generation).
 TPU_MODEL = HeapModel(can_share_buffer, constants_in_program=True, packing_alignment=16384,
+                      packing_orders=(PackingOrder.DEFINITION,),
                       tuple_table_bytes=functools.partial(tpus.tuple_table_bytes, ""),
                       tpu_temp=True)
 

@@ -178,7 +178,7 @@ def analyze_liveness(module: HloModule, schedule: Schedule,
   peak_heap = live_heap
   if model.packing_alignment is not None:
     packed = _packed_heap(
-        dataflow, comps, heap, value_ranges, sizes, sharer, model.packing_alignment,
+        dataflow, comps, heap, value_ranges, sizes, sharer, model,
         edits.extra if edits is not None else (), tables.tuple_tables())
     if model.tpu_temp:
       in_kernels = bool(edits is not None and edits.extra) or any(
@@ -234,7 +234,7 @@ def _scalar_outside_kernels(inst: Instruction) -> bool:
           inst.opcode not in ("fusion", "custom-call"))
 
 
-def _packed_heap(dataflow, comps, heap, value_ranges, sizes, sharer, alignment,
+def _packed_heap(dataflow, comps, heap, value_ranges, sizes, sharer, model: HeapModel,
                  extra, tables) -> int:
   """The heap's size as XLA's best-fit packing of its values makes it, with
   the tuple values' pointer tables."""
@@ -255,8 +255,8 @@ def _packed_heap(dataflow, comps, heap, value_ranges, sizes, sharer, alignment,
     return [ov for o in dict.fromkeys(inst.operands) for _, ov in dataflow.holds.get(o, ())
             if ov[0] == o]
 
-  return pack_heap(values, alignment=alignment, operands=operands,
-                   may_overwrite=sharer.can_follow)
+  return pack_heap(values, alignment=model.packing_alignment, operands=operands,
+                   may_overwrite=sharer.can_follow, orders=model.packing_orders)
 
 
 class _Tables:

@@ -1,10 +1,13 @@
 """The order XLA's best-fit heap places equal-size values in: size, then
 duration, both descending (GlobalDecreasingSizeBestFitHeap's spatial
-order), on a case where that order decides the heap's size."""
+order), on a case where that order decides the heap's size; and XLA:TPU's
+order, the order the values are defined in."""
 
 from __future__ import annotations
 
-from hlo_audit._src.analysis.heap_packing import HeapValue, pack_heap
+from hlo_audit._src.analysis.buffer_sharing import heap_model
+from hlo_audit._src.analysis.heap_packing import (DECREASING_ORDERS, HeapValue, PackingOrder,
+                                                  pack_heap)
 
 
 def _v(name, start, end, size):
@@ -39,3 +42,22 @@ def test_the_longer_of_two_equal_values_goes_below():
   # temporal order gives 80 too).
   values = [_v("a", 2, 2, 30), _v("b", 3, 5, 20), _v("c", 2, 3, 30), _v("d", 4, 4, 20)]
   assert _pack(values) == 60
+
+
+def test_definition_order_keeps_the_heap_it_packs():
+  # XLA:TPU's order. Events: a [0,2], b [1,5], c [3,4]. In the order they
+  # are defined: a (10) at 0, b (100) above it at 10, and c, live with b
+  # after a died, finds only a's 10 bytes below b: on top, 210. Largest
+  # first puts b at 0 and a and c (apart in time) above it: 200. The
+  # definition order alone is run, so its larger heap stands.
+  values = [_v("a", 0, 1, 10), _v("b", 0, 5, 100), _v("c", 2, 5, 100)]
+  assert _pack(values) == 200
+  assert pack_heap(values, alignment=1, operands=lambda v: (),
+                   may_overwrite=lambda o, u: False,
+                   orders=(PackingOrder.DEFINITION,)) == 210
+
+
+def test_only_the_tpu_packs_in_definition_order():
+  assert heap_model("tpu").packing_orders == (PackingOrder.DEFINITION,)
+  assert heap_model("tpu", "v5p", "0.0.50.1").packing_orders == (PackingOrder.DEFINITION,)
+  assert heap_model("gpu").packing_orders == DECREASING_ORDERS

@@ -1,6 +1,8 @@
 """XLA:TPU's reported temp on hand-written scheduled HLO: twice the heap
 aligned to 16 KiB less what is live at once, each tuple table held for the
-whole program at its generation's size (liveness.tpu_reported_temp)."""
+whole program at its generation's size (liveness.tpu_reported_temp), the
+heap packed by best fit in the order its values are defined
+(heap_packing.PackingOrder.DEFINITION)."""
 
 from __future__ import annotations
 
@@ -16,8 +18,10 @@ T = "{1,0:T(8,128)}"  # f32[n,128]: n x 512 bytes
 
 # %p is a two-output fusion (a tuple: one table); %p0 (128 KiB, steps 1-4),
 # %q (64 KiB, 4-5) and %r (192 KiB, 5-6) make the heap; %p1 shares the
-# output's allocation. Best fit puts %r and %p0 at 0 and %q at 192 KiB,
-# above a 64 KiB gap %p0 leaves, and the table above %q: 256.5 KiB packed.
+# output's allocation. In the order they are defined: the table in the
+# first 16 KiB, %p0 above it, %q above %p0 (both live at step 4), and %r,
+# live with %q, finds only %p0's 128 KiB below %q: on top, 400 KiB packed.
+# (Largest first would put %r and %p0 at 0 and %q above them: 256.5 KiB.)
 TWO_OUTPUTS = f"""
 HloModule tpu_heap, is_scheduled=true
 
@@ -95,18 +99,18 @@ def test_reported_temp_is_twice_the_aligned_heap_less_what_is_live():
   live = _liveness(TWO_OUTPUTS)
   assert live.allocation_sizes == (64 * KiB, 64 * KiB)  # %x; %o with %p1
   table = 512  # a v5e's, HLO text naming no generation
-  packed = 256 * KiB + table
+  packed = 16 * KiB + 128 * KiB + 64 * KiB + 192 * KiB
   most_live = 64 * KiB + 192 * KiB  # %q and %r
-  assert live.peak_heap_bytes == 2 * _ceil16k(packed) - (most_live + table) == 294400
+  assert live.peak_heap_bytes == 2 * _ceil16k(packed) - (most_live + table) == 556544
   assert live.fragmentation_bytes == live.peak_heap_bytes - most_live
-  assert live.peak_bytes == 128 * KiB + 294400
+  assert live.peak_bytes == 128 * KiB + 556544
 
 
 def test_libtpu_0_0_50_keeps_temporaries_out_of_outputs_allocations():
   assert compat.libtpu_temporaries_share_outputs("0.0.42.1")
   assert compat.libtpu_temporaries_share_outputs("")  # HLO text: the fixtures' 0.0.42.1
   assert not compat.libtpu_temporaries_share_outputs("0.0.50.1")
-  assert _liveness(TWO_OUTPUTS, libtpu="0.0.42.1").peak_heap_bytes == 294400
+  assert _liveness(TWO_OUTPUTS, libtpu="0.0.42.1").peak_heap_bytes == 556544
   live = _liveness(TWO_OUTPUTS, libtpu="0.0.50.1")
   # %p1 (64 KiB, steps 1-5) is a temporary of the heap, %o's allocation its own.
   assert live.allocation_sizes == (64 * KiB, 64 * KiB)
@@ -114,7 +118,10 @@ def test_libtpu_0_0_50_keeps_temporaries_out_of_outputs_allocations():
   table = 512
   most_live = 64 * KiB + 64 * KiB + 192 * KiB  # %p1, %q and %r at step 5
   assert live.peak_heap_bytes - live.fragmentation_bytes == most_live
-  assert live.peak_heap_bytes == 2 * _ceil16k(most_live + table) - (most_live + table) == 359936
+  # The table, %p0, %p1 (defined with %p0, dying later), %q and %r stacked:
+  # %r finds only %p0's 128 KiB free below them.
+  packed = 16 * KiB + 128 * KiB + 64 * KiB + 64 * KiB + 192 * KiB
+  assert live.peak_heap_bytes == 2 * _ceil16k(packed) - (most_live + table) == 622080
 
 
 def test_tables_take_their_generations_size():
@@ -124,7 +131,7 @@ def test_tables_take_their_generations_size():
   assert tpus.tuple_table_bytes("", 2) == tpus.tuple_table_bytes("h200", 2) == 512
   table = 32  # two elements on a v6e
   assert _liveness(TWO_OUTPUTS, "v6e").peak_heap_bytes == \
-      2 * _ceil16k(256 * KiB + table) - (256 * KiB + table)
+      2 * 400 * KiB - (256 * KiB + table)
 
 
 def test_a_heap_of_tables_and_unfused_scalars_reports_no_temp():

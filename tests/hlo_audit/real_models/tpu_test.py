@@ -21,10 +21,10 @@ FIXTURES = tpu_support.fixtures()
 
 #: Fixtures whose peak stays off XLA:TPU's footprint: their reported temp
 #: exceeds the audit's (liveness.tpu_reported_temp), diffrax's 4.84 MiB
-#: against 4.74, example_b32's 340 MiB against 292, and what XLA:TPU's heap
-#: holds beyond the audit's is not yet read from their buffer assignment.
+#: against 4.74, and what XLA:TPU's heap holds beyond the audit's is not yet
+#: read from its buffer assignment.
 #: fixture -> the audit's peak over XLA's footprint, as it stands.
-PEAK_GAPS = {"diffrax_ode": 0.98, "example_b32": 0.86}
+PEAK_GAPS = {"diffrax_ode": 0.98}
 
 
 @functools.cache
