@@ -199,9 +199,16 @@ TRUTH = ModelTruth(
                why=("the input gradients of q/k/v and of gate/up, each added to "
                     "the others and transposed by the norm backward's two "
                     "reduction inputs; the norm's dx needs their rowsum")),
-        Expect(K.UNFUSED_EPILOGUE, _X, "apply", says=": transpose;", count=2 * LAYERS + 1,
-               why=("lm_head's, w_o's and v's input gradients read by two "
-                    "transposing kernels each")),
+        Expect(K.UNFUSED_EPILOGUE, _X, "apply", says=": transpose;", count=LAYERS,
+               why="w_o's input gradients read by two transposing kernels each"),
+        Expect(K.UNFUSED_EPILOGUE, _X, "apply", says=": scale, transpose;",
+               count=LAYERS + 1, why=(
+                   "the norms' input gradients added to no parameter: lm_head's "
+                   "(ynn_fusion.42) and each block's q/k/v leg the other two's sum "
+                   "is added to (ynn_fusion.14, .28), each read by two kernels "
+                   "that transpose it, one then scaling it by the norm's gamma "
+                   "(broadcast along the embedding axis: transpose_copy_fusion.9, "
+                   ".21, .33)")),
         Expect(K.UNFUSED_EPILOGUE, _X, "apply", says="scale", count=LAYERS,
                why="w_down's weight gradient read by adam's two moment kernels"),
         Expect(K.UNFUSED_EPILOGUE, _X, "apply", says="slice", count=2 * LAYERS, why=(

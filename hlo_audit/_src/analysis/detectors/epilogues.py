@@ -286,7 +286,9 @@ def _classify_elementwise(comp: Computation, chain: list[Instruction],
   chain_names = {i.name for i in chain} | {anchor_param}
   out_dims = anchor_buf.dims
   # Bias, residual and scale act on the anchor's value itself (or on a bias
-  # or scale of it) as that value's only use, with an operand from outside
+  # or scale of it, or on it moved: a transposing store writes the tile at
+  # its place, and sgd adds the weight to a gradient transposed to the
+  # weight's layout) as that value's only use, with an operand from outside
   # the chain. Ops past a value used twice belong to the activation: GELU's
   # x * 0.7071 and 0.5 * x * erf(..) are not scales.
   chain_uses: dict[str, int] = collections.Counter(
@@ -297,7 +299,8 @@ def _classify_elementwise(comp: Computation, chain: list[Instruction],
     changed = False
     for i in chain:
       if i.name in direct or i.opcode not in (
-          "add", "subtract", "multiply", "bitcast", "reshape", "convert"):
+          "add", "subtract", "multiply", "bitcast", "reshape", "convert", "transpose",
+          "copy"):
         continue
       inputs = [o for o in i.operands if o in chain_names]
       if len(inputs) == 1 and inputs[0] in direct and chain_uses[inputs[0]] == 1:
@@ -466,7 +469,10 @@ def _glu_partner(program: Program, k: Kernel, consumer: Kernel, operand: int) ->
 
 
 def _through_converts(comp: Computation, inst: Instruction) -> Instruction:
-  while inst.opcode == "convert" and inst.operands and inst.operands[0] in comp:
+  """The value behind `inst` through dtype and shape-only changes (a
+  residual passed as [b, 1, d] and rounded to bf16 is still the residual)."""
+  while inst.opcode in ("convert", "bitcast", "reshape") and inst.operands and \
+      inst.operands[0] in comp:
     inst = comp.instruction(inst.operands[0])
   return inst
 

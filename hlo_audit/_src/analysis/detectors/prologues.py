@@ -165,10 +165,13 @@ def _prologue_work(program: Program, k: Kernel, inst: Instruction) -> tuple[str,
   if simple:
     if narrow and "multiply" in ops:
       items.append(f"dequantize:{sorted(narrow)[0]}")
-    elif "convert" in ops:
-      items.append("cast")
-    elif "multiply" in ops:
-      items.append("scale")
+    else:
+      # A scale before the cast (a norm's x * rsqrt * gamma, a softmax's
+      # exp * (1 / sum), rounded to bf16) is work the load must do too.
+      if "multiply" in ops:
+        items.append("scale")
+      if "convert" in ops:
+        items.append("cast")
   else:
     fused = fused_computation(program, k)
     chain = list(fused.instructions) if fused is not None else [inst]

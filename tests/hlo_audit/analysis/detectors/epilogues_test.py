@@ -395,3 +395,83 @@ def test_a_transpose_alone_writes_the_same_values_fused_or_not():
   (more,) = hlo_audit.audit_hlo(scaled).findings_of(FindingKind.UNFUSED_EPILOGUE)
   assert more.ops == ("scale", "transpose")
   assert more.numerical_class is hlo_audit.NumericalClass.MORE_PRECISE
+
+
+# sgd's update on XLA:CPU (jax 0.10): the weight gradient (dx^T @ dy, a dot
+# writing [in, out]) scaled by -lr, transposed to the weight's layout
+# (transpose + copy in the fusion) and only then added to the weight.
+TRANSPOSED_UPDATE = """
+HloModule sgd, is_scheduled=true
+
+%fused_update (p0: f32[128,64], p1: f32[64,128]) -> f32[64,128] {
+  %p0 = f32[128,64]{1,0} parameter(0)
+  %lr = f32[] constant(-0.01)
+  %lrb = f32[128,64]{1,0} broadcast(%lr), dimensions={}
+  %g = f32[128,64]{1,0} multiply(%p0, %lrb)
+  %t = f32[64,128]{0,1} transpose(%g), dimensions={1,0}
+  %c = f32[64,128]{1,0} copy(%t)
+  %p1 = f32[64,128]{1,0} parameter(1)
+  ROOT %u = f32[64,128]{1,0} add(%p1, %c), metadata={op_name="jit(step)/add"}
+}
+
+ENTRY %main (x: f32[256,128], dy: f32[256,64], w: f32[64,128]) -> f32[64,128] {
+  %x = f32[256,128]{1,0} parameter(0)
+  %dy = f32[256,64]{1,0} parameter(1)
+  %w = f32[64,128]{1,0} parameter(2)
+  %d = f32[128,64]{1,0} dot(%x, %dy), lhs_contracting_dims={0}, rhs_contracting_dims={0}, metadata={op_name="jit(step)/dot_general"}
+  ROOT %f = f32[64,128]{1,0} fusion(%d, %w), kind=kLoop, calls=%fused_update
+}
+"""
+
+
+def test_an_add_after_the_transpose_is_still_the_residual():
+  # The store could write the tile transposed and add the weight's tile at
+  # its place: the residual and the scale act on the moved value.
+  (epi,) = hlo_audit.audit_hlo(TRANSPOSED_UPDATE).findings_of(FindingKind.UNFUSED_EPILOGUE)
+  assert epi.ops == ("residual", "scale", "transpose")
+  # A scale applied after the move (a norm's gamma on the transposed
+  # gradient) is the same scale.
+  after = TRANSPOSED_UPDATE.replace(
+      "%g = f32[128,64]{1,0} multiply(%p0, %lrb)\n"
+      "  %t = f32[64,128]{0,1} transpose(%g)",
+      "%t = f32[64,128]{0,1} transpose(%p0)").replace(
+      "%c = f32[64,128]{1,0} copy(%t)",
+      "%m = f32[64,128]{0,1} copy(%t)\n"
+      "  %lrt = f32[64,128]{1,0} broadcast(%lr), dimensions={}\n"
+      "  %c = f32[64,128]{1,0} multiply(%m, %lrt)")
+  (epi,) = hlo_audit.audit_hlo(after).findings_of(FindingKind.UNFUSED_EPILOGUE)
+  assert epi.ops == ("residual", "scale", "transpose")
+
+
+# A decode step's o_proj read once by the residual add with the gathered
+# embedding rows ([b, 1, d], bitcast to [b, d]), both rounded to bf16 and
+# widened back (a bf16 model XLA:CPU runs in f32).
+RESHAPED_RESIDUAL = """
+HloModule reshaped, is_scheduled=true
+
+%fused_add (p0: f32[64,256], p1: f32[64,1,256]) -> f32[64,256] {
+  %p1 = f32[64,1,256]{2,1,0} parameter(1)
+  %b = f32[64,256]{1,0} bitcast(%p1)
+  %rb = bf16[64,256]{1,0} convert(%b)
+  %r = f32[64,256]{1,0} convert(%rb)
+  %p0 = f32[64,256]{1,0} parameter(0)
+  %db = bf16[64,256]{1,0} convert(%p0)
+  %d = f32[64,256]{1,0} convert(%db)
+  ROOT %s = f32[64,256]{1,0} add(%r, %d), metadata={op_name="jit(step)/add"}
+}
+
+ENTRY %main (x: f32[64,256], w: f32[256,256], e: f32[64,1,256]) -> f32[64,256] {
+  %x = f32[64,256]{1,0} parameter(0)
+  %w = f32[256,256]{1,0} parameter(1)
+  %e = f32[64,1,256]{2,1,0} parameter(2)
+  %o = f32[64,256]{1,0} dot(%x, %w), lhs_contracting_dims={1}, rhs_contracting_dims={0}, metadata={op_name="jit(step)/dot_general"}
+  ROOT %f = f32[64,256]{1,0} fusion(%o, %e), kind=kLoop, calls=%fused_add
+}
+"""
+
+
+@pytest.mark.parametrize("view", ["bitcast", "reshape"])
+def test_a_residual_through_a_shape_change_is_the_residual(view):
+  text = RESHAPED_RESIDUAL.replace("bitcast(%p1)", f"{view}(%p1)")
+  (epi,) = hlo_audit.audit_hlo(text).findings_of(FindingKind.UNFUSED_EPILOGUE)
+  assert epi.ops == ("residual",)

@@ -1,0 +1,54 @@
+"""Prologues before a matmul on hand-written optimized HLO: what the
+producer of a matmul's operand does that the matmul could do on load."""
+
+from __future__ import annotations
+
+import pytest
+
+import hlo_audit
+from hlo_audit import FindingKind
+
+# An RMSNorm's apply x * rsqrt(mean(x^2) + eps) * gamma rounded to bf16,
+# written only for the next projection's dot.
+_SCALE = """
+  %r = f32[64,256]{1,0} broadcast(%p2), dimensions={0}
+  %n = f32[64,256]{1,0} multiply(%p1, %r)
+  %g = f32[64,256]{1,0} broadcast(%p0), dimensions={1}
+  %y = f32[64,256]{1,0} multiply(%n, %g)"""
+
+_APPLY = """
+HloModule norm, is_scheduled=true
+
+%fused_apply (p0: f32[256], p1: f32[64,256], p2: f32[64]) -> T[64,256] {
+  %p0 = f32[256]{0} parameter(0)
+  %p1 = f32[64,256]{1,0} parameter(1)
+  %p2 = f32[64]{0} parameter(2)BODY
+}
+
+ENTRY %main (gamma: f32[256], x: f32[64,256], rs: f32[64], w: T[256,512]) -> T[64,512] {
+  %gamma = f32[256]{0} parameter(0)
+  %x = f32[64,256]{1,0} parameter(1)
+  %rs = f32[64]{0} parameter(2)
+  %w = T[256,512]{1,0} parameter(3)
+  %f = T[64,256]{1,0} fusion(%gamma, %x, %rs), kind=kLoop, calls=%fused_apply
+  ROOT %d = T[64,512]{1,0} dot(%f, %w), lhs_contracting_dims={1}, rhs_contracting_dims={0}, metadata={op_name="jit(step)/dot_general"}
+}
+"""
+
+
+def _apply(body: str, dtype: str) -> str:
+  return _APPLY.replace("BODY", body).replace("T[", f"{dtype}[")
+
+
+@pytest.mark.parametrize("body, dtype, ops", [
+    (_SCALE + "\n  ROOT %c = bf16[64,256]{1,0} convert(%y)", "bf16", ("scale", "cast")),
+    # The cast alone is a cast; the scale alone a scale.
+    ("\n  ROOT %c = bf16[64,256]{1,0} convert(%p1)", "bf16", ("cast",)),
+    (_SCALE + "\n  ROOT %c = f32[64,256]{1,0} copy(%y)", "f32", ("scale",)),
+])
+def test_a_scale_before_the_cast_is_named_with_it(body, dtype, ops):
+  # A matmul casting on load would drop the normalization: the prologue's
+  # work is the scale and the cast.
+  (pro,) = hlo_audit.audit_hlo(_apply(body, dtype)).findings_of(
+      FindingKind.UNFUSED_PROLOGUE)
+  assert (pro.boundary, pro.ops) == ("f", ops)
