@@ -8,7 +8,14 @@ and bitcasts permutes nothing. Only a real permutation is a layout change.
 
 from __future__ import annotations
 
+import numpy as np
+
 from hlo_audit._src.hlo.ir import Computation, HloModule, Instruction, Shape
+
+#: What a kernel that cuts a part out of its operand and moves it may do.
+_CUT_OPS = frozenset({"slice", "bitcast", "reshape", "transpose", "copy", "convert"})
+#: The most elements `cut_reorders` follows one by one.
+_MAX_TRACED = 1 << 22
 
 
 def _physical_order(shape: Shape, perm: tuple[int, ...] | None = None) -> tuple[int, ...] | None:
@@ -63,3 +70,59 @@ def kernel_permutes(module: HloModule, comp: Computation, inst: Instruction) -> 
   fused = module.computation(calls[0])
   return any(permutes(fused, i) for i in fused.instructions
              if i.opcode in ("copy", "transpose"))
+
+
+def cut_reorders(module: HloModule, inst: Instruction) -> bool:
+  """Whether a fusion that cuts a static part out of its one operand and
+  moves it (slices, bitcasts, reshapes, transposes, copies, conversions in
+  a chain) writes the part's elements in an order other than the one they
+  have in the operand's memory. Follows each element's offset, so that a
+  transpose only a strided or contiguous cut survives of (the last step of
+  a time-major array, read batch-major, is one contiguous row) reorders
+  nothing. False where it cannot tell (tiled layouts, beyond
+  `_MAX_TRACED` elements)."""
+  calls = inst.called_computations.get("calls", ()) if inst.opcode == "fusion" else ()
+  if not calls or calls[0] not in module:
+    return False
+  fused = module.computation(calls[0])
+  chain, cur = [], fused.root
+  while cur.opcode != "parameter":
+    if cur.opcode not in _CUT_OPS or len(cur.operands) != 1 or cur.operands[0] not in fused:
+      return False
+    chain.append(cur)
+    cur = fused.instruction(cur.operands[0])
+  shapes = [cur.shape] + [i.shape for i in chain]
+  if not any(i.opcode == "slice" for i in chain) or any(
+      s is None or not s.is_array or s.layout is not None and s.layout.tiles
+      for s in shapes) or cur.shape.num_elements > _MAX_TRACED:
+    return False
+  offsets = _from_memory(np.arange(cur.shape.num_elements), cur.shape)
+  prev = cur.shape
+  for i in reversed(chain):
+    if i.opcode == "slice":
+      offsets = offsets[tuple(slice(d.start, d.limit, d.stride) for d in i.slices)]
+    elif i.opcode == "transpose":
+      offsets = offsets.transpose(i.dimensions)
+    elif i.opcode == "reshape":
+      offsets = offsets.reshape(i.shape.dims)
+    elif i.opcode == "bitcast":
+      offsets = _from_memory(_to_memory(offsets, prev), i.shape)
+    prev = i.shape  # a copy or a conversion keeps each element where it is logically
+  return bool(np.any(np.diff(_to_memory(offsets, fused.root.shape)) < 0))
+
+
+def _major_to_minor(shape: Shape) -> list[int]:
+  if shape.layout is None:
+    return list(range(len(shape.dims)))
+  return list(reversed(shape.layout.minor_to_major))
+
+
+def _from_memory(flat: np.ndarray, shape: Shape) -> np.ndarray:
+  """Values in `shape`'s memory order -> the logical array."""
+  major = _major_to_minor(shape)
+  return flat.reshape([shape.dims[d] for d in major]).transpose(np.argsort(major))
+
+
+def _to_memory(logical: np.ndarray, shape: Shape) -> np.ndarray:
+  """The logical array -> its values in `shape`'s memory order."""
+  return logical.transpose(_major_to_minor(shape)).ravel()

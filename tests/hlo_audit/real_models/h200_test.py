@@ -276,6 +276,12 @@ EXAMPLE_JUDGED = (
     ("layout-conflict", "input_transpose_fusion.1", "transpose"),
     ("layout-conflict", "loop_transpose_fusion", "transpose"),
     ("layout-conflict", "loop_transpose_fusion.1", "transpose"),
+    # q, k and v each cut out of the fused QKV projection's [512, 768]
+    # result and transposed to [4, 256, 128] (features before positions) by
+    # one kernel, read only by the attention gemms.
+    ("layout-conflict", "input_transpose_fusion.3", "transpose"),
+    ("layout-conflict", "input_transpose_fusion.4", "transpose"),
+    ("layout-conflict", "input_transpose_fusion.5", "transpose"),
     # The MLP's input gradient read once by the gelu backward; the fused QKV
     # projection read through three slices; w1's result read by gelu (two
     # outputs) and by the gelu backward.

@@ -207,7 +207,7 @@ TRUTH = ModelTruth(
         Expect((K.LAYOUT_CONFLICT, K.UNFUSED_PROLOGUE),
                f"bf16[{BATCH},{KV_HEADS},{HEAD_DIM},{MAX_LEN}]", "cache_read",
                says="transpose", count=LAYERS, why=(
-                   "MISSED: the layer's whole key cache cut out and transposed "
+                   "the layer's whole key cache cut out and transposed "
                    "[b, t, h, d] -> [b, h, d, t] by a kernel (transpose_copy_fusion.3, "
                    ".1) only for q @ k^T, every step: O(cache) written per token; a "
                    "heads-major cache ([layers, batch, kv_heads, len, dim]) or a dot "
@@ -215,7 +215,7 @@ TRUTH = ModelTruth(
         Expect((K.LAYOUT_CONFLICT, K.UNFUSED_PROLOGUE),
                f"{_W}[{BATCH},{KV_HEADS},{MAX_LEN},{HEAD_DIM}]", "cache_read",
                says="transpose", count=LAYERS, why=(
-                   "MISSED: the layer's value cache transposed [b, t, h, d] -> "
+                   "the layer's value cache transposed [b, t, h, d] -> "
                    "[b, h, t, d] (and widened to f32 in 0.10) by a kernel "
                    "(transpose_copy_fusion.2, transpose_copy_fusion) only for p @ v")),
         Expect(K.LOST_IN_PLACE, _CACHE, None, says="in-place", count=per_version(2, 0, 0),

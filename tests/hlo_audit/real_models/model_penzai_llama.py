@@ -291,6 +291,11 @@ TRUTH_H200 = ModelTruth(
                count=3 * LAYERS, why=(
                    "dV and the un-rotated dq and dk transposed to [b, p, h, t] "
                    "only for the fused q/k/v weight-gradient gemm")),
+        Expect(K.LAYOUT_CONFLICT, f"f32[{BATCH},{DIM},{SEQ}]", "apply", count=LAYERS, why=(
+            "v cut out of the q/k/v gemm's sum [128, 192] (columns 128:192) and "
+            "transposed to [b, h * p, t] by one kernel (input_transpose_fusion.6, "
+            ".7), read only by the PV gemm and its backward gemm: both could read "
+            "v in place at its offset")),
         Expect(K.EXPANDED_BROADCAST, f"f32[{BATCH},{HEADS},{_HD // 2},{SEQ}]", "apply",
                why=("the rotation's cos table [8, 32] written broadcast to "
                     "[4, 4, 8, 32] and read by the eight rotating kernels")),

@@ -21,7 +21,7 @@ from hlo_audit._src.analysis.detectors.common import (COMMON_RISKS, anchor_of,
                                                       through_bitcasts, through_moves,
                                                       times)
 from hlo_audit._src.analysis.kernels import Kernel
-from hlo_audit._src.analysis.layouts import kernel_permutes, permutes
+from hlo_audit._src.analysis.layouts import cut_reorders, kernel_permutes, permutes
 from hlo_audit._src.analysis.program import Program, buffer_name
 from hlo_audit._src.analysis.records import (FindingKind, FusionDecisionRecord,
                                              KernelNeed, NumericalClass, Verdict)
@@ -55,12 +55,16 @@ def _copies_of(program: Program, k: Kernel, out: list[FusionDecisionRecord]) -> 
   if k.kind is KernelKind.PALLAS:
     return
   inst = program.inst(k)
-  if not (k.kind is KernelKind.COPY or is_layout_conversion(program.module, inst)):
+  # A kernel that cuts a part out of its operand and reorders it (a KV
+  # cache's layer sliced and transposed for the attention dot) converts
+  # that part's layout: its reader could index the operand at the offset.
+  cut = cut_reorders(program.module, inst)
+  if not (k.kind is KernelKind.COPY or cut or is_layout_conversion(program.module, inst)):
     return
   comp = program.comps[k.computation]
   if bt.stages_memory_space(comp, inst):
     return  # XLA:TPU staging a value into VMEM or evicting it: no copy of the program's
-  moves = kernel_permutes(program.module, comp, inst)
+  moves = cut or kernel_permutes(program.module, comp, inst)
   converts = "convert" in k.fused_ops or inst.opcode == "convert"
   own = program.writes.get(k.name, ())
   for buf in own or _shared_write(program, k):
@@ -393,11 +397,14 @@ def _narrowing_round_trip(program: Program, k: Kernel, consumers: Sequence[Kerne
       continue
     src = through_moves(comp, i.operands[0])
     a = src.shape.element_type if src is not None and src.shape is not None else None
+    if _widened_from(comp, src, i.shape.element_type):
+      continue  # back to the type the values came in: nothing is rounded
     if src is not None and src.opcode == "convert" and src.operands:
       first = through_moves(comp, src.operands[0])
       if first is not None and first.shape is not None:
         t0, t1, t2 = first.shape.element_type, a, i.shape.element_type
-        if t0 == t2 != t1 and not dtypes.is_widening(t0, t1):
+        if t0 == t2 != t1 and not dtypes.is_widening(t0, t1) and \
+            not _widened_from(comp, first, t1):
           return f"{t0} -> {t1} -> {t2}"
     if a is not None and a != i.shape.element_type and \
         not dtypes.is_widening(a, i.shape.element_type):
@@ -414,6 +421,21 @@ def _narrowing_round_trip(program: Program, k: Kernel, consumers: Sequence[Kerne
         src.shape.element_type == narrowed[1] for i in cf.instructions):
       return f"{narrowed[0]} -> {narrowed[1]} -> {narrowed[0]}"
   return ""
+
+
+def _widened_from(comp, inst: Instruction | None, t: str) -> bool:
+  """Whether `inst` holds values widened from `t` (through moves and static
+  slices: XLA:CPU widening a bf16 cache before cutting a layer out of it),
+  so that rounding them back to `t` rounds nothing."""
+  while inst is not None and inst.opcode in ("bitcast", "reshape", "copy", "transpose",
+                                             "slice") and inst.operands:
+    inst = comp.instruction(inst.operands[0]) if inst.operands[0] in comp else None
+  if inst is None or inst.opcode != "convert" or not inst.operands or \
+      inst.operands[0] not in comp:
+    return False
+  src = comp.instruction(inst.operands[0]).shape
+  return (src is not None and src.is_array and src.element_type == t and
+          inst.shape is not None and dtypes.is_widening(t, inst.shape.element_type))
 
 
 def _drops_rounding(r: FusionDecisionRecord, trip: str) -> FusionDecisionRecord:

@@ -172,3 +172,96 @@ def test_a_copy_into_the_loop_state_at_the_bodys_end_is_a_standalone_copy():
   assert copy.bytes_saved == 2 * 256 * 128 * 4 * 10  # every trip
   # The loop state stays: the copy's traffic goes, not the buffer.
   assert copy.boundary_kept and copy.peak_saved == 0
+
+
+# A decode step's value cache [layers, b, t, h, d] in bf16: XLA:CPU (jax
+# 0.10) widens it, cuts layer 0 out, rounds and widens it again (the bf16
+# operand of an f32 dot) and transposes it to [b, h, t, d], only for p @ v.
+CACHE_READ = """
+HloModule cache, is_scheduled=true
+
+%fused_cut (p0: CT[2,4,256,2,32]) -> f32[4,2,256,32] {
+  %p0 = CT[2,4,256,2,32]{CL} parameter(0)
+  %w = f32[2,4,256,2,32]{4,3,2,1,0} convert(%p0)
+  %s = f32[1,4,256,2,32]{4,3,2,1,0} slice(%w), slice={[0:1], [0:4], [0:256], [0:2], [0:32]}
+  %n = bf16[1,4,256,2,32]{4,3,2,1,0} convert(%s)
+  %r = f32[1,4,256,2,32]{4,3,2,1,0} convert(%n)
+  %b = f32[4,256,2,32]{3,2,1,0} bitcast(%r)
+  %t = f32[4,2,256,32]{3,1,2,0} transpose(%b), dimensions={0,2,1,3}
+  ROOT %c = f32[4,2,256,32]{3,2,1,0} copy(%t)
+}
+
+ENTRY %main (cache: CT[2,4,256,2,32], p: f32[4,2,4,256]) -> f32[4,2,4,32] {
+  %cache = CT[2,4,256,2,32]{CL} parameter(0)
+  %p = f32[4,2,4,256]{3,2,1,0} parameter(1)
+  %v = f32[4,2,256,32]{3,2,1,0} fusion(%cache), kind=kLoop, calls=%fused_cut
+  ROOT %o = f32[4,2,4,32]{3,2,1,0} dot(%p, %v), lhs_batch_dims={0,1}, lhs_contracting_dims={3}, rhs_batch_dims={0,1}, rhs_contracting_dims={2}
+}
+"""
+
+
+def _cache_read(dtype: str, layout: str = "4,3,2,1,0") -> str:
+  return CACHE_READ.replace("CT[", f"{dtype}[").replace("{CL}", f"{{{layout}}}")
+
+
+def test_a_part_cut_out_and_transposed_for_a_matmul_is_a_layout_conflict():
+  # The dot could read the layer in the cache's own layout at its offset.
+  (lc,) = hlo_audit.audit_hlo(_cache_read("bf16")).findings_of(FindingKind.LAYOUT_CONFLICT)
+  assert (lc.boundary, lc.ops) == ("v", ("transpose",))
+  # The values came in as bf16: rounding them to bf16 again rounds nothing.
+  assert lc.numerical_class is NumericalClass.EXACT, lc.evidence
+  # From an f32 cache the rounding is the program's: dropping it is not exact.
+  (lc,) = hlo_audit.audit_hlo(_cache_read("f32")).findings_of(FindingKind.LAYOUT_CONFLICT)
+  assert lc.numerical_class is NumericalClass.PRECISION_CHANGE
+  assert "f32 -> bf16 -> f32" in lc.evidence
+
+
+def test_a_part_cut_out_of_a_cache_laid_out_heads_major_is_not_reordered():
+  # The cache's memory is already [layers, b, h, t, d]: the logical
+  # transpose writes the layer in the order it lies in, a contiguous cut.
+  report = hlo_audit.audit_hlo(_cache_read("bf16", "4,2,3,1,0"))
+  assert not report.findings_of(FindingKind.LAYOUT_CONFLICT)
+  assert not report.findings_of(FindingKind.STANDALONE_COPY)
+
+
+# A scan's time-major output [t, b, h] transposed to batch-major and one
+# step cut out of it (XLA fuses the transpose with the slice), for a dot.
+STEP_READ = """
+HloModule step, is_scheduled=true
+
+%fused_step (p0: f32[32,16,128]) -> f32[16,128] {
+  %p0 = f32[32,16,128]{2,1,0} parameter(0)
+  %t = f32[16,32,128]{2,0,1} transpose(%p0), dimensions={1,0,2}
+  %c = f32[16,32,128]{2,1,0} copy(%t)
+  %s = f32[16,1,128]{2,1,0} slice(%c), slice={[0:16], [CUT], [0:128]}
+  ROOT %b = f32[16,128]{1,0} bitcast(%s)
+}
+
+ENTRY %main (ys: f32[32,16,128], w: f32[128,4]) -> f32[16,4] {
+  %ys = f32[32,16,128]{2,1,0} parameter(0)
+  %w = f32[128,4]{1,0} parameter(1)
+  %last = f32[16,128]{1,0} fusion(%ys), kind=kLoop, calls=%fused_step
+  ROOT %o = f32[16,4]{1,0} dot(%last, %w), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+}
+"""
+
+
+def test_one_step_cut_out_of_a_transposed_time_major_array_is_no_layout_change():
+  # The last step is one contiguous row of the time-major array: the
+  # transpose inside the kernel reorders nothing that survives the cut.
+  report = hlo_audit.audit_hlo(STEP_READ.replace("[CUT]", "[31:32]"))
+  assert not report.findings_of(FindingKind.LAYOUT_CONFLICT)
+  assert not report.findings_of(FindingKind.STANDALONE_COPY)
+
+
+def test_a_strided_cut_keeps_the_element_order():
+  # Every other batch row of one step: strided in the source, still in its
+  # order.
+  hlo = STEP_READ.replace("[CUT]", "[31:32]").replace("[0:16], [31:32]", "[0:16:2], [31:32]") \
+      .replace("f32[16,1,128]{2,1,0} slice", "f32[8,1,128]{2,1,0} slice") \
+      .replace("-> f32[16,128] {", "-> f32[8,128] {") \
+      .replace("ROOT %b = f32[16,128]", "ROOT %b = f32[8,128]") \
+      .replace("%last = f32[16,128]", "%last = f32[8,128]") \
+      .replace("-> f32[16,4] {", "-> f32[8,4] {").replace("ROOT %o = f32[16,4]", "ROOT %o = f32[8,4]")
+  report = hlo_audit.audit_hlo(hlo)
+  assert not report.findings_of(FindingKind.LAYOUT_CONFLICT)
