@@ -20,7 +20,8 @@ from hlo_audit._src.analysis.detectors import (already_fused, broadcasts, copies
                                                epilogues,
                                                in_place, keep_reuse, loop_invariant,
                                                prologues, reductions, slices)
-from hlo_audit._src.analysis.detectors.merge import epilogue_or_prologue, one_per_boundary
+from hlo_audit._src.analysis.detectors.merge import (epilogue_or_prologue, one_per_boundary,
+                                                     split_or_relayouts)
 from hlo_audit._src.analysis.kernel_library import with_kernels
 from hlo_audit._src.analysis.program import Program
 from hlo_audit._src.analysis.records import FindingKind, FusionDecisionRecord, Verdict
@@ -57,7 +58,7 @@ def decisions(program: Program) -> tuple[FusionDecisionRecord, ...]:
   class; each finding a kernel could close names the libraries' op for its
   `need`."""
   found = [r for detect in DETECTORS for r in detect(program) if _in_device_memory(program, r)]
-  found = cross_entropy.retarget(program, epilogue_or_prologue(found))
+  found = cross_entropy.retarget(program, split_or_relayouts(epilogue_or_prologue(found)))
   found = one_per_boundary(with_kernels(found, program.libraries))
   order = list(FindingKind)
   found = [r for r in found if r.bytes_saved >= program.options.min_bytes_saved or

@@ -36,6 +36,28 @@ def epilogue_or_prologue(found: Sequence[FusionDecisionRecord]) -> list[FusionDe
   return [r for j, r in enumerate(out) if j not in folded] if folded else out
 
 
+def split_or_relayouts(found: Sequence[FusionDecisionRecord]) -> list[FusionDecisionRecord]:
+  """`found` with each split epilogue whose every reader relays its block out
+  for a matmul (a fused QKV product cut into q, k and v, each transposed for
+  the attention gemms) folded into those layout conflicts as a note: the
+  product written in the blocks' layouts, or the blocks read in place, take
+  the same traffic away (only one of the two can go)."""
+  relayout = {r.producer for r in found if r.kind is FindingKind.LAYOUT_CONFLICT}
+  out = list(found)
+  for j, r in enumerate(out):
+    if r.kind is FindingKind.UNFUSED_EPILOGUE and r.ops[:1] and \
+        r.ops[0].startswith("split:") and r.consumers and \
+        all(c in relayout for c in r.consumers):
+      i = next(i for i, c in enumerate(out)
+               if c.kind is FindingKind.LAYOUT_CONFLICT and c.producer == r.consumers[0])
+      out[i] = dataclasses.replace(out[i], notes=out[i].notes + (
+          f"alternatively an epilogue of {r.producer}: it writes {r.boundary_shape}, of "
+          f"which {', '.join(r.consumers)} each relay one block out; writing the blocks "
+          "in their readers' layouts takes the same traffic away",))
+      out[j] = None
+  return [r for r in out if r is not None]
+
+
 def one_per_boundary(found: Sequence[FusionDecisionRecord]) -> list[FusionDecisionRecord]:
   """One record a boundary: the strongest actionable class speaks, the
   others become its notes; so no buffer is counted twice in a total."""

@@ -133,6 +133,24 @@ def test_a_prologue_an_epilogue_reads_becomes_its_note():
   assert merge.epilogue_or_prologue([other]) == [other]
 
 
+def test_a_split_whose_readers_each_relay_a_block_out_becomes_their_note():
+  # A fused QKV product cut into q, k and v, each transposed for the
+  # attention gemms: writing the blocks in those layouts, or reading them in
+  # place, takes the same traffic away; the total counts it once.
+  split = record(K.UNFUSED_EPILOGUE, "dot.1", producer="dot.1",
+                 consumers=("t.2", "t.3"), ops=("split:2",))
+  relayouts = [record(K.LAYOUT_CONFLICT, t, producer=t, consumers=("dot.9",),
+                      ops=("transpose",)) for t in ("t.2", "t.3")]
+  out = merge.split_or_relayouts([split, *relayouts])
+  assert [r.boundary for r in out] == ["t.2", "t.3"]
+  assert out[0].notes[0].startswith("alternatively an epilogue of dot.1")
+  # One reader that does not relay its block keeps the split a finding.
+  assert merge.split_or_relayouts([split, relayouts[0]]) == [split, relayouts[0]]
+  # Nor is an elementwise epilogue's reader folded.
+  plain = dataclasses.replace(split, ops=("activation:gelu",))
+  assert merge.split_or_relayouts([plain, *relayouts]) == [plain, *relayouts]
+
+
 def test_one_record_per_boundary_the_strongest_actionable_first():
   keep = record(K.KEEP_REUSE, "b", verdict=Verdict.KEEP, saved=0)
   copy = record(K.STANDALONE_COPY, "b", saved=50)
