@@ -355,15 +355,32 @@ def _window_access(operand: Instruction, window: Mapping[int, int], indices: int
                        writes=writes)
 
 
+def _tiled_dims(shape, windows: tuple[int, ...]) -> tuple[int, ...]:
+  """`shape`'s dimensions, padded to its layout's first tile where indices
+  span two or more dimensions and each moves one element (`windows` empty):
+  XLA:TPU runs such a gather or scatter once per element of the tiles,
+  padding included (libtpu prices an [R, 2] batch of updates as R x 128, a
+  flat one of 2R as 2R)."""
+  dims = list(shape.dims)
+  layout = shape.layout
+  if not windows and len(dims) > 1 and layout is not None and layout.tiles \
+      and layout.minor_to_major:
+    for size, d in zip(reversed(layout.tiles[0].dims), layout.minor_to_major):
+      if size > 0:
+        dims[d] = -(-dims[d] // size) * size
+  return tuple(dims)
+
+
 def _gather_access(comp: Computation, inst: Instruction) -> IndexedAccess | None:
   """A gather's reads: one window of `slice_sizes` per index."""
   operand, index = _operand(comp, inst, 0), _operand(comp, inst, 1)
   if operand is None or index is None or index.shape is None or not index.shape.is_array:
     return None
-  dims = index.shape.dims
-  vector_dim = _ints(inst, "index_vector_dim")
-  vd = vector_dim[0] if vector_dim else len(dims)
-  indices = math.prod(d for k, d in enumerate(dims) if k != vd)
+  if inst.shape is None or not inst.shape.is_array:
+    return None
+  offsets = _ints(inst, "offset_dims")
+  indices = math.prod(d for k, d in enumerate(_tiled_dims(inst.shape, offsets))
+                      if k not in offsets)
   window = dict(enumerate(_ints(inst, "slice_sizes")))
   return _window_access(operand, window, indices, writes=False)
 
@@ -376,7 +393,8 @@ def _scatter_access(comp: Computation, inst: Instruction,
       or not updates.shape.is_array or operand.shape is None:
     return None
   window_dims = _ints(inst, "update_window_dims")
-  indices = math.prod(d for k, d in enumerate(updates.shape.dims) if k not in window_dims)
+  indices = math.prod(d for k, d in enumerate(_tiled_dims(updates.shape, window_dims))
+                      if k not in window_dims)
   skipped = set(_ints(inst, "inserted_window_dims")) | set(_ints(inst, "input_batching_dims"))
   kept = [d for d in range(len(operand.shape.dims)) if d not in skipped]
   window = {d: updates.shape.dims[w] for d, w in zip(kept, window_dims)}

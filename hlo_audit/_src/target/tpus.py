@@ -13,9 +13,9 @@ rates libtpu's own cost model prices with were read by compiling probe
 kernels and dividing their `cost_analysis()` by its `optimal_seconds`
 (libtpu 0.0.42.1): a large bf16 matmul runs at the published bf16 peak on
 v5e and v6e (v4 and v5p: 137 and 394 TFLOP/s per device), a streaming
-kernel at 90% of HBM bandwidth on v5e (100% v6e, 85% v5p, 82% v4), a chain
-of 200 FMAs per element still at HBM speed (libtpu bounds no elementwise
-arithmetic), and exp at the transcendental rates below.
+kernel at `hbm_fraction` of HBM bandwidth, a chain of 200 FMAs per element
+still at HBM speed (libtpu bounds no elementwise arithmetic), and exp at
+the transcendental rates below.
 """
 
 from __future__ import annotations
@@ -61,6 +61,9 @@ class TpuGeneration:
   transcendentals_per_second: float
   #: Google's page the peaks come from.
   source: str
+  #: The fraction of `hbm_bandwidth` a kernel streams at, libtpu's
+  #: (`HBM_FRACTION_SOURCE`).
+  hbm_fraction: float
   #: HBM bytes of a tuple's pointer table in XLA:TPU's heap: this many
   #: whatever the elements (0: 8 per element, rounded up to 32 bytes).
   #: Measured in libtpu's buffer-assignment dumps (0.0.42.1 and 0.0.50.1):
@@ -84,14 +87,20 @@ class TpuGeneration:
 #: transcendental rates: libtpu's cost model (module docstring), per chip.
 GENERATIONS: tuple[TpuGeneration, ...] = (
     TpuGeneration("v4", "TPU v4", 3, 2, 2, 32 * GiB, 1200e9, 275e12, 275e12, 0.0,
-                  2 * 5.38e11, _DOCS + "v4", tuple_table_fixed=512),
+                  2 * 5.38e11, _DOCS + "v4", hbm_fraction=0.8187, tuple_table_fixed=512),
     TpuGeneration("v5e", "TPU v5 lite", 2, 1, 1, 16 * GiB, 819e9, 197e12, 394e12, 400e9,
-                  1.54e12, _DOCS + "v5e", tuple_table_fixed=512),
+                  1.54e12, _DOCS + "v5e", hbm_fraction=0.9007, tuple_table_fixed=512),
     TpuGeneration("v5p", "TPU v5", 3, 2, 1, 95 * GiB, 2765e9, 459e12, 918e12, 1200e9,
-                  3.07e12, _DOCS + "v5p-training"),
+                  3.07e12, _DOCS + "v5p-training", hbm_fraction=0.8501),
     TpuGeneration("v6e", "TPU v6 lite", 2, 1, 1, 32 * GiB, 1638e9, 918e12, 1836e12, 800e9,
-                  1.79e12, _DOCS + "v6e"),
+                  1.79e12, _DOCS + "v6e", hbm_fraction=1.0),
 )
+HBM_FRACTION_SOURCE = (
+    "libtpu's cost model, 0.0.42.1 and 0.0.50.1 alike, probed 2026-12-06 on one chip of "
+    "each generation: x * 2, x + y and row and column sums of f32 and bf16 arrays of "
+    "16-512 MiB price at their bytes accessed over this fraction of Google's HBM "
+    "bandwidth, the same to four digits in every probe (v4 0.8187, v5e 0.9007, v5p "
+    "0.8501, v6e 1.0000)")
 _BY_NAME = {g.name: g for g in GENERATIONS}
 
 #: (sublanes, lanes): XLA:TPU's gathers and scatters move each index's row
@@ -196,7 +205,8 @@ def tpu_facts(gen: TpuGeneration) -> DeviceFacts:
   per = "" if share == 1 else f", x {cores}/{gen.cores_per_chip} TensorCores per device"
   doc = f"Google's {gen.name} page ({gen.source})"
   sources = {
-      "memory_bandwidth": f"{doc}: HBM bandwidth per chip{per}",
+      "memory_bandwidth": (f"{doc}: HBM bandwidth per chip{per}, x {gen.hbm_fraction} "
+                           f"that a kernel streams at: {HBM_FRACTION_SOURCE}"),
       "matrix_flops": f"{doc}: peak bf16 and int8 per chip{per}",
       "vector_flops": ("none: libtpu's cost model bounds no elementwise arithmetic "
                        "(200 FMAs per element price at HBM speed), nor does this one"),
@@ -204,9 +214,9 @@ def tpu_facts(gen: TpuGeneration) -> DeviceFacts:
                                      f"transcendental-bound probe kernel{per}"),
       "launch_overhead": ("none: libtpu's cost model adds no fixed cost per kernel (an "
                           "8 KiB kernel prices at its bytes over HBM bandwidth)"),
-      "on_chip_bandwidth": ("the HBM rate, as libtpu's cost analysis prices the bytes of "
-                            "operands XLA placed in VMEM; Google publishes no VMEM "
-                            "bandwidth"),
+      "on_chip_bandwidth": ("the streamed HBM rate, as libtpu's cost analysis prices the "
+                            "bytes of operands XLA placed in VMEM; Google publishes no "
+                            "VMEM bandwidth"),
   }
   sources["index_block"] = INDEX_BLOCK_SOURCE
   link = gen.ici_bandwidth / 2 * share
@@ -215,13 +225,15 @@ def tpu_facts(gen: TpuGeneration) -> DeviceFacts:
   else:
     sources["link_bandwidth"] = f"{doc} gives no ICI bandwidth: collectives priced by latency only"
   bf16 = gen.bf16_flops * share
+  # Streams, VMEM operands and index blocks alike move at libtpu's rate.
+  streamed = gen.hbm_bandwidth * gen.hbm_fraction * share
   return DeviceFacts(
       name=gen.name, description=gen.device_kind, platform="tpu",
-      memory_bandwidth=gen.hbm_bandwidth * share,
+      memory_bandwidth=streamed,
       matrix_flops=types.MappingProxyType({"bf16": bf16, "f32": bf16, "f16": bf16,
                                            "s8": gen.int8_ops * share,
                                            "u8": gen.int8_ops * share}),
       transcendentals_per_second=gen.transcendentals_per_second * share,
-      link_bandwidth=link, on_chip_bandwidth=gen.hbm_bandwidth * share,
+      link_bandwidth=link, on_chip_bandwidth=streamed,
       index_block=INDEX_BLOCK,
       sources=types.MappingProxyType(sources), checked=NOT_CHECKED)

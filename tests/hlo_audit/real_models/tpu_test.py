@@ -64,33 +64,15 @@ def test_known_peak_gaps_stand_where_they_are(name):
 #: ConcatBitcast undone), the band `scripts/bench_tpu_target.py` holds too.
 ESTIMATE_RANGE = (0.67, 1.5)
 
-#: Fixtures whose estimate falls outside the band, and why: libtpu's module
-#: total follows its `bytes accessed` at 90% of HBM bandwidth; this model
-#: prices what crosses HBM and what kernels move in VMEM at the full rate,
-#: plus the blocks gathers and scatters move per index
-#: (`DeviceFacts.index_block`). libtpu adds no per-kernel floor to its total
+#: Fixtures whose estimate falls outside the band, and why (none now):
+#: libtpu's module total follows its `bytes accessed` at the generation's
+#: streamed HBM rate (`tpus.HBM_FRACTION_SOURCE`); this model prices what
+#: crosses HBM and what kernels move in VMEM at that rate, plus the blocks
+#: gathers and scatters move per index (`DeviceFacts.index_block`). libtpu adds no per-kernel floor to its total
 #: (diffrax's 2412 kernels at XLA:TPU's ~1,800 `estimated_cycles` apiece
 #: would be ms; libtpu's total is 29.8 us), so none is added here.
 #: fixture -> (our estimate over libtpu's, as it stands; the kernels behind it).
-ESTIMATE_GAPS = {
-    "bf16_mlp": (0.634, "libtpu accesses 26.1 MB (31.8 us at HBM speed) to our 18.4 MB "
-                 "(HBM and VMEM): the forward dots on VMEM operands, fusion.21 and .29, "
-                 "are 6585 and 5846 cycles to XLA:TPU, 0.44 and 1.10 us to us"),
-    "kv_decode": (0.663, "libtpu accesses 19.9 MB to our 14.6 MB: the decode's VMEM "
-                  "kernels fusion.99/.101 (3938 cycles, ours 0.05 us) and .105/.108 "
-                  "(4053 cycles, ours 0.39 us)"),
-    "jaxmd_lj": (0.620, "libtpu accesses 528 MB to our 363 MB (200 MB of it the "
-                 "neighbour list's gathers, a block per index); what the other 165 MB "
-                 "are is not read yet. Its two scatter-adds of 14031 updates write "
-                 "into a zero fill their kernels make, which libtpu, as this model, "
-                 "prices at their bytes (a scatter into a buffer: 177 us)"),
-    "moe": (0.065, "libtpu prices top_k's backward, a scatter-add of 512 updates into "
-            "f32[256,8] through bitpacked 2-D indices, at 365 us of its 392: 1.05 MB "
-            "and 1.43 us per index row whatever the updates per row (2 or 3) or the "
-            "operand's width (8 or 64), 45.7 us for 32 rows, where the same scatter "
-            "with unpacked indices is 6.1 us; no law of the hardware reads so, and "
-            "this model prices it at a block per update (5.1 us)"),
-}
+ESTIMATE_GAPS: dict[str, tuple[float, str]] = {}
 
 
 @functools.cache
