@@ -349,14 +349,18 @@ def _norm_parameter_gradients(program: Program, found: Sequence[FusionDecisionRe
       out.append(f)
       continue
     anchor = norm_kernels.get(f.producer)
+    # Whether the buffer summed is dy * x_hat (gamma's gradient), not dy (beta's).
+    scale = True
     if anchor is None and f.need is not None and f.need.anchor == "column_reduction":
-      # dy * x_hat (or dy beside it) summed over the rows; or, written only
-      # for the column sum, a backward kernel's product in which x_hat is
-      # recomputed from the saved row statistics.
+      # dy * x_hat summed over the rows, or dy beside a kernel forming it;
+      # or, written only for the column sum, a backward kernel's product in
+      # which x_hat is recomputed from the saved row statistics.
       producer = program.kernels.get(f.producer)
-      norm = next(filter(None, (_times_normalized(program, program.kernels[name])
-                                for name in (f.producer, *f.consumers)
-                                if name in program.kernels)), None)
+      norm = _times_normalized(program, producer) if producer is not None else None
+      if norm is None:
+        norm = next(filter(None, (_times_normalized(program, program.kernels[name])
+                                  for name in f.consumers if name in program.kernels)), None)
+        scale = norm is None
       if norm is None and producer is not None and not f.boundary_kept and \
           "transpose(" in producer.op_name and f.need.statistics is not None:
         norm = _norm_in(program, producer, f.need.statistics.dims)
@@ -364,12 +368,12 @@ def _norm_parameter_gradients(program: Program, found: Sequence[FusionDecisionRe
     if anchor is None:
       out.append(f)
       continue
+    norm_name = anchor.removesuffix(BACKWARD).replace("_", " ")
     out.append(with_changes(
         f, need=KernelNeed(FindingKind.SEPARATE_REDUCTION, anchor),
         evidence=f.evidence + (
-            f"; {f.producer} is part of a {anchor.removesuffix(BACKWARD).replace('_', ' ')}'s "
-            "backward: this is its scale (gamma) gradient, which the norm's backward "
-            "kernel sums beside dx")))
+            f"; this is a {norm_name}'s {'scale (gamma)' if scale else 'shift (beta)'} "
+            "gradient, which the norm's backward kernel sums beside dx")))
   return out
 
 

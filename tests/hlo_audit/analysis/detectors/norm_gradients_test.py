@@ -138,6 +138,13 @@ def test_the_examples_layer_norm_backward_on_an_h200_names_layer_norm():
       ("column_reduction", "f32[4,128,256]"), ("column_reduction", "f32[4,128,256]"),
       ("column_reduction", "f32[512,256]"), ("norm_backward", "f32[512,256]")]
   assert all(f.kernel == "pallas_kernels.layer_norm" for f in named)
+  # dy * x_hat summed is gamma's gradient; ln2's dy summed beside the kernel
+  # forming dy * x_hat, beta's.
+  said = {f.boundary_shape: [] for f in named}
+  for f in named:
+    if f.ops[0] == "column_reduction":
+      said[f.boundary_shape].append("scale (gamma)" in f.evidence)
+  assert said == {"f32[4,128,256]": [True, True], "f32[512,256]": [False]}
   assert not [f for f in r.findings if f.need and f.need.anchor == "rms_norm_backward"]
 
 
