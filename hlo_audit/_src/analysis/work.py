@@ -40,7 +40,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from hlo_audit._src.analysis import backend_traits as bt
-from hlo_audit._src.hlo import dtypes, opcodes
+from hlo_audit._src.hlo import attributes, dtypes, opcodes
 from hlo_audit._src.hlo.ir import Computation, HloModule, Instruction
 
 #: Opcodes priced as transcendentals: one special-function result each.
@@ -328,13 +328,9 @@ def _instruction_work(module: HloModule, comp: Computation, inst: Instruction,
 
 
 def _ints(inst: Instruction, key: str) -> tuple[int, ...]:
+  """An integer-list attribute (`offset_dims={1,2}`); () where absent."""
   raw = inst.attribute(key)
-  if not raw:
-    return ()
-  try:
-    return tuple(int(x) for x in raw.strip("{}").split(",") if x.strip())
-  except ValueError:
-    return ()
+  return attributes.int_list(raw) if raw else ()
 
 
 def _window_access(operand: Instruction, window: Mapping[int, int], indices: int,
