@@ -160,6 +160,9 @@ SPLIT_K_REDUCER_SUFFIX = "reduce_sub_computation"
 #: cuDNN's fused convolution: the bias, a side input and the activation run
 #: in the convolution call itself.
 CONV_BIAS_ACTIVATION_TARGET = "__cudnn$convBiasActivationForward"
+#: cuDNN's weight gradient: operands (x, dy) in the forward's dim_labels,
+#: the result the kernel's gradient.
+CONV_BACKWARD_FILTER_TARGET = "__cudnn$convBackwardFilter"
 
 
 def is_split_k_reduce(inst: Instruction) -> bool:

@@ -222,12 +222,17 @@ TRUTH_H200 = ModelTruth(
         Expect(K.SEPARATE_REDUCTION, f"f32[{BATCH},{PATCHES},{4 * DIM}]", "mlp1",
                says="column_reduction", why=(
                    "gelu-backward dz re-read by fc1's bias-gradient reduce")),
-        Expect(K.SEPARATE_REDUCTION, _TOK, None, says="column_reduction", count=6, why=(
+        Expect(K.SEPARATE_REDUCTION, _TOK, None, says="column_reduction", count=5, why=(
             "LayerNorm backward terms written beside their row reductions and "
             "re-read by the gamma-gradient reduces over the tokens (norm1, norm2, "
-            "the final norm); the norms' input gradients re-read by the bias "
-            "gradients of the gemm before them (fc2, the attention output) and, "
-            "for norm1, by the pos and embedding bias gradients")),
+            "the final norm); norm2's input gradient re-read by the attention "
+            "output's bias gradient and norm1's by the pos and embedding bias "
+            "gradients")),
+        Expect(K.UNFUSED_PROLOGUE, _TOK, "pool", says="affine", why=(
+            "the final norm's input gradient (its backward's per-row affine) "
+            "written only for fc2's two backward gemms and the kernel finishing "
+            "their split-K sums, which also sums fc2's bias gradient from it: "
+            "each could compute it on load")),
         Expect(K.SEPARATE_REDUCTION, _R, None, says="column_reduction", count=2, why=(
             "a LayerNorm's dy (the split-K sum of the input gradients) written "
             "by its row-reduction kernel and re-read by the beta-gradient "

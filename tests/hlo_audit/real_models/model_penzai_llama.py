@@ -335,6 +335,11 @@ TRUTH_H200 = ModelTruth(
         Expect(K.UNFUSED_PROLOGUE, _SCORES, "apply", says="affine", count=LAYERS, why=(
             "the probabilities (masked exp(s - max) / sum) written only for the "
             "PV gemm and dV's")),
+        Expect(K.UNFUSED_PROLOGUE, _SCORES, "apply", says="affine transpose", count=LAYERS,
+               why=(
+                   "dS = (dP / sum - rowsum) * exp(s - max), masked, written "
+                   "transposed (XLA:GPU's transpose emitter) only for the dq and dk "
+                   "gemms: a flash-attention backward forms it per tile")),
         Expect(K.UNFUSED_PROLOGUE, _RES, "apply", says="affine", why=(
             "block 1's attention norm apply written for the q/k/v gemm, its "
             "weight gradient and the gamma gradient's product-reduce (a "

@@ -58,7 +58,9 @@ PENDING = {
     # and a live H200 compile of it fails in equinox's error checks.
     "diffrax_ode": {"cpu": (0, 0), "h200": (0, 0)},
     "penzai_llama": {"cpu": (1, 9), "h200": (2, 12)},
-    "keras_mobilenet": {"cpu": (2, 13), "h200": (3, 17)},
+    # Every H200 finding right; on XLA:CPU jax 0.10 every finding right
+    # (11 missed), 0.12 still calls the pooled hard-swish a contraction.
+    "keras_mobilenet": {"cpu": (2, 13), "h200": (0, 0)},
 }
 
 #: Models whose library is an optional test dependency (skipped without it):

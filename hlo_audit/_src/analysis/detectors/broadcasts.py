@@ -7,9 +7,10 @@ the compact value on load instead.
 
 from __future__ import annotations
 
-from hlo_audit._src.analysis.buffers import Lifetime, expanded_broadcast_ratio
+from hlo_audit._src.analysis import backend_traits as bt
+from hlo_audit._src.analysis.buffers import Buffer, Lifetime, expanded_broadcast_ratio
 from hlo_audit._src.analysis.detectors.common import (COMMON_RISKS, consumer_kernels,
-                                                      kernel_desc, times)
+                                                      kernel_desc, operand_number, times)
 from hlo_audit._src.analysis.program import Program
 from hlo_audit._src.analysis.records import (FindingKind, FusionDecisionRecord,
                                              NumericalClass, Verdict)
@@ -29,6 +30,8 @@ def find(program: Program) -> tuple[FusionDecisionRecord, ...]:
                                      program.comps[k.computation])
     compact = int(buf.bytes / ratio)
     consumers = consumer_kernels(program, buf)
+    if consumers and all(_library_bias(program, c, buf) for c in consumers):
+      continue
     out.append(FusionDecisionRecord(
         kind=FindingKind.EXPANDED_BROADCAST, producer=k.name,
         consumers=tuple(c.name for c in consumers), boundary=buf.name,
@@ -48,3 +51,17 @@ def find(program: Program) -> tuple[FusionDecisionRecord, ...]:
         ops=("broadcast",), kernel=None, trip_count=k.trip_count, source=buf.source,
         computation=k.computation))
   return tuple(out)
+
+
+#: cuDNN's fused convolution's operands: (input, filter, bias, side input).
+_CONV_BIAS_OPERAND = 2
+
+
+def _library_bias(program: Program, consumer, buf: Buffer) -> bool:
+  """Whether `consumer` is cuDNN's fused convolution reading `buf` as its
+  bias: the call takes a dense [C] vector and broadcasts nothing on load
+  (XLA passes zeros there when it wants the call for its result scale)."""
+  inst = program.inst(consumer)
+  return (inst.opcode == "custom-call" and
+          inst.custom_call_target == bt.CONV_BIAS_ACTIVATION_TARGET and
+          operand_number(program, consumer, buf) == _CONV_BIAS_OPERAND)

@@ -200,7 +200,7 @@ def activation_of(names: set[str], ops: set[str], comp: Computation,
                   chain: list[Instruction]) -> str | None:
   """The activation elementwise work `chain` of `comp` computes ("gelu",
   "gelu_tanh", "tanh", "sigmoid+tanh", "softplus", "silu", "sigmoid",
-  "relu"), judged
+  "hard_swish", "hard_sigmoid", "relu6", "relu"), judged
   by its primitive `names` and `ops`; None for none."""
   if names & {"erf", "erfc"} or "erf" in ops:
     return "gelu"
@@ -221,6 +221,9 @@ def activation_of(names: set[str], ops: set[str], comp: Computation,
                 {_name_through(comp, o, _VALUE_OPS) for o in i.operands} == set(sigmoid)
                 for i in chain)
     return "silu" if gated else "sigmoid"
+  hard = _hard_activation(comp, chain)
+  if hard is not None:
+    return hard
   # A relu acts on the data itself: a maximum with zero on a smaller value
   # is a clamp of statistics (a norm's variance, max(E[x^2] - E[x]^2, 0)).
   maxima = [i for i in chain
@@ -235,6 +238,52 @@ def activation_of(names: set[str], ops: set[str], comp: Computation,
         if o in comp and _is_zero(comp, comp.instruction(o)):
           return "relu"
   return None
+
+
+def _hard_activation(comp: Computation, chain: list[Instruction]) -> str | None:
+  """"relu6" for clamp(0, x, 6); "hard_sigmoid" for relu6(x + 3) / 6;
+  "hard_swish" when that multiplies x itself (MobileNetV3's activations, as
+  jax.nn and keras write them); None for none. As for a relu, the clamp
+  acts on the data itself: one of a smaller value (a squeeze-excite gate
+  broadcast onto the data) is the gate's, not the kernel's activation."""
+  sizes = [i.shape.num_elements for i in chain if i.opcode in opcodes.ELEMENTWISE
+           and i.shape is not None and i.shape.is_array]
+  widest = max(sizes, default=0)
+  for i in chain:
+    if i.opcode != "clamp" or len(i.operands) != 3 or \
+        not all(o in comp for o in i.operands) or i.shape is None or \
+        not i.shape.is_array or i.shape.num_elements != widest:
+      continue
+    low, x, high = (comp.instruction(o) for o in i.operands)
+    if not (_is_zero(comp, low) and _constant(comp, high) == 6.0):
+      continue
+    if x.opcode != "add" or not any(_constant(comp, comp.instruction(o)) == 3.0
+                                     for o in x.operands if o in comp):
+      return "relu6"
+    base = {_name_through(comp, o, _VALUE_OPS) for o in x.operands} - {None}
+    # hard_sigmoid's value: the clamp, or it times 1/6; times x: a swish.
+    gate = {i.name} | {m.name for m in chain if m.opcode in ("multiply", "divide")
+                       and i.name in m.operands}
+    for m in chain:
+      if m.opcode == "multiply" and len(m.operands) == 2 and gate & set(m.operands):
+        other = next(o for o in m.operands if o not in gate) \
+            if not set(m.operands) <= gate else None
+        if other is not None and _name_through(comp, other, _VALUE_OPS) in base:
+          return "hard_swish"
+    return "hard_sigmoid"
+  return None
+
+
+def _constant(comp: Computation, inst: Instruction) -> float | None:
+  """The value of a scalar constant (or a broadcast of one); None otherwise."""
+  while inst.opcode in ("broadcast", "bitcast") and inst.operands and inst.operands[0] in comp:
+    inst = comp.instruction(inst.operands[0])
+  if inst.opcode != "constant":
+    return None
+  try:
+    return float((inst.literal or "").strip())
+  except ValueError:
+    return None
 
 
 def _cubes(chain: list[Instruction]) -> bool:

@@ -19,7 +19,7 @@ from hlo_audit._src.analysis.detectors.common import (COMMON_RISKS, SLICE_GLUE, 
                                                       consumer_kernels, fused_computation,
                                                       kernel_desc, one_per_row,
                                                       operand_number, primitives, scalar_ops,
-                                                      through_bitcasts, times)
+                                                      split_k_site, through_bitcasts, times)
 from hlo_audit._src.analysis.kernels import Kernel
 from hlo_audit._src.analysis.layouts import kernel_permutes
 from hlo_audit._src.analysis.program import Program
@@ -37,8 +37,10 @@ def find(program: Program) -> tuple[FusionDecisionRecord, ...]:
   gathers that read a few of their elements."""
   out = []
   for k in program.kernels.values():
-    if k.kind not in (KernelKind.LOOP_FUSION, KernelKind.UNFUSED_OP, KernelKind.COPY):
-      continue
+    if k.kind not in (KernelKind.LOOP_FUSION, KernelKind.UNFUSED_OP, KernelKind.COPY,
+                      KernelKind.INPUT_FUSION):
+      continue  # (XLA:GPU runs a fusion with a transpose as an input fusion:
+      # `_prologue_work` turns away the ones that reduce.)
     inst = program.inst(k)
     for buf in program.writes.get(k.name, ()):
       if buf.lifetime in (Lifetime.EXTERNAL_OUTPUT, Lifetime.EXPANDED_BROADCAST) \
@@ -54,7 +56,11 @@ def find(program: Program) -> tuple[FusionDecisionRecord, ...]:
       if not readers or len(anchors) < len(readers):
         continue
       anchor = anchors[0]
-      work = _prologue_work(program, k, inst) or _slice_work(program, k, inst)
+      work = _prologue_work(program, k, inst)
+      if work is not None and all(split_k_site(program, c) is not None for c in readers):
+        continue  # kernels finishing gemms' partial sums load no dot operand
+        # (a slice's offset, they can apply)
+      work = work or _slice_work(program, k, inst)
       if work is not None and set(anchors) & bt.LAYOUT_FIXED_ANCHORS:
         # The library's layout contract: its transpose is not a prologue.
         work = tuple(w for w in work if w != "transpose") or None
@@ -62,7 +68,7 @@ def find(program: Program) -> tuple[FusionDecisionRecord, ...]:
         continue
       n = len(readers)
       names = ", ".join(kernel_desc(c) for c in readers)
-      saved = _prologue_saving(k, buf, n)
+      saved = _prologue_saving(k, buf, n, len(program.writes.get(k.name, ())))
       if saved <= 0:
         continue  # each reader re-reading the inputs costs more than the buffer
       out.append(FusionDecisionRecord(
@@ -101,11 +107,14 @@ def find(program: Program) -> tuple[FusionDecisionRecord, ...]:
   return tuple(out) + _gathered_prologues(program) + _one_hot_scatters(program)
 
 
-def _prologue_saving(k: Kernel, buf: Buffer, readers: int) -> int:
+def _prologue_saving(k: Kernel, buf: Buffer, readers: int, outputs: int = 1) -> int:
   """Bytes a prologue fused into each of its `readers` saves: the buffer's
   write and its reads, and the producer's own reads, go; each reader then
-  reads the producer's inputs instead (for one reader: two buffers' worth)."""
-  return (1 + readers) * buf.bytes + k.bytes_read - readers * k.bytes_read
+  reads the producer's inputs instead (for one reader: two buffers' worth).
+  A producer writing `outputs` buffers still runs for the others: its reads
+  stay."""
+  kept = k.bytes_read if outputs > 1 else 0
+  return (1 + readers) * buf.bytes + k.bytes_read - kept - readers * k.bytes_read
 
 
 def _cast_for_matmuls(program: Program, c: Kernel) -> str | None:
@@ -139,6 +148,10 @@ _PROLOGUE_OPS = (opcodes.ELEMENTWISE | {"bitcast", "reshape", "broadcast", "tran
                                         "constant", "parameter", "iota"}) - {"rng"}
 
 
+#: What a kernel generating random bits runs (threefry's rotations and mixes).
+_RANDOM_BITS = frozenset({"xor", "shift-left", "shift-right-logical"})
+
+
 def _prologue_work(program: Program, k: Kernel, inst: Instruction) -> tuple[str, ...] | None:
   """What a producer does to the operand it hands a matmul alone: "cast",
   "dequantize:s8", "scale", "transpose", or for general elementwise work
@@ -146,10 +159,12 @@ def _prologue_work(program: Program, k: Kernel, inst: Instruction) -> tuple[str,
   "activation:relu" and "elementwise"; None when it does more (reductions,
   gathers, another matmul)."""
   ops = dict(k.fused_ops) if inst.opcode == "fusion" else {inst.opcode: 1}
-  if not ops or not set(ops) <= _PROLOGUE_OPS | {"pad"}:
+  # (A tuple: the outputs of a multi-output fusion; a slice: an offset on
+  # load, e.g. of the random bits dropout computes in the kernel.)
+  if not ops or not set(ops) <= _PROLOGUE_OPS | {"pad", "tuple", "slice"}:
     return None
   compute = set(ops) - {"bitcast", "reshape", "broadcast", "constant", "parameter",
-                        "copy", "iota", "pad"}
+                        "copy", "iota", "pad", "tuple", "slice"}
   if not compute:
     # Zero padding alone (XLA pads a convolution's input when the library
     # takes only symmetric padding): the reader's loads can pad.
@@ -176,6 +191,11 @@ def _prologue_work(program: Program, k: Kernel, inst: Instruction) -> tuple[str,
     fused = fused_computation(program, k)
     chain = list(fused.instructions) if fused is not None else [inst]
     names = primitives(program, k)  # every instruction of `chain`'s (memoized)
+    if compute & _RANDOM_BITS and "iota" in ops:
+      # Counter-based random bits (dropout's threefry, some twenty rounds of
+      # integer mixing an element) computed in the kernel: a matmul loading
+      # the operand would hash again at every reuse of a tile.
+      return None
     if "broadcast" in ops and compute & {"multiply", "divide"} and \
         compute & {"add", "subtract"}:
       items.append("affine")  # x * a + b: a norm's apply

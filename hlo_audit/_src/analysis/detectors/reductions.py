@@ -176,10 +176,23 @@ def find(program: Program) -> tuple[FusionDecisionRecord, ...]:
       # re-read gone.
       need = KernelNeed(FindingKind.SEPARATE_REDUCTION, "dot", ("column_sum",),
                         statistics=stats, anchor_kernel=gemm)
+    conv = (_column_sum_conv(program, buf, others, stats)
+            if pattern == "column_reduction" and gemm is None else None)
+    if conv is not None:
+      # The convolution's weight gradient streams dy whole: the same
+      # bias-gradient epilogue, per output channel.
+      need = KernelNeed(FindingKind.SEPARATE_REDUCTION, "convolution", ("column_sum",),
+                        statistics=stats, anchor_kernel=conv)
+    if pattern == "batch_norm_stats" and anchor_of(program, producer) == "convolution":
+      # Per-channel sums of the convolution's own output: its kernel can
+      # add each tile's into partial sums as it writes the tile.
+      need = KernelNeed(FindingKind.SEPARATE_REDUCTION, "convolution",
+                        ("batch_norm_stats",), statistics=stats)
     trip = producer.trip_count
     saved = 2 * buf.bytes if only else buf.bytes * len(reductions)
     what = _reduction_text(pattern, stats, buf, any(
-        "transpose(" in k.op_name for k in (producer, *reductions)), reducer)
+        "transpose(" in k.op_name for k in (producer, *reductions)) or
+        "transpose(" in _output_op_name(program, producer, buf), reducer)
     out.append(FusionDecisionRecord(
         kind=FindingKind.SEPARATE_REDUCTION, producer=producer.name,
         consumers=tuple(r.name for r in reductions) + tuple(others),
@@ -540,6 +553,50 @@ def _column_sum_gemm(program: Program, others: Sequence[str], stats) -> str | No
       if product(spec.dims) == product(stats.dims) and \
           product(spec.dims[i] for i in summed) == per_statistic:
         return name
+  return None
+
+
+def _output_op_name(program: Program, producer: Kernel, buf: Buffer) -> str:
+  """The op_name of the instruction computing `buf` (a multi-output
+  fusion's other outputs carry the fusion's name: a forward pooled mean's,
+  with a backward select beside it)."""
+  found = fused_root(program.module, program.inst(producer), buf.index)
+  return found[1].op_name if found is not None else ""
+
+
+def _column_sum_conv(program: Program, buf: Buffer, others: Sequence[str],
+                     stats) -> str | None:
+  """The convolution among `others` that is the weight gradient reading
+  `buf` as dy (dW sums dy over the batch and the output positions, keeping
+  its output channels: what the column reduction keeps), or None. An input
+  gradient or a forward convolution keeps the batch axis the reduction sums."""
+  if stats is None or not stats.axes or tuple(stats.dims) != tuple(buf.dims):
+    return None
+  kept = set(stats.kept)
+  for name in others:
+    k = program.kernels.get(name)
+    if k is None or anchor_of(program, k) != "convolution":
+      continue
+    inst = program.inst(k)
+    at = operand_number(program, k, buf)
+    if at is None:
+      continue
+    if bt.is_conv_call(inst):
+      # cuDNN names the role: (x, dy) -> dW.
+      if inst.custom_call_target == bt.CONV_BACKWARD_FILTER_TARGET and at == 1:
+        return name
+      continue
+    dnums = inst.convolution_dimension_numbers if inst.opcode == "convolution" else None
+    operand = program.comps[k.computation].instruction(inst.operands[at])
+    if dnums is None or operand.shape is None or operand.shape.dims != buf.dims:
+      continue
+    # XLA writes dW as a convolution contracting dy's batch axis: dy as the
+    # kernel ('i' the batch, 'o' the channel) or as the input ('f' the
+    # batch, 'b' the channel).
+    keep, contract = ((dnums.kernel_output_feature, dnums.kernel_input_feature) if at == 1
+                      else (dnums.input_batch, dnums.input_feature))
+    if {keep} == kept and contract in stats.axes:
+      return name
   return None
 
 
@@ -1243,9 +1300,50 @@ def _contracts(program: Program, r: Kernel, buf: Buffer) -> bool:
         len(set(prod.operands)) != 2:
       continue  # (x * x is a square: a sum of squares, no contraction)
     axes = set(red.dimensions)
-    if all(_varies_along(comp, o, axes, prod.shape.dims) for o in prod.operands):
+    if all(_varies_along(comp, o, axes, prod.shape.dims) for o in prod.operands) and \
+        not any(_relu6_gate(program, r, comp, o) for o in prod.operands):
       return True
   return False
+
+
+def _relu6_gate(program: Program, r: Kernel, comp: Computation, name: str,
+                depth: int = 2) -> bool:
+  """Whether `name` (in `r`'s fused computation `comp`) is relu6(x + 3),
+  perhaps times 1 / 6, computed here or by the kernel that wrote it: its
+  product with x is hard-swish, an activation, not an einsum's operand."""
+  caller, outer = program.inst(r), program.comps[r.computation]
+  where, found = through_kernels(program, comp, name, caller, outer)
+  if found is None:
+    return False
+  if found.opcode == "clamp" and len(found.operands) == 3 and \
+      all(o in where for o in found.operands):
+    low, high = (where.instruction(o) for o in (found.operands[0], found.operands[2]))
+    return _scalar(where, low) == 0.0 and _scalar(where, high) == 6.0
+  # (relu6(x + 3) * (1 / 6), the 1 / 6 perhaps broadcast by another kernel;
+  # not hard-swish's own x * relu6(x + 3) / 6, whose product with dy is a
+  # gradient's contraction)
+  if depth <= 0 or found.opcode != "multiply" or where is not comp or \
+      len(found.operands) != 2:
+    return False
+  for gate, scale in (found.operands, found.operands[::-1]):
+    _, c = through_kernels(program, comp, scale, caller, outer)
+    # A scale: a constant, or a scalar broadcast (`dimensions={}`).
+    scalar = c is not None and (
+        (c.opcode == "constant" and c.shape is not None and not c.shape.dims) or
+        (c.opcode == "broadcast" and not c.dimensions))
+    if scalar and _relu6_gate(program, r, comp, gate, depth - 1):
+      return True
+  return False
+
+
+def _scalar(comp: Computation, inst: Instruction) -> float | None:
+  """A constant's value, through broadcasts; None for anything else."""
+  while inst.opcode in ("broadcast", "bitcast") and inst.operands and inst.operands[0] in comp:
+    inst = comp.instruction(inst.operands[0])
+  try:
+    return float((inst.literal or "").strip()) if inst.opcode == "constant" else None
+  except ValueError:
+    return None
 
 
 def _varies_along(comp: Computation, name: str, axes: set[int],
