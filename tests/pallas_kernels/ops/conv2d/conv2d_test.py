@@ -104,7 +104,7 @@ def test_prologue_pads_after_the_activation(clean_fallbacks):
 @pytest.mark.parametrize("h,w,stride,padding", [
     (9, 11, 2, "SAME"),            # SAME with odd sizes: pad 0 above, 1 below
     (9, 9, 3, "VALID"),
-    (8, 9, 2, ((2, 0), (0, 1))),
+    (8, 9, (2, 1), ((2, 0), (0, 1))),  # rows and columns strided differently
     (8, 8, 1, ((-1, 2), (1, -1))),  # negative padding crops
 ])
 def test_strides_and_padding(clean_fallbacks, h, w, stride, padding):
