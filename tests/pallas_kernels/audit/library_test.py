@@ -47,6 +47,9 @@ def test_it_is_a_kernel_library_and_the_entry_point_finds_it():
     (R, "rms_norm", (), "pallas_kernels.rms_norm"),
     (R, "softmax", (), "pallas_kernels.softmax"),
     (P, "rms_norm", ("residual",), "pallas_kernels.rms_norm"),
+    (P, "convolution", ("affine", "activation:relu", "pad"), "pallas_kernels.conv2d"),
+    (E, "convolution", ("bias", "activation:hard_swish"), "pallas_kernels.conv2d"),
+    (R, "convolution", ("batch_norm_stats",), "pallas_kernels.conv2d"),
 ])
 def test_the_op_whose_spec_closes_the_need(kind, anchor, ops, op):
   assert _choose(kind, anchor, ops) == plugins.KernelChoice(op)
@@ -57,7 +60,7 @@ def test_the_op_whose_spec_closes_the_need(kind, anchor, ops, op):
     (E, "dot", ("bias", "activation:softplus"), {}, ""),
     (E, "dot", ("store into slice",), {}, ""),
     # Kinds no op computes say why the gap stays XLA's.
-    (E, "convolution", ("bias",), {}, "pallas_kernels has no convolution kernels"),
+    (E, "convolution", ("slice", "mask"), {}, "no pallas_kernels convolution fuses"),
     (R, "batch_norm_stats", (), {}, "pallas_kernels has no batch-norm kernel"),
     (R, "group_norm_stats", (), {}, "pallas_kernels has no group-norm kernel"),
     # Close, and why not.

@@ -271,7 +271,7 @@ SWEEP_PARAMS: tuple[SweepParam, ...] = (
 # ---------------------------------------------------- the audit's call ----
 
 CLOSES = Closes(
-    kinds=frozenset({"unfused-prologue", "unfused-epilogue"}),
+    kinds=frozenset({"unfused-prologue", "unfused-epilogue", "separate-reduction"}),
     anchors=frozenset({"convolution"}),
     prologues=frozenset({"affine", "scale", "activation", "pad", "cast"}),
     epilogues=frozenset({"bias", "activation", "residual", "cast", "batch_norm_stats"}),
