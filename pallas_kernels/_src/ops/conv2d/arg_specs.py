@@ -307,7 +307,9 @@ def suggest(facts: CallFacts) -> Call | None:
   shapes: the call then names it (`padding=((top, bottom), (left, right))`).
   """
   anchor = facts.matmul
-  if facts.kind not in CLOSES.kinds or anchor is None:
+  # (A convolution's batch-norm sums are named, not yet written as a call:
+  # the statistics' readers would change with it.)
+  if facts.kind not in ("unfused-prologue", "unfused-epilogue") or anchor is None:
     return None
   lhs, rhs = anchor.lhs, anchor.rhs
   if len(lhs.dims) != 4 or len(rhs.dims) != 4:
