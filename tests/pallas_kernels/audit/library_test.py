@@ -47,6 +47,7 @@ def test_it_is_a_kernel_library_and_the_entry_point_finds_it():
     (R, "rms_norm", (), "pallas_kernels.rms_norm"),
     (R, "softmax", (), "pallas_kernels.softmax"),
     (P, "rms_norm", ("residual",), "pallas_kernels.rms_norm"),
+    (R, "convolution", ("column_sum",), "pallas_kernels.conv2d_weight_grad"),
 ])
 def test_the_op_whose_spec_closes_the_need(kind, anchor, ops, op):
   assert _choose(kind, anchor, ops) == plugins.KernelChoice(op)
