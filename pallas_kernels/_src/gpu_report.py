@@ -334,4 +334,15 @@ def default_cases() -> list[Case]:
       Case("linear_cross_entropy bf16 fwd", lce, lce_specs),
       Case("linear_cross_entropy bf16 grad", jax.grad(lce, argnums=(0, 1)), lce_specs),
   ]
+  # MobileNetV3's weight gradients with dy's column sum: a 1x1 expansion (the
+  # per-tap dot) and a strided depthwise 3x3 (per-channel multiply-add).
+  def wgrad(k, **window):
+    return lambda x, dy: pk.conv2d_weight_grad(x, dy, k, column_sum=True,
+                                               implementation="pallas", **window)
+  cases += [
+      Case("conv2d_weight_grad bf16 1x1", wgrad((1, 1)),
+           (S((64, 56, 56, 24), bf), S((64, 56, 56, 72), bf))),
+      Case("conv2d_weight_grad bf16 depthwise 3x3/2", wgrad((3, 3), stride=2, groups=72),
+           (S((64, 56, 56, 72), bf), S((64, 28, 28, 72), bf))),
+  ]
   return cases

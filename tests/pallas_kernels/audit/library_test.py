@@ -50,6 +50,7 @@ def test_it_is_a_kernel_library_and_the_entry_point_finds_it():
     (P, "convolution", ("affine", "activation:relu", "pad"), "pallas_kernels.conv2d"),
     (E, "convolution", ("bias", "activation:hard_swish"), "pallas_kernels.conv2d"),
     (R, "convolution", ("batch_norm_stats",), "pallas_kernels.conv2d"),
+    (R, "convolution", ("column_sum",), "pallas_kernels.conv2d_weight_grad"),
 ])
 def test_the_op_whose_spec_closes_the_need(kind, anchor, ops, op):
   assert _choose(kind, anchor, ops) == plugins.KernelChoice(op)

@@ -1,0 +1,103 @@
+"""When the weight-gradient kernel cannot run, and why (the XLA reference runs instead).
+
+`api.py` asks `unsupported_reason` before every launch; on a reason it runs
+the reference and records the fallback, so a user's program never breaks.
+Invalid calls (shapes that do not fit the convolution, malformed windows)
+raise ValueError in `api.py` instead.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import jax.numpy as jnp
+
+from pallas_kernels._src import backend as backend_lib
+from pallas_kernels._src import gpu
+from pallas_kernels._src.ops.conv2d_weight_grad import config as config_lib
+from pallas_kernels._src.ops.conv2d_weight_grad.config import Config
+from pallas_kernels._src.ops.conv2d_weight_grad.reference import Window
+from pallas_kernels._src.ops.matmul import gpu as matmul_gpu
+
+#: dtypes of x, dy and the result the kernel is written and validated for.
+SUPPORTED_DTYPES = frozenset({"float32", "bfloat16", "float16"})
+#: Pallas' Triton lowering computes element offsets in int32.
+MAX_ELEMENTS = 2**31 - 1
+#: CUDA's limit on a grid's second and third dimensions, where the kernel
+#: puts taps x groups x C tiles and the F tiles (the splits go on the first,
+#: which takes 2**31 - 1).
+MAX_GRID_YZ = 65535
+
+
+def _name(dtype) -> str:
+  return jnp.dtype(dtype).name
+
+
+def _describe(label: str, a: Any) -> str:
+  return f"{label} {_name(a.dtype)}{list(a.shape)}"
+
+
+def unsupported_reason(x: Any, dy: Any, win: Window, *, out_dtype, interpret: bool,
+                       config: Config) -> str | None:
+  """Why the kernel cannot run this (validated) call, or None if it can.
+
+  Args:
+    x: [N, H, W, C] (an array or anything with .shape and .dtype).
+    dy: [N, HO, WO, F].
+    win: the convolution's geometry.
+    out_dtype: the dtype of dw.
+    interpret: whether Pallas would interpret the kernel.
+    config: the tiling that would be used.
+
+  Returns:
+    A short reason naming the offending dtype or shape, or None.
+  """
+  reason = gpu.unavailable_reason(interpret)
+  if reason:
+    return reason
+  for label, a in (("x", x), ("dy", dy)):
+    if _name(a.dtype) not in SUPPORTED_DTYPES:
+      return (f"{_describe(label, a)}: dtype {_name(a.dtype)} is not one of "
+              f"{sorted(SUPPORTED_DTYPES)}")
+  if _name(x.dtype) != _name(dy.dtype):
+    # Both dot operands must share an element type (Triton's tt.dot).
+    return (f"mismatched dtypes: {_describe('x', x)} with {_describe('dy', dy)}; "
+            "cast them to one dtype")
+  if _name(out_dtype) not in SUPPORTED_DTYPES:
+    return f"out_dtype {_name(out_dtype)} is not one of {sorted(SUPPORTED_DTYPES)}"
+  if min(x.shape) == 0 or min(dy.shape) == 0:
+    return f"empty dimension in {_describe('x', x)} or {_describe('dy', dy)}"
+
+  c = int(x.shape[-1])
+  f = int(dy.shape[-1])
+  cg, fg = c // win.groups, f // win.groups
+  partials = config.splits * win.taps * cg * f
+  # Pixel indices run to the last split's last tile, past N*HO*WO.
+  tiles = -(-math.prod(dy.shape[:3]) // config.block_p)
+  padded = -(-tiles // config.splits) * config.splits * config.block_p
+  for label, count in (("x", math.prod(x.shape)), ("dy", math.prod(dy.shape)),
+                       (f"the {config.splits} split partials of dw", partials),
+                       ("the pixel range padded to whole tiles", padded)):
+    if count > MAX_ELEMENTS:
+      return f"{label} has {count} > 2**31-1 elements (int32 offsets)"
+  depthwise = cg == 1
+  c_tiles = 1 if depthwise else -(-cg // config.block_c)
+  f_tiles = -(-(f if depthwise else fg) // config.block_f)
+  programs = win.taps * (1 if depthwise else win.groups * c_tiles)
+  if programs > MAX_GRID_YZ or f_tiles > MAX_GRID_YZ:
+    return (f"grid of {programs} tap x group x C-tile programs by {f_tiles} F tiles "
+            f"exceeds CUDA's {MAX_GRID_YZ} (groups={win.groups}, {win.taps} taps, "
+            f"{config}); use larger blocks")
+
+  if not interpret and backend_lib.current_backend() is backend_lib.Backend.GPU:
+    lo = config_lib.GPU_MIN_BLOCK
+    edges = (config.block_p, config.block_f) + (() if depthwise else (config.block_c,))
+    if min(edges) < lo:
+      return f"Triton dots need tiles >= {lo}, got {config}"
+    smem = config_lib.smem_bytes(config, jnp.dtype(x.dtype).itemsize, depthwise)
+    limit = matmul_gpu.shared_memory_bytes()
+    if smem > limit:
+      return (f"{config} needs ~{smem // 1024} KiB of shared memory, more than the "
+              f"{limit // 1024} KiB available")
+  return None
