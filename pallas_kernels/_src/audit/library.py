@@ -28,8 +28,10 @@ _READER_ANCHORED = frozenset({"unfused-prologue"})
 #: Anchors no op here computes, and why the gap stays XLA's (the audit says
 #: so instead of "no kernel yet").
 _UNCOVERED = {
-    "convolution": "pallas_kernels has no convolution kernels: the convolution "
-                   "(depthwise or dense) and the work around it stay cuDNN's or XLA's",
+    "convolution": "pallas_kernels.conv2d fuses a batch norm's affine, an activation and "
+                   "zero padding before a 2-D convolution, and bias, an activation, a "
+                   "residual, a cast and batch-norm statistics after it; other work "
+                   "around a convolution stays cuDNN's or XLA's",
     "batch_norm_stats": "pallas_kernels has no batch-norm kernel: its statistics "
                         "reduce over the batch and spatial axes, which a row kernel "
                         "does not span",

@@ -47,6 +47,9 @@ def test_it_is_a_kernel_library_and_the_entry_point_finds_it():
     (R, "rms_norm", (), "pallas_kernels.rms_norm"),
     (R, "softmax", (), "pallas_kernels.softmax"),
     (P, "rms_norm", ("residual",), "pallas_kernels.rms_norm"),
+    (E, "convolution", ("bias", "activation:relu", "batch_norm_stats"),
+     "pallas_kernels.conv2d"),
+    (P, "convolution", ("affine", "activation:hard_swish", "pad"), "pallas_kernels.conv2d"),
 ])
 def test_the_op_whose_spec_closes_the_need(kind, anchor, ops, op):
   assert _choose(kind, anchor, ops) == plugins.KernelChoice(op)
@@ -57,7 +60,8 @@ def test_the_op_whose_spec_closes_the_need(kind, anchor, ops, op):
     (E, "dot", ("bias", "activation:softplus"), {}, ""),
     (E, "dot", ("store into slice",), {}, ""),
     # Kinds no op computes say why the gap stays XLA's.
-    (E, "convolution", ("bias",), {}, "pallas_kernels has no convolution kernels"),
+    (E, "convolution", ("clamp",), {}, "pallas_kernels.conv2d fuses a batch norm's affine"),
+    (P, "convolution", ("activation:softplus",), {}, "pallas_kernels.conv2d fuses"),
     (R, "batch_norm_stats", (), {}, "pallas_kernels has no batch-norm kernel"),
     (R, "group_norm_stats", (), {}, "pallas_kernels has no group-norm kernel"),
     # Close, and why not.
