@@ -276,7 +276,9 @@ CLOSES = Closes(
     prologues=frozenset({"affine", "scale", "activation", "pad", "cast"}),
     epilogues=frozenset({"bias", "activation", "residual", "cast", "batch_norm_stats"}),
     activations=frozenset(reference.ACTIVATIONS),
+    # A prologue's activation is `prologue_activation`, an epilogue's `activation`.
     keywords=(("affine", "scale"), ("scale", "scale"), ("activation", "activation"),
+              ("activation", "prologue_activation"), ("pad", "padding"),
               ("bias", "bias"), ("residual", "residual"), ("cast", "out_dtype"),
               ("batch_norm_stats", "statistics")),
     outputs=1)
