@@ -51,6 +51,9 @@ def test_it_is_a_kernel_library_and_the_entry_point_finds_it():
     (E, "convolution", ("bias", "activation:hard_swish"), "pallas_kernels.conv2d"),
     (R, "convolution", ("batch_norm_stats",), "pallas_kernels.conv2d"),
     (R, "convolution", ("column_sum",), "pallas_kernels.conv2d_weight_grad"),
+    (E, "convolution", ("bias", "activation:relu", "batch_norm_stats"),
+     "pallas_kernels.conv2d"),
+    (P, "convolution", ("affine", "activation:hard_swish", "pad"), "pallas_kernels.conv2d"),
 ])
 def test_the_op_whose_spec_closes_the_need(kind, anchor, ops, op):
   assert _choose(kind, anchor, ops) == plugins.KernelChoice(op)
@@ -62,6 +65,8 @@ def test_the_op_whose_spec_closes_the_need(kind, anchor, ops, op):
     (E, "dot", ("store into slice",), {}, ""),
     # Kinds no op computes say why the gap stays XLA's.
     (E, "convolution", ("slice", "mask"), {}, "no pallas_kernels convolution fuses"),
+    (E, "convolution", ("clamp",), {}, "no pallas_kernels convolution fuses"),
+    (P, "convolution", ("activation:softplus",), {}, "no pallas_kernels convolution fuses"),
     (R, "batch_norm_stats", (), {}, "pallas_kernels has no batch-norm kernel"),
     (R, "group_norm_stats", (), {}, "pallas_kernels has no group-norm kernel"),
     # Close, and why not.

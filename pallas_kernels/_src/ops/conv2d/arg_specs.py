@@ -276,7 +276,9 @@ CLOSES = Closes(
     prologues=frozenset({"affine", "scale", "activation", "pad", "cast"}),
     epilogues=frozenset({"bias", "activation", "residual", "cast", "batch_norm_stats"}),
     activations=frozenset(reference.ACTIVATIONS),
+    # A prologue's activation is `prologue_activation`, an epilogue's `activation`.
     keywords=(("affine", "scale"), ("scale", "scale"), ("activation", "activation"),
+              ("activation", "prologue_activation"), ("pad", "padding"),
               ("bias", "bias"), ("residual", "residual"), ("cast", "out_dtype"),
               ("batch_norm_stats", "statistics")),
     outputs=1)
@@ -292,19 +294,36 @@ def _dims(dims) -> str:
   return ",".join(map(str, dims))
 
 
+def _filter(rhs: tuple[int, ...], c: int, hw: tuple[int, int], f: int | None
+            ) -> tuple[int, int, int, int] | None:
+  """(KH, KW, C/G, F) of a filter stored HWIO (as JAX writes it) or OHWI (as
+  XLA:GPU hands it to cuDNN for NHWC activations; preferred): a reading whose
+  groups divide C, whose window fits the input and whose F is `f` (when the
+  boundary says); None when neither fits."""
+  # OHWI first: an anchor is a cuDNN call, whose NHWC filters XLA stores so.
+  readings = ((rhs[1], rhs[2], rhs[3], rhs[0]), (rhs[0], rhs[1], rhs[2], rhs[3]))
+  fits = [(kh, kw, cg, ff) for kh, kw, cg, ff in readings
+          if cg and c % cg == 0 and ff % (c // cg) == 0 and kh <= hw[0] and kw <= hw[1]
+          and (f is None or ff == f)]
+  return fits[0] if fits else None
+
+
 def suggest(facts: CallFacts) -> Call | None:
   """`conv2d(x, w, ...)` from what the audit read.
 
   The convolution is the anchor: a cuDNN convolution call reads as a library
-  call (`facts.matmul`: lhs its input, rhs its filter, dims NHWC and HWIO);
-  XLA's `convolution` instruction gives no anchor (None), and then neither
-  the filter nor the stride is known: no call. A prologue's boundary is the
-  (padded) input the convolution reads, its 4-D source the unpadded x and
-  its [C] sources the scale and shift; an epilogue's boundary is the
-  convolution's output. None wherever the facts leave the call open (a
-  layout that is not NHWC/HWIO, a stride the sizes do not fix, an activation
-  the op lacks). The split of a pad between the two sides is not in the
-  shapes: the call then names it (`padding=((top, bottom), (left, right))`).
+  call (`facts.matmul`: lhs its NHWC input, rhs its filter, HWIO or OHWI);
+  XLA's `convolution` instruction gives no anchor (None), and then the filter
+  is unknown: no call. A prologue's boundary is the (padded) input the
+  convolution reads, its 4-D source the unpadded x and its [C] sources the
+  scale and shift; an epilogue's boundary is the convolution's output. What
+  the shapes leave open is named in the call instead of guessed: the split
+  of a pad between the two sides (`padding=((top, bottom), (left, right))`),
+  the padding a convolution call applies itself (`padding=padding`, for
+  windows past 1x1), the stride where the sizes do not fix it
+  (`stride=stride`) and the output size when the call's result is not in
+  the HLO (a cuDNN call returns a tuple: `[N,HO,WO,F]`).
+  None for a layout the op does not take or an activation it lacks.
   """
   anchor = facts.matmul
   # (A convolution's batch-norm sums are named, not yet written as a call:
@@ -315,35 +334,55 @@ def suggest(facts: CallFacts) -> Call | None:
   if len(lhs.dims) != 4 or len(rhs.dims) != 4:
     return None
   n, hp, wp, c = (int(d) for d in lhs.dims)
-  kh, kw, cg, f = (int(d) for d in rhs.dims)
-  if not cg or c % cg or f % (c // cg):
-    return None
-  groups = c // cg
   bdims = tuple(int(d) for d in facts.boundary.dims)
+  epilogue = facts.kind == "unfused-epilogue"
+  if epilogue and (len(bdims) != 4 or bdims[0] != n):
+    return None
+  found = _filter(tuple(int(d) for d in rhs.dims), c, (hp, wp), bdims[3] if epilogue else None)
+  if found is None:
+    return None
+  kh, kw, cg, f = found
+  groups = c // cg
   x_dt, x_dims = lhs.dtype, (n, hp, wp, c)
   arrays: list[tuple[str, str, tuple[int, ...], bool]] = []
   options: list[tuple[str, str, object]] = []
   result_dt = facts.boundary.dtype
   padding: tuple[str, object] = ("'VALID'", "VALID")
   stats = False
-  if facts.kind == "unfused-prologue":
+  out_hw: tuple[Any, Any] | None = None
+  if epilogue:
+    out_hw = bdims[1], bdims[2]
+  elif anchor.result and len(anchor.result) == 4:
+    out_hw = int(anchor.result[1]), int(anchor.result[2])
+  padded = any(item == "pad" for item in facts.ops)
+  if not epilogue:
     if bdims != x_dims:
       return None
-    src = [a for a in facts.sources if len(a.dims) == 4 and a.dims[0] == n and a.dims[3] == c
-           and a.dims[1] <= hp and a.dims[2] <= wp]
+
+    def is_x(a) -> bool:
+      d = tuple(int(v) for v in a.dims)
+      return (len(d) == 4 and d[0] == n and d[3] == c and
+              (d[1] <= hp and d[2] <= wp if padded else d == x_dims))
+
+    src = [a for a in facts.sources if is_x(a)]
+    # Anything else but [C] vectors and scalars (a squeeze-excite's
+    # per-sample [N,1,1,C] factor) is not a per-channel prologue.
+    if len(src) > 1 or any(not is_x(a) and tuple(a.dims) != (c,) and math.prod(a.dims) != 1
+                           for a in facts.sources):
+      return None
     if src:
       x_dt, x_dims = src[0].dtype, tuple(int(d) for d in src[0].dims)
     pad_h, pad_w = hp - x_dims[1], wp - x_dims[2]
+    if pad_h > 2 * (kh - 1) or pad_w > 2 * (kw - 1):
+      # Zeros past a window's reach: interior padding (a transposed
+      # convolution's, in a backward pass), which this op does not compute.
+      return None
     if pad_h or pad_w:
       padding = ("((top, bottom), (left, right))",
                  ((pad_h // 2, pad_h - pad_h // 2), (pad_w // 2, pad_w - pad_w // 2)))
     vectors = [a for a in facts.sources if tuple(a.dims) == (c,)]
     vdt = vectors[0].dtype if vectors else "f32"
-    result_dt = lhs.dtype  # the convolution's dtype (XLA's output is its input's)
-    if anchor.result and len(anchor.result) == 4:
-      ho, wo = int(anchor.result[1]), int(anchor.result[2])
-    else:
-      return None
+    result_dt = lhs.dtype  # the convolution's (XLA's output is its input's dtype)
     for item in facts.ops:
       base, _, arg = item.partition(":")
       if base in ("affine", "scale"):
@@ -351,43 +390,48 @@ def suggest(facts: CallFacts) -> Call | None:
       if base in ("affine", "bias"):
         arrays.append(("shift", vdt, (c,), False))
       if base == "activation":
-        if reference.ACTIVATIONS.count(arg) == 0:
+        if arg not in reference.ACTIVATIONS:
           return None
         options.append(("prologue_activation", repr(arg), arg))
   else:
-    if len(bdims) != 4 or bdims[0] != n or bdims[3] != f:
-      return None
-    ho, wo = bdims[1], bdims[2]
     for item in facts.ops:
       base, _, arg = item.partition(":")
       if base == "bias":
         arrays.append(("bias", facts.boundary.dtype, (f,), False))
       elif base == "activation":
-        if reference.ACTIVATIONS.count(arg) == 0:
+        if arg not in reference.ACTIVATIONS:
           return None
         options.append(("activation", repr(arg), arg))
       elif base == "residual":
-        arrays.append(("residual", facts.boundary.dtype, (n, ho, wo, f), False))
+        arrays.append(("residual", facts.boundary.dtype, bdims, False))
       elif base == "cast" and arg:
         name = facts.numpy_name(arg)
         options.append(("out_dtype", f"jnp.{name}", name))
         result_dt = arg
       elif base == "batch_norm_stats":
         stats = True
-  sh, sw = _stride(hp, kh, ho), _stride(wp, kw, wo)
-  if sh is None or sw is None:
-    return None
   lead: list[tuple[str, str, object]] = []
-  if (sh, sw) != (1, 1):
-    stride = sh if sh == sw else (sh, sw)
-    lead.append(("stride", repr(stride), stride))
+  if not padded and (kh, kw) != (1, 1):
+    # A convolution call pads its input itself; how much is not in the shapes.
+    padding = ("padding", "SAME")
+  solved = None
+  if out_hw is not None and padding[0] != "padding":  # the padded extent is hp, wp
+    solved = _stride(hp, kh, out_hw[0]), _stride(wp, kw, out_hw[1])
+  if solved is not None and None not in solved:
+    if solved != (1, 1):
+      stride = solved[0] if solved[0] == solved[1] else solved
+      lead.append(("stride", repr(stride), stride))
+  elif (hp, wp) != (kh, kw):  # else one window: any stride gives [1, 1]
+    lead.append(("stride", "stride", 1))
+  if out_hw is None:
+    out_hw = ("HO", "WO") if (hp, wp) != (kh, kw) else (1, 1)
   lead.append(("padding", *padding))
   if groups != 1:
     lead.append(("groups", str(groups), groups))
   if stats:
     options.append(("statistics", "True", True))
   call_arrays = [("x", x_dt, x_dims, True), ("w", rhs.dtype, (kh, kw, cg, f), True)]
-  result = f"{result_dt}[{_dims((n, ho, wo, f))}]"
+  result = f"{result_dt}[{_dims((n, *out_hw, f))}]"
   if stats:
     result = f"({result}, (f32[{f}], f32[{f}]))"
   return Call("conv2d", tuple(call_arrays + arrays), tuple(lead + options), result)

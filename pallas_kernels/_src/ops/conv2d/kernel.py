@@ -207,7 +207,9 @@ def _kernel(*refs, p: _Launch):
     f_tiles = pl.cdiv(g.f_group, bf)
     group, fj = _div(j, f_tiles), _rem(j, f_tiles)
     f0 = group * g.f_group + fj * bf
-    # Columns past the group's F/G belong to the next group (or past F).
+    # Columns past the group's F/G belong to the next group (or past F): storing
+    # them would race with that group's program on a GPU. Interpret mode runs
+    # programs in order, the next group's last, so no test here can see it.
     f_ok = fj * bf + ar_f < g.f_group
     c_steps = pl.cdiv(g.c_group, bc)
     ar_c = jnp.arange(bc, dtype=jnp.int32)

@@ -418,6 +418,24 @@ def test_suggest_an_epilogue_with_statistics():
       "-> (bf16[8,28,28,64], (f32[64], f32[64]))")
 
 
+def test_suggest_from_a_cudnn_call_names_what_the_hlo_leaves_open():
+  # XLA:GPU's cuDNN call: an OHWI filter and a tuple result (no output dims),
+  # as in the keras MobileNetV3 H200 fixture.
+  facts = _facts("unfused-prologue", ("affine", "activation:relu", "pad"),
+                 lhs=(8, 17, 17, 72), rhs=(72, 3, 3, 1), result=(),
+                 sources=(_array("f32", (72,)), _array("f32", (8, 16, 16, 72)),
+                          _array("f32", (72,))))
+  assert arg_specs.suggest(facts).text() == (
+      "pallas_kernels.conv2d(x, w, scale=scale, shift=shift, stride=stride, "
+      "padding=((top, bottom), (left, right)), groups=72, prologue_activation='relu')  "
+      "# x: f32[8,16,16,72], w: bf16[3,3,1,72], scale: f32[72], shift: f32[72] "
+      "-> bf16[8,HO,WO,72]")
+  # A 3x3 call without a pad kernel before it pads its input itself.
+  facts = _facts("unfused-prologue", ("affine",), lhs=(8, 8, 8, 88), rhs=(88, 3, 3, 1),
+                 result=(), sources=(_array("bf16", (8, 8, 8, 88)), _array("f32", (88,))))
+  assert "stride=stride, padding=padding, groups=88" in arg_specs.suggest(facts).text()
+
+
 def test_suggest_depthwise_groups():
   facts = _facts("unfused-epilogue", ("activation:relu",), lhs=(8, 57, 57, 72),
                  rhs=(3, 3, 1, 72), result=(8, 28, 28, 72))
@@ -430,7 +448,13 @@ def test_suggest_depthwise_groups():
         shape="bf16[8,28,28,64]"),
     _facts("unfused-epilogue", ("activation:softplus",)),
     _facts("unfused-epilogue", ("bias",), rhs=(3, 3, 5, 64)),       # 5 does not divide 32
-    _facts("unfused-epilogue", ("bias",), rhs=(64, 3, 3, 32)),      # not HWIO
+    _facts("unfused-epilogue", ("bias",), rhs=(3, 3, 32, 60)),      # F is not the output's
+    # Zeros past the window's reach: a transposed convolution's interior padding.
+    _facts("unfused-prologue", ("pad",), lhs=(8, 35, 35, 16), rhs=(16, 3, 3, 1), result=(),
+           sources=(_array("f32", (8, 16, 16, 16)),)),
+    # A squeeze-excite's per-sample factor is no per-channel scale.
+    _facts("unfused-prologue", ("scale",), lhs=(8, 4, 4, 96), rhs=(24, 1, 1, 96), result=(),
+           sources=(_array("f32", (8, 4, 4, 96)), _array("f32", (8, 1, 1, 96)))),
     _facts("separate-reduction", ("bias",)),
 ])
 def test_suggest_declines(facts):
