@@ -10,18 +10,22 @@ way JAX finds its PJRT plugins:
 
 The audit then asks it which of its ops closes each finding (`kernel_for`,
 given the finding's `need`), for a ready-to-paste call with the finding's
-shapes (`suggest`, reading the anchor with `matmul_anchor`, `operand_arrays`
-and `norm_epsilon`), and for the ops sweeps can target (`sweep_targets`);
+shapes (`suggest`, reading the anchor with `matmul_anchor` or
+`convolution_anchor`, `operand_arrays`, `pad_widths` and `norm_epsilon`),
+and for the ops sweeps can target (`sweep_targets`);
 `hlo-audit example --swap` calls its `swap` and `verify`. A library that
 fails to load is a note in the report; with none installed, every finding
 still names the kernel it needs.
 """
 
 from hlo_audit._src.analysis.anchors import ArraySpec as ArraySpec
+from hlo_audit._src.analysis.anchors import ConvolutionAnchor as ConvolutionAnchor
+from hlo_audit._src.analysis.anchors import convolution_anchor as convolution_anchor
 from hlo_audit._src.analysis.anchors import MatmulAnchor as MatmulAnchor
 from hlo_audit._src.analysis.anchors import matmul_anchor as matmul_anchor
 from hlo_audit._src.analysis.anchors import norm_epsilon as norm_epsilon
 from hlo_audit._src.analysis.anchors import operand_arrays as operand_arrays
+from hlo_audit._src.analysis.anchors import pad_widths as pad_widths
 from hlo_audit._src.analysis.anchors import parse_array as parse_array
 from hlo_audit._src.analysis.kernel_library import ENTRY_POINT_GROUP as ENTRY_POINT_GROUP
 from hlo_audit._src.analysis.kernel_library import KernelChoice as KernelChoice

@@ -106,6 +106,14 @@ class CallFacts:
   matmul: Any = None
   #: The arrays the boundary's producer reads (a prologue's sources).
   sources: tuple[Any, ...] = ()
+  #: The convolution the boundary is written or read by (or that reads it
+  #: beside a reduction: a weight gradient's dy), as x (*) w -> y:
+  #: `.role`, `.input` (NHWC), `.kernel` (HWIO), `.output`, `.stride`,
+  #: `.padding`, `.dilation`, `.input_dilation`, `.groups`; None when none.
+  convolution: Any = None
+  #: A prologue's pad: (its operand, (low, high) per dimension); None when
+  #: the producer pads nothing (or not in one plain pad).
+  pad: Any = None
   #: The module's norm epsilon, when it has exactly one (asked lazily).
   epsilon: Callable[[], float | None] = lambda: None
   #: An XLA element type's numpy name ("bf16" -> "bfloat16").

@@ -98,6 +98,145 @@ def matmul_anchor(module: HloModule, computation: str,
                       tuple(dn.lhs_batch), tuple(dn.rhs_batch))
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class ConvolutionAnchor:
+  """A 2-D (or N-D) convolution as its forward computes it, x (*) w -> y,
+  whichever of the three the instruction reads and writes: XLA's
+  `convolution`, or a cuDNN call (a forward call reads x and w; a backward
+  input call reads dy and w and writes dx; a backward filter call reads x and
+  dy and writes dw, all in the forward's `dim_labels` and window)."""
+
+  #: "forward", "backward_input" or "backward_filter": what the call writes.
+  role: str
+  #: x as [N, spatial..., C] (NHWC for 2-D).
+  input: ArraySpec
+  #: w as [spatial..., C / groups, F] (HWIO for 2-D).
+  kernel: ArraySpec
+  #: y as [N, spatial..., F].
+  output: ArraySpec
+  stride: tuple[int, ...]
+  #: (low, high) zeros the window reads beyond x, per spatial dimension.
+  padding: tuple[tuple[int, int], ...]
+  #: The window's dilation (`rhs_dilate`), per spatial dimension.
+  dilation: tuple[int, ...]
+  #: Holes between x's elements (`lhs_dilate`: a transposed convolution).
+  input_dilation: tuple[int, ...]
+  #: `feature_group_count` (C for a depthwise convolution).
+  groups: int
+
+
+#: cuDNN's convolution calls by what they write (operands in the forward's
+#: labels: forward (x, w[, bias, side]); backward input (dy, w); filter (x, dy)).
+_CUDNN_ROLES = (("__cudnn$convBackwardInput", "backward_input"),
+                ("__cudnn$convBackwardFilter", "backward_filter"),
+                ("__cudnn$conv", "forward"))
+
+
+def convolution_anchor(module: HloModule, computation: str,
+                       kernel: str) -> ConvolutionAnchor | None:
+  """The convolution inside kernel `kernel` of `computation` (XLA's
+  `convolution`, a fusion holding one, or a cuDNN call), or None when it
+  holds none or one this reading does not cover (a batch group count, a
+  window reversed).
+
+  Raises:
+    KeyError: if the computation or the kernel is not in the module.
+  """
+  comp = module.computation(computation)
+  found = _find_convolution(module, comp, comp.instruction(kernel))
+  if found is None:
+    return None
+  ccomp, conv, role = found
+  dn, window = conv.convolution_dimension_numbers, conv.window
+  if dn is None or len(conv.operands) < 2 or (conv.attribute("batch_group_count") or "1") != "1":
+    return None
+  shape = conv.shape
+  if shape is not None and shape.is_tuple:
+    shape = shape.tuple_shapes[0] if shape.tuple_shapes else None
+  if shape is None or not shape.is_array:
+    return None
+  a, b = (ccomp.instruction(o).shape for o in conv.operands[:2])
+  if a is None or b is None or not a.is_array or not b.is_array:
+    return None
+  written = ArraySpec(shape.element_type, tuple(shape.dims))
+  first, second = ArraySpec(a.element_type, tuple(a.dims)), ArraySpec(b.element_type, tuple(b.dims))
+  x, w, y = {"forward": (first, second, written),
+             "backward_input": (written, second, first),
+             "backward_filter": (first, written, second)}[role]
+  spatial = len(dn.input_spatial)
+  window = tuple(window or ())
+  if len(window) != spatial or any(d.window_reversal for d in window):
+    return None
+  try:
+    groups = int(conv.attribute("feature_group_count") or "1")
+  except ValueError:
+    return None
+
+  def order(spec: ArraySpec, axes) -> ArraySpec:
+    return ArraySpec(spec.dtype, tuple(spec.dims[i] for i in axes))
+
+  return ConvolutionAnchor(
+      role=role,
+      input=order(x, (dn.input_batch, *dn.input_spatial, dn.input_feature)),
+      kernel=order(w, (*dn.kernel_spatial, dn.kernel_input_feature, dn.kernel_output_feature)),
+      output=order(y, (dn.output_batch, *dn.output_spatial, dn.output_feature)),
+      stride=tuple(d.stride for d in window),
+      padding=tuple((d.padding_low, d.padding_high) for d in window),
+      dilation=tuple(d.window_dilation for d in window),
+      input_dilation=tuple(d.base_dilation for d in window),
+      groups=groups)
+
+
+def _find_convolution(module: HloModule, comp: Computation, inst: Instruction
+                      ) -> tuple[Computation, Instruction, str] | None:
+  if inst.opcode == "convolution":
+    return comp, inst, "forward"
+  if inst.opcode == "custom-call":
+    target = inst.custom_call_target or ""
+    role = next((r for prefix, r in _CUDNN_ROLES if target.startswith(prefix)), None)
+    return (comp, inst, role) if role is not None else None
+  if inst.opcode == "fusion":
+    stack = list(inst.called_computations.get("calls", ()))
+    while stack:
+      name = stack.pop()
+      if name not in module:
+        continue
+      fused = module.computation(name)
+      for i in fused.instructions:
+        if i.opcode == "convolution":
+          return fused, i, "forward"
+        if i.opcode == "fusion":
+          stack.extend(i.called_computations.get("calls", ()))
+  return None
+
+
+def pad_widths(module: HloModule, computation: str,
+               kernel: str) -> tuple[ArraySpec, tuple[tuple[int, int], ...]] | None:
+  """The one `pad` kernel `kernel` runs (itself or fused): its operand and
+  the (low, high) zeros it adds per dimension; None when it runs none, more
+  than one, or one with interior padding.
+
+  Raises:
+    KeyError: if the computation or the kernel is not in the module.
+  """
+  comp = module.computation(computation)
+  inst = comp.instruction(kernel)
+  where, pads = comp, [inst] if inst.opcode == "pad" else []
+  if inst.opcode == "fusion":
+    calls = inst.called_computations.get("calls", ())
+    if calls and calls[0] in module:
+      where = module.computation(calls[0])
+      pads = [i for i in where.instructions if i.opcode == "pad"]
+  if len(pads) != 1 or not pads[0].operands:
+    return None
+  config = pads[0].padding
+  src = where.instruction(pads[0].operands[0]).shape
+  if config is None or src is None or not src.is_array or any(d.interior for d in config):
+    return None
+  return (ArraySpec(src.element_type, tuple(src.dims)),
+          tuple((d.low, d.high) for d in config))
+
+
 def operand_arrays(module: HloModule, computation: str, name: str) -> tuple[ArraySpec, ...]:
   """The arrays instruction `name` of `computation` reads, in operand order
   (tuples and tokens left out).

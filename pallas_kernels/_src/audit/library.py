@@ -158,11 +158,22 @@ def _facts(finding, module) -> CallFacts:
     anchor = plugins.matmul_anchor(module, finding.computation, finding.consumers[0])
   sources = (plugins.operand_arrays(module, finding.computation, finding.producer)
              if kind in _READER_ANCHORED else ())
+  conv = pad = None
+  if finding.need is not None and finding.need.anchor == "convolution":
+    # The convolution: named by the need, else the reader of a prologue's
+    # boundary, else its writer (an epilogue's, a statistic's).
+    at = finding.need.anchor_kernel or (
+        finding.consumers[0] if kind in _READER_ANCHORED and finding.consumers
+        else finding.producer)
+    conv = plugins.convolution_anchor(module, finding.computation, at)
+    if kind in _READER_ANCHORED:
+      pad = plugins.pad_widths(module, finding.computation, finding.producer)
   # The finding's work, and what its need adds (a column sum a gemm emits).
   ops = tuple(dict.fromkeys(finding.ops + (finding.need.ops if finding.need else ())))
   return CallFacts(kind=kind, ops=ops,
                    boundary=plugins.parse_array(finding.boundary_shape),
                    shape=finding.boundary_shape, matmul=anchor, sources=sources,
+                   convolution=conv, pad=pad,
                    epsilon=lambda: plugins.norm_epsilon(module),
                    numpy_name=plugins.numpy_dtype_name)
 

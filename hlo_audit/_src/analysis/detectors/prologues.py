@@ -159,12 +159,12 @@ def _prologue_work(program: Program, k: Kernel, inst: Instruction) -> tuple[str,
   "activation:relu" and "elementwise"; None when it does more (reductions,
   gathers, another matmul)."""
   ops = dict(k.fused_ops) if inst.opcode == "fusion" else {inst.opcode: 1}
-  # (A tuple: the outputs of a multi-output fusion; a slice: an offset on
-  # load, e.g. of the random bits dropout computes in the kernel.)
-  if not ops or not set(ops) <= _PROLOGUE_OPS | {"pad", "tuple", "slice"}:
+  # (A tuple: the outputs of a multi-output fusion. A slice is
+  # `_slice_work`'s: cut from a larger buffer, it is a layout matter.)
+  if not ops or not set(ops) <= _PROLOGUE_OPS | {"pad", "tuple"}:
     return None
   compute = set(ops) - {"bitcast", "reshape", "broadcast", "constant", "parameter",
-                        "copy", "iota", "pad", "tuple", "slice"}
+                        "copy", "iota", "pad", "tuple"}
   if not compute:
     # Zero padding alone (XLA pads a convolution's input when the library
     # takes only symmetric padding): the reader's loads can pad.

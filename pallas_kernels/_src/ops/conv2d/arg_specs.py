@@ -325,9 +325,10 @@ def suggest(facts: CallFacts) -> Call | None:
   the HLO (a cuDNN call returns a tuple: `[N,HO,WO,F]`).
   None for a layout the op does not take or an activation it lacks.
   """
+  if facts.convolution is not None:
+    return _from_convolution(facts)
   anchor = facts.matmul
-  # (A convolution's batch-norm sums are named, not yet written as a call:
-  # the statistics' readers would change with it.)
+  # (Without the convolution's facts a statistic's call is not written.)
   if facts.kind not in ("unfused-prologue", "unfused-epilogue") or anchor is None:
     return None
   lhs, rhs = anchor.lhs, anchor.rhs
@@ -434,6 +435,106 @@ def suggest(facts: CallFacts) -> Call | None:
   result = f"{result_dt}[{_dims((n, *out_hw, f))}]"
   if stats:
     result = f"({result}, (f32[{f}], f32[{f}]))"
+  return Call("conv2d", tuple(call_arrays + arrays), tuple(lead + options), result)
+
+
+def _pair(values) -> tuple[str, object]:
+  """An option's (text, value): one int where both spatial values agree."""
+  values = tuple(values)
+  one = values[0] if len(set(values)) == 1 else values
+  return repr(one), one
+
+
+def _from_convolution(facts: CallFacts) -> Call | None:
+  """The call from the convolution the audit read (`facts.convolution`:
+  its x, w and y, window and groups) and, for a prologue, the producer's
+  pad: every option from the HLO, nothing named for the user to fill in.
+  None where the op does not compute it (a backward convolution call, a
+  transposed convolution's holes, a layout the boundary does not match)."""
+  conv = facts.convolution
+  x_dims, w_dims, y_dims = (tuple(int(d) for d in a.dims)
+                            for a in (conv.input, conv.kernel, conv.output))
+  if conv.role != "forward" or len(x_dims) != 4 or set(conv.input_dilation) != {1}:
+    return None
+  n, _, _, c = x_dims
+  kh, kw, cg, f = w_dims
+  bdims = tuple(int(d) for d in facts.boundary.dims)
+  padding = tuple(tuple(p) for p in conv.padding)
+  x_dt, x_src = conv.input.dtype, x_dims
+  arrays: list[tuple[str, str, tuple[int, ...], bool]] = []
+  options: list[tuple[str, str, object]] = []
+  result_dt, stats = conv.output.dtype, False
+  if facts.kind == "unfused-prologue":
+    if bdims != x_dims:
+      return None
+    if "pad" in facts.ops:
+      if facts.pad is None:
+        return None
+      src, widths = facts.pad
+      widths = tuple(tuple(w) for w in widths)
+      if len(widths) != 4 or widths[0] != (0, 0) or widths[3] != (0, 0):
+        return None  # zeros beside the batch or the channels: no window's
+      x_src = tuple(int(d) for d in src.dims)
+      padding = tuple((lo + plo, hi + phi) for (lo, hi), (plo, phi) in zip(widths[1:3], padding))
+    # Sources: x (before the pad), [C] vectors, scalars; anything else (a
+    # squeeze-excite's per-sample [N,1,1,C] factor) is no per-channel work.
+    vectors = [a for a in facts.sources if tuple(a.dims) == (c,)]
+    for a in facts.sources:
+      d = tuple(int(v) for v in a.dims)
+      if d == x_src:
+        x_dt = a.dtype
+      elif d != (c,) and math.prod(d) != 1:
+        return None
+    vdt = vectors[0].dtype if vectors else "f32"
+    for item in facts.ops:
+      base, _, arg = item.partition(":")
+      if base in ("affine", "scale"):
+        arrays.append(("scale", vdt, (c,), False))
+      if base in ("affine", "bias"):
+        arrays.append(("shift", vdt, (c,), False))
+      if base == "activation":
+        if arg not in reference.ACTIVATIONS:
+          return None
+        options.append(("prologue_activation", repr(arg), arg))
+  elif facts.kind in ("unfused-epilogue", "separate-reduction"):
+    if bdims != y_dims:
+      return None
+    for item in facts.ops:
+      base, _, arg = item.partition(":")
+      if base == "bias":
+        arrays.append(("bias", facts.boundary.dtype, (f,), False))
+      elif base == "activation":
+        if arg not in reference.ACTIVATIONS:
+          return None
+        options.append(("activation", repr(arg), arg))
+      elif base == "residual":
+        arrays.append(("residual", facts.boundary.dtype, bdims, False))
+      elif base == "cast" and arg:
+        name = facts.numpy_name(arg)
+        options.append(("out_dtype", f"jnp.{name}", name))
+        result_dt = arg
+      elif base == "batch_norm_stats":
+        stats = True
+  else:
+    return None
+  lead: list[tuple[str, str, object]] = []
+  if set(conv.stride) != {1}:
+    lead.append(("stride", *_pair(conv.stride)))
+  if any(lo or hi for lo, hi in padding):
+    lead.append(("padding", repr(padding), padding))
+  else:
+    lead.append(("padding", "'VALID'", "VALID"))
+  if set(conv.dilation) != {1}:
+    lead.append(("dilation", *_pair(conv.dilation)))
+  if conv.groups != 1:
+    lead.append(("groups", str(conv.groups), conv.groups))
+  if stats:
+    options.append(("statistics", "True", True))
+  result = f"{result_dt}[{_dims((n, y_dims[1], y_dims[2], f))}]"
+  if stats:
+    result = f"({result}, (f32[{f}], f32[{f}]))"
+  call_arrays = [("x", x_dt, (n, *x_src[1:3], c), True),
+                 ("w", conv.kernel.dtype, (kh, kw, cg, f), True)]
   return Call("conv2d", tuple(call_arrays + arrays), tuple(lead + options), result)
 
 

@@ -258,6 +258,8 @@ def suggest(facts: CallFacts) -> Call | None:
   """
   if facts.kind != "separate-reduction" or "column_sum" not in facts.ops:
     return None
+  if facts.convolution is not None:
+    return _from_convolution(facts)
   dy, anchor = facts.boundary, facts.matmul
   if anchor is None or len(dy.dims) != 4:
     return None
@@ -319,3 +321,32 @@ SPEC = OpSpec(
     make_case=make_case,
     suggest=suggest,
 )
+
+
+def _from_convolution(facts: CallFacts) -> Call | None:
+  """The call from the weight-gradient convolution the audit read
+  (`facts.convolution`, role "backward_filter": x, dy and dW with the
+  forward's window and groups); None for another role, a transposed
+  convolution, or a dy that is not the boundary."""
+  conv = facts.convolution
+  x, dy, dw = (tuple(int(d) for d in a.dims) for a in (conv.input, conv.output, conv.kernel))
+  if conv.role != "backward_filter" or len(x) != 4 or set(conv.input_dilation) != {1} or \
+      tuple(int(d) for d in facts.boundary.dims) != dy:
+    return None
+  kh, kw, cg, f = dw
+  options: list[tuple[str, str, object]] = [("kernel_size", f"({kh}, {kw})", (kh, kw))]
+  if set(conv.stride) != {1}:
+    options.append(("stride", repr(tuple(conv.stride)), tuple(conv.stride)))
+  padding = tuple(tuple(p) for p in conv.padding)
+  if any(lo or hi for lo, hi in padding):
+    options.append(("padding", repr(padding), padding))
+  else:
+    options.append(("padding", "'VALID'", "VALID"))
+  if set(conv.dilation) != {1}:
+    options.append(("dilation", repr(tuple(conv.dilation)), tuple(conv.dilation)))
+  if conv.groups != 1:
+    options.append(("groups", str(conv.groups), conv.groups))
+  options.append(("column_sum", "True", True))
+  arrays = (("x", conv.input.dtype, x, True), ("dy", facts.boundary.dtype, dy, True))
+  return Call("conv2d_weight_grad", arrays, tuple(options),
+              f"({conv.kernel.dtype}[{kh},{kw},{cg},{f}], f32[{f}])")
