@@ -235,7 +235,30 @@ def _epilogue_work(program: Program, consumer: Kernel, operand: int,
   # moments) needs an epilogue that writes them all.
   root = fused.root
   outputs = sum(o in seen for o in root.operands) if root.opcode == "tuple" else 1
+  if outputs == 3 and _adam_update(fused, chain, params[operand].name, root):
+    # The optimizer's update of one weight (its parameter and both moments
+    # from the gradient): the gemm computing the gradient can apply it per
+    # tile, and the gradient is never written.
+    work = ("adam",) + tuple(w for w in work if w.startswith(("cast:", "round:", "transpose")))
   return ((f"outputs:{outputs}",) + work) if outputs > 1 else work
+
+
+def _adam_update(comp: Computation, chain: Sequence[Instruction], g: str,
+                 root: Instruction) -> bool:
+  """Whether the elementwise work on gradient `g` is an Adam-style update:
+  it squares the gradient (the second moment), takes a square root (the
+  step's denominator), and writes three arrays of the gradient's size (the
+  parameter and the two moments: optax's adam/adamw, keras' Adam)."""
+  names = {i.name for i in chain} | {g}
+  squares = any(i.opcode == "multiply" and len(i.operands) == 2 and
+                i.operands[0] == i.operands[1] and i.operands[0] in names for i in chain)
+  roots = any(i.opcode in ("sqrt", "rsqrt") for i in chain)
+  grad = comp.instruction(g).shape
+  if not (squares and roots) or grad is None or root.opcode != "tuple":
+    return False
+  outs = [comp.instruction(o).shape for o in root.operands if o in names]
+  return len(outs) == 3 and all(
+      o is not None and o.is_array and o.num_elements == grad.num_elements for o in outs)
 
 
 #: Epilogue work that moves or cuts the result without arithmetic.
