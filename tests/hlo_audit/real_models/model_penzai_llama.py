@@ -308,10 +308,11 @@ TRUTH_H200 = ModelTruth(
                    "results; reported as a plain column split (split:3), which "
                    "would leave all three kernels in place")),
         Expect(K.UNFUSED_EPILOGUE, f"f32[{BATCH * SEQ},{2 * HIDDEN}]", "apply",
-               says="sigmoid", count=LAYERS, why=(
-                   "MISSED: x @ [w_gate | w_up] read by the SwiGLU kernel "
+               says="glu multiply:halves activation:silu", count=LAYERS, why=(
+                   "x @ [w_gate | w_up] read by the SwiGLU kernel "
                    "(loop_multiply_fusion.4, .5: silu of the first half times the "
-                   "second) and by the backward; reported as a slice")),
+                   "second, each half cut out of the result seen as [B, T, 2F]) "
+                   "and by the backward, which keeps it stored")),
         Expect(K.UNFUSED_EPILOGUE, f"f32[4,{BATCH * SEQ},{HIDDEN}]", "apply",
                says="outputs:2", count=LAYERS, why=(
                    "MISSED: dh's split-K partial sums (gemm_fusion_dot.111, .118) "

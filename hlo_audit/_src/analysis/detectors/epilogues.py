@@ -426,9 +426,16 @@ def _gated_product(comp: Computation, chain: list[Instruction], anchor_param: st
   projections computed as one gemm."""
   if not anchor_param or anchor_param not in comp:
     return False
-  whole = comp.instruction(anchor_param).shape
-  halves = [i for i in chain if i.opcode == "slice" and i.operands and
-            i.operands[0] == anchor_param]
+
+  def of_anchor(name: str) -> bool:  # (through a bitcast: [M, 2F] as [B, T, 2F])
+    inst = through_bitcasts(comp, name)
+    return inst is not None and inst.name == anchor_param
+
+  halves = [i for i in chain if i.opcode == "slice" and i.operands and of_anchor(i.operands[0])]
+  # The halves split the array they slice: the result, or a bitcast of it.
+  whole = comp.instruction(halves[0].operands[0]).shape if halves else None
+  if len({h.operands[0] for h in halves}) > 1:
+    return False
   # Two halves of the last axis: an LSTM's four gates, also multiplied
   # slice by slice, are no GLU.
   if whole is None or not whole.is_array or not whole.dims or len(halves) != 2 or any(
@@ -601,6 +608,10 @@ def _multi_epilogue(program: Program, k: Kernel, anchor: str, buf: Buffer,
   for c in consumers:
     operand = operand_number(program, c, buf)
     work = _epilogue_work(program, c, operand, buf) if operand is not None else None
+    if work is None and operand is not None:
+      # silu(x[:, :F]) * x[:, F:]: a GLU reads its gemm through two slices.
+      glu = _epilogue_work(program, c, operand, buf, slices=True)
+      work = glu if glu is not None and "glu" in glu else None
     sliced = _slice_read(program, c, buf) if work is None else None
     if work is None and sliced is None:
       if _slice_read(program, c, buf, whole=False) is not None and \
@@ -663,7 +674,7 @@ def _multi_epilogue(program: Program, k: Kernel, anchor: str, buf: Buffer,
              "cache reuse: the readers no longer share one stored result") + COMMON_RISKS,
       ops=ops, kernel=None, trip_count=k.trip_count, source=buf.source,
       computation=k.computation, boundary_kept=stored,
-      need=KernelNeed(FindingKind.UNFUSED_EPILOGUE, anchor, ops, outputs=_outputs_of(ops)))
+      need=_need(anchor, ops))
 
 
 def _accumulates_slice(program: Program, consumer: Kernel, buf: Buffer) -> bool:

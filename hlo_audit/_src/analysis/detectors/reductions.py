@@ -1237,7 +1237,14 @@ def _reduction_pattern(program: Program, r: Kernel, producer: Kernel,
     trailing = bool(axes) and axes == tuple(range(rank - len(axes), rank)) and len(axes) < rank
     if not trailing:
       if not backward and any("rsqrt" in primitives(program, k) for k in after):
-        return "batch_norm_stats" if 0 in axes else "group_norm_stats"
+        if 0 not in axes:
+          return "group_norm_stats"
+        # Batch statistics keep the channels alone. One axis summed of
+        # squares, the others kept, is a per-row RMS norm over an axis held
+        # first (penzai's RMSNorm over the embedding of [e, b, t]).
+        if len(axes) == rank - 1:
+          return "batch_norm_stats"
+        return "rms_norm" if len(axes) == 1 and _sums_squares(program, r, buf) else None
       leading = rank >= 2 and axes == tuple(range(len(axes)))
       if (not leading or not backward) and _contracts(program, r, buf):
         return "contraction"
@@ -1315,25 +1322,38 @@ def _relu6_gate(program: Program, r: Kernel, comp: Computation, name: str,
   where, found = through_kernels(program, comp, name, caller, outer)
   if found is None:
     return False
-  if found.opcode == "clamp" and len(found.operands) == 3 and \
-      all(o in where for o in found.operands):
-    low, high = (where.instruction(o) for o in (found.operands[0], found.operands[2]))
-    return _scalar(where, low) == 0.0 and _scalar(where, high) == 6.0
+  if found.opcode == "clamp":
+    return _is_relu6(where, found)
   # (relu6(x + 3) * (1 / 6), the 1 / 6 perhaps broadcast by another kernel;
   # not hard-swish's own x * relu6(x + 3) / 6, whose product with dy is a
   # gradient's contraction)
-  if depth <= 0 or found.opcode != "multiply" or where is not comp or \
-      len(found.operands) != 2:
+  if depth <= 0 or found.opcode != "multiply" or len(found.operands) != 2:
     return False
+  if where is not comp:
+    # The kernel writing it scales the clamp itself: read it there.
+    return any(
+        _is_scale(where.instruction(scale)) and _is_relu6(where, where.instruction(gate))
+        for gate, scale in (found.operands, found.operands[::-1])
+        if gate in where and scale in where)
   for gate, scale in (found.operands, found.operands[::-1]):
     _, c = through_kernels(program, comp, scale, caller, outer)
-    # A scale: a constant, or a scalar broadcast (`dimensions={}`).
-    scalar = c is not None and (
-        (c.opcode == "constant" and c.shape is not None and not c.shape.dims) or
-        (c.opcode == "broadcast" and not c.dimensions))
-    if scalar and _relu6_gate(program, r, comp, gate, depth - 1):
+    if c is not None and _is_scale(c) and _relu6_gate(program, r, comp, gate, depth - 1):
       return True
   return False
+
+
+def _is_scale(c: Instruction) -> bool:
+  """A constant scalar, or a scalar broadcast (`dimensions={}`)."""
+  return ((c.opcode == "constant" and c.shape is not None and not c.shape.dims) or
+          (c.opcode == "broadcast" and not c.dimensions))
+
+
+def _is_relu6(comp: Computation, c: Instruction) -> bool:
+  """clamp(0, x, 6)."""
+  if c.opcode != "clamp" or len(c.operands) != 3 or not all(o in comp for o in c.operands):
+    return False
+  low, high = (comp.instruction(o) for o in (c.operands[0], c.operands[2]))
+  return _scalar(comp, low) == 0.0 and _scalar(comp, high) == 6.0
 
 
 def _scalar(comp: Computation, inst: Instruction) -> float | None:
