@@ -54,19 +54,26 @@ def _find_dot(module: HloModule, comp: Computation, inst: Instruction
   if inst.opcode == "dot":
     return comp, inst
   if inst.opcode == "fusion":
-    stack = list(inst.called_computations.get("calls", ()))
-    while stack:
-      name = stack.pop()
-      if name not in module:
-        continue
-      fused = module.computation(name)
-      for i in fused.instructions:
-        if i.opcode == "dot":
-          return fused, i
-        if i.opcode == "fusion":
-          stack.extend(i.called_computations.get("calls", ()))
+    return _fused(module, inst, "dot")
   if inst.opcode == "custom-call" and len(inst.operands) >= 2:
     return comp, inst  # A library GEMM: operands 0 and 1, [M,K] x [K,N].
+  return None
+
+
+def _fused(module: HloModule, fusion: Instruction, opcode: str
+           ) -> tuple[Computation, Instruction] | None:
+  """The first `opcode` instruction a fusion runs (nested fusions too)."""
+  stack = list(fusion.called_computations.get("calls", ()))
+  while stack:
+    name = stack.pop()
+    if name not in module:
+      continue
+    fused = module.computation(name)
+    for i in fused.instructions:
+      if i.opcode == opcode:
+        return fused, i
+      if i.opcode == "fusion":
+        stack.extend(i.called_computations.get("calls", ()))
   return None
 
 
@@ -195,19 +202,8 @@ def _find_convolution(module: HloModule, comp: Computation, inst: Instruction
     target = inst.custom_call_target or ""
     role = next((r for prefix, r in _CUDNN_ROLES if target.startswith(prefix)), None)
     return (comp, inst, role) if role is not None else None
-  if inst.opcode == "fusion":
-    stack = list(inst.called_computations.get("calls", ()))
-    while stack:
-      name = stack.pop()
-      if name not in module:
-        continue
-      fused = module.computation(name)
-      for i in fused.instructions:
-        if i.opcode == "convolution":
-          return fused, i, "forward"
-        if i.opcode == "fusion":
-          stack.extend(i.called_computations.get("calls", ()))
-  return None
+  found = _fused(module, inst, "convolution") if inst.opcode == "fusion" else None
+  return (*found, "forward") if found is not None else None
 
 
 def pad_widths(module: HloModule, computation: str,

@@ -308,6 +308,32 @@ def _filter(rhs: tuple[int, ...], c: int, hw: tuple[int, int], f: int | None
   return fits[0] if fits else None
 
 
+def _epilogue_items(facts: CallFacts, f: int, bdims: tuple[int, ...]):
+  """An epilogue's (or a statistic's) arrays and options from the finding's
+  work: (arrays, options, the cast's dtype or None, statistics); None for an
+  activation the op lacks."""
+  arrays: list[tuple[str, str, tuple[int, ...], bool]] = []
+  options: list[tuple[str, str, object]] = []
+  cast, stats = None, False
+  for item in facts.ops:
+    base, _, arg = item.partition(":")
+    if base == "bias":
+      arrays.append(("bias", facts.boundary.dtype, (f,), False))
+    elif base == "activation":
+      if arg not in reference.ACTIVATIONS:
+        return None
+      options.append(("activation", repr(arg), arg))
+    elif base == "residual":
+      arrays.append(("residual", facts.boundary.dtype, bdims, False))
+    elif base == "cast" and arg:
+      name = facts.numpy_name(arg)
+      options.append(("out_dtype", f"jnp.{name}", name))
+      cast = arg
+    elif base == "batch_norm_stats":
+      stats = True
+  return arrays, options, cast, stats
+
+
 def suggest(facts: CallFacts) -> Call | None:
   """`conv2d(x, w, ...)` from what the audit read.
 
@@ -395,22 +421,11 @@ def suggest(facts: CallFacts) -> Call | None:
           return None
         options.append(("prologue_activation", repr(arg), arg))
   else:
-    for item in facts.ops:
-      base, _, arg = item.partition(":")
-      if base == "bias":
-        arrays.append(("bias", facts.boundary.dtype, (f,), False))
-      elif base == "activation":
-        if arg not in reference.ACTIVATIONS:
-          return None
-        options.append(("activation", repr(arg), arg))
-      elif base == "residual":
-        arrays.append(("residual", facts.boundary.dtype, bdims, False))
-      elif base == "cast" and arg:
-        name = facts.numpy_name(arg)
-        options.append(("out_dtype", f"jnp.{name}", name))
-        result_dt = arg
-      elif base == "batch_norm_stats":
-        stats = True
+    found = _epilogue_items(facts, f, bdims)
+    if found is None:
+      return None
+    arrays, options, cast, stats = found
+    result_dt = cast or result_dt
   lead: list[tuple[str, str, object]] = []
   if not padded and (kh, kw) != (1, 1):
     # A convolution call pads its input itself; how much is not in the shapes.
@@ -497,24 +512,11 @@ def _from_convolution(facts: CallFacts) -> Call | None:
           return None
         options.append(("prologue_activation", repr(arg), arg))
   elif facts.kind in ("unfused-epilogue", "separate-reduction"):
-    if bdims != y_dims:
+    found = _epilogue_items(facts, f, bdims) if bdims == y_dims else None
+    if found is None:
       return None
-    for item in facts.ops:
-      base, _, arg = item.partition(":")
-      if base == "bias":
-        arrays.append(("bias", facts.boundary.dtype, (f,), False))
-      elif base == "activation":
-        if arg not in reference.ACTIVATIONS:
-          return None
-        options.append(("activation", repr(arg), arg))
-      elif base == "residual":
-        arrays.append(("residual", facts.boundary.dtype, bdims, False))
-      elif base == "cast" and arg:
-        name = facts.numpy_name(arg)
-        options.append(("out_dtype", f"jnp.{name}", name))
-        result_dt = arg
-      elif base == "batch_norm_stats":
-        stats = True
+    arrays, options, cast, stats = found
+    result_dt = cast or result_dt
   else:
     return None
   lead: list[tuple[str, str, object]] = []
