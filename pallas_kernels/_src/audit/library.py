@@ -79,7 +79,10 @@ def _covers(spec: OpSpec, need: plugins.KernelNeed, kept: bool = False) -> tuple
   if why:
     return False, f"{op} {why}"
   allowed = c.epilogues | c.prologues
-  for item in _work(need.ops):
+  work = _work(need.ops)
+  if not c.requires <= {item.partition(":")[0] for item in work}:
+    return False, ""
+  for item in work:
     base, _, arg = item.partition(":")
     if base not in allowed or (base == "activation" and arg and arg not in c.activations):
       return False, ""
