@@ -99,11 +99,10 @@ def _no_derivative(static, primals, tangents):
                                              "target"))
 def _run(x, dy, param, mu, nu, count, learning_rate, *, hyper, transpose_x, cfg, interpret,
          target):
-  c1, c2 = reference.bias_corrections(count, hyper.b1, hyper.b2)
-  lr = jnp.asarray(learning_rate, _F32)
+  c1, c2 = kernel.corrections(count, hyper.b1, hyper.b2)
+  lr = jnp.asarray(learning_rate, _F32).reshape(1)
   with backend_lib.targeting(target):
-    return _step(x, dy, param, mu, nu, lr.reshape(1), c1.reshape(1), c2.reshape(1),
-                 (hyper, transpose_x, cfg, interpret))
+    return _step(x, dy, param, mu, nu, lr, c1, c2, (hyper, transpose_x, cfg, interpret))
 
 
 def adam_matmul(x: jax.Array, dy: jax.Array, param: jax.Array, mu: jax.Array,

@@ -52,9 +52,7 @@ def update(g, param, mu, nu, c1, c2, learning_rate, *, b1: float, b2: float, eps
            eps_root: float, weight_decay: float):
   """The elementwise Adam step on f32 values: (param', mu', nu') in float32.
 
-  `c1`, `c2` are `bias_corrections(count, b1, b2)`. The kernel's epilogue
-  calls this very function on its tiles, so the two share every rounding but
-  the gradient's summation order.
+  `c1`, `c2` are `bias_corrections(count, b1, b2)`.
   """
   g = g.astype(_F32)
   mu = (1 - b1) * g + b1 * mu.astype(_F32)
