@@ -191,6 +191,9 @@ def adam_step(x, dy, param, mu, nu, learning_rate, c1, c2, *, hyper: Hyper,
       grid=(pl.cdiv(k, bk), pl.cdiv(n, bn)),
       in_specs=specs,
       out_specs=[tile, tile, tile],
+      # param', mu' and nu' overwrite their inputs' tiles after reading them:
+      # a training step that donates its state updates it in place.
+      input_output_aliases={2: 0, 3: 1, 4: 2},
       compiler_params=params,
       interpret=interpret,
       cost_estimate=pl.CostEstimate(

@@ -149,6 +149,19 @@ def test_default_tiling_and_jit(clean_fallbacks):
   assert_no_fallback()
 
 
+def test_state_updates_in_place_only_when_donated(clean_fallbacks):
+  args = operands(40, 24, 72, tag="donate")
+  kept = [np.asarray(a) for a in args]
+  expected = truth(*args, count=1)
+  assert_close(kernel(*args, count=1), expected)
+  for a, b in zip(args, kept):  # not donated: the inputs are intact
+    np.testing.assert_array_equal(np.asarray(a), b)
+  step = jax.jit(lambda *a: kernel(*a, count=1), donate_argnums=(2, 3, 4))
+  copies = [jnp.array(a, copy=True) for a in args]
+  assert_close(step(*copies), expected)
+  assert_no_fallback()
+
+
 def test_no_derivative():
   args = operands(8, 4, 6, tag="grad")
   with pytest.raises(TypeError, match="optimizer step"):
