@@ -207,32 +207,52 @@ CLOSES = Closes(
     requires=frozenset({"adam"}))
 
 
+def _operands(facts: CallFacts):
+  """(x, dy, transpose_x) of the gemm whose [K, N] result is the boundary,
+  or None where the anchor does not read as a weight gradient."""
+  anchor = facts.matmul
+  lhs, rhs = anchor.lhs, anchor.rhs
+  if len(lhs.dims) != 2 or len(rhs.dims) != 2 or anchor.lhs_batch or anchor.rhs_batch:
+    return None
+  boundary = tuple(int(d) for d in facts.boundary.dims)
+  result = tuple(int(d) for d in (anchor.result or ()))
+  (a0, a1), (b0, b1) = (tuple(int(d) for d in spec.dims) for spec in (lhs, rhs))
+  if anchor.lhs_contracting is None:
+    # A library call: operands 0 and 1 read as [M, K] x [K, N] too, so only
+    # shapes that fit nothing but x^T @ dy (no square x) are read as it.
+    if a0 == b0 and (a1, b1) == boundary and result in ((), boundary) and \
+        not (a1 == b0 and a0 == a1):
+      return lhs, rhs, True
+    return None
+  lc, rc = tuple(anchor.lhs_contracting), tuple(anchor.rhs_contracting)
+  if lc == (0,) and rc == (0,) and a0 == b0:
+    if boundary == (a1, b1) and result in ((), boundary):
+      return lhs, rhs, True
+    if boundary == (b1, a1) and result == (a1, b1):
+      # The gemm's kernel stores its result transposed (a weight kept
+      # [out, in]): that is rhs^T @ lhs.
+      return rhs, lhs, True
+  if lc == (1,) and rc == (0,) and a1 == b0 and boundary == (a0, b1) and \
+      result in ((), boundary):
+    return lhs, rhs, False  # x stored [K, M]
+  return None
+
+
 def suggest(facts: CallFacts) -> Call | None:
   """`adam_matmul(x, dy, param, mu, nu, count, learning_rate=learning_rate)`
   from the weight-gradient gemm the audit read: a dot contracting the
   leading (token) axis of both 2-D operands into the [K, N] boundary (the
-  gradient), or a library call whose result is the boundary and whose
-  operands share their leading axis. None for any other layout (batch
-  dims, a gemm contracting another axis): no shapes are guessed."""
-  anchor = facts.matmul
-  if anchor is None or "adam" not in facts.ops:
+  gradient; its operands swapped where the gemm stores the result
+  transposed), x stored [K, M] (`transpose_x=False`), or a library call
+  whose operands share their leading axis. None for any other layout (batch
+  dims, dy contracted on its last axis): no shapes are guessed."""
+  if facts.matmul is None or "adam" not in facts.ops:
     return None
-  lhs, rhs = anchor.lhs, anchor.rhs
-  if len(lhs.dims) != 2 or len(rhs.dims) != 2:
+  found = _operands(facts)
+  if found is None:
     return None
-  (m, k), (m2, n) = (tuple(int(d) for d in a.dims) for a in (lhs, rhs))
-  if anchor.lhs_contracting is not None:  # a dot (a library call has none)
-    if (anchor.lhs_batch or anchor.rhs_batch or tuple(anchor.lhs_contracting) != (0,)
-        or tuple(anchor.rhs_contracting) != (0,)):
-      return None
-  elif k == m2 and m == k:
-    # A library call's operands read as [M, K] x [K, N] too: with a square
-    # x the two readings give the same shapes, and nothing says which it is.
-    return None
-  result = tuple(int(d) for d in (anchor.result or ()))
-  boundary = tuple(int(d) for d in facts.boundary.dims)
-  if m != m2 or (k, n) != boundary or (result and result != (k, n)):
-    return None
+  x, dy, transpose_x = found
+  k, n = (int(d) for d in facts.boundary.dims)
   # The state's dtype: the one the gradient is cast to for the update (a
   # bf16 head's dW), else the gradient's own.
   state = facts.boundary.dtype
@@ -240,12 +260,15 @@ def suggest(facts: CallFacts) -> Call | None:
     base, _, arg = item.partition(":")
     if base == "cast" and arg:
       state = arg
-  arrays = (("x", lhs.dtype, (m, k), True), ("dy", rhs.dtype, (m, n), True),
+  arrays = (("x", x.dtype, tuple(int(d) for d in x.dims), True),
+            ("dy", dy.dtype, tuple(int(d) for d in dy.dims), True),
             ("param", state, (k, n), True), ("mu", state, (k, n), True),
             ("nu", state, (k, n), True), ("count", "s32", (), True))
-  options = (("learning_rate", "learning_rate", 1e-3),)
+  options = [("learning_rate", "learning_rate", 1e-3)]
+  if not transpose_x:
+    options.append(("transpose_x", "False", False))
   shape = f"{state}[{k},{n}]"
-  return Call("adam_matmul", arrays, options, f"({shape}, {shape}, {shape})")
+  return Call("adam_matmul", arrays, tuple(options), f"({shape}, {shape}, {shape})")
 
 
 SPEC = OpSpec(

@@ -329,8 +329,21 @@ def test_suggest_for_a_bf16_gradient_cast_to_f32_and_a_library_call():
       ("mu", "f32", (64, 96)), ("nu", "f32", (64, 96)), ("count", "s32", ())]
 
 
+def test_suggest_reads_x_stored_k_by_m_and_a_transposed_store():
+  # The gemm reads x^T as stored, [K, M], and contracts its last axis.
+  call = arg_specs.suggest(_facts(contracting=((1,), (0,)), lhs=(64, 512), rhs=(512, 96)))
+  assert ("transpose_x", "False", False) in call.options
+  assert [dims for _, _, dims, _ in call.arrays][:3] == [(64, 512), (512, 96), (64, 96)]
+  # A weight kept [out, in]: the gemm computes [in, out] and stores it
+  # transposed, so the gradient is dy^T @ x: the operands swap.
+  call = arg_specs.suggest(_facts(lhs=(512, 64), rhs=(512, 96), boundary=(96, 64),
+                                  result=(64, 96)))
+  assert [dims for _, _, dims, _ in call.arrays][:3] == [(512, 96), (512, 64), (96, 64)]
+  assert "transpose_x" not in call.text()
+
+
 @pytest.mark.parametrize("kw", [
-    dict(contracting=((1,), (0,)), lhs=(64, 512), rhs=(512, 96)),   # x @ w, not x^T dy
+    dict(contracting=((0,), (1,)), lhs=(512, 64), rhs=(96, 512)),   # dy stored [N, M]
     dict(batch=((0,), (0,)), lhs=(2, 512, 64), rhs=(2, 512, 96)),   # batched
     dict(lhs=(512, 64), rhs=(256, 96)),                             # M differs
     dict(boundary=(96, 64)),                                        # not the gemm's result
