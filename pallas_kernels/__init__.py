@@ -5,6 +5,7 @@ from pallas_kernels._src.ops.normalization.api import rms_norm as rms_norm
 from pallas_kernels._src.ops.matmul.api import matmul as matmul
 from pallas_kernels._src.ops.linear_cross_entropy.api import linear_cross_entropy as linear_cross_entropy
 from pallas_kernels._src.ops.glu_matmul.api import glu_matmul as glu_matmul
+from pallas_kernels._src.ops.adam_matmul.api import adam_matmul as adam_matmul
 from pallas_kernels._src.ops.conv2d.api import conv2d as conv2d
 from pallas_kernels._src.ops.conv2d_weight_grad.api import conv2d_weight_grad as conv2d_weight_grad
 from pallas_kernels._src.ops.softmax.api import softmax as softmax

@@ -327,6 +327,15 @@ def default_cases() -> list[Case]:
       Case("glu_matmul silu bf16 fwd", glu, glu_specs),
       Case("glu_matmul silu bf16 grad", grad(glu, (0, 1, 2)), glu_specs),
   ]
+  # A weight gradient with its Adam step: dW lives in registers only.
+  adam = lambda x, dy, p, mu, nu, c: pk.adam_matmul(
+      x, dy, p, mu, nu, c, learning_rate=1e-3, weight_decay=1e-4, implementation="pallas")
+  state = (S((4096, 4096), f32),) * 3 + (S((), jnp.int32),)
+  cases += [
+      Case("adam_matmul bf16 dW, f32 state", adam,
+           (S((8192, 4096), bf), S((8192, 4096), bf)) + state),
+      Case("adam_matmul f32 dW", adam, (S((8192, 4096), f32), S((8192, 4096), f32)) + state),
+  ]
   # An LM head: D and V too wide for one tile, the D loop and atomics at work.
   lce = lambda x, w, l: pk.linear_cross_entropy(x, w, l, implementation="pallas")
   lce_specs = (S((8192, 4096), bf), S((4096, 32768), bf), S((8192,), jnp.int32))

@@ -58,6 +58,9 @@ class Closes:
   keywords: tuple[tuple[str, str], ...] = ()
   #: Outputs one call writes.
   outputs: int = 1
+  #: Work a need must hold for the op to close it (an optimizer's update:
+  #: without it the gemm is an ordinary matmul's); empty: none required.
+  requires: frozenset[str] = frozenset()
   #: Whether, differentiated, the forward also stores the anchor's result
   #: (the pre-epilogue product) from which its backward recomputes the
   #: epilogue's derivative: the values XLA's readers write beside the

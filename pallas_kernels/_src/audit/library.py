@@ -69,6 +69,8 @@ def _covers(spec: OpSpec, need: plugins.KernelNeed, kept: bool = False) -> tuple
     return False, f"{op} {c.declines[need.anchor]}"
   if need.anchor not in c.anchors:
     return False, ""
+  if not c.requires <= {item.partition(":")[0] for item in _work(need.ops)}:
+    return False, ""  # Not close: the work that makes the op's anchor its own is absent.
   if need.reads_parts and not c.reads_parts:
     return False, f"{op} takes whole operands"
   if need.kind.slug not in c.kinds:
