@@ -75,6 +75,35 @@ def store(ref: Any, value: Any, mask: Any) -> None:
   _plgpu.store(ref, value.astype(ref.dtype), mask=mask)
 
 
+def mask2(rows: Any, cols: Any) -> Any:
+  """[len(rows), len(cols)] mask from optional row/column masks (None: all
+  true; both None: None, an unmasked access)."""
+  if rows is None and cols is None:
+    return None
+  if rows is None:
+    return cols[None, :]
+  if cols is None:
+    return rows[:, None]
+  return rows[:, None] & cols[None, :]
+
+
+def read_tile(view: Any, mask: Any) -> Any:
+  """A tile: unmasked where `mask` is None, else zeros outside it."""
+  if mask is None:
+    return view[...]
+  # A float zero for float refs: Triton's lowering cannot cast an int to fp8.
+  zero = 0.0 if jnp.issubdtype(view.dtype, jnp.floating) else 0
+  return load(view, mask, zero)
+
+
+def write_tile(view: Any, value: Any, mask: Any) -> None:
+  """Stores a tile in the view's dtype, only where `mask` holds (None: all)."""
+  if mask is None:
+    view[...] = value.astype(view.dtype)
+  else:
+    store(view, value, mask)
+
+
 def atomic_add(ref: Any, idx: Any, value: Any, mask: Any, *, interpret: bool) -> None:
   """Masked `ref[idx] += value`, atomic against the other programs.
 

@@ -37,30 +37,6 @@ from pallas_kernels._src.ops.adam_matmul.config import Config
 _F32 = jnp.float32
 
 
-def _mask2(rows, cols):
-  """[len(rows), len(cols)] mask from optional row/column masks (None: all true)."""
-  if rows is None and cols is None:
-    return None
-  if rows is None:
-    return cols[None, :]
-  if cols is None:
-    return rows[:, None]
-  return rows[:, None] & cols[None, :]
-
-
-def _read(view, mask):
-  """A tile, zeros outside `mask` (None: unmasked)."""
-  if mask is None:
-    return view[...]
-  return gpu.load(view, mask, 0.0)
-
-
-def _write(view, value, mask):
-  if mask is None:
-    view[...] = value.astype(view.dtype)
-  else:
-    gpu.store(view, value, mask)
-
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Hyper:
@@ -134,26 +110,26 @@ def _kernel(x_ref, dy_ref, p_ref, mu_ref, nu_ref, lr_ref, c1_ref, c2_ref,
     # interpreted) that must not enter the sums.
     m_ok = (m0 + jnp.arange(bm, dtype=jnp.int32) < s.m) if ragged_m else None
     if s.transpose_x:  # x stored [Mp, bk]: contract axis 0.
-      xt = _read(x_ref.at[pl.ds(m0, bm), :], _mask2(m_ok, row_ok))
+      xt = gpu.read_tile(x_ref.at[pl.ds(m0, bm), :], gpu.mask2(m_ok, row_ok))
       x_dims = (0,)
     else:  # x stored [bk, Mp]: contract axis 1.
-      xt = _read(x_ref.at[:, pl.ds(m0, bm)], _mask2(row_ok, m_ok))
+      xt = gpu.read_tile(x_ref.at[:, pl.ds(m0, bm)], gpu.mask2(row_ok, m_ok))
       x_dims = (1,)
-    dyt = _read(dy_ref.at[pl.ds(m0, bm), :], _mask2(m_ok, col_ok))
+    dyt = gpu.read_tile(dy_ref.at[pl.ds(m0, bm), :], gpu.mask2(m_ok, col_ok))
     return acc + jax.lax.dot_general(
         xt.astype(cdt), dyt.astype(cdt), ((x_dims, (0,)), ((), ())),
         precision=precision, preferred_element_type=_F32)
 
   g = jax.lax.fori_loop(0, s.mp // bm, m_step, jnp.zeros((bk, bn), _F32))
-  tile = _mask2(row_ok, col_ok)
+  tile = gpu.mask2(row_ok, col_ok)
   # Outside the tile's valid part everything reads zero: the update is then
   # 0 / (sqrt(0) + eps) = 0 there (no NaN), and nothing of it is stored.
-  param, mu, nu = (_read(ref, tile).astype(_F32) for ref in (p_ref, mu_ref, nu_ref))
+  param, mu, nu = (gpu.read_tile(ref, tile).astype(_F32) for ref in (p_ref, mu_ref, nu_ref))
   lr, c1, c2 = (ref[...].astype(_F32)[None, :] for ref in (lr_ref, c1_ref, c2_ref))
   new_p, new_mu, new_nu = _update(g, param, mu, nu, lr, c1, c2, s.hyper)
-  _write(p_out, new_p, tile)
-  _write(mu_out, new_mu, tile)
-  _write(nu_out, new_nu, tile)
+  gpu.write_tile(p_out, new_p, tile)
+  gpu.write_tile(mu_out, new_mu, tile)
+  gpu.write_tile(nu_out, new_nu, tile)
 
 
 def adam_step(x, dy, param, mu, nu, learning_rate, c1, c2, *, hyper: Hyper,

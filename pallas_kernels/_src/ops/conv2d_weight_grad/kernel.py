@@ -54,30 +54,6 @@ from pallas_kernels._src.ops.conv2d_weight_grad.reference import Window
 _F32 = jnp.float32
 
 
-def _mask2(rows, cols):
-  """[len(rows), len(cols)] mask from optional row/column masks (None: all true)."""
-  if rows is None and cols is None:
-    return None
-  if rows is None:
-    return cols[None, :]
-  if cols is None:
-    return rows[:, None]
-  return rows[:, None] & cols[None, :]
-
-
-def _read(view, mask):
-  """A tile, zeros outside `mask` (None: unmasked)."""
-  if mask is None:
-    return view[...]
-  return gpu.load(view, mask, 0.0)
-
-
-def _write(view, value, mask):
-  if mask is None:
-    view[...] = value.astype(view.dtype)
-  else:
-    gpu.store(view, value, mask)
-
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class _Launch:
@@ -176,13 +152,13 @@ def _kernel(*refs, p: _Launch):
     p0 = pl.multiple_of(i * bp, bp)
     q = base + p0 + jnp.arange(bp, dtype=jnp.int32)
     rows, ok = _x_rows(p, q, kh, kw)
-    x_mask = _mask2(ok, c_ok)
+    x_mask = gpu.mask2(ok, c_ok)
     # Masked lanes gather offset 0: in bounds even where Triton would not mask.
     offsets = jnp.where(x_mask, rows[:, None] * p.c + chan[None, :], 0)
     xt = gpu.load(x_ref.at[offsets], x_mask, 0.0)
     # Rows past the pixels read zeros: the padded block holds garbage (NaN
     # when interpreted) that must enter neither sum.
-    dyt = _read(dy_ref.at[pl.ds(p0, bp), :], _mask2(q < p.pixels, f_ok))
+    dyt = gpu.read_tile(dy_ref.at[pl.ds(p0, bp), :], gpu.mask2(q < p.pixels, f_ok))
     if p.depthwise:
       acc = acc + jnp.sum(xt.astype(_F32) * dyt.astype(_F32), axis=0)
     else:
@@ -196,12 +172,12 @@ def _kernel(*refs, p: _Launch):
 
   acc0 = jnp.zeros((bf,) if p.depthwise else (bc, bf), _F32)
   acc, colsum = jax.lax.fori_loop(0, p.steps, step, (acc0, jnp.zeros((bf,), _F32)))
-  _write(dw_ref, acc, f_ok if p.depthwise else _mask2(c_ok, f_ok))
+  gpu.write_tile(dw_ref, acc, f_ok if p.depthwise else gpu.mask2(c_ok, f_ok))
   if db_ref is not None:
 
     @pl.when(first)
     def _():
-      _write(db_ref, colsum, f_ok)
+      gpu.write_tile(db_ref, colsum, f_ok)
 
 
 def weight_grad(x, dy, win: Window, *, column_sum: bool, cfg: Config, interpret: bool):

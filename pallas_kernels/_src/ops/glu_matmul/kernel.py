@@ -38,30 +38,6 @@ from pallas_kernels._src.ops.matmul.kernel import activation_fn, activation_grad
 _F32 = jnp.float32
 
 
-def _mask2(rows, cols):
-  """[len(rows), len(cols)] mask from optional row/column masks (None: all true)."""
-  if rows is None and cols is None:
-    return None
-  if rows is None:
-    return cols[None, :]
-  if cols is None:
-    return rows[:, None]
-  return rows[:, None] & cols[None, :]
-
-
-def _read(view, mask):
-  """A tile, zeros outside `mask` (None: unmasked)."""
-  if mask is None:
-    return view[...]
-  return gpu.load(view, mask, 0.0)
-
-
-def _write(view, value, mask):
-  if mask is None:
-    view[...] = value.astype(view.dtype)
-  else:
-    gpu.store(view, value, mask)
-
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class _Launch:
@@ -111,10 +87,10 @@ def _kernel(*refs, p: _Launch):
     # Past K, x and w read zeros: the padded block holds garbage (NaN when
     # interpreted) that must not enter the sums.
     k_ok = (k0 + jnp.arange(bk, dtype=jnp.int32) < p.k) if ragged_k else None
-    xt = _read(x_ref.at[:, pl.ds(k0, bk)], _mask2(row_ok, k_ok)).astype(cdt)
-    w_mask = _mask2(k_ok, col_ok)
-    gt = _read(wg_ref.at[pl.ds(k0, bk), :], w_mask).astype(cdt)
-    ut = _read(wu_ref.at[pl.ds(k0, bk), :], w_mask).astype(cdt)
+    xt = gpu.read_tile(x_ref.at[:, pl.ds(k0, bk)], gpu.mask2(row_ok, k_ok)).astype(cdt)
+    w_mask = gpu.mask2(k_ok, col_ok)
+    gt = gpu.read_tile(wg_ref.at[pl.ds(k0, bk), :], w_mask).astype(cdt)
+    ut = gpu.read_tile(wu_ref.at[pl.ds(k0, bk), :], w_mask).astype(cdt)
     acc_g = acc_g + jax.lax.dot(xt, gt, precision=precision, preferred_element_type=_F32)
     acc_u = acc_u + jax.lax.dot(xt, ut, precision=precision, preferred_element_type=_F32)
     return acc_g, acc_u
@@ -122,26 +98,26 @@ def _kernel(*refs, p: _Launch):
   zeros = jnp.zeros((bm, bn), _F32)
   g, u = jax.lax.fori_loop(0, p.kp // bk, k_step, (zeros, zeros))
   if bg_ref is not None:
-    g = g + _read(bg_ref, col_ok).astype(_F32)[None, :]
+    g = g + gpu.read_tile(bg_ref, col_ok).astype(_F32)[None, :]
   if bu_ref is not None:
-    u = u + _read(bu_ref, col_ok).astype(_F32)[None, :]
-  tile_mask = _mask2(row_ok, col_ok)
+    u = u + gpu.read_tile(bu_ref, col_ok).astype(_F32)[None, :]
+  tile_mask = gpu.mask2(row_ok, col_ok)
 
   if not p.backward:
     (o_ref,) = refs
-    _write(o_ref, activation_fn(p.activation, g) * u, tile_mask)
+    gpu.write_tile(o_ref, activation_fn(p.activation, g) * u, tile_mask)
     return
 
   dg_ref, du_ref, dbg_ref, dbu_ref = refs
   # dy reads zeros outside the tile's valid part, so dg and du are zero there
   # and the column sums below need no further mask.
-  dy = _read(dy_ref, tile_mask).astype(_F32)
+  dy = gpu.read_tile(dy_ref, tile_mask).astype(_F32)
   dg = dy * u * activation_grad(p.activation, g)
   du = dy * activation_fn(p.activation, g)
-  _write(dg_ref, dg, tile_mask)
-  _write(du_ref, du, tile_mask)
-  _write(dbg_ref, jnp.sum(dg, axis=0), col_ok)
-  _write(dbu_ref, jnp.sum(du, axis=0), col_ok)
+  gpu.write_tile(dg_ref, dg, tile_mask)
+  gpu.write_tile(du_ref, du, tile_mask)
+  gpu.write_tile(dbg_ref, jnp.sum(dg, axis=0), col_ok)
+  gpu.write_tile(dbu_ref, jnp.sum(du, axis=0), col_ok)
 
 
 class Gradients(NamedTuple):

@@ -59,6 +59,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
 from pallas_kernels._src import backend as backend_lib
+from pallas_kernels._src import gpu as tiles
 from pallas_kernels._src.ops import quantize as quant
 from pallas_kernels._src.ops.matmul import config as config_lib
 from pallas_kernels._src.ops.matmul import gpu
@@ -169,34 +170,6 @@ def _in_clamp_range(z, clamp):
 # Masked tile access.
 # --------------------------------------------------------------------------
 
-
-def _and(a, b):
-  if a is None:
-    return b
-  if b is None:
-    return a
-  return a & b
-
-
-def _mask2(r, c):
-  """Mask [len(r), len(c)] from optional row/column masks (None = all true)."""
-  return _and(None if r is None else r[:, None], None if c is None else c[None, :])
-
-
-def _read(view, mask):
-  """Reads a tile; masked (zeros outside) when `mask` is not None."""
-  if mask is None:
-    return view[...]
-  # A float zero for float refs: Triton's lowering cannot cast an int to fp8.
-  zero = 0.0 if jnp.issubdtype(view.dtype, jnp.floating) else 0
-  return gpu.load(view, mask, zero)
-
-
-def _write(view, value, mask):
-  if mask is None:
-    view[...] = value.astype(view.dtype)
-  else:
-    gpu.store(view, value, mask)
 
 
 # --------------------------------------------------------------------------
@@ -310,23 +283,23 @@ def _forward_kernel(*refs, p: _Forward):
     k0 = pl.multiple_of(kk * bk, bk)
     k_ok = (k0 + jnp.arange(bk, dtype=jnp.int32) < p.k) if ragged_k else None
     if p.transpose_x:  # Stored [Kp, bm]: contract axis 0.
-      xt = _read(x_ref.at[pl.ds(k0, bk), :], _mask2(k_ok, row_ok))
+      xt = tiles.read_tile(x_ref.at[pl.ds(k0, bk), :], tiles.mask2(k_ok, row_ok))
       x_dims = (0,)
     else:
-      xt = _read(x_ref.at[:, pl.ds(k0, bk)], _mask2(row_ok, k_ok))
+      xt = tiles.read_tile(x_ref.at[:, pl.ds(k0, bk)], tiles.mask2(row_ok, k_ok))
       x_dims = (1,)
     if p.transpose_w:  # Stored [bn, Kp]: contract axis 1.
-      wt = _read(w_ref.at[:, pl.ds(k0, bk)], _mask2(col_ok, k_ok))
+      wt = tiles.read_tile(w_ref.at[:, pl.ds(k0, bk)], tiles.mask2(col_ok, k_ok))
       w_dims = (1,)
     else:
-      wt = _read(w_ref.at[pl.ds(k0, bk), :], _mask2(k_ok, col_ok))
+      wt = tiles.read_tile(w_ref.at[pl.ds(k0, bk), :], tiles.mask2(k_ok, col_ok))
       w_dims = (0,)
     part = jax.lax.dot_general(
         xt.astype(cdt), wt.astype(cdt), ((x_dims, w_dims), ((), ())),
         precision=precision, preferred_element_type=_F32)
     if p.group_size:
       # The whole K step lies in group k0 // G (block_k divides G).
-      gs = _read(gs_ref.at[jax.lax.div(k0, p.group_size), :], col_ok)
+      gs = tiles.read_tile(gs_ref.at[jax.lax.div(k0, p.group_size), :], col_ok)
       part = part * gs.astype(_F32)[None, :]
     if p.column_sum:
       # The tile as loaded: K-padding rows (and columns past N) are zeros.
@@ -342,27 +315,27 @@ def _forward_kernel(*refs, p: _Forward):
 
     @pl.when(first)
     def _():
-      _write(wsum_ref, wsum, col_ok)
+      tiles.write_tile(wsum_ref, wsum, col_ok)
 
   if rs_ref is not None:
-    acc = acc * _read(rs_ref, row_ok).astype(_F32)[:, None]
+    acc = acc * tiles.read_tile(rs_ref, row_ok).astype(_F32)[:, None]
   if cs_ref is not None:
-    acc = acc * _read(cs_ref, col_ok).astype(_F32)[None, :]
-  tile_mask = _mask2(row_ok, col_ok)
+    acc = acc * tiles.read_tile(cs_ref, col_ok).astype(_F32)[None, :]
+  tile_mask = tiles.mask2(row_ok, col_ok)
   if aux_ref is not None:
-    _write(aux_ref, acc, tile_mask)
+    tiles.write_tile(aux_ref, acc, tile_mask)
 
   y = acc
   if s_ref is not None:
-    y = y * _read(s_ref, col_ok).astype(_F32)[None, :]
+    y = y * tiles.read_tile(s_ref, col_ok).astype(_F32)[None, :]
   if b_ref is not None:
-    y = y + _read(b_ref, col_ok).astype(_F32)[None, :]
+    y = y + tiles.read_tile(b_ref, col_ok).astype(_F32)[None, :]
   y = activation_fn(p.activation, y)
   if r_ref is not None:
     if p.transpose_out:
-      y = y + _read(r_ref, _mask2(col_ok, row_ok)).astype(_F32).T
+      y = y + tiles.read_tile(r_ref, tiles.mask2(col_ok, row_ok)).astype(_F32).T
     else:
-      y = y + _read(r_ref, tile_mask).astype(_F32)
+      y = y + tiles.read_tile(r_ref, tile_mask).astype(_F32)
   if p.clamp is not None:
     y = clamp_values(y, p.clamp)
 
@@ -371,11 +344,11 @@ def _forward_kernel(*refs, p: _Forward):
     a = jnp.abs(y) if col_ok is None else jnp.where(col_ok[None, :], jnp.abs(y), 0.0)
     scales = quant.scale_from_amax(jnp.max(a, axis=1), p.quantize)
     y = quant.quantize(y, scales[:, None], p.quantize)
-    _write(qs_ref, scales, row_ok)
+    tiles.write_tile(qs_ref, scales, row_ok)
   if p.transpose_out:
-    _write(o_ref, y.T, _mask2(col_ok, row_ok))
+    tiles.write_tile(o_ref, y.T, tiles.mask2(col_ok, row_ok))
   else:
-    _write(o_ref, y, tile_mask)
+    tiles.write_tile(o_ref, y, tile_mask)
 
 
 class ForwardOutputs(NamedTuple):
@@ -661,9 +634,9 @@ def _backward_kernel(*refs, p: _Backward):
   c, j = _bwd_coords(pl.program_id(0), p.nb)
   chunk = jax.lax.rem(c, p.chunks)
   col_ok = (j * bn + jnp.arange(bn, dtype=jnp.int32) < p.n) if p.n % bn else None
-  s = _read(s_ref, col_ok).astype(_F32) if s_ref is not None else None
-  bias = _read(b_ref, col_ok).astype(_F32) if b_ref is not None else None
-  cm = _read(cm_ref, col_ok).astype(_F32) if cm_ref is not None else None
+  s = tiles.read_tile(s_ref, col_ok).astype(_F32) if s_ref is not None else None
+  bias = tiles.read_tile(b_ref, col_ok).astype(_F32) if b_ref is not None else None
+  cm = tiles.read_tile(cm_ref, col_ok).astype(_F32) if cm_ref is not None else None
   ragged_rows = p.m % rpp != 0  # The last chunk runs past M.
 
   def step(t, carry):
@@ -671,13 +644,13 @@ def _backward_kernel(*refs, p: _Backward):
     r0 = pl.multiple_of(t * bm, bm)
     rows = chunk * rpp + r0 + jnp.arange(bm, dtype=jnp.int32)
     row_ok = rows < p.m if ragged_rows else None
-    mask = _mask2(row_ok, col_ok)
-    tmask = _mask2(col_ok, row_ok)
+    mask = tiles.mask2(row_ok, col_ok)
+    tmask = tiles.mask2(col_ok, row_ok)
     if p.transpose_out:
-      dy = _read(dy_ref.at[:, pl.ds(r0, bm)], tmask).astype(_F32).T
+      dy = tiles.read_tile(dy_ref.at[:, pl.ds(r0, bm)], tmask).astype(_F32).T
     else:
-      dy = _read(dy_ref.at[pl.ds(r0, bm), :], mask).astype(_F32)
-    a = _read(aux_ref.at[pl.ds(r0, bm), :], mask).astype(_F32)
+      dy = tiles.read_tile(dy_ref.at[pl.ds(r0, bm), :], mask).astype(_F32)
+    a = tiles.read_tile(aux_ref.at[pl.ds(r0, bm), :], mask).astype(_F32)
     pre = a if s is None else a * s[None, :]
     if bias is not None:
       pre = pre + bias[None, :]
@@ -686,15 +659,15 @@ def _backward_kernel(*refs, p: _Backward):
       z = activation_fn(p.activation, pre)
       if r_ref is not None:
         if p.transpose_out:
-          z = z + _read(r_ref.at[:, pl.ds(r0, bm)], tmask).astype(_F32).T
+          z = z + tiles.read_tile(r_ref.at[:, pl.ds(r0, bm)], tmask).astype(_F32).T
         else:
-          z = z + _read(r_ref.at[pl.ds(r0, bm), :], mask).astype(_F32)
+          z = z + tiles.read_tile(r_ref.at[pl.ds(r0, bm), :], mask).astype(_F32)
       dz = jnp.where(_in_clamp_range(z, p.clamp), dy, 0.0)
       if dr_ref is not None:
         if p.transpose_out:
-          _write(dr_ref.at[:, pl.ds(r0, bm)], dz.T, tmask)
+          tiles.write_tile(dr_ref.at[:, pl.ds(r0, bm)], dz.T, tmask)
         else:
-          _write(dr_ref.at[pl.ds(r0, bm), :], dz, mask)
+          tiles.write_tile(dr_ref.at[pl.ds(r0, bm), :], dz, mask)
     g = dz * activation_grad(p.activation, pre)
     if row_ok is not None:
       g = jnp.where(row_ok[:, None], g, 0.0)  # Rows past M must not enter db.
@@ -706,17 +679,17 @@ def _backward_kernel(*refs, p: _Backward):
     if cm is not None:
       gout = gout * cm[None, :]
     if rm_ref is not None:
-      rm = _read(rm_ref.at[pl.ds(r0, bm)], row_ok).astype(_F32)
+      rm = tiles.read_tile(rm_ref.at[pl.ds(r0, bm)], row_ok).astype(_F32)
       gout = gout * rm[:, None]
-    _write(g_ref.at[pl.ds(r0, bm), :], gout, mask)
+    tiles.write_tile(g_ref.at[pl.ds(r0, bm), :], gout, mask)
     return db, ds
 
   zeros = jnp.zeros((bn,), _F32)
   db, ds = jax.lax.fori_loop(0, rpp // bm, step, (zeros, zeros))
   if db_ref is not None:
-    _write(db_ref, db, col_ok)
+    tiles.write_tile(db_ref, db, col_ok)
   if ds_ref is not None:
-    _write(ds_ref, ds, col_ok)
+    tiles.write_tile(ds_ref, ds, col_ok)
 
 
 class BackwardOutputs(NamedTuple):

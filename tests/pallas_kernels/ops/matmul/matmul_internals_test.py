@@ -15,6 +15,7 @@ import pytest
 import pallas_kernels as pk
 from pallas_kernels._src import backend
 from pallas_kernels._src import compat
+from pallas_kernels._src import gpu as tiles
 from pallas_kernels._src import registry
 from pallas_kernels._src.ops.matmul import arg_specs
 from pallas_kernels._src.ops.matmul import config as config_lib
@@ -450,13 +451,13 @@ def test_the_forward_kernel_masks_both_ragged_edges_of_its_stores(monkeypatch):
   # tiles: the output and the aux saved for the backward both need rows and
   # columns masked.
   seen = []
-  real = gpu.store
+  real = tiles.store
 
   def store(view, value, mask):
     seen.append((tuple(view.shape), None if mask is None else tuple(mask.shape)))
     return real(view, value, mask)
 
-  monkeypatch.setattr(gpu, "store", store)
+  monkeypatch.setattr(tiles, "store", store)  # (the kernels' masked stores go through it)
   x, w, extra = operands(20, 32, 40, "float32", residual=True, tag="edges")
   cfg = Config(block_m=16, block_n=16, block_k=16, num_stages=1, group_m=1)
   loss = lambda x: pk.matmul(x, w, activation="gelu", implementation="pallas",  # noqa: E731
