@@ -109,7 +109,36 @@ def test_a_swap_that_replaced_nothing_is_not_judged_on_other_findings():
   assert r.before.findings_of(FindingKind.UNFUSED_EPILOGUE)
   removed = r.gate("intermediates removed")
   assert removed.status == "not measured" and removed.figures.startswith("0/0 targeted"), removed
+  # The same program: no launch grew, so no kernel is listed as added.
+  assert r.diff.launches_delta == 0
+  assert not any(d.startswith("launches grew") for d in removed.details), removed.details
   assert r.passed, str(r)
+
+
+def _dense(xs, ws, b):
+  return [jax.nn.gelu(x @ w + b, approximate=False) for x, w in zip(xs, ws)]
+
+
+def _dense_without_epilogue(xs, ws, b):
+  return [x @ w for x, w in zip(xs, ws)]
+
+
+@pytest.mark.parametrize("layers", [6, 7])
+def test_the_removal_gate_lists_six_gone_findings_then_counts_the_rest(layers):
+  # One unfused bias + GELU epilogue per layer on the CPU, each gone from a
+  # candidate without the epilogue: six are listed, the rest counted.
+  k = jax.random.split(jax.random.PRNGKey(0), 2 * layers + 1)
+  xs = [jax.random.normal(k[i], (16, 32)) for i in range(layers)]
+  ws = [jax.random.normal(k[layers + i], (32, 64)) for i in range(layers)]
+  b = jax.random.normal(k[-1], (64,))
+  removed = pallas_kernels.verify(_dense, _dense_without_epilogue, xs, ws, b).gate(
+      "intermediates removed")
+  assert removed.status == "pass" and removed.figures.startswith(
+      f"{layers}/{layers} targeted findings gone"), removed
+  gone = [d for d in removed.details if d.startswith("gone: unfused epilogue f32[16,64]")]
+  assert len(gone) == 6
+  more = [d for d in removed.details if d.startswith("... and")]
+  assert more == ([] if layers == 6 else ["... and 1 more gone"]), removed.details
 
 
 @pytest.mark.usefixtures("clean_fallbacks")
