@@ -112,7 +112,9 @@ def test_a_swap_that_replaced_nothing_is_not_judged_on_other_findings():
   # The same program: no launch grew, so no kernel is listed as added.
   assert r.diff.launches_delta == 0
   assert not any(d.startswith("launches grew") for d in removed.details), removed.details
-  assert r.passed, str(r)
+  # (Not `r.passed`: where kernels compile, the timing gate times two equal
+  # programs.)
+  assert r.gate("numerics").status == "pass" and r.gate("kernels ran").status == "pass"
 
 
 def _dense(xs, ws, b):
@@ -148,5 +150,5 @@ def test_a_validated_sweep_point_keeps_its_cost_model_beside_its_validation():
   out = sweep.OpSweep(spec).run(p, plugins.Measure(validate=True),
                                 lambda fn, args: {"seconds": {}})
   assert out["kernel"]["bytes_moved"] > 0 and out["kernel"]["flops"] > 0
-  assert out["validation"]["passed"] is True and out["validation"]["interpret"] is True
+  assert out["validation"]["passed"] is True and "kernel_err" in out["validation"]
   assert out["seconds"]["validate"] > 0
