@@ -98,3 +98,47 @@ def test_a_cache_converted_whole_around_its_update_is_a_lost_update():
   r = hlo_audit.audit_hlo(text)
   (lost,) = r.findings_of(FindingKind.LOST_IN_PLACE)
   assert lost.producer == "fusion" and "f64[32,64]" in lost.evidence
+
+
+# A sparse update of a donated table in place (a scatter-add into the
+# table's own buffer), with the rows' hit counts scattered into zeros as a
+# second output of the same kernel.
+_IN_PLACE_BESIDE_COUNTS = """HloModule step, is_scheduled=true, input_output_alias={ {0}: (0, {}, may-alias) }
+
+%add (a: f32[], b: f32[]) -> f32[] {
+  %a = f32[] parameter(0)
+  %b = f32[] parameter(1)
+  ROOT %s = f32[] add(%a, %b)
+}
+
+%update (p: f32[1024,64], i: s32[32,1], g: f32[32,64]) -> (f32[1024,64], f32[1024]) {
+  %p = f32[1024,64]{1,0} parameter(0)
+  %i = s32[32,1]{1,0} parameter(1)
+  %g = f32[32,64]{1,0} parameter(2)
+  %new = f32[1024,64]{1,0} scatter(%p, %i, %g), update_window_dims={1}, inserted_window_dims={0}, scatter_dims_to_operand_dims={0}, index_vector_dim=1, to_apply=%add
+  %z = f32[] constant(0)
+  %zeros = f32[1024]{0} broadcast(%z), dimensions={}
+  %one = f32[] constant(1)
+  %ones = f32[32]{0} broadcast(%one), dimensions={}
+  %count = f32[1024]{0} scatter(%zeros, %i, %ones), update_window_dims={}, inserted_window_dims={0}, scatter_dims_to_operand_dims={0}, index_vector_dim=1, to_apply=%add
+  ROOT %t = (f32[1024,64]{1,0}, f32[1024]{0}) tuple(%new, %count)
+}
+
+ENTRY %main (table: f32[1024,64], ids: s32[32,1], g: f32[32,64]) -> (f32[1024,64], f32[1024]) {
+  %table = f32[1024,64]{1,0} parameter(0)
+  %ids = s32[32,1]{1,0} parameter(1)
+  %g = f32[32,64]{1,0} parameter(2)
+  %fusion = (f32[1024,64]{1,0}, f32[1024]{0}) fusion(%table, %ids, %g), kind=kLoop, calls=%update
+  %new = f32[1024,64]{1,0} get-tuple-element(%fusion), index=0
+  %count = f32[1024]{0} get-tuple-element(%fusion), index=1
+  ROOT %out = (f32[1024,64]{1,0}, f32[1024]{0}) tuple(%new, %count)
+}
+"""
+
+
+def test_an_update_in_place_beside_a_scatter_into_zeros_is_no_lost_update():
+  # One of the kernel's updates writes the table's own buffer: XLA kept the
+  # update in place, whatever else the kernel fills.
+  r = hlo_audit.audit_hlo(_IN_PLACE_BESIDE_COUNTS)
+  assert r.program.module.input_output_alias
+  assert not r.findings_of(FindingKind.LOST_IN_PLACE)

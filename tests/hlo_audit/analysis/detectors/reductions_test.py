@@ -425,3 +425,64 @@ def test_a_constant_written_beside_a_result_holds_nothing_to_reduce():
   data = ZEROS_BESIDE.replace("SECOND", "%zeros = f32[1000,2]{1,0} negate(%p0)")
   (f,) = hlo_audit.audit_hlo(data).findings_of(FindingKind.SEPARATE_REDUCTION)
   assert f.boundary == "step{1}"
+
+
+# A softmax over two trailing axes (`axis=(-2, -1)`): the row max, then
+# one kernel writes exp(x - max) beside its sum over both axes, and the
+# divide reads the two.
+SOFTMAX_2D = """
+HloModule sm2, is_scheduled=true
+
+%add (a: f32[], b: f32[]) -> f32[] {
+  %a = f32[] parameter(0)
+  %b = f32[] parameter(1)
+  ROOT %s = f32[] add(%a, %b)
+}
+
+%max (a: f32[], b: f32[]) -> f32[] {
+  %a = f32[] parameter(0)
+  %b = f32[] parameter(1)
+  ROOT %m = f32[] maximum(%a, %b)
+}
+
+%fused_max (p0: f32[8,16,32]) -> f32[8] {
+  %p0 = f32[8,16,32]{2,1,0} parameter(0)
+  %ninf = f32[] constant(-inf)
+  ROOT %m = f32[8]{0} reduce(%p0, %ninf), dimensions={1,2}, to_apply=%max, metadata={op_name="jit(f)/reduce_max"}
+}
+
+%fused_exp_sum (p0: f32[8,16,32], p1: f32[8]) -> (f32[8], f32[8,16,32]) {
+  %p0 = f32[8,16,32]{2,1,0} parameter(0)
+  %p1 = f32[8]{0} parameter(1)
+  %b = f32[8,16,32]{2,1,0} broadcast(%p1), dimensions={0}
+  %d = f32[8,16,32]{2,1,0} subtract(%p0, %b), metadata={op_name="jit(f)/sub"}
+  %e = f32[8,16,32]{2,1,0} exponential(%d), metadata={op_name="jit(f)/exp"}
+  %z = f32[] constant(0)
+  %s = f32[8]{0} reduce(%e, %z), dimensions={1,2}, to_apply=%add, metadata={op_name="jit(f)/reduce_sum"}
+  ROOT %t = (f32[8]{0}, f32[8,16,32]{2,1,0}) tuple(%s, %e)
+}
+
+%fused_div (p0: f32[8,16,32], p1: f32[8]) -> f32[8,16,32] {
+  %p0 = f32[8,16,32]{2,1,0} parameter(0)
+  %p1 = f32[8]{0} parameter(1)
+  %b = f32[8,16,32]{2,1,0} broadcast(%p1), dimensions={0}
+  ROOT %q = f32[8,16,32]{2,1,0} divide(%p0, %b), metadata={op_name="jit(f)/div"}
+}
+
+ENTRY %main (x: f32[8,16,32]) -> f32[8,16,32] {
+  %x = f32[8,16,32]{2,1,0} parameter(0)
+  %m = f32[8]{0} fusion(%x), kind=kInput, calls=%fused_max, metadata={op_name="jit(f)/reduce_max"}
+  %es = (f32[8]{0}, f32[8,16,32]{2,1,0}) fusion(%x, %m), kind=kInput, calls=%fused_exp_sum, metadata={op_name="jit(f)/reduce_sum"}
+  %s = f32[8]{0} get-tuple-element(%es), index=0
+  %e = f32[8,16,32]{2,1,0} get-tuple-element(%es), index=1
+  ROOT %p = f32[8,16,32]{2,1,0} fusion(%e, %s), kind=kLoop, calls=%fused_div, metadata={op_name="jit(f)/div"}
+}
+"""
+
+
+def test_rows_written_beside_a_sum_over_two_trailing_axes_are_a_softmax_kernels():
+  (f,) = hlo_audit.audit_hlo(SOFTMAX_2D).findings_of(FindingKind.SEPARATE_REDUCTION)
+  assert (f.boundary, f.ops, f.consumers) == ("es{1}", ("softmax",), ("p",))
+  assert "beside its row reduction es{0} (f32[8], 512 elements a row)" in f.evidence
+  # The rows' write and their read by the divide go.
+  assert f.bytes_saved == 2 * 8 * 16 * 32 * 4

@@ -1,0 +1,154 @@
+"""`verify`'s gates on small functions: the numbers each gate judges by, the
+float32 truth a low-precision program is held to, and the swap's report
+that narrows what the removal gate targets."""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import pallas_kernels
+from hlo_audit import FindingKind
+from hlo_audit import plugins
+from pallas_kernels._src import registry
+from pallas_kernels._src.audit import sweep
+from pallas_kernels._src.audit import verify as verify_mod
+
+
+def _running_sum(x, s):
+  """A sequential sum in the input's dtype: in bf16 each step's carry is
+  rounded, and the sum drifts past bf16's bound."""
+  def step(c, xi):
+    c = c + xi * s.astype(xi.dtype)
+    return c, c
+  return jax.lax.scan(step, jnp.zeros((), x.dtype), x)[1]
+
+
+def _running_sum_f32(x, s):
+  """The same sum accumulated in float32, as a kernel would, stored in x's dtype."""
+  return _running_sum(x.astype(jnp.float32), s).astype(x.dtype)
+
+
+def test_a_bf16_input_beside_a_float32_one_is_judged_against_float32():
+  # XLA's bf16 carry errs ~1.5% from the float32 truth, past the 1% bound; a
+  # candidate accumulating in float32 is 0.15% from it. One low-precision
+  # input is enough for the truth to be computed, whatever the others are.
+  x = jnp.asarray(np.random.default_rng(0).uniform(0.5, 1.5, 512), jnp.bfloat16)
+  s = jnp.float32(0.5)
+  r = pallas_kernels.verify(_running_sum, _running_sum_f32, x, s)
+  numerics = r.gate("numerics")
+  assert numerics.status == "pass", str(r)
+  assert "against float32" in numerics.details[0] and "(no worse: pass)" in numerics.details[0]
+  # Past the bound (the ratio is capped at it: no worse than the baseline).
+  assert numerics.figures == "outputs within 1x of the bound"
+
+
+def test_a_float32_scalar_past_the_bound_fails_on_the_bound_alone():
+  # A float32 loss off by 0.1%: no float32 truth is computed (the inputs are
+  # float32), so nothing can excuse it.
+  x = jnp.linspace(0.5, 1.5, 256, dtype=jnp.float32)
+  loss = lambda x: jnp.sum(x ** 2)
+  r = pallas_kernels.verify(loss, lambda x: loss(x) * 1.001, x)
+  numerics = r.gate("numerics")
+  assert numerics.status == "fail" and "numerics" in r.verdict, str(r)
+  assert numerics.details[0].startswith("worst output: leaf 0 float32[] rel. error 1.00e-03")
+  assert "against float32" not in numerics.details[0]
+
+
+def test_the_worst_leaf_is_the_one_the_figures_and_first_line_name():
+  # Leaf 0 errs ~1e-6 (0.1x the float32 bound), leaf 1 ~1e-7: the gate's
+  # figure is leaf 0's, and a smaller error after it does not take its line.
+  x = jnp.linspace(1.0, 2.0, 256, dtype=jnp.float32)
+  f = lambda x: (x, 2 * x)
+  g = lambda x: (x * (1 + 2.0 ** -20), 2 * x * (1 + 2.0 ** -23))
+  r = pallas_kernels.verify(f, g, x)
+  numerics = r.gate("numerics")
+  assert numerics.status == "pass", str(r)
+  within = float(numerics.figures.removeprefix("outputs within ").removesuffix("x of the bound"))
+  assert 0.05 < within < 0.15, numerics.figures
+  assert numerics.details[0].startswith("worst output: leaf 0 float32[256]"), numerics.details
+
+
+def test_where_kernels_compile_the_faster_candidate_passes_the_timing_gate():
+  w = jnp.eye(256, dtype=jnp.float32) * 0.5
+
+  def slow(x):
+    for _ in range(24):
+      x = jnp.tanh(x @ w)
+    return x
+
+  fast = lambda x: x
+  x = jnp.ones((256, 256), jnp.float32)
+  timing = functools.partial(verify_mod._timing_gate, args=(x,), kwargs={}, repeats=3,  # noqa: SLF001
+                             interpreted=False)
+  gate = timing(jax.jit(slow), jax.jit(fast))
+  assert gate.status == "pass" and gate.figures.startswith("median of 3: "), gate
+  gate = timing(jax.jit(fast), jax.jit(slow))
+  assert gate.status == "fail", gate
+  gate = timing(jax.jit(slow), jax.jit(fast), interpreted=True)
+  assert gate.status == "not measured"
+
+
+def _mlp(x, w, b):
+  return jax.nn.gelu(x @ w + b, approximate=False)
+
+
+def test_a_swap_that_replaced_nothing_is_not_judged_on_other_findings():
+  # The MLP's bias + GELU is an unfused epilogue on the CPU; a swap told to
+  # replace only layer norms leaves it. The gate targets the swapped lines
+  # only: nothing was targeted, so nothing was to be removed.
+  k = jax.random.split(jax.random.PRNGKey(0), 3)
+  args = (jax.random.normal(k[0], (16, 32)), jax.random.normal(k[1], (32, 64)) / 6,
+          jax.random.normal(k[2], (64,)))
+  r = pallas_kernels.verify(_mlp, pallas_kernels.swap(_mlp, ops=("layer_norm",)), *args)
+  assert r.swap_report is not None and not r.swap_report.replaced
+  assert r.before.findings_of(FindingKind.UNFUSED_EPILOGUE)
+  removed = r.gate("intermediates removed")
+  assert removed.status == "not measured" and removed.figures.startswith("0/0 targeted"), removed
+  # The same program: no launch grew, so no kernel is listed as added.
+  assert r.diff.launches_delta == 0
+  assert not any(d.startswith("launches grew") for d in removed.details), removed.details
+  # (Not `r.passed`: where kernels compile, the timing gate times two equal
+  # programs.)
+  assert r.gate("numerics").status == "pass" and r.gate("kernels ran").status == "pass"
+
+
+def _dense(xs, ws, b):
+  return [jax.nn.gelu(x @ w + b, approximate=False) for x, w in zip(xs, ws)]
+
+
+def _dense_without_epilogue(xs, ws, b):
+  return [x @ w for x, w in zip(xs, ws)]
+
+
+@pytest.mark.parametrize("layers", [6, 7])
+def test_the_removal_gate_lists_six_gone_findings_then_counts_the_rest(layers):
+  # One unfused bias + GELU epilogue per layer on the CPU, each gone from a
+  # candidate without the epilogue: six are listed, the rest counted.
+  k = jax.random.split(jax.random.PRNGKey(0), 2 * layers + 1)
+  xs = [jax.random.normal(k[i], (16, 32)) for i in range(layers)]
+  ws = [jax.random.normal(k[layers + i], (32, 64)) for i in range(layers)]
+  b = jax.random.normal(k[-1], (64,))
+  removed = pallas_kernels.verify(_dense, _dense_without_epilogue, xs, ws, b).gate(
+      "intermediates removed")
+  assert removed.status == "pass" and removed.figures.startswith(
+      f"{layers}/{layers} targeted findings gone"), removed
+  gone = [d for d in removed.details if d.startswith("gone: unfused epilogue f32[16,64]")]
+  assert len(gone) == 6
+  more = [d for d in removed.details if d.startswith("... and")]
+  assert more == ([] if layers == 6 else ["... and 1 more gone"]), removed.details
+
+
+@pytest.mark.usefixtures("clean_fallbacks")
+def test_a_validated_sweep_point_keeps_its_cost_model_beside_its_validation():
+  spec = registry.get_spec("softmax")
+  p = {"rows": 8, "cols": 16, "grad": False}
+  out = sweep.OpSweep(spec).run(p, plugins.Measure(validate=True),
+                                lambda fn, args: {"seconds": {}})
+  assert out["kernel"]["bytes_moved"] > 0 and out["kernel"]["flops"] > 0
+  assert out["validation"]["passed"] is True and "kernel_err" in out["validation"]
+  assert out["seconds"]["validate"] > 0
