@@ -75,6 +75,21 @@ def store(ref: Any, value: Any, mask: Any) -> None:
   _plgpu.store(ref, value.astype(ref.dtype), mask=mask)
 
 
+#: Pallas' Triton lowering computes element offsets in int32: an array of
+#: more elements is out of a kernel's reach.
+MAX_ELEMENTS = 2**31 - 1
+
+
+def dtype_name(dtype: Any) -> str:
+  """numpy's name of a dtype, as guard reasons print it ("bfloat16")."""
+  return jnp.dtype(dtype).name
+
+
+def describe(label: str, a: Any) -> str:
+  """An argument as guard reasons name it, e.g. "x bfloat16[8, 128]"."""
+  return f"{label} {dtype_name(a.dtype)}{list(a.shape)}"
+
+
 def mask2(rows: Any, cols: Any) -> Any:
   """[len(rows), len(cols)] mask from optional row/column masks (None: all
   true; both None: None, an unmasked access)."""

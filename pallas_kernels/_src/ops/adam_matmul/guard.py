@@ -23,16 +23,8 @@ from pallas_kernels._src.ops.matmul import gpu as matmul_gpu
 OPERAND_DTYPES = frozenset({"float32", "bfloat16", "float16"})
 #: dtypes of param, mu and nu (all three the same, or all float32).
 STATE_DTYPES = frozenset({"float32", "bfloat16", "float16"})
-#: Pallas' Triton lowering computes element offsets in int32.
-MAX_ELEMENTS = 2**31 - 1
 
 
-def _name(dtype) -> str:
-  return jnp.dtype(dtype).name
-
-
-def _describe(label: str, a: Any) -> str:
-  return f"{label} {_name(a.dtype)}[{','.join(str(int(d)) for d in a.shape)}]"
 
 
 def unsupported_reason(x: Any, dy: Any, param: Any, mu: Any, nu: Any, *,
@@ -55,28 +47,28 @@ def unsupported_reason(x: Any, dy: Any, param: Any, mu: Any, nu: Any, *,
   if reason:
     return reason
   for label, a in (("x", x), ("dy", dy)):
-    if _name(a.dtype) not in OPERAND_DTYPES:
-      return (f"{_describe(label, a)}: dtype {_name(a.dtype)} is not one of "
+    if gpu.dtype_name(a.dtype) not in OPERAND_DTYPES:
+      return (f"{gpu.describe(label, a)}: dtype {gpu.dtype_name(a.dtype)} is not one of "
               f"{sorted(OPERAND_DTYPES)}")
-  if _name(x.dtype) != _name(dy.dtype):
+  if gpu.dtype_name(x.dtype) != gpu.dtype_name(dy.dtype):
     # Both dot operands must share an element type (Triton's tt.dot).
-    return (f"mismatched dtypes: {_describe('x', x)} with {_describe('dy', dy)}; "
+    return (f"mismatched dtypes: {gpu.describe('x', x)} with {gpu.describe('dy', dy)}; "
             "cast them to one dtype")
   for label, a in (("param", param), ("mu", mu), ("nu", nu)):
-    if _name(a.dtype) not in STATE_DTYPES:
-      return (f"{_describe(label, a)}: dtype {_name(a.dtype)} is not one of "
+    if gpu.dtype_name(a.dtype) not in STATE_DTYPES:
+      return (f"{gpu.describe(label, a)}: dtype {gpu.dtype_name(a.dtype)} is not one of "
               f"{sorted(STATE_DTYPES)}")
-  state = {_name(a.dtype) for a in (param, mu, nu)}
+  state = {gpu.dtype_name(a.dtype) for a in (param, mu, nu)}
   if len(state) > 1:
-    return (f"mixed state dtypes: {_describe('param', param)}, {_describe('mu', mu)}, "
-            f"{_describe('nu', nu)}; the kernel takes one dtype for all three")
+    return (f"mixed state dtypes: {gpu.describe('param', param)}, {gpu.describe('mu', mu)}, "
+            f"{gpu.describe('nu', nu)}; the kernel takes one dtype for all three")
 
   m, k = (int(d) for d in (x.shape if transpose_x else x.shape[::-1]))
   n = int(dy.shape[1])
   if min(m, k, n) == 0:
-    return f"empty dimension (M={m}, K={k}, N={n}) of {_describe('x', x)}"
+    return f"empty dimension (M={m}, K={k}, N={n}) of {gpu.describe('x', x)}"
   for label, count in (("x", m * k), ("dy", m * n), ("param", k * n)):
-    if count > MAX_ELEMENTS:
+    if count > gpu.MAX_ELEMENTS:
       return f"{label} has {count} > 2**31-1 elements (int32 offsets)"
 
   if not interpret and backend_lib.current_backend() is backend_lib.Backend.GPU:

@@ -28,15 +28,8 @@ from pallas_kernels._src.ops.matmul import gpu as matmul_gpu
 SUPPORTED_DTYPES = frozenset({"float32", "bfloat16", "float16"})
 #: The kernel computes pixel and channel offsets in int32 (Triton's default
 #: offset type, and our index arrays).
-MAX_ELEMENTS = 2**31 - 1
 
 
-def _name(dtype) -> str:
-  return jnp.dtype(dtype).name
-
-
-def _describe(label: str, a: Any) -> str:
-  return f"{label} {_name(a.dtype)}{list(a.shape)}"
 
 
 def unsupported_reason(x: Any, w: Any, *, scale: Any = None, shift: Any = None,
@@ -64,24 +57,24 @@ def unsupported_reason(x: Any, w: Any, *, scale: Any = None, shift: Any = None,
   arrays = (("x", x), ("w", w), ("scale", scale), ("shift", shift), ("bias", bias),
             ("residual", residual))
   for label, a in arrays:
-    if a is not None and _name(a.dtype) not in SUPPORTED_DTYPES:
-      return (f"{_describe(label, a)}: dtype {_name(a.dtype)} is not one of "
+    if a is not None and gpu.dtype_name(a.dtype) not in SUPPORTED_DTYPES:
+      return (f"{gpu.describe(label, a)}: dtype {gpu.dtype_name(a.dtype)} is not one of "
               f"{sorted(SUPPORTED_DTYPES)}")
-  if _name(w.dtype) != _name(x.dtype):
+  if gpu.dtype_name(w.dtype) != gpu.dtype_name(x.dtype):
     # Both dot operands must share an element type (Triton's tt.dot).
-    return (f"mismatched dtypes: {_describe('x', x)} with {_describe('w', w)}; "
+    return (f"mismatched dtypes: {gpu.describe('x', x)} with {gpu.describe('w', w)}; "
             "cast them to one dtype")
-  if _name(out_dtype) not in SUPPORTED_DTYPES:
-    return f"out_dtype {_name(out_dtype)} is not one of {sorted(SUPPORTED_DTYPES)}"
+  if gpu.dtype_name(out_dtype) not in SUPPORTED_DTYPES:
+    return f"out_dtype {gpu.dtype_name(out_dtype)} is not one of {sorted(SUPPORTED_DTYPES)}"
 
   n, h, wd, c = (int(d) for d in x.shape)
   kh, kw, _, f = (int(d) for d in w.shape)
   ho, wo = out_hw
   if min(n, h, wd, c, f, ho, wo) == 0:
-    return f"empty dimension of {_describe('x', x)}, {_describe('w', w)} -> [{ho}, {wo}]"
+    return f"empty dimension of {gpu.describe('x', x)}, {gpu.describe('w', w)} -> [{ho}, {wo}]"
   for label, count in (("x", n * h * wd * c), ("w", kh * kw * (c // groups) * f),
                        ("the result", n * ho * wo * f)):
-    if count > MAX_ELEMENTS:
+    if count > gpu.MAX_ELEMENTS:
       return f"{label} has {count} > 2**31-1 elements (int32 offsets)"
 
   if not interpret and backend_lib.current_backend() is backend_lib.Backend.GPU:

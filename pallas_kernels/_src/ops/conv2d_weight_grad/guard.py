@@ -22,20 +22,12 @@ from pallas_kernels._src.ops.matmul import gpu as matmul_gpu
 
 #: dtypes of x, dy and the result the kernel is written and validated for.
 SUPPORTED_DTYPES = frozenset({"float32", "bfloat16", "float16"})
-#: Pallas' Triton lowering computes element offsets in int32.
-MAX_ELEMENTS = 2**31 - 1
 #: CUDA's limit on a grid's second and third dimensions, where the kernel
 #: puts taps x groups x C tiles and the F tiles (the splits go on the first,
 #: which takes 2**31 - 1).
 MAX_GRID_YZ = 65535
 
 
-def _name(dtype) -> str:
-  return jnp.dtype(dtype).name
-
-
-def _describe(label: str, a: Any) -> str:
-  return f"{label} {_name(a.dtype)}{list(a.shape)}"
 
 
 def unsupported_reason(x: Any, dy: Any, win: Window, *, out_dtype, interpret: bool,
@@ -57,17 +49,17 @@ def unsupported_reason(x: Any, dy: Any, win: Window, *, out_dtype, interpret: bo
   if reason:
     return reason
   for label, a in (("x", x), ("dy", dy)):
-    if _name(a.dtype) not in SUPPORTED_DTYPES:
-      return (f"{_describe(label, a)}: dtype {_name(a.dtype)} is not one of "
+    if gpu.dtype_name(a.dtype) not in SUPPORTED_DTYPES:
+      return (f"{gpu.describe(label, a)}: dtype {gpu.dtype_name(a.dtype)} is not one of "
               f"{sorted(SUPPORTED_DTYPES)}")
-  if _name(x.dtype) != _name(dy.dtype):
+  if gpu.dtype_name(x.dtype) != gpu.dtype_name(dy.dtype):
     # Both dot operands must share an element type (Triton's tt.dot).
-    return (f"mismatched dtypes: {_describe('x', x)} with {_describe('dy', dy)}; "
+    return (f"mismatched dtypes: {gpu.describe('x', x)} with {gpu.describe('dy', dy)}; "
             "cast them to one dtype")
-  if _name(out_dtype) not in SUPPORTED_DTYPES:
-    return f"out_dtype {_name(out_dtype)} is not one of {sorted(SUPPORTED_DTYPES)}"
+  if gpu.dtype_name(out_dtype) not in SUPPORTED_DTYPES:
+    return f"out_dtype {gpu.dtype_name(out_dtype)} is not one of {sorted(SUPPORTED_DTYPES)}"
   if min(x.shape) == 0 or min(dy.shape) == 0:
-    return f"empty dimension in {_describe('x', x)} or {_describe('dy', dy)}"
+    return f"empty dimension in {gpu.describe('x', x)} or {gpu.describe('dy', dy)}"
 
   c = int(x.shape[-1])
   f = int(dy.shape[-1])
@@ -79,7 +71,7 @@ def unsupported_reason(x: Any, dy: Any, win: Window, *, out_dtype, interpret: bo
   for label, count in (("x", math.prod(x.shape)), ("dy", math.prod(dy.shape)),
                        (f"the {config.splits} split partials of dw", partials),
                        ("the pixel range padded to whole tiles", padded)):
-    if count > MAX_ELEMENTS:
+    if count > gpu.MAX_ELEMENTS:
       return f"{label} has {count} > 2**31-1 elements (int32 offsets)"
   depthwise = cg == 1
   c_tiles = 1 if depthwise else -(-cg // config.block_c)

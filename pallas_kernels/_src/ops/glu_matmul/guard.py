@@ -22,16 +22,8 @@ from pallas_kernels._src.ops.matmul import gpu as matmul_gpu
 #: dtypes of x, the weights, the biases and the result the kernels are
 #: written and validated for.
 SUPPORTED_DTYPES = frozenset({"float32", "bfloat16", "float16"})
-#: Pallas' Triton lowering computes element offsets in int32.
-MAX_ELEMENTS = 2**31 - 1
 
 
-def _name(dtype) -> str:
-  return jnp.dtype(dtype).name
-
-
-def _describe(label: str, a: Any) -> str:
-  return f"{label} {_name(a.dtype)}{list(a.shape)}"
 
 
 def unsupported_reason(x: Any, w_gate: Any, w_up: Any, *, bias_gate: Any = None,
@@ -56,23 +48,23 @@ def unsupported_reason(x: Any, w_gate: Any, w_up: Any, *, bias_gate: Any = None,
   arrays = (("x", x), ("w_gate", w_gate), ("w_up", w_up), ("bias_gate", bias_gate),
             ("bias_up", bias_up))
   for label, a in arrays:
-    if a is not None and _name(a.dtype) not in SUPPORTED_DTYPES:
-      return (f"{_describe(label, a)}: dtype {_name(a.dtype)} is not one of "
+    if a is not None and gpu.dtype_name(a.dtype) not in SUPPORTED_DTYPES:
+      return (f"{gpu.describe(label, a)}: dtype {gpu.dtype_name(a.dtype)} is not one of "
               f"{sorted(SUPPORTED_DTYPES)}")
   for label, w in (("w_gate", w_gate), ("w_up", w_up)):
-    if _name(w.dtype) != _name(x.dtype):
+    if gpu.dtype_name(w.dtype) != gpu.dtype_name(x.dtype):
       # Both dot operands must share an element type (Triton's tt.dot).
-      return (f"mismatched dtypes: {_describe('x', x)} with {_describe(label, w)}; "
+      return (f"mismatched dtypes: {gpu.describe('x', x)} with {gpu.describe(label, w)}; "
               "cast them to one dtype")
-  if _name(out_dtype) not in SUPPORTED_DTYPES:
-    return f"out_dtype {_name(out_dtype)} is not one of {sorted(SUPPORTED_DTYPES)}"
+  if gpu.dtype_name(out_dtype) not in SUPPORTED_DTYPES:
+    return f"out_dtype {gpu.dtype_name(out_dtype)} is not one of {sorted(SUPPORTED_DTYPES)}"
 
   k, f = int(w_gate.shape[0]), int(w_gate.shape[1])
   m = math.prod(x.shape[:-1])
   if min(m, k, f) == 0:
-    return f"empty dimension (M={m}, K={k}, F={f}) of {_describe('x', x)}"
+    return f"empty dimension (M={m}, K={k}, F={f}) of {gpu.describe('x', x)}"
   for label, n in (("x", m * k), ("w_gate", k * f), ("the result", m * f)):
-    if n > MAX_ELEMENTS:
+    if n > gpu.MAX_ELEMENTS:
       return f"{label} has {n} > 2**31-1 elements (int32 offsets)"
 
   if not interpret and backend_lib.current_backend() is backend_lib.Backend.GPU:

@@ -12,7 +12,6 @@ from pallas_kernels._src.ops.linear_cross_entropy import config as config_lib
 #: dtypes of x, w and bias the kernels are written and validated for.
 SUPPORTED_DTYPES = frozenset({"float32", "bfloat16", "float16"})
 #: Elements a kernel can address in one operand (offsets are int32).
-_MAX_ELEMENTS = 2**31 - 1
 
 
 def _shape(dims) -> str:
@@ -56,7 +55,7 @@ def unsupported_reason(*, x_shape: tuple[int, ...], x_dtype, w_shape: tuple[int,
   cfg = config or config_lib.heuristic_config(tokens, d, vocab, _tiling_backend(interpret),
                                               tiles.itemsize)
   dp = config_lib.padded_d(cfg, d)
-  if max(tokens, vocab) * dp > _MAX_ELEMENTS:
+  if max(tokens, vocab) * dp > gpu.MAX_ELEMENTS:
     return (f"x {_shape(x_shape)} or w {_shape(w_shape)} padded to D={dp} has more "
             f"elements than the kernels' int32 offsets address")
   cc = None if interpret else gpu.compute_capability()

@@ -15,6 +15,7 @@ import jax.numpy as jnp
 
 from pallas_kernels._src import backend as backend_lib
 from pallas_kernels._src import compat
+from pallas_kernels._src import gpu as tiles
 from pallas_kernels._src import tpu as tpu_lib
 from pallas_kernels._src.ops.matmul import config as config_lib
 from pallas_kernels._src.ops.matmul import gpu
@@ -35,25 +36,20 @@ EPILOGUE_DTYPES = frozenset({"float32", "bfloat16", "float16"})
 #: Result dtypes the kernel can store (quantized outputs come via `quantize`).
 OUT_DTYPES = frozenset({"float32", "bfloat16", "float16", "float8_e4m3fn",
                         "float8_e5m2"})
-#: Pallas' Triton lowering computes element offsets in int32.
-MAX_ELEMENTS = 2**31 - 1
 
 
 
 def _operand_dtypes_reason(x_dtype, w_dtype) -> str | None:
   """Why x, w or their compute dtype is out of every matmul kernel's reach."""
-  xd, wd = _name(x_dtype), _name(w_dtype)
+  xd, wd = tiles.dtype_name(x_dtype), tiles.dtype_name(w_dtype)
   if xd not in X_DTYPES:
     return f"x dtype {xd} is not one of {sorted(X_DTYPES)}"
   if wd not in W_DTYPES:
     return f"w dtype {wd} is not one of {sorted(W_DTYPES)}"
-  cdt = _name(reference.compute_dtype(x_dtype, w_dtype))
+  cdt = tiles.dtype_name(reference.compute_dtype(x_dtype, w_dtype))
   if cdt not in COMPUTE_DTYPES:
     return f"compute dtype {cdt} is not one of {sorted(COMPUTE_DTYPES)}"
   return None
-
-def _name(dtype) -> str:
-  return jnp.dtype(dtype).name
 
 
 def column_sum_reason(column_sum: bool, w_scale: Any) -> str | None:
@@ -113,17 +109,17 @@ def unsupported_reason(x: Any, w: Any, *, out_dtype, bias: Any = None,
   reason = column_sum_reason(column_sum, w_scale)
   if reason:
     return reason
-  xd, wd = _name(x.dtype), _name(w.dtype)
+  xd, wd = tiles.dtype_name(x.dtype), tiles.dtype_name(w.dtype)
   reason = _operand_dtypes_reason(x.dtype, w.dtype)
   if reason:
     return reason
-  cdt = _name(reference.compute_dtype(x.dtype, w.dtype))
+  cdt = tiles.dtype_name(reference.compute_dtype(x.dtype, w.dtype))
   for label, a in (("bias", bias), ("residual", residual), ("scale", scale)):
-    if a is not None and _name(a.dtype) not in EPILOGUE_DTYPES:
-      return f"{label} dtype {_name(a.dtype)} is not one of {sorted(EPILOGUE_DTYPES)}"
-  if quantize is None and _name(out_dtype) not in OUT_DTYPES:
-    return f"out_dtype {_name(out_dtype)} is not one of {sorted(OUT_DTYPES)}"
-  fp8 = {xd, wd, _name(out_dtype) if quantize is None else quantize}
+    if a is not None and tiles.dtype_name(a.dtype) not in EPILOGUE_DTYPES:
+      return f"{label} dtype {tiles.dtype_name(a.dtype)} is not one of {sorted(EPILOGUE_DTYPES)}"
+  if quantize is None and tiles.dtype_name(out_dtype) not in OUT_DTYPES:
+    return f"out_dtype {tiles.dtype_name(out_dtype)} is not one of {sorted(OUT_DTYPES)}"
+  fp8 = {xd, wd, tiles.dtype_name(out_dtype) if quantize is None else quantize}
   if "float8_e4m3fn" in fp8:
     reason = gpu.float8_reason(interpret)
     if reason:
@@ -133,9 +129,9 @@ def unsupported_reason(x: Any, w: Any, *, out_dtype, bias: Any = None,
   if reason:
     return reason
   for label, a in (("x", x), ("w", w), ("residual", residual)):
-    if a is not None and math.prod(a.shape) > MAX_ELEMENTS:
+    if a is not None and math.prod(a.shape) > tiles.MAX_ELEMENTS:
       return f"{label} has more than 2**31-1 elements (int32 offsets)"
-  if batch * m * n > MAX_ELEMENTS:
+  if batch * m * n > tiles.MAX_ELEMENTS:
     return "the result has more than 2**31-1 elements (int32 offsets)"
 
   if group_size is not None:
@@ -146,7 +142,7 @@ def unsupported_reason(x: Any, w: Any, *, out_dtype, bias: Any = None,
               "(each K step must lie in one group)")
 
   grid = batch * -(-m // config.block_m) * -(-n // config.block_n)
-  if grid > MAX_ELEMENTS:
+  if grid > tiles.MAX_ELEMENTS:
     return f"grid of {grid} programs exceeds 2**31-1"
 
   if not interpret and backend is backend_lib.Backend.GPU:
@@ -226,18 +222,18 @@ def mosaic_unsupported_reason(x: Any, w: Any, *, out_dtype, bias: Any = None,
     if target.compute_capability != MOSAIC_CAPABILITY:
       return (f"the Mosaic GPU matmul is built on sm_90a's wgmma; {target.device_kind} is "
               f"sm_{target.compute_capability}")
-  xd, wd = _name(x.dtype), _name(w.dtype)
+  xd, wd = tiles.dtype_name(x.dtype), tiles.dtype_name(w.dtype)
   reason = _operand_dtypes_reason(x.dtype, w.dtype)
   if reason:
     return reason
-  cdt = _name(reference.compute_dtype(x.dtype, w.dtype))
+  cdt = tiles.dtype_name(reference.compute_dtype(x.dtype, w.dtype))
   if cdt == "float32" and precision == "HIGHEST":
     return ("float32 at Precision.HIGHEST: wgmma multiplies float32 as TF32 only "
             "(the Triton kernel's FMA path computes IEEE float32)")
   for label, a in (("bias", bias), ("residual", residual), ("scale", scale)):
-    if a is not None and _name(a.dtype) not in EPILOGUE_DTYPES:
-      return f"{label} dtype {_name(a.dtype)} is not one of {sorted(EPILOGUE_DTYPES)}"
-  odt = quantize or _name(out_dtype)
+    if a is not None and tiles.dtype_name(a.dtype) not in EPILOGUE_DTYPES:
+      return f"{label} dtype {tiles.dtype_name(a.dtype)} is not one of {sorted(EPILOGUE_DTYPES)}"
+  odt = quantize or tiles.dtype_name(out_dtype)
   if quantize is None and odt not in OUT_DTYPES:
     return f"out_dtype {odt} is not one of {sorted(OUT_DTYPES)}"
   if transpose_out:
@@ -325,8 +321,8 @@ def tpu_unsupported_reason(x: Any, w: Any, *, out_dtype, bias: Any = None,
     return "w_column_sum: the TPU matmul emits no column sums of w"
   if x_scale is not None or w_scale is not None or reference.is_quantized(
       x.dtype) or reference.is_quantized(w.dtype):
-    return (f"quantized operands or dequantization scales (x {_name(x.dtype)}, w "
-            f"{_name(w.dtype)}): the dequantizing prologue has no TPU kernel")
+    return (f"quantized operands or dequantization scales (x {tiles.dtype_name(x.dtype)}, w "
+            f"{tiles.dtype_name(w.dtype)}): the dequantizing prologue has no TPU kernel")
   reason = tpu_lib.dtype_reason([a.dtype for a in (x, w, bias, residual, scale)
                                  if a is not None] + [out_dtype])
   if reason:

@@ -207,11 +207,11 @@ def test_guard_reasons_name_the_shape_or_dtype():
                                     transpose_x=True, interpret=True, config=cfg)
 
   assert reason() is None
-  assert "x int8[8,4]" in reason(x=_struct((8, 4), "int8"))
+  assert "x int8[8, 4]" in reason(x=_struct((8, 4), "int8"))
   assert "mismatched dtypes" in reason(dy=_struct((8, 6), "bfloat16"))
-  assert "nu int8[4,6]: dtype int8" in reason(nu=_struct((4, 6), "int8"))
+  assert "nu int8[4, 6]: dtype int8" in reason(nu=_struct((4, 6), "int8"))
   mixed = reason(param=_struct((4, 6), "bfloat16"))
-  assert "mixed state dtypes" in mixed and "param bfloat16[4,6]" in mixed
+  assert "mixed state dtypes" in mixed and "param bfloat16[4, 6]" in mixed
   assert "M=0" in reason(x=_struct((0, 4), "float32"), dy=_struct((0, 6), "float32"))
   big = reason(x=_struct((2**20, 2**12), "bfloat16"), dy=_struct((2**20, 6), "bfloat16"))
   assert "x has 4294967296 > 2**31-1 elements" in big
