@@ -336,6 +336,8 @@ def match_matmul(program: Program, dot: Node, taken: set[int]) -> Result:
       if found is None:
         break
       op, nodes, out = found
+      if not _region_closed(program, cur, nodes, out):
+        break  # An inner value read elsewhere (a jvp's `x > 0`): the kernel writes none.
       if op.activation and stage < 3:
         activation, stage = op.activation, 3
         items.append(f"activation:{op.activation}")
@@ -547,6 +549,15 @@ def _only_used_by(program: Program, v: Val, nodes: set[int]) -> bool:
   if isinstance(v, Lit) or v in program.returned:
     return False
   return all(u in nodes for u in program.uses.get(v, ()))
+
+
+def _region_closed(program: Program, start: int, nodes, out: int) -> bool:
+  """Whether the region's start and every value it makes but `out` are read
+  by the region alone: the kernel that replaces it writes only `out` (in a
+  differentiated step the backward reads the pre-activation too)."""
+  inside = set(nodes)
+  inner = [o for i in inside for o in program.nodes[i].outs if o != out]
+  return all(_only_used_by(program, v, inside) for v in (start, *inner))
 
 
 def _norm_match(program: Program, h: int, out: int, consumed: set[int],

@@ -221,6 +221,9 @@ def _fold_constants(program: Program) -> None:
       continue
     if sum(int(np.prod(program.avals[o].shape)) for o in node.outs) > FOLD_LIMIT:
       continue
+    if any(jax.dtypes.issubdtype(program.avals[o].dtype, jax.dtypes.extended)
+           for o in node.outs):
+      continue  # A PRNG key (flax's LSTM splits one): no NumPy form, no pattern reads it.
     try:
       with jax.ensure_compile_time_eval():
         out = bind(node.eqn, vals)

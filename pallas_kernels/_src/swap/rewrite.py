@@ -325,6 +325,18 @@ def _is_array(x) -> bool:
           not isinstance(x, (bool, int, float, complex)))
 
 
+def _is_value(x) -> bool:
+  """A leaf `jax.make_jaxpr` can return (an array, a tracer, a number)."""
+  return _is_array(x) or isinstance(x, (bool, int, float, complex))
+
+
+def _with_statics(outs: Sequence[Any], statics: tuple[tuple[int, Any], ...]) -> list[Any]:
+  full = list(outs)
+  for i, x in statics:  # ascending positions: each goes back where it was
+    full.insert(i, x)
+  return full
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class _Traced:
   program: Program
@@ -332,6 +344,9 @@ class _Traced:
   report: SwapReport
   out_tree: Any
   dynamic: tuple[int, ...]
+  #: Output leaves that are not JAX values (an equinox module's functions,
+  #: as `eqx.filter_jit` returns them), by position: returned as traced.
+  out_statics: tuple[tuple[int, Any], ...] = ()
 
 
 class Swapped:
@@ -375,14 +390,19 @@ class Swapped:
     if key is not None and key in self._cache:
       return self._cache[key], dyn_leaves
 
+    out_info: dict[str, Any] = {}
+
     def fun(*dyn):
       full = list(leaves)
       for i, d in zip(dynamic, dyn):
         full[i] = d
       a, k = jax.tree.unflatten(tree, full)
-      return self._f(*a, **k)
+      out_leaves, out_info["tree"] = jax.tree.flatten(self._f(*a, **k))
+      out_info["statics"] = tuple((i, x) for i, x in enumerate(out_leaves)
+                                  if not _is_value(x))
+      return [x for x in out_leaves if _is_value(x)]
 
-    closed, out_shape = jax.make_jaxpr(fun, return_shape=True)(*specs)
+    closed = jax.make_jaxpr(fun)(*specs)
     program = prog_lib.build(closed)
     sites: list[SwapSite] = []
     plan = plan_program(program, self._options, "", sites)
@@ -390,7 +410,8 @@ class Swapped:
     name = getattr(base, "__qualname__", getattr(base, "__name__", type(base).__name__))
     traced = _Traced(program=program, plan=plan,
                      report=SwapReport(function=str(name), sites=tuple(sites)),
-                     out_tree=jax.tree.structure(out_shape), dynamic=dynamic)
+                     out_tree=out_info["tree"], dynamic=dynamic,
+                     out_statics=out_info["statics"])
     consts = list(closed.consts) + list(program.call_consts.values())
     if key is not None and not any(isinstance(c, jax.core.Tracer) for c in consts):
       self._cache[key] = traced
@@ -401,7 +422,7 @@ class Swapped:
     self.last_report = traced.report
     with self._targeting():
       outs = prog_lib.evaluate(traced.program, traced.plan, dyn)
-    result = jax.tree.unflatten(traced.out_tree, outs)
+    result = jax.tree.unflatten(traced.out_tree, _with_statics(outs, traced.out_statics))
     return (result, traced.report) if self._return_report else result
 
   def report(self, *args, **kwargs) -> SwapReport:

@@ -47,6 +47,45 @@ def test_mlp_epilogue_is_one_matmul_with_values_and_grads(mlp_args):
   _close(grad(swapped)(*mlp_args), grad(mlp)(*mlp_args), grad=True)
 
 
+def test_a_whole_training_step_keeps_the_pre_activation_its_backward_reads(mlp_args):
+  # Swapped after autodiff (a train step, as flax's TrainState steps are
+  # written): relu's jvp reads `x @ w + b` (`> 0`) beside relu itself, so the
+  # kernel takes the bias alone and the activation stays XLA's, or the
+  # backward would read a value no kernel wrote.
+  def step(x, w, b):
+    loss = lambda w, b: jnp.sum(jax.nn.relu(x @ w + b) ** 2)
+    value, (dw, db) = jax.value_and_grad(loss, argnums=(0, 1))(w, b)
+    return value, w - 0.1 * dw, b - 0.1 * db
+
+  swapped = pallas_kernels.swap(step)
+  (site,) = swapped.report(*mlp_args).sites
+  assert site.replaced and site.pattern == "dot_general + bias", site.pattern
+  _close(jax.jit(swapped)(*mlp_args), step(*mlp_args))
+
+
+def test_a_step_that_makes_and_splits_a_prng_key_is_swapped(mlp_args):
+  # flax's LSTM carries a key made in the step: folding it while tracing
+  # must not ask NumPy for a key array.
+  def step(x, w, b):
+    keep = jax.random.bernoulli(jax.random.split(jax.random.key(0))[1], 0.9, (16, 64))
+    return jnp.where(keep, mlp(x, w, b), 0.0)
+
+  swapped = pallas_kernels.swap(step)
+  (site,) = swapped.report(*mlp_args).sites
+  assert site.replaced
+  _close(swapped(*mlp_args), step(*mlp_args))
+
+
+def test_outputs_that_are_not_arrays_come_back_as_the_function_returned_them(mlp_args):
+  # An `eqx.filter_jit` step returns its model, functions and all.
+  def step(x, w, b):
+    return {"y": mlp(x, w, b), "act": jax.nn.gelu, "tag": "layer", "n": 3}
+
+  out = pallas_kernels.swap(step)(*mlp_args)
+  assert out["act"] is jax.nn.gelu and out["tag"] == "layer" and int(out["n"]) == 3
+  _close([out["y"]], [mlp(*mlp_args)])
+
+
 def test_report_true_returns_report_through_jit(mlp_args):
   out, report = jax.jit(pallas_kernels.swap(mlp, report=True))(*mlp_args)
   assert isinstance(report, pallas_kernels.SwapReport)
