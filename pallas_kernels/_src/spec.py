@@ -167,11 +167,20 @@ class OpSpec:
   baseline: Callable[..., Any] | None = None
   #: The public function, `pallas_kernels.<name>` (swap and guard checks call it).
   api: Callable[..., Any] | None = None
-  #: The findings it closes (None: it closes none).
-  closes: Closes | None = None
+  #: The findings it closes (None: it closes none); a tuple where it closes
+  #: findings of different families (a reduction beside its anchor, and an
+  #: update that requires work the other does not), each its own `Closes`.
+  closes: Closes | tuple[Closes, ...] | None = None
   #: What a sweep's grid may set.
   sweep_params: tuple[SweepParam, ...] = ()
   #: The case at one sweep point: make_case(seed=, tags=, grad=, **params).
   make_case: Callable[..., Case] | None = None
   #: The call closing a finding, from what the audit read (None: no call).
   suggest: Callable[[CallFacts], Call | None] | None = None
+
+  def closings(self) -> tuple[Closes, ...]:
+    """`closes` as a tuple: each family of findings the op closes (empty
+    when it closes none)."""
+    if self.closes is None:
+      return ()
+    return self.closes if isinstance(self.closes, tuple) else (self.closes,)

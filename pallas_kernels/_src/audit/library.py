@@ -62,9 +62,20 @@ def _for_backward(c, need: plugins.KernelNeed, kept: bool) -> bool:
 
 def _covers(spec: OpSpec, need: plugins.KernelNeed, kept: bool = False) -> tuple[bool, str]:
   """(whether `spec` closes `need`, why not when it comes close); `kept`:
-  the finding's boundary stays stored for later readers (gradients)."""
-  c = spec.closes
-  op = f"{NAME}.{spec.name}"
+  the finding's boundary stays stored for later readers (gradients). An op
+  closing several families of findings closes the need when one of them
+  does; otherwise the first reason any of them gives is its."""
+  why = ""
+  for c in spec.closings():
+    ok, reason = _closes(f"{NAME}.{spec.name}", c, need, kept)
+    if ok:
+      return True, ""
+    why = why or reason
+  return False, why
+
+
+def _closes(op: str, c, need: plugins.KernelNeed, kept: bool) -> tuple[bool, str]:
+  """`_covers` for one family of findings `c` (a `Closes`) of op `op`."""
   if need.anchor in c.declines:
     return False, f"{op} {c.declines[need.anchor]}"
   if need.anchor not in c.anchors:
@@ -112,8 +123,6 @@ class PallasKernels:
     if need is None:
       return plugins.KernelChoice(None)
     for spec in registry.specs().values():
-      if spec.closes is None:
-        continue
       ok, reason = _covers(spec, need, finding.boundary_kept)
       if ok:
         return plugins.KernelChoice(f"{NAME}.{spec.name}")

@@ -41,12 +41,12 @@ def test_a_bf16_gradient_widened_for_the_update_keeps_its_cast():
 
 def test_keras_adam_on_a_convolutions_gradient():
   # keras' Adam (its own formula: m += (g - m)(1 - b1), v += (g^2 - v)(1 - b2))
-  # after a 1x1 convolution's filter gradient: the anchor stays the
-  # convolution, which no update kernel takes.
+  # after a convolution's filter gradient: the anchor stays the convolution,
+  # whose filter-gradient kernel takes the update as its epilogue.
   found = _updates("keras_mobilenet")
   assert found
   assert {f.need.anchor for f in found} == {"convolution"}
-  assert all(f.kernel is None for f in found)
+  assert {f.kernel for f in found} == {"pallas_kernels.conv2d_weight_grad"}
 
 
 def test_other_multi_output_readers_are_no_update():

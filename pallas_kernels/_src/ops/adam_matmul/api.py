@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import functools
-import numbers
 
 import jax
 import jax.numpy as jnp
 
 from pallas_kernels._src import backend as backend_lib
 from pallas_kernels._src import guard as guard_lib
+from pallas_kernels._src.ops import adam
 from pallas_kernels._src.ops.adam_matmul import config as config_lib
 from pallas_kernels._src.ops.adam_matmul import guard
 from pallas_kernels._src.ops.adam_matmul import kernel
@@ -28,9 +28,9 @@ def _shape(a) -> list[int]:
   return [int(d) for d in a.shape]
 
 
-def _check(x, dy, param, mu, nu, count, learning_rate, hyper: kernel.Hyper,
+def _check(x, dy, param, mu, nu, count, learning_rate, hyper: adam.Hyper,
            transpose_x, implementation, config) -> None:
-  for name, a in (("x", x), ("dy", dy), ("param", param), ("mu", mu), ("nu", nu)):
+  for name, a in (("x", x), ("dy", dy)):
     if not jnp.issubdtype(jnp.dtype(a.dtype), jnp.floating):
       _fail(f"{name} must be a real floating array, got {jnp.dtype(a.dtype).name}{_shape(a)}")
   if x.ndim != 2 or dy.ndim != 2:
@@ -40,44 +40,19 @@ def _check(x, dy, param, mu, nu, count, learning_rate, hyper: kernel.Hyper,
   if dy.shape[0] != m:
     layout = "[M, K]" if transpose_x else "[K, M] (transpose_x=False)"
     _fail(f"x{_shape(x)} read as {layout} has M={m} but dy{_shape(dy)} has M={dy.shape[0]}")
-  want = [int(k), int(dy.shape[1])]
-  for name, a in (("param", param), ("mu", mu), ("nu", nu)):
-    if _shape(a) != want:
-      _fail(f"{name} must have the gradient's shape [K, N]={want}, got {_shape(a)}")
-  if count.ndim != 0 or not jnp.issubdtype(jnp.dtype(count.dtype), jnp.integer):
-    _fail(f"count must be an integer scalar (optax's ScaleByAdamState.count), got "
-          f"{jnp.dtype(count.dtype).name}{_shape(count)}")
-  if not isinstance(learning_rate, numbers.Real):
-    lr = jnp.asarray(learning_rate)
-    if lr.ndim != 0 or not jnp.issubdtype(lr.dtype, jnp.floating):
-      _fail(f"learning_rate must be a float or a float scalar array, got "
-            f"{lr.dtype.name}{_shape(lr)}")
-  for name in ("b1", "b2", "eps", "eps_root", "weight_decay"):
-    if not isinstance(getattr(hyper, name), float):
-      _fail(f"{name} must be a Python float, got {getattr(hyper, name)!r}")
+  adam.check(_fail, param=param, mu=mu, nu=nu, shape=[int(k), int(dy.shape[1])],
+             layout="[K, N]", count=count, learning_rate=learning_rate, constants=hyper)
   if implementation not in (None,) + IMPLEMENTATIONS:
     _fail(f"implementation must be one of {IMPLEMENTATIONS} or None, got {implementation!r}")
   if config is not None and not isinstance(config, Config):
     _fail(f"config must be an adam_matmul Config, got {type(config).__name__}")
 
 
-def _hyper(b1, b2, eps, eps_root, weight_decay) -> kernel.Hyper:
-  def real(v):
-    return float(v) if isinstance(v, numbers.Real) and not isinstance(v, bool) else v
-  return kernel.Hyper(b1=real(b1), b2=real(b2), eps=real(eps), eps_root=real(eps_root),
-                      weight_decay=real(weight_decay))
-
-
-def _options(hyper: kernel.Hyper) -> dict:
-  return dict(b1=hyper.b1, b2=hyper.b2, eps=hyper.eps, eps_root=hyper.eps_root,
-              weight_decay=hyper.weight_decay)
-
-
 @functools.partial(jax.jit, static_argnames=("hyper", "transpose_x"))
 def _reference(x, dy, param, mu, nu, count, learning_rate, *, hyper, transpose_x):
   # Jitted so that eager calls run one XLA program, not op-by-op.
   return reference.adam_matmul(x, dy, param, mu, nu, count, learning_rate=learning_rate,
-                               transpose_x=transpose_x, **_options(hyper))
+                               transpose_x=transpose_x, **hyper.options())
 
 
 @functools.partial(jax.custom_jvp, nondiff_argnums=(8,))
@@ -99,7 +74,7 @@ def _no_derivative(static, primals, tangents):
                                              "target"))
 def _run(x, dy, param, mu, nu, count, learning_rate, *, hyper, transpose_x, cfg, interpret,
          target):
-  c1, c2 = kernel.corrections(count, hyper.b1, hyper.b2)
+  c1, c2 = adam.corrections(count, hyper.b1, hyper.b2)
   lr = jnp.asarray(learning_rate, _F32).reshape(1)
   with backend_lib.targeting(target):
     return _step(x, dy, param, mu, nu, lr, c1, c2, (hyper, transpose_x, cfg, interpret))
@@ -164,7 +139,7 @@ def adam_matmul(x: jax.Array, dy: jax.Array, param: jax.Array, mu: jax.Array,
   """
   x, dy, param, mu, nu = (jnp.asarray(a) for a in (x, dy, param, mu, nu))
   count = jnp.asarray(count)
-  hyper = _hyper(b1, b2, eps, eps_root, weight_decay)
+  hyper = adam.hyper(b1, b2, eps, eps_root, weight_decay)
   transpose_x = bool(transpose_x)
   _check(x, dy, param, mu, nu, count, learning_rate, hyper, transpose_x, implementation,
          config)

@@ -16,15 +16,15 @@ import dataclasses
 import jax.numpy as jnp
 
 from pallas_kernels._src import backend as backend_lib
+from pallas_kernels._src.ops import adam
 from pallas_kernels._src.ops.matmul import config as matmul_config
 from pallas_kernels._src.ops.matmul import gpu as matmul_gpu
 from pallas_kernels._src.ops.tiling import is_pow2
 
 #: Smallest tile edge Triton's `tt.dot` accepts.
 GPU_MIN_BLOCK = matmul_config.GPU_MIN_BLOCK
-#: The epilogue holds the accumulator and the param, mu and nu tiles (four
-#: f32 tiles): at most 64 x 128 per program on GPU.
-_GPU_MAX_TILE = 64 * 128
+#: The epilogue's four f32 tiles (the accumulator, param, mu, nu) per program on GPU.
+_GPU_MAX_TILE = adam.GPU_MAX_TILE
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

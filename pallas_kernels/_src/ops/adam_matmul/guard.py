@@ -15,14 +15,13 @@ import jax.numpy as jnp
 
 from pallas_kernels._src import backend as backend_lib
 from pallas_kernels._src import gpu
+from pallas_kernels._src.ops import adam
 from pallas_kernels._src.ops.adam_matmul import config as config_lib
 from pallas_kernels._src.ops.adam_matmul.config import Config
 from pallas_kernels._src.ops.matmul import gpu as matmul_gpu
 
 #: dtypes of x and dy the kernel is written and validated for.
 OPERAND_DTYPES = frozenset({"float32", "bfloat16", "float16"})
-#: dtypes of param, mu and nu (all three the same, or all float32).
-STATE_DTYPES = frozenset({"float32", "bfloat16", "float16"})
 
 
 
@@ -54,14 +53,9 @@ def unsupported_reason(x: Any, dy: Any, param: Any, mu: Any, nu: Any, *,
     # Both dot operands must share an element type (Triton's tt.dot).
     return (f"mismatched dtypes: {gpu.describe('x', x)} with {gpu.describe('dy', dy)}; "
             "cast them to one dtype")
-  for label, a in (("param", param), ("mu", mu), ("nu", nu)):
-    if gpu.dtype_name(a.dtype) not in STATE_DTYPES:
-      return (f"{gpu.describe(label, a)}: dtype {gpu.dtype_name(a.dtype)} is not one of "
-              f"{sorted(STATE_DTYPES)}")
-  state = {gpu.dtype_name(a.dtype) for a in (param, mu, nu)}
-  if len(state) > 1:
-    return (f"mixed state dtypes: {gpu.describe('param', param)}, {gpu.describe('mu', mu)}, "
-            f"{gpu.describe('nu', nu)}; the kernel takes one dtype for all three")
+  reason = adam.state_reason(param, mu, nu)
+  if reason:
+    return reason
 
   m, k = (int(d) for d in (x.shape if transpose_x else x.shape[::-1]))
   n = int(dy.shape[1])

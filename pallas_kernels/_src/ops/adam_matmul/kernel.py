@@ -5,9 +5,9 @@ hand it x's [Mp, block_k] column panel and dy's [Mp, block_n] column panel
 (Mp = M rounded up to block_m), which it walks in `block_m` steps with a
 `fori_loop` and an f32 accumulator in registers: the matmul kernel's loop for
 a transposed x, contracting the tokens. Then it reads its param, mu and nu
-tiles, applies the update (`_update`, optax's terms in optax's order, written
-apart from `reference.py` so that each holds the other) and stores the three
-updated tiles. The gradient exists only in registers:
+tiles, applies the update (`adam.tile_update`, optax's terms in optax's
+order, written apart from the reference's so that each holds the other) and
+stores the three updated tiles. The gradient exists only in registers:
 it is never written, and no other kernel reads it back.
 
 The bias corrections 1 - b1**t and 1 - b2**t and the learning rate enter as
@@ -32,41 +32,10 @@ from jax.experimental import pallas as pl
 
 from pallas_kernels._src import backend as backend_lib
 from pallas_kernels._src import gpu
+from pallas_kernels._src.ops import adam
 from pallas_kernels._src.ops.adam_matmul.config import Config
 
 _F32 = jnp.float32
-
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Hyper:
-  """Adam's constants (hashable: they are compiled into the kernel)."""
-
-  b1: float
-  b2: float
-  eps: float
-  eps_root: float
-  weight_decay: float
-
-
-def _update(g, param, mu, nu, lr, c1, c2, h: Hyper):
-  """Adam's step on f32 tiles: (param', mu', nu')."""
-  mu = (1 - h.b1) * g + h.b1 * mu
-  nu = (1 - h.b2) * (g * g) + h.b2 * nu
-  step = (mu / c1) / (jnp.sqrt(nu / c2 + h.eps_root) + h.eps)
-  if h.weight_decay:
-    step = step + h.weight_decay * param
-  return param + (-lr) * step, mu, nu
-
-
-def corrections(count, b1: float, b2: float):
-  """The bias corrections (1 - b1**t, 1 - b2**t) as f32[1] arrays for
-  t = count + 1 (held at the largest int32), computed by XLA outside the
-  kernel, the way optax computes them."""
-  count = jnp.asarray(count, jnp.int32)
-  top = jnp.iinfo(jnp.int32).max
-  t = jnp.where(count < top, count + 1, top)
-  return tuple((1 - b ** t).astype(_F32).reshape(1) for b in (b1, b2))
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -77,7 +46,7 @@ class _Launch:
   k: int
   n: int
   transpose_x: bool
-  hyper: Hyper
+  hyper: adam.Hyper
   compute_dtype: str
   interpret: bool
   cfg: Config
@@ -126,13 +95,13 @@ def _kernel(x_ref, dy_ref, p_ref, mu_ref, nu_ref, lr_ref, c1_ref, c2_ref,
   # 0 / (sqrt(0) + eps) = 0 there (no NaN), and nothing of it is stored.
   param, mu, nu = (gpu.read_tile(ref, tile).astype(_F32) for ref in (p_ref, mu_ref, nu_ref))
   lr, c1, c2 = (ref[...].astype(_F32)[None, :] for ref in (lr_ref, c1_ref, c2_ref))
-  new_p, new_mu, new_nu = _update(g, param, mu, nu, lr, c1, c2, s.hyper)
+  new_p, new_mu, new_nu = adam.tile_update(g, param, mu, nu, lr, c1, c2, s.hyper)
   gpu.write_tile(p_out, new_p, tile)
   gpu.write_tile(mu_out, new_mu, tile)
   gpu.write_tile(nu_out, new_nu, tile)
 
 
-def adam_step(x, dy, param, mu, nu, learning_rate, c1, c2, *, hyper: Hyper,
+def adam_step(x, dy, param, mu, nu, learning_rate, c1, c2, *, hyper: adam.Hyper,
               transpose_x: bool, cfg: Config, interpret: bool):
   """(param', mu', nu') in their input dtypes for the gradient x^T @ dy.
 

@@ -7,6 +7,11 @@ walking every pixel, so the pixels are split too (`splits`, split-K): each
 split's programs walk their own pixel range into an f32 partial, and the
 partials are summed after the kernel (a [splits, KH*KW, C/groups, F] sum,
 weights-sized, not pixels-sized).
+
+With Adam's update as the epilogue a program must hold its tile's whole
+gradient before it updates the tile: one split, each program walking every
+pixel. Its four f32 tiles (the gradient, param, mu and nu) bound the tile on
+GPU as adam_matmul's do (`adam.GPU_MAX_TILE`).
 """
 
 from __future__ import annotations
@@ -71,15 +76,26 @@ def _clamp_pow2(n: int, lo: int, hi: int) -> int:
   return int(min(hi, max(lo, next_pow2(n))))
 
 
-def smem_bytes(cfg: Config, itemsize: int, depthwise: bool) -> int:
-  """Shared memory of the pixel-loop pipeline: per stage an x tile and a dy tile."""
+def tile_elements(cfg: Config, depthwise: bool) -> int:
+  """Elements of one program's weight tile (and f32 accumulator)."""
+  return cfg.block_f if depthwise else cfg.block_c * cfg.block_f
+
+
+def smem_bytes(cfg: Config, itemsize: int, depthwise: bool, update: bool = False) -> int:
+  """Shared memory of the pixel-loop pipeline: per stage an x tile and a dy
+  tile. With the update, at least its four f32 tiles, which Triton may stage
+  through shared memory to change their layouts for the stores (after the
+  loop, when the pipeline's buffers are free: the larger of the two counts)."""
   x_cols = cfg.block_f if depthwise else cfg.block_c
-  return (cfg.block_p * (x_cols + cfg.block_f) * itemsize) * cfg.num_stages
+  pipeline = (cfg.block_p * (x_cols + cfg.block_f) * itemsize) * cfg.num_stages
+  if not update:
+    return pipeline
+  return max(pipeline, 4 * 4 * tile_elements(cfg, depthwise))
 
 
 def heuristic_config(pixels: int, cg: int, fg: int, taps: int, groups: int, dtype,
                      backend: backend_lib.Backend, *, device_kind: str = "",
-                     cores: int | None = None) -> Config:
+                     cores: int | None = None, update: bool = False) -> Config:
   """Tiling for the weight gradient of one convolution.
 
   Args:
@@ -91,6 +107,7 @@ def heuristic_config(pixels: int, cg: int, fg: int, taps: int, groups: int, dtyp
     backend: where the kernel runs; CPU means interpret mode.
     device_kind: the target's `device_kind` (shared memory budget).
     cores: streaming multiprocessors of the target (None: an H200's 132).
+    update: Adam's update is the epilogue (one split).
   """
   itemsize = jnp.dtype(dtype).itemsize
   depthwise = cg == 1
@@ -109,16 +126,17 @@ def heuristic_config(pixels: int, cg: int, fg: int, taps: int, groups: int, dtyp
                   else groups * _cdiv(cg, bc) * _cdiv(fg, bf))
   want = math.ceil(_PROGRAMS_PER_CORE * (cores or 132) / tiles)
   most = max(1, pixels // (bp * _MIN_STEPS_PER_SPLIT))
-  cfg = Config(block_p=bp, block_c=bc, block_f=bf, splits=int(max(1, min(want, most))),
+  splits = 1 if update else int(max(1, min(want, most)))
+  cfg = Config(block_p=bp, block_c=bc, block_f=bf, splits=splits,
                num_warps=4, num_stages=3 if itemsize < 4 else 2)
   budget = matmul_gpu.shared_memory_bytes_of(device_kind)
-  while cfg.num_stages > 1 and smem_bytes(cfg, itemsize, depthwise) > budget:
+  while cfg.num_stages > 1 and smem_bytes(cfg, itemsize, depthwise, update) > budget:
     cfg = dataclasses.replace(cfg, num_stages=cfg.num_stages - 1)
   return cfg
 
 
 def choose_config(pixels: int, cg: int, fg: int, taps: int, groups: int, dtype,
-                  interpret: bool) -> Config:
+                  interpret: bool, update: bool = False) -> Config:
   """`heuristic_config` for the backend this call runs on (CPU when interpreting)."""
   backend = backend_lib.Backend.CPU if interpret else backend_lib.current_backend()
   kind = cores = None
@@ -126,4 +144,4 @@ def choose_config(pixels: int, cg: int, fg: int, taps: int, groups: int, dtype,
     t = backend_lib.target()
     kind, cores = t.device_kind, t.core_count
   return heuristic_config(pixels, cg, fg, taps, groups, dtype, backend,
-                          device_kind=kind or "", cores=cores)
+                          device_kind=kind or "", cores=cores, update=update)

@@ -15,6 +15,7 @@ import jax.numpy as jnp
 
 from pallas_kernels._src import backend as backend_lib
 from pallas_kernels._src import gpu
+from pallas_kernels._src.ops import adam
 from pallas_kernels._src.ops.conv2d_weight_grad import config as config_lib
 from pallas_kernels._src.ops.conv2d_weight_grad.config import Config
 from pallas_kernels._src.ops.conv2d_weight_grad.reference import Window
@@ -31,16 +32,18 @@ MAX_GRID_YZ = 65535
 
 
 def unsupported_reason(x: Any, dy: Any, win: Window, *, out_dtype, interpret: bool,
-                       config: Config) -> str | None:
+                       config: Config, state: tuple[Any, Any, Any] | None = None
+                       ) -> str | None:
   """Why the kernel cannot run this (validated) call, or None if it can.
 
   Args:
     x: [N, H, W, C] (an array or anything with .shape and .dtype).
     dy: [N, HO, WO, F].
     win: the convolution's geometry.
-    out_dtype: the dtype of dw.
+    out_dtype: the dtype of dw (not read with `state`: nothing returns dw).
     interpret: whether Pallas would interpret the kernel.
     config: the tiling that would be used.
+    state: (param, mu, nu) when Adam's update is the epilogue, else None.
 
   Returns:
     A short reason naming the offending dtype or shape, or None.
@@ -56,7 +59,15 @@ def unsupported_reason(x: Any, dy: Any, win: Window, *, out_dtype, interpret: bo
     # Both dot operands must share an element type (Triton's tt.dot).
     return (f"mismatched dtypes: {gpu.describe('x', x)} with {gpu.describe('dy', dy)}; "
             "cast them to one dtype")
-  if gpu.dtype_name(out_dtype) not in SUPPORTED_DTYPES:
+  if state is not None:
+    reason = adam.state_reason(*state)
+    if reason:
+      return reason
+    if config.splits != 1:
+      # No program would hold its tile's whole gradient to update it.
+      return (f"the Adam update needs each program to sum every pixel of its tile: "
+              f"splits=1, got {config}")
+  elif gpu.dtype_name(out_dtype) not in SUPPORTED_DTYPES:
     return f"out_dtype {gpu.dtype_name(out_dtype)} is not one of {sorted(SUPPORTED_DTYPES)}"
   if min(x.shape) == 0 or min(dy.shape) == 0:
     return f"empty dimension in {gpu.describe('x', x)} or {gpu.describe('dy', dy)}"
@@ -87,7 +98,12 @@ def unsupported_reason(x: Any, dy: Any, win: Window, *, out_dtype, interpret: bo
     edges = (config.block_p, config.block_f) + (() if depthwise else (config.block_c,))
     if min(edges) < lo:
       return f"Triton dots need tiles >= {lo}, got {config}"
-    smem = config_lib.smem_bytes(config, jnp.dtype(x.dtype).itemsize, depthwise)
+    tile = config_lib.tile_elements(config, depthwise)
+    if state is not None and tile > adam.GPU_MAX_TILE:
+      return (f"{config} holds four f32 tiles of {tile} elements for the Adam update, "
+              f"more than {adam.GPU_MAX_TILE} per program; use smaller blocks")
+    smem = config_lib.smem_bytes(config, jnp.dtype(x.dtype).itemsize, depthwise,
+                                 update=state is not None)
     limit = matmul_gpu.shared_memory_bytes()
     if smem > limit:
       return (f"{config} needs ~{smem // 1024} KiB of shared memory, more than the "

@@ -7,6 +7,11 @@ feature_group_count=groups, dimension_numbers=("NHWC", "HWIO", "NHWC")):
     dw = vjp of that conv with respect to w, at dy     # [KH, KW, C // groups, F]
     db = sum(dy, axis=(0, 1, 2)) in float32            # column_sum=True
 
+and, given the optimizer state, Adam's step on dw (optax's `adamw`, `adam`
+when weight_decay is 0; `adam_reference.py`) instead of dw itself:
+
+    param', mu', nu' = adam_reference.step(dw in float32, param, mu, nu, count, ...)
+
 `Window` is the one normalisation of the convolution's geometry (stride,
 dilation and padding as pairs, the padding explicit) that the reference, the
 kernel and the guard share.
@@ -20,6 +25,8 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+
+from pallas_kernels._src.ops import adam_reference
 
 _F32 = jnp.float32
 _DIMENSION_NUMBERS = ("NHWC", "HWIO", "NHWC")
@@ -135,3 +142,33 @@ def conv2d_weight_grad_f32(x, dy, win: Window, *, column_sum_: bool = False):
   dw = weight_grad(x.astype(_F32), dy.astype(_F32), win,
                    precision=jax.lax.Precision.HIGHEST)
   return (dw, column_sum(dy)) if column_sum_ else dw
+
+
+def adam_step(x, dy, win: Window, param, mu, nu, count, *, learning_rate, b1: float = 0.9,
+              b2: float = 0.999, eps: float = 1e-8, eps_root: float = 0.0,
+              weight_decay: float = 0.0, column_sum_: bool = False, precision=None):
+  """`pallas_kernels.conv2d_weight_grad` given the optimizer state, in plain
+  JAX (the XLA implementation): the filter gradient as
+  `conv2d_weight_grad` computes it, in float32, then Adam's step.
+
+  Returns (param', mu', nu') in their dtypes, then db float32 [F] with
+  column_sum_.
+  """
+  g = conv2d_weight_grad(x, dy, win, out_dtype=_F32, precision=precision)
+  new = adam_reference.step(g, param, mu, nu, count, learning_rate=learning_rate, b1=b1,
+                            b2=b2, eps=eps, eps_root=eps_root, weight_decay=weight_decay)
+  new = adam_reference.cast_like(new, (param, mu, nu))
+  return new + (column_sum(dy),) if column_sum_ else new
+
+
+def adam_step_f32(x, dy, win: Window, param, mu, nu, count, *, learning_rate,
+                  b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8,
+                  eps_root: float = 0.0, weight_decay: float = 0.0,
+                  column_sum_: bool = False):
+  """Ground truth for validation: the float32 gradient at Precision.HIGHEST,
+  Adam's step on float32 state, no final cast."""
+  g = conv2d_weight_grad_f32(x, dy, win)
+  state = (a.astype(_F32) for a in (param, mu, nu))
+  new = adam_reference.step(g, *state, count, learning_rate=learning_rate, b1=b1, b2=b2,
+                            eps=eps, eps_root=eps_root, weight_decay=weight_decay)
+  return new + (column_sum(dy),) if column_sum_ else new
