@@ -354,4 +354,33 @@ def default_cases() -> list[Case]:
       Case("conv2d_weight_grad bf16 depthwise 3x3/2", wgrad((3, 3), stride=2, groups=72),
            (S((64, 56, 56, 72), bf), S((64, 28, 28, 72), bf))),
   ]
+  # The same two with Adam's step on f32 state in place of dW (keras' Adam).
+  def wadam(k, **window):
+    return lambda x, dy, p, mu, nu, c: pk.conv2d_weight_grad(
+        x, dy, k, param=p, mu=mu, nu=nu, count=c, learning_rate=1e-3,
+        implementation="pallas", **window)
+  count = S((), jnp.int32)
+  cases += [
+      Case("conv2d_weight_grad+adam bf16 1x1", wadam((1, 1)),
+           (S((64, 56, 56, 24), bf), S((64, 56, 56, 72), bf)) + (S((1, 1, 24, 72), f32),) * 3
+           + (count,)),
+      Case("conv2d_weight_grad+adam bf16 depthwise 3x3/2",
+           wadam((3, 3), stride=2, groups=72),
+           (S((64, 56, 56, 72), bf), S((64, 28, 28, 72), bf)) + (S((3, 3, 1, 72), f32),) * 3
+           + (count,)),
+  ]
+  # MobileNetV3's expansion: the previous batch norm and hard-swish applied on
+  # load, bias, relu and the next batch norm's sums on the accumulator.
+  conv = lambda x, w, sc, sh, b: pk.conv2d(
+      x, w, scale=sc, shift=sh, prologue_activation="hard_swish", bias=b, activation="relu",
+      statistics=True, implementation="pallas")
+  cases += [
+      Case("conv2d bf16 1x1 bn+act prologue, stats", conv,
+           (S((64, 56, 56, 24), bf), S((1, 1, 24, 72), bf), S((24,), f32), S((24,), f32),
+            S((72,), f32))),
+      Case("conv2d bf16 depthwise 3x3/2",
+           lambda x, w: pk.conv2d(x, w, stride=2, groups=72, activation="relu",
+                                  implementation="pallas"),
+           (S((64, 56, 56, 72), bf), S((3, 3, 1, 72), bf))),
+  ]
   return cases
