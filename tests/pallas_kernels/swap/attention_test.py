@@ -104,6 +104,23 @@ def test_each_spelling_is_one_chain_computed_the_same(fn):
   np.testing.assert_allclose(_routed(program, match, args), fn(*args), rtol=2e-5, atol=2e-5)
 
 
+def test_the_call_gets_the_heads_as_heads(monkeypatch):
+  # [B, N, T, H] chains reach JAX's attention as [B, T, N, H]: the heads are
+  # what cuDNN's head limits and grouped-query layouts read, not a batch of
+  # B * N one-head problems.
+  seen = []
+  call = jax.nn.dot_product_attention
+
+  def spy(q, k, v, *a, **kw):
+    seen.append((q.shape, k.shape))
+    return call(q, k, v, *a, **kw)
+
+  monkeypatch.setattr(jax.nn, "dot_product_attention", spy)
+  args = _args()
+  _routed(*_match(heads_major, *args), args)
+  assert seen == [((B, T, N, H), (B, S, N, H))], seen
+
+
 def test_the_scale_and_the_causal_mask_reach_the_call():
   program, match = _match(haiku_style, *_args(s=T))
   static = dict(match.static)

@@ -86,6 +86,23 @@ def test_outputs_that_are_not_arrays_come_back_as_the_function_returned_them(mlp
   _close([out["y"]], [mlp(*mlp_args)])
 
 
+def test_a_per_example_modulation_is_not_read_as_the_norms_gamma(keys):
+  # adaLN (DiT's): the scale and shift are [B, 1, n], one per example; only a
+  # [1, ..., 1, n] value is a column parameter the kernel can take.
+  def ada_ln(x, scale, shift):
+    mean = x.mean(-1, keepdims=True)
+    var = ((x - mean) ** 2).mean(-1, keepdims=True)
+    y = (x - mean) * jax.lax.rsqrt(var + 1e-6)
+    return y * (1 + scale[:, None, :]) + shift[:, None, :]
+
+  args = (jax.random.normal(keys[0], (2, 8, 32)), jax.random.normal(keys[1], (2, 32)),
+          jax.random.normal(keys[2], (2, 32)))
+  swapped = pallas_kernels.swap(ada_ln)
+  (site,) = swapped.report(*args).sites
+  assert site.replaced and "gamma=constant f32[32]" in site.call, site.call
+  _close([swapped(*args)], [ada_ln(*args)])
+
+
 def test_report_true_returns_report_through_jit(mlp_args):
   out, report = jax.jit(pallas_kernels.swap(mlp, report=True))(*mlp_args)
   assert isinstance(report, pallas_kernels.SwapReport)
