@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import textwrap
 
@@ -10,7 +11,7 @@ import pytest
 
 from hlo_audit._src.cli.common import ExitCode
 from hlo_audit._src.cli.main import run
-from hlo_audit._src.target import wheels
+from hlo_audit._src.target import specs, wheels
 from tests.gpu_target import gpu_target  # noqa: F401 - the fixture
 
 SMALL = ["--set", "batch=8", "--set", "seq=32", "--set", "d_model=64",
@@ -47,6 +48,19 @@ def test_targets_lists_names_and_how_to_get_ready(capsys, monkeypatch):
   assert d["ready"] is False and d["install"].startswith("pip install")
   assert {"name": "h200", "aliases": [], "compute_capability": "9.0"}.items() <= \
       next(t for t in d["targets"] if t["name"] == "h200").items()
+
+
+def test_targets_names_each_spec_source_once_in_order(capsys, monkeypatch):
+  # The plugin's spec for one GPU, hlo-audit's copies for the rest: the
+  # "specs:" line lists both sources, sorted, so it reads the same each run.
+  h200 = next(s for s in specs.bundled_specs() if s.name == "h200")
+  monkeypatch.setattr(specs, "plugin_specs", lambda: (
+      dataclasses.replace(h200, source="jax-cuda12-pjrt 9.9"),))
+  monkeypatch.setattr(wheels, "problems", lambda: [])
+  assert run(["targets"]) == ExitCode.OK
+  line = next(l for l in capsys.readouterr().out.splitlines() if l.startswith("specs: "))
+  sources = line.removeprefix("specs: ").split("; ")
+  assert sources == [h200.source, "jax-cuda12-pjrt 9.9"], sources
 
 
 @pytest.mark.parametrize("argv, message", [

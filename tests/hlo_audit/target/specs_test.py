@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 
 import pytest
 
@@ -181,3 +183,17 @@ def test_the_jax_import_keeps_what_fails(capfd):
       os.write(2, b"partial output\n")
       1 / 0  # noqa: B018
   assert capfd.readouterr().err == "partial output\n"
+
+
+def test_without_the_cuda_plugin_the_quiet_import_leaves_jax_alone():
+  # Only the plugin's libraries log at `import jax`; without them there is
+  # nothing to filter, and a command that never needs JAX starts without it.
+  code = ("import sys\n"
+          "from hlo_audit._src.target import specs, wheels\n"
+          "assert 'jax' not in sys.modules\n"
+          "specs.plugin_library = lambda: None\n"
+          "wheels.import_jax_quietly()\n"
+          "print('jax' in sys.modules)\n")
+  out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       check=True).stdout
+  assert out.strip() == "False"
