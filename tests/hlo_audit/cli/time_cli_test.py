@@ -124,3 +124,12 @@ def test_calibrate_shows_the_cached_facts(tmp_path, monkeypatch, capsys):
   assert "memory_bandwidth: measured here" in out
   assert run(["calibrate", "--show", "--json"]) == ExitCode.OK
   assert json.loads(capsys.readouterr().out)["memory_bandwidth"] == 2.5e10
+
+
+def test_trace_writes_the_estimated_timeline_and_says_where(ce_head, tmp_path, capsys):
+  trace = tmp_path / "step.json"
+  assert run(["file", ce_head, "--device", "h200", "--trace", str(trace)]) == ExitCode.OK
+  out = capsys.readouterr().out
+  assert f"estimated timeline written to {trace} (Chrome trace JSON)" in out
+  events = json.loads(trace.read_text())["traceEvents"]
+  assert any(e.get("ph") == "X" for e in events)

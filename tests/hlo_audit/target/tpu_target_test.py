@@ -425,3 +425,17 @@ def test_devices_without_index_blocks_price_a_scatter_by_its_bytes():
   r = hlo_audit.audit_hlo(_scatter_module(1000, 2, 14031),
                           options=hlo_audit.AuditOptions(device=facts))
   assert r.timing.kernel("k").indexed_bytes == 0
+
+
+def test_an_argument_sharded_over_some_of_the_slices_chips_keeps_its_sharding():
+  # A batch split over the first two chips of a v5e:2x2 is already on the
+  # target: placing it must not replicate it over all four.
+  require_tpu_target()
+  import jax
+  import numpy as np
+
+  target = hlo_audit.get_target("v5e:2x2")
+  two = jax.sharding.Mesh(np.array(target.devices()[:2]), ("data",))
+  split = jax.sharding.NamedSharding(two, jax.sharding.PartitionSpec("data"))
+  (x,), _ = target.place((jax.ShapeDtypeStruct((8, 4), "float32", sharding=split),))
+  assert x.sharding == split, x.sharding
