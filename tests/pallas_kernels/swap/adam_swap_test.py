@@ -9,7 +9,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-import pytest
 from flax.training import train_state
 
 import pallas_kernels as pk
