@@ -26,6 +26,7 @@ from jax.extend import source_info_util
 from pallas_kernels._src import backend
 from pallas_kernels._src import compat
 from pallas_kernels._src import jax_attention
+from pallas_kernels._src.swap import adam
 from pallas_kernels._src.swap import attention
 from pallas_kernels._src.swap import cross_entropy
 from pallas_kernels._src.swap import glu
@@ -37,11 +38,11 @@ from pallas_kernels._src.swap.program import Lit, Plan, Program
 from pallas_kernels._src.swap.report import SwapReport, SwapSite
 
 
-#: Anchor primitive -> matchers, tried in order: a gemm starting an
-#: attention chain, a GLU or a cross-entropy head is the chain's before it is
-#: a matmul's.
+#: Anchor primitive -> matchers, tried in order: a weight gradient feeding
+#: Adam's update, a gemm starting an attention chain, a GLU or a
+#: cross-entropy head is the chain's before it is a matmul's.
 _MATCHERS = {**patterns.REGISTRY, "dot_general": (
-    attention.match_attention, glu.match_glu, cross_entropy.match_cross_entropy,
+    adam.match_adam, attention.match_attention, glu.match_glu, cross_entropy.match_cross_entropy,
     *patterns.REGISTRY["dot_general"])}
 
 
@@ -77,7 +78,8 @@ def _public_name(op: str) -> str:
 
 
 def _pattern_text(op: str, items: Sequence[str]) -> str:
-  anchor = {"matmul": "dot_general", attention.OP: "gemm -> softmax -> gemm"}.get(op, op)
+  anchor = {"matmul": "dot_general", attention.OP: "gemm -> softmax -> gemm",
+            adam.OP: "weight gradient dot_general"}.get(op, op)
   return " + ".join([anchor, *(i for i in items if i != "statistics")])
 
 
@@ -449,7 +451,13 @@ def swap(f: Callable, *, ops: Iterable[str] | None = None, report: bool = False,
     with a residual add before them -> `layer_norm` / `rms_norm`;
   * softmax over the last axis (e.g. `jax.nn.softmax`) with a scale multiply
     and an additive or `where` mask before it (a causal mask becomes
-    `causal=True`) -> `softmax`.
+    `causal=True`) -> `softmax`;
+  * in a training step, a weight gradient x^T @ dy read only by optax's
+    `adam`/`adamw` update of its parameter (constants and a constant learning
+    rate read off by probing the update against the reference, a schedule's
+    learning rate passed as the step computes it) -> `adam_matmul`, writing
+    the parameter and both moments; a gradient also read elsewhere (a
+    global-norm clip) is left to XLA.
 
   Patterns inside `jit` calls, `lax.scan`/`while_loop`/`cond` bodies,
   `jax.checkpoint` and custom_jvp/custom_vjp primal bodies are swapped too.
@@ -459,7 +467,7 @@ def swap(f: Callable, *, ops: Iterable[str] | None = None, report: bool = False,
   Args:
     f: the function (plain, or `jax.jit`-wrapped: it is traced as a call).
     ops: restrict to these ops ("matmul", "layer_norm", "rms_norm",
-      "softmax"); None: all.
+      "softmax", "adam_matmul", ...); None: all.
     report: if True, the swapped function returns `(outputs, SwapReport)`;
       the report is a pytree without leaves, so this works under `jax.jit`
       (and as `has_aux` for `jax.grad`).
