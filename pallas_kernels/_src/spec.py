@@ -71,12 +71,26 @@ class Closes:
   #: For reductions: which statistics it computes. "last axis": one
   #: statistic per row of the operand's last axis, affine parameters of that
   #: axis's size (a norm over several axes, or over groups, is another op);
-  #: "" when it closes no reduction.
+  #: "all but last axis": one statistic per index of the last axis over every
+  #: other axis of an operand of rank >= 4 (`channel_statistics`: a batch
+  #: norm over channels-last images); "" when it closes no reduction.
   statistics: str = ""
   #: Anchors it comes close to without computing them, and why not (e.g.
   #: {"log_softmax": "returns probabilities, not logs"}).
   declines: Mapping[str, str] = dataclasses.field(
       default_factory=lambda: types.MappingProxyType({}))
+
+
+def channel_statistics(stats) -> bool:
+  """Whether a reduction's statistics (`hlo_audit.plugins.Statistics`, or
+  None) reduce every axis but the last of an operand of rank >= 4: a batch
+  norm's over channels-last images (N, H, W, C). The same sum over a rank-2
+  or rank-3 operand ([B, D], [B, T, D]) is as often a dense layer's bias
+  gradient, which a statistic's axes cannot tell from a batch norm's."""
+  if stats is None:
+    return False
+  rank = len(stats.dims)
+  return rank >= 4 and tuple(stats.axes) == tuple(range(rank - 1))
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -117,6 +131,9 @@ class CallFacts:
   #: A prologue's pad: (its operand, (low, high) per dimension); None when
   #: the producer pads nothing (or not in one plain pad).
   pad: Any = None
+  #: The statistics of the finding's reduction (`plugins.Statistics`: the
+  #: reduced operand's `.dims`, the `.axes` reduced); None when it has none.
+  statistics: Any = None
   #: The module's norm epsilon, when it has exactly one (asked lazily).
   epsilon: Callable[[], float | None] = lambda: None
   #: An XLA element type's numpy name ("bf16" -> "bfloat16").

@@ -14,7 +14,7 @@ from typing import Any
 from hlo_audit import plugins
 
 from pallas_kernels._src import registry
-from pallas_kernels._src.spec import CallFacts, OpSpec
+from pallas_kernels._src.spec import CallFacts, OpSpec, channel_statistics
 
 #: The library's name: its ops are "pallas_kernels.<op>".
 NAME = "pallas_kernels"
@@ -32,14 +32,16 @@ _UNCOVERED = {
                    "per-channel affine, an activation and zero padding on load, a "
                    "bias, activation and residual on store, and batch-norm sums "
                    "beside; the rest stays cuDNN's or XLA's",
-    "batch_norm_stats": "pallas_kernels has no batch-norm kernel: its statistics "
-                        "reduce over the batch and spatial axes, which a row kernel "
-                        "does not span",
+    "batch_norm_stats": "no pallas_kernels kernel sums these batch statistics where "
+                        "their operand is written: conv2d(statistics=True) does beside "
+                        "a convolution, and batch_norm reads its x again for them",
     "group_norm_stats": "pallas_kernels has no group-norm kernel: its statistics "
                         "reduce over groups of channels and the spatial axes",
     "column_reduction": "no pallas_kernels op computes this column sum: no gemm reads "
                         "the summed operand (a matmul's w_column_sum would), and no "
-                        "row norm's backward writes it (its kernel sums gamma's gradient)",
+                        "row norm's backward writes it (its kernel sums gamma's gradient), "
+                        "and it is no batch norm's sum over every axis but the last of an "
+                        "NHWC-like operand (batch_norm's backward sums those)",
 }
 
 
@@ -88,6 +90,8 @@ def _closes(op: str, c, need: plugins.KernelNeed, kept: bool) -> tuple[bool, str
     return False, ""
   if need.outputs > c.outputs and not _for_backward(c, need, kept):
     return False, f"{op} writes {'one output' if c.outputs == 1 else f'{c.outputs} outputs'}"
+  if c.statistics == "all but last axis" and not channel_statistics(need.statistics):
+    return False, ""  # Another column sum (a dense bias's gradient): not close.
   why = _statistics_mismatch(c.statistics, need.statistics)
   if why:
     return False, f"{op} {why}"
@@ -185,6 +189,7 @@ def _facts(finding, module) -> CallFacts:
                    boundary=plugins.parse_array(finding.boundary_shape),
                    shape=finding.boundary_shape, matmul=anchor, sources=sources,
                    convolution=conv, pad=pad,
+                   statistics=finding.need.statistics if finding.need else None,
                    epsilon=lambda: plugins.norm_epsilon(module),
                    numpy_name=plugins.numpy_dtype_name)
 

@@ -61,6 +61,13 @@ def test_the_op_whose_spec_closes_the_need(kind, anchor, ops, op):
   assert _choose(kind, anchor, ops) == plugins.KernelChoice(op)
 
 
+@pytest.mark.parametrize("dims", [(8, 16, 16, 72), (2, 4, 8, 8, 16)])
+def test_a_batch_norms_backward_column_sums_are_batch_norms(dims):
+  stats = plugins.Statistics(dims, tuple(range(len(dims) - 1)))
+  assert _choose(R, "column_reduction", statistics=stats) == plugins.KernelChoice(
+      "pallas_kernels.batch_norm")
+
+
 @pytest.mark.parametrize("kind, anchor, ops, kw, why", [
     # Work no op fuses: nothing came close.
     (E, "dot", ("bias", "activation:softplus"), {}, ""),
@@ -69,7 +76,17 @@ def test_the_op_whose_spec_closes_the_need(kind, anchor, ops, op):
     (E, "convolution", ("slice", "mask"), {}, "no pallas_kernels convolution fuses"),
     (E, "convolution", ("clamp",), {}, "no pallas_kernels convolution fuses"),
     (P, "convolution", ("activation:softplus",), {}, "no pallas_kernels convolution fuses"),
-    (R, "batch_norm_stats", (), {}, "pallas_kernels has no batch-norm kernel"),
+    (R, "batch_norm_stats", (), {}, "no pallas_kernels kernel sums these batch statistics"),
+    # A column sum that is no batch norm's: a dense bias's gradient (rank 2),
+    # or one over the batch axis alone.
+    (R, "column_reduction", (), {"statistics": plugins.Statistics((128, 64), (0,))},
+     "no pallas_kernels op computes this column sum"),
+    (R, "column_reduction", (), {"statistics": plugins.Statistics((8, 1, 1, 96), (0,))},
+     "no pallas_kernels op computes this column sum"),
+    # [B, T, D] over (0, 1): as often a dense layer's bias gradient over a sequence.
+    (R, "column_reduction", (), {"statistics": plugins.Statistics((8, 32, 512), (0, 1))},
+     "no pallas_kernels op computes this column sum"),
+    (R, "column_reduction", (), {}, "no pallas_kernels op computes this column sum"),
     (R, "group_norm_stats", (), {}, "pallas_kernels has no group-norm kernel"),
     # Close, and why not.
     (E, "dot", ("bias",), {"outputs": 3}, "pallas_kernels.matmul writes one output"),

@@ -54,6 +54,7 @@ from pallas_kernels._src import backend as backend_lib
 from pallas_kernels._src import gpu
 from pallas_kernels._src.ops.conv2d.config import Config
 from pallas_kernels._src.ops.matmul.kernel import activation_fn as matmul_activation_fn
+from pallas_kernels._src.ops.matmul.kernel import activation_grad as matmul_activation_grad
 
 _F32 = jnp.float32
 
@@ -67,6 +68,18 @@ def activation_fn(name: str, v: jax.Array) -> jax.Array:
   if name == "hard_swish":
     return v * (jnp.minimum(jnp.maximum(v + 3.0, 0.0), 6.0) * (1.0 / 6.0))
   return matmul_activation_fn(name, v)
+
+
+def activation_grad(name: str, v: jax.Array) -> jax.Array:
+  """d act(v) / dv on float32 v, as jax.nn differentiates it: relu6's is 0
+  at 0 and at 6, the hard gates' 0 at -3 and at 3."""
+  if name in ("relu6", "hard_sigmoid", "hard_swish"):
+    lo, hi, slope = (0.0, 6.0, 1.0) if name == "relu6" else (-3.0, 3.0, 1.0 / 6.0)
+    inside = jnp.where((v > lo) & (v < hi), slope, 0.0)
+    if name == "hard_swish":
+      return activation_fn("hard_sigmoid", v) + v * inside
+    return inside
+  return matmul_activation_grad(name, v)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
