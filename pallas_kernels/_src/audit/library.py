@@ -37,6 +37,9 @@ _UNCOVERED = {
                         "a convolution, and batch_norm reads its x again for them",
     "group_norm_stats": "pallas_kernels has no group-norm kernel: its statistics "
                         "reduce over groups of channels and the spatial axes",
+    "group_norm_backward": "pallas_kernels has no group-norm kernel: its gamma and beta "
+                           "gradients sum like a batch norm's, but its dx needs "
+                           "per-sample group sums batch_norm does not compute",
     "column_reduction": "no pallas_kernels op computes this column sum: no gemm reads "
                         "the summed operand (a matmul's w_column_sum would), and no "
                         "row norm's backward writes it (its kernel sums gamma's gradient), "

@@ -112,3 +112,32 @@ def test_a_weight_gradients_dy_column_sum_asks_the_convolution():
   assert not [f for f in _report("keras_mobilenet").findings_of(R)
               if f.need is not None and f.need.ops == ("column_sum",)
               and f.need.anchor == "convolution"]
+
+
+def _column_sums(name: str):
+  return [f for f in _report(name).findings_of(R) if f.ops == ("column_reduction",)
+          and f.need is not None]
+
+
+def test_a_group_norms_gamma_and_beta_gradients_are_its_own():
+  # flax's GroupNorm over [8, 32, 32, 32] in 8 groups: its statistics read x
+  # as [8, 1024, 8, 4]; the column sums over N, H, W of its backward are its
+  # scale and shift gradients, not a batch norm's (whose kernel would not
+  # compute the per-sample group sums its dx needs).
+  # (dy's column sums beside a convolution's filter gradient are the
+  # convolution's bias gradients: anchored there.)
+  sums = [f for f in _column_sums("groupnorm_cnn") if f.boundary_shape == "f32[8,32,32,32]"
+          and f.need.anchor != "convolution"]
+  assert len(sums) == 2 and all(f.need.anchor == "group_norm_backward" for f in sums), [
+      (f.boundary, f.need.anchor) for f in sums]
+  assert all("group norm's" in f.evidence for f in sums)
+
+
+def test_batch_norms_column_sums_stay_column_sums():
+  # MobileNetV3's batch norms (and a per-channel normalization over 2 x 2
+  # pixels of [8, 2, 2, 576] that keeps every channel, no groups) leave
+  # their gradients' column sums as such: a batch norm's backward closes them.
+  sums = [f for f in _column_sums("keras_mobilenet") if f.need.anchor != "convolution"]
+  assert len(sums) >= 50
+  assert all(f.need.anchor == "column_reduction" for f in sums), {
+      f.need.anchor for f in sums}

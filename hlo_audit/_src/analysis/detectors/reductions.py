@@ -15,6 +15,7 @@ first, are one too, though no reader reduces them again.
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 from collections.abc import Sequence
 
@@ -70,6 +71,8 @@ def find(program: Program) -> tuple[FusionDecisionRecord, ...]:
   out = []
   # A norm backward's reduction kernels -> the anchor its need names.
   norm_kernels: dict[str, str] = {}
+  # Images the program normalizes per sample in groups: (batch, elements).
+  group_normed: set[tuple[int, int]] = set()
   for vid, by_name in readers.items():
     reductions = list(by_name.values())
     bid = program.dataflow.buffer_of.get(vid)
@@ -153,6 +156,8 @@ def find(program: Program) -> tuple[FusionDecisionRecord, ...]:
       stats = stats or _statistics(program, r, buf)
       reducer = reducer or _reducer_of(program, r, buf)
       pattern = pattern or _reduction_pattern(program, r, producer, stats, buf, reducer)
+    if pattern == "group_norm_stats" and stats is not None and _in_groups(stats):
+      group_normed.add(_per_sample(stats.dims))
     if pattern == "contraction" and stats is not None:
       stats = dataclasses.replace(stats, affine=None)  # a weight, not a norm's scale
     # A pattern some kernel could compute asks the libraries; a norm's
@@ -227,7 +232,22 @@ def find(program: Program) -> tuple[FusionDecisionRecord, ...]:
         boundary_kept=bool(others)))
   reported = {f.boundary for f in out}
   out += [f for f in _statistics_beside(program) if f.boundary not in reported]
-  return tuple(_norm_parameter_gradients(program, out, norm_kernels))
+  return tuple(_norm_parameter_gradients(program, out, norm_kernels, group_normed))
+
+
+def _in_groups(stats: Statistics) -> bool:
+  """Whether per-sample statistics keep an axis of channel groups and reduce
+  the channels within each ([N, HW, G, C/G] over HW and C/G), as a group
+  norm's do; an instance norm's keep every channel."""
+  kept = [i for i in range(1, len(stats.dims)) if i not in stats.axes]
+  return any(j > i for i in kept for j in stats.axes)
+
+
+def _per_sample(dims: Sequence[int]) -> tuple[int, int]:
+  """(batch, elements) of a reduced operand: a group norm's statistics read
+  x as [N, H, W, G, C/G] and its gradients' column sums as [N, H, W, C],
+  one count either way."""
+  return int(dims[0]), math.prod(int(d) for d in dims)
 
 
 #: Suffix of the anchor a norm's backward pass needs ("layer_norm_backward").
@@ -351,11 +371,17 @@ def _norm_of_backward(program: Program, kernels: Sequence[Kernel],
 
 
 def _norm_parameter_gradients(program: Program, found: Sequence[FusionDecisionRecord],
-                              norm_kernels: dict[str, str]) -> list[FusionDecisionRecord]:
+                              norm_kernels: dict[str, str],
+                              group_normed: set[tuple[int, int]]
+                              ) -> list[FusionDecisionRecord]:
   """`found` with a norm's scale and shift gradients needing that norm's
   kernel, whose backward sums them beside dx: column reductions of what a
   norm backward's reduction kernels wrote (`norm_kernels`), or of dy * x_hat
-  and dy where a kernel of the reduction forms dy * x_hat."""
+  and dy where a kernel of the reduction forms dy * x_hat; and, over the
+  leading axes of an image the program normalizes per sample in groups
+  (`group_normed`, from its group-norm statistics), a group norm's (which
+  sums its gamma and beta gradients as a batch norm would: the column sum
+  alone cannot tell them apart)."""
   out = []
   for f in found:
     if f.ops != ("column_reduction",):
@@ -378,6 +404,10 @@ def _norm_parameter_gradients(program: Program, found: Sequence[FusionDecisionRe
           "transpose(" in producer.op_name and f.need.statistics is not None:
         norm = _norm_in(program, producer, f.need.statistics.dims)
       anchor = norm and norm + BACKWARD
+      stats = f.need.statistics
+      if anchor is None and stats is not None and len(stats.dims) >= 4 and \
+          _per_sample(stats.dims) in group_normed:
+        anchor = "group_norm" + BACKWARD
     if anchor is None:
       out.append(f)
       continue
