@@ -383,4 +383,12 @@ def default_cases() -> list[Case]:
                                   implementation="pallas"),
            (S((64, 56, 56, 72), bf), S((3, 3, 1, 72), bf))),
   ]
+  # MobileNetV3's batch norm with relu6: statistics, apply, and the backward
+  # summing dbeta and dgamma where it reads the cotangent.
+  bn = lambda x, g, b: pk.batch_norm(x, g, b, activation="relu6", implementation="pallas")[0]
+  bn_specs = (S((64, 56, 56, 72), bf), S((72,), bf), S((72,), bf))
+  cases += [
+      Case("batch_norm relu6 bf16 fwd", bn, bn_specs),
+      Case("batch_norm relu6 bf16 grad", grad(bn, (0, 1, 2)), bn_specs),
+  ]
   return cases

@@ -209,3 +209,10 @@ def test_keras_mobilenets_column_sums_get_the_call_on_the_h200():
       "pallas_kernels.batch_norm(x, gamma, beta, eps=0.001)  # x: f32[8,16,16,72], "
       "gamma: f32[72], beta: f32[72] -> (f32[8,16,16,72], f32[72], f32[72])")
   assert first.guard_verdict.startswith("kernel runs"), first.guard_verdict
+
+
+def test_validate_ci_with_kernels_required(clean_fallbacks):
+  # The rank-1 case falls back by design; every other case must run the kernel.
+  report = pk.validate("batch_norm", tags=("ci",), interpret=True, require_kernel=True)
+  assert report.passed, str(report)
+  assert sum(not r.fallback for r in report.rows) >= 4, str(report)
