@@ -116,6 +116,20 @@ def test_bad_input_is_one_line_on_stderr_and_exit_2(tmp_path, capsys, content, m
     assert lines[3].strip() == "^"
 
 
+def test_a_module_without_its_header_line_is_still_hlo(tmp_path, capsys):
+  # A computation pasted without `HloModule ...` (as XLA's dumps quote one):
+  # its ENTRY and instructions make it HLO text, which the parser takes.
+  p = tmp_path / "entry.hlo"
+  p.write_text("ENTRY e {\n  p = f32[2]{0} parameter(0)\n  ROOT n = f32[2]{0} negate(p)\n}\n")
+  assert run(["file", str(p)]) == ExitCode.OK
+  assert "2 instructions, 1 kernels" in capsys.readouterr().out
+  # Mistyped, it is still HLO: the parser's line and column, not "not HLO".
+  p.write_text(p.read_text().replace("negate(p)", "negat(p)"))
+  assert run(["file", str(p)]) == ExitCode.USAGE
+  err = capsys.readouterr().err
+  assert f"{p}:3:" in err and "not HLO text" not in err, err
+
+
 def test_fail_on_with_min_bytes_prints_the_offending_rows(tmp_path, capsys):
   p = tmp_path / "m.hlo"
   p.write_text(HLO)   # one unfused epilogue of 2 x 64 x 64 x 4 = 32 KiB
