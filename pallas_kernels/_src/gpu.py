@@ -15,6 +15,7 @@ blocks with NaN instead, so an unmasked access shows up there as NaN in tests.
 
 from __future__ import annotations
 
+from collections.abc import Collection, Iterable
 from typing import Any
 
 import jax.numpy as jnp
@@ -83,6 +84,17 @@ MAX_ELEMENTS = 2**31 - 1
 def dtype_name(dtype: Any) -> str:
   """numpy's name of a dtype, as guard reasons print it ("bfloat16")."""
   return jnp.dtype(dtype).name
+
+
+def dtype_reason(arrays: Iterable[tuple[str, Any]], supported: Collection[str]) -> str | None:
+  """The first of `arrays` ((label, array or None) pairs; None is skipped)
+  whose dtype a kernel does not take, said as a guard says it; None if all
+  are `supported`."""
+  for label, a in arrays:
+    if a is not None and dtype_name(a.dtype) not in supported:
+      return (f"{describe(label, a)}: dtype {dtype_name(a.dtype)} is not one of "
+              f"{sorted(supported)}")
+  return None
 
 
 def describe(label: str, a: Any) -> str:

@@ -42,13 +42,10 @@ def unsupported_reason(x: Any, dy: Any, param: Any, mu: Any, nu: Any, *,
   Returns:
     A short reason naming the offending dtype or shape, or None.
   """
-  reason = gpu.unavailable_reason(interpret)
+  arrays = (("x", x), ("dy", dy))
+  reason = gpu.unavailable_reason(interpret) or gpu.dtype_reason(arrays, OPERAND_DTYPES)
   if reason:
     return reason
-  for label, a in (("x", x), ("dy", dy)):
-    if gpu.dtype_name(a.dtype) not in OPERAND_DTYPES:
-      return (f"{gpu.describe(label, a)}: dtype {gpu.dtype_name(a.dtype)} is not one of "
-              f"{sorted(OPERAND_DTYPES)}")
   if gpu.dtype_name(x.dtype) != gpu.dtype_name(dy.dtype):
     # Both dot operands must share an element type (Triton's tt.dot).
     return (f"mismatched dtypes: {gpu.describe('x', x)} with {gpu.describe('dy', dy)}; "

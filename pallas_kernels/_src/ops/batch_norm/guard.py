@@ -34,13 +34,10 @@ def unsupported_reason(x: Any, gamma: Any, beta: Any, *, interpret: bool,
   Returns:
     A short reason naming the offending dtype or shape, or None.
   """
-  reason = gpu.unavailable_reason(interpret)
+  arrays = (("x", x), ("gamma", gamma), ("beta", beta))
+  reason = gpu.unavailable_reason(interpret) or gpu.dtype_reason(arrays, SUPPORTED_DTYPES)
   if reason:
     return reason
-  for label, a in (("x", x), ("gamma", gamma), ("beta", beta)):
-    if gpu.dtype_name(a.dtype) not in SUPPORTED_DTYPES:
-      return (f"{gpu.describe(label, a)}: dtype {gpu.dtype_name(a.dtype)} is not one of "
-              f"{sorted(SUPPORTED_DTYPES)}")
   if len(x.shape) < 2:
     return (f"{gpu.describe('x', x)} has no axis before the channels to take batch "
             "statistics over (the kernels take [..., C] with rank >= 2)")

@@ -42,15 +42,11 @@ def unsupported_reason(x: Any, w_gate: Any, w_up: Any, *, bias_gate: Any = None,
   Returns:
     A short reason naming the offending dtype or shape, or None.
   """
-  reason = gpu.unavailable_reason(interpret)
-  if reason:
-    return reason
   arrays = (("x", x), ("w_gate", w_gate), ("w_up", w_up), ("bias_gate", bias_gate),
             ("bias_up", bias_up))
-  for label, a in arrays:
-    if a is not None and gpu.dtype_name(a.dtype) not in SUPPORTED_DTYPES:
-      return (f"{gpu.describe(label, a)}: dtype {gpu.dtype_name(a.dtype)} is not one of "
-              f"{sorted(SUPPORTED_DTYPES)}")
+  reason = gpu.unavailable_reason(interpret) or gpu.dtype_reason(arrays, SUPPORTED_DTYPES)
+  if reason:
+    return reason
   for label, w in (("w_gate", w_gate), ("w_up", w_up)):
     if gpu.dtype_name(w.dtype) != gpu.dtype_name(x.dtype):
       # Both dot operands must share an element type (Triton's tt.dot).
