@@ -114,6 +114,14 @@ def test_xla_implementation_is_the_reference():
   assert_close(out, truth(x, wg, wu, bg, bu, "gelu"), "float32")
 
 
+def test_one_token_without_a_batch_axis():
+  # x [K] (a single decode step's token): the leading axes are optional.
+  x, wg, wu, *_ = operands(*RAGGED, "float32")
+  out = glu_matmul(x[0], wg, wu, activation="silu", implementation="xla")
+  assert out.shape == (wg.shape[1],)
+  assert_close(out, truth(x[:1], wg, wu, None, None, "silu")[0], "float32")
+
+
 # --------------------------------------------------------- gradients ----
 
 

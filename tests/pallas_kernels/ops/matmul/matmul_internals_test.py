@@ -222,6 +222,16 @@ def test_integer_weight_cases_need_a_weight_scale(w_dtype):
   assert case.args[1].dtype == jnp.dtype(w_dtype)
 
 
+@pytest.mark.parametrize("kind, shape", [("scalar", ()), ("channel", (6,)), ("group", (2, 6))])
+def test_weight_scale_cases_pass_the_scale_as_w_scale(kind, shape):
+  # A case's weight scale reaches the op as `w_scale`, shaped as its kind
+  # says; only per-group scales come with `w_group_size`.
+  d = arg_specs.CaseDef(m=4, k=8, n=6, w_dtype="float8_e4m3fn", w_scale=kind, group_size=4)
+  kwargs = arg_specs.build_case(d, seed=0).kwargs
+  assert tuple(kwargs["w_scale"].shape) == shape
+  assert ("w_group_size" in kwargs) == (kind == "group")
+
+
 @pytest.fixture
 def gpu_available(monkeypatch):
   """Lets the guard apply its GPU rules on a machine without a GPU."""
