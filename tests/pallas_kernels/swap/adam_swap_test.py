@@ -73,6 +73,9 @@ def test_each_dense_kernel_and_its_adam_step_are_one_call():
   for s in sites:
     assert "learning_rate=0.001, b1=0.9, b2=0.999, eps=1e-08, eps_root=0.0, " \
         "weight_decay=0.0" in s.call, s.call
+    # Whether the step donates its state is not in its jaxpr: an aliased
+    # update would have XLA copy each undonated parameter and moment first.
+    assert "in_place=False" in s.call, s.call
   shapes = sorted(s.output for s in sites)
   assert shapes == [f"f32[{F},{H}], f32[{F},{H}], f32[{F},{H}]",
                     f"f32[{H},{C}], f32[{H},{C}], f32[{H},{C}]"]

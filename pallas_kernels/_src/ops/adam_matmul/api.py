@@ -57,9 +57,10 @@ def _reference(x, dy, param, mu, nu, count, learning_rate, *, hyper, transpose_x
 
 @functools.partial(jax.custom_jvp, nondiff_argnums=(8,))
 def _step(x, dy, param, mu, nu, lr, c1, c2, static):
-  hyper, transpose_x, cfg, interpret = static
+  hyper, transpose_x, cfg, interpret, in_place = static
   return kernel.adam_step(x, dy, param, mu, nu, lr, c1, c2, hyper=hyper,
-                          transpose_x=transpose_x, cfg=cfg, interpret=interpret)
+                          transpose_x=transpose_x, cfg=cfg, interpret=interpret,
+                          in_place=in_place)
 
 
 @_step.defjvp
@@ -71,22 +72,23 @@ def _no_derivative(static, primals, tangents):
 
 @guard_lib.register_traced
 @functools.partial(jax.jit, static_argnames=("hyper", "transpose_x", "cfg", "interpret",
-                                             "target"))
+                                             "in_place", "target"))
 def _run(x, dy, param, mu, nu, count, learning_rate, *, hyper, transpose_x, cfg, interpret,
-         target):
+         in_place, target):
   c1, c2 = adam.corrections(count, hyper.b1, hyper.b2)
   lr = jnp.asarray(learning_rate, _F32).reshape(1)
   with backend_lib.targeting(target):
-    return _step(x, dy, param, mu, nu, lr, c1, c2, (hyper, transpose_x, cfg, interpret))
+    return _step(x, dy, param, mu, nu, lr, c1, c2,
+                 (hyper, transpose_x, cfg, interpret, in_place))
 
 
 def adam_matmul(x: jax.Array, dy: jax.Array, param: jax.Array, mu: jax.Array,
                 nu: jax.Array, count: jax.Array, *, learning_rate: float | jax.Array,
                 b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8,
                 eps_root: float = 0.0, weight_decay: float = 0.0,
-                transpose_x: bool = True, implementation: str | None = None,
-                interpret: bool | None = None, config: Config | None = None
-                ) -> tuple[jax.Array, jax.Array, jax.Array]:
+                transpose_x: bool = True, in_place: bool = True,
+                implementation: str | None = None, interpret: bool | None = None,
+                config: Config | None = None) -> tuple[jax.Array, jax.Array, jax.Array]:
   """A dense layer's weight gradient and its Adam step in one kernel.
 
   g = x^T @ dy is accumulated in float32 tile by tile, and each tile of the
@@ -120,6 +122,9 @@ def adam_matmul(x: jax.Array, dy: jax.Array, param: jax.Array, mu: jax.Array,
     b1, b2, eps, eps_root, weight_decay: optax's `adamw` constants (Python floats).
     transpose_x: True (default) for g = x^T @ dy, x [M, K]; False for
       g = x @ dy, x [K, M].
+    in_place: the kernel writes param', mu' and nu' over param, mu and nu
+      (their buffers aliased): no new state where the step donates it, but
+      a copy of each first where it does not. False writes new arrays.
     implementation: "pallas" (the kernel; interpreted where nothing compiles
       it), "xla" (the reference), or None: the kernel where it compiles (GPU)
       or when `interpret=True` is passed, else XLA.
@@ -163,6 +168,6 @@ def adam_matmul(x: jax.Array, dy: jax.Array, param: jax.Array, mu: jax.Array,
           x=x, dy=dy, param=param, mu=mu, nu=nu))
       return run_reference()
     return _run(*operands, learning_rate, hyper=hyper, transpose_x=transpose_x, cfg=cfg,
-                interpret=interp, target=backend_lib.target())
+                interpret=interp, in_place=bool(in_place), target=backend_lib.target())
 
   return backend_lib.dispatch(interpret, (x, dy, param, mu, nu), launch)

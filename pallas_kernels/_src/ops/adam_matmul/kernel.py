@@ -102,7 +102,7 @@ def _kernel(x_ref, dy_ref, p_ref, mu_ref, nu_ref, lr_ref, c1_ref, c2_ref,
 
 
 def adam_step(x, dy, param, mu, nu, learning_rate, c1, c2, *, hyper: adam.Hyper,
-              transpose_x: bool, cfg: Config, interpret: bool):
+              transpose_x: bool, cfg: Config, interpret: bool, in_place: bool = True):
   """(param', mu', nu') in their input dtypes for the gradient x^T @ dy.
 
   Args:
@@ -113,6 +113,7 @@ def adam_step(x, dy, param, mu, nu, learning_rate, c1, c2, *, hyper: adam.Hyper,
     transpose_x: x's storage orientation.
     cfg: tiling (`config.choose_config` or the caller's, accepted by the guard).
     interpret: run through Pallas' interpreter instead of Triton.
+    in_place: write the three outputs over param, mu and nu (aliased).
   """
   m, k = x.shape if transpose_x else x.shape[::-1]
   n = dy.shape[1]
@@ -137,8 +138,9 @@ def adam_step(x, dy, param, mu, nu, learning_rate, c1, c2, *, hyper: adam.Hyper,
       in_specs=specs,
       out_specs=[tile, tile, tile],
       # param', mu' and nu' overwrite their inputs' tiles after reading them:
-      # a training step that donates its state updates it in place.
-      input_output_aliases={2: 0, 3: 1, 4: 2},
+      # a training step that donates its state updates it in place (one
+      # that does not has XLA copy it first: in_place=False then).
+      input_output_aliases={2: 0, 3: 1, 4: 2} if in_place else {},
       compiler_params=params,
       interpret=interpret,
       cost_estimate=pl.CostEstimate(

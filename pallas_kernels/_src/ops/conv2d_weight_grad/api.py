@@ -112,6 +112,8 @@ class Static:
   target: backend_lib.Target
   #: Adam's constants when its update is the epilogue, else None.
   hyper: adam.Hyper | None = None
+  #: The update writes over the state (aliased), as `adam_matmul` does.
+  in_place: bool = True
 
 
 @functools.partial(jax.jit, static_argnums=(2,))
@@ -132,7 +134,7 @@ def _run_adam(x, dy, param, mu, nu, count, learning_rate, static: Static):
   lr = jnp.asarray(learning_rate, _F32).reshape(1)
   return kernel.adam_step(x, dy, static.win, param, mu, nu, lr, c1, c2, hyper=static.hyper,
                           column_sum=static.column_sum, cfg=static.config,
-                          interpret=static.interpret)
+                          interpret=static.interpret, in_place=static.in_place)
 
 
 def conv2d_weight_grad(x: jax.Array, dy: jax.Array, kernel_size: int | tuple[int, int], *,
@@ -144,7 +146,7 @@ def conv2d_weight_grad(x: jax.Array, dy: jax.Array, kernel_size: int | tuple[int
                        nu: jax.Array | None = None, count: jax.Array | None = None,
                        learning_rate: float | jax.Array | None = None, b1: float = 0.9,
                        b2: float = 0.999, eps: float = 1e-8, eps_root: float = 0.0,
-                       weight_decay: float = 0.0,
+                       weight_decay: float = 0.0, in_place: bool = True,
                        implementation: str | None = None, interpret: bool | None = None,
                        config: Config | None = None):
   """The weight gradient of a 2-D convolution, and optionally dy's column sum;
@@ -204,6 +206,9 @@ def conv2d_weight_grad(x: jax.Array, dy: jax.Array, kernel_size: int | tuple[int
     learning_rate: a float or a float32 scalar array (a schedule's value).
     b1, b2, eps, eps_root, weight_decay: optax's `adamw` constants (Python
       floats); read only with the optimizer state.
+    in_place: with the state, write param', mu' and nu' over param, mu and
+      nu (aliased): no new state where the step donates it, a copy of each
+      first where it does not; False writes new arrays.
     implementation: "pallas" (the kernel; interpreted where nothing compiles
       it), "xla" (the reference), or None: the kernel where it compiles (GPU)
       or when `interpret=True` is passed, else XLA.
@@ -259,7 +264,7 @@ def conv2d_weight_grad(x: jax.Array, dy: jax.Array, kernel_size: int | tuple[int
       return run_reference()
     static = Static(win=win, column_sum=column_sum, out_dtype=odt.name, config=cfg,
                     interpret=interp, target=backend_lib.target(),
-                    hyper=hyper if state else None)
+                    hyper=hyper if state else None, in_place=bool(in_place))
     if state:
       return _run_adam(x, dy, *state, static)
     return _run(x, dy, static)

@@ -229,7 +229,8 @@ def weight_grad(x, dy, win: Window, *, column_sum: bool, cfg: Config, interpret:
 
 
 def adam_step(x, dy, win: Window, param, mu, nu, learning_rate, c1, c2, *,
-              hyper: adam.Hyper, column_sum: bool, cfg: Config, interpret: bool):
+              hyper: adam.Hyper, column_sum: bool, cfg: Config, interpret: bool,
+              in_place: bool = True):
   """(param', mu', nu') in their dtypes (and f32 db [F]): Adam's step on the
   filter gradient of NHWC x and dy, which is never written.
 
@@ -242,9 +243,11 @@ def adam_step(x, dy, win: Window, param, mu, nu, learning_rate, c1, c2, *,
     column_sum: also return sum(dy, axis=(0, 1, 2)).
     cfg: tiling with one split (`config.choose_config(..., update=True)`).
     interpret: run through Pallas' interpreter instead of Triton.
+    in_place: write the three outputs over param, mu and nu (aliased).
   """
   p, outs = _launch(x, dy, win, column_sum=column_sum, cfg=cfg, interpret=interpret,
-                    hyper=hyper, state=(param, mu, nu), scalars=(learning_rate, c1, c2))
+                    hyper=hyper, state=(param, mu, nu), scalars=(learning_rate, c1, c2),
+                    in_place=in_place)
   new = tuple(o.reshape(param.shape) for o in outs[:3])
   if not column_sum:
     return new
@@ -252,7 +255,7 @@ def adam_step(x, dy, win: Window, param, mu, nu, learning_rate, c1, c2, *,
 
 
 def _launch(x, dy, win: Window, *, column_sum: bool, cfg: Config, interpret: bool,
-            hyper: adam.Hyper | None = None, state=(), scalars=()):
+            hyper: adam.Hyper | None = None, state=(), scalars=(), in_place: bool = True):
   """(the launch's `_Launch`, the pallas_call's outputs): dw's split
   partials, or the updated state in its [taps, ...] views; then db's."""
   n, h, w, c = x.shape
@@ -328,8 +331,9 @@ def _launch(x, dy, win: Window, *, column_sum: bool, cfg: Config, interpret: boo
       in_specs=in_specs,
       out_specs=out_specs,
       # param', mu' and nu' overwrite their inputs' tiles after reading them:
-      # a training step that donates its state updates it in place.
-      input_output_aliases={2: 0, 3: 1, 4: 2} if update else {},
+      # a training step that donates its state updates it in place (one
+      # that does not has XLA copy it first: in_place=False then).
+      input_output_aliases={2: 0, 3: 1, 4: 2} if update and in_place else {},
       compiler_params=params,
       interpret=interpret,
       cost_estimate=pl.CostEstimate(

@@ -265,6 +265,25 @@ def test_invalid_calls_raise(change, match):
 # --------------------------------------------------------- the spec ----
 
 
+@pytest.mark.parametrize("in_place, aliases", [(True, {2: 0, 3: 1, 4: 2}), (False, {})])
+def test_the_state_is_written_in_place_only_when_asked(in_place, aliases):
+  # Aliased, a step that donates its state updates it where it lies; one
+  # that does not would have XLA copy param, mu and nu first.
+  args = operands(*RAGGED)
+  jaxpr = jax.make_jaxpr(lambda *a: kernel(*a, in_place=in_place, config=SMALL))(*args)
+  (call,) = [e for e in _inner(jaxpr.jaxpr) if e.primitive.name == "pallas_call"]
+  assert dict(call.params["input_output_aliases"]) == aliases
+
+
+def _inner(jaxpr):
+  for e in jaxpr.eqns:
+    yield e
+    for p in e.params.values():
+      inner = getattr(p, "jaxpr", p)
+      if hasattr(inner, "eqns"):
+        yield from _inner(inner)
+
+
 def test_validate_ci_with_kernels_required(clean_fallbacks):
   report = pk.validate("adam_matmul", tags=("ci",), interpret=True, require_kernel=True)
   assert report.passed, str(report)

@@ -156,6 +156,18 @@ def test_the_gradient_is_never_written():
   assert "conv_general_dilated" not in str(jaxpr)
 
 
+@pytest.mark.parametrize("in_place, aliases", [(True, {2: 0, 3: 1, 4: 2}), (False, {})])
+def test_the_state_is_written_in_place_only_when_asked(in_place, aliases):
+  # Aliased, a step that donates its state updates it where it lies; one
+  # that does not would have XLA copy param, mu and nu first.
+  x, dy, _, state = operands(*RAGGED[:3], **RAGGED[3])
+  fn = functools.partial(kernel, kernel_size=(3, 3), count=1, config=SMALL,
+                         in_place=in_place, **RAGGED[3])
+  jaxpr = jax.make_jaxpr(lambda x, dy, *s: fn(x, dy, state=s))(x, dy, *state)
+  (call,) = [e for e in _equations(jaxpr.jaxpr) if e.primitive.name == "pallas_call"]
+  assert dict(call.params["input_output_aliases"]) == aliases
+
+
 def test_every_access_to_the_state_is_masked_at_ragged_edges():
   # Interpret mode pads a block past the array's edge and drops what lands
   # there, so an unmasked access would pass every numeric test here; on a GPU
