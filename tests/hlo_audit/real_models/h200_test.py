@@ -284,9 +284,10 @@ EXAMPLE_JUDGED = (
     ("layout-conflict", "input_transpose_fusion.3", "transpose"),
     ("layout-conflict", "input_transpose_fusion.4", "transpose"),
     ("layout-conflict", "input_transpose_fusion.5", "transpose"),
-    # The MLP's input gradient read once by the gelu backward; w1's result
-    # read by gelu (two outputs) and by the gelu backward.
-    ("unfused-epilogue", "gemm_fusion_dot.17", "elementwise"),
+    # The MLP's input gradient read once by the gelu backward (its
+    # derivative at the saved pre-activation); w1's result read by gelu (two
+    # outputs) and by the gelu backward.
+    ("unfused-epilogue", "gemm_fusion_dot.17", "activation_grad:gelu"),
     ("unfused-epilogue", "gemm_fusion_dot.12", "outputs:2"),
     # The log-softmax's gradient written only for the two gemms reading it.
     ("unfused-prologue", "loop_add_fusion.3", "affine"),

@@ -207,18 +207,18 @@ def activation_of(names: set[str], ops: set[str], comp: Computation,
   if "tanh" in names or "tanh" in ops:
     if names & {"integer_pow", "pow"} or _cubes(chain):
       return "gelu_tanh"  # tanh(sqrt(2 / pi) * (x + 0.044715 * x^3))
-    if _sigmoid_input(comp, chain) is not None:
+    if sigmoid_input(comp, chain) is not None:
       return "sigmoid+tanh"  # a recurrent cell's gates (LSTM, GRU)
     return "tanh"
   if (names & {"log1p"} or "log-plus-one" in ops) and (
       names & {"exp", "exponential"} or "exponential" in ops):
     # jax.nn.softplus: max(x, 0) + log1p(exp(-|x|)) -- its maximum is no relu.
     return "softplus"
-  sigmoid = _sigmoid_input(comp, chain)
+  sigmoid = sigmoid_input(comp, chain)
   if sigmoid is not None:
     # x * sigmoid(x), the sigmoid often computed in f32 and rounded back.
     gated = any(i.opcode == "multiply" and
-                {_name_through(comp, o, _VALUE_OPS) for o in i.operands} == set(sigmoid)
+                {name_through(comp, o, VALUE_OPS) for o in i.operands} == set(sigmoid)
                 for i in chain)
     return "silu" if gated else "sigmoid"
   hard = _hard_activation(comp, chain)
@@ -260,7 +260,7 @@ def _hard_activation(comp: Computation, chain: list[Instruction]) -> str | None:
     if x.opcode != "add" or not any(_constant(comp, comp.instruction(o)) == 3.0
                                      for o in x.operands if o in comp):
       return "relu6"
-    base = {_name_through(comp, o, _VALUE_OPS) for o in x.operands} - {None}
+    base = {name_through(comp, o, VALUE_OPS) for o in x.operands} - {None}
     # hard_sigmoid's value: the clamp, or it times 1/6; times x: a swish.
     gate = {i.name} | {m.name for m in chain if m.opcode in ("multiply", "divide")
                        and i.name in m.operands}
@@ -268,7 +268,7 @@ def _hard_activation(comp: Computation, chain: list[Instruction]) -> str | None:
       if m.opcode == "multiply" and len(m.operands) == 2 and gate & set(m.operands):
         other = next(o for o in m.operands if o not in gate) \
             if not set(m.operands) <= gate else None
-        if other is not None and _name_through(comp, other, _VALUE_OPS) in base:
+        if other is not None and name_through(comp, other, VALUE_OPS) in base:
           return "hard_swish"
     return "hard_sigmoid"
   return None
@@ -296,17 +296,17 @@ def _cubes(chain: list[Instruction]) -> bool:
              for i in chain)
 
 
-def _sigmoid_input(comp: Computation,
+def sigmoid_input(comp: Computation,
                    chain: list[Instruction]) -> tuple[str, str] | None:
   """(x, sigmoid(x)) when the chain computes a sigmoid: `logistic(x)`, or
   JAX's `1 / (1 + exp(-x))` as jax.nn.silu lowers it."""
   def base(name: str) -> Instruction | None:
-    name = _name_through(comp, name, _VALUE_OPS)
+    name = name_through(comp, name, VALUE_OPS)
     return comp.instruction(name) if name in comp else None
 
   for i in chain:
     if i.opcode == "logistic" and i.operands:
-      return _name_through(comp, i.operands[0], _VALUE_OPS), i.name
+      return name_through(comp, i.operands[0], VALUE_OPS), i.name
     if i.opcode != "divide" or len(i.operands) != 2:
       continue
     den = base(i.operands[1])
@@ -317,17 +317,17 @@ def _sigmoid_input(comp: Computation,
       if e is not None and e.opcode == "exponential" and e.operands:
         n = base(e.operands[0])
         if n is not None and n.opcode == "negate" and n.operands:
-          return (_name_through(comp, n.operands[0], _VALUE_OPS),
-                  _name_through(comp, i.name, _VALUE_OPS))
+          return (name_through(comp, n.operands[0], VALUE_OPS),
+                  name_through(comp, i.name, VALUE_OPS))
   return None
 
 
 #: Ops that pass a value on unchanged but for its shape or precision (JAX
 #: computes bf16 activations in f32 and rounds back).
-_VALUE_OPS = ("bitcast", "reshape", "convert")
+VALUE_OPS = ("bitcast", "reshape", "convert")
 
 
-def _name_through(comp: Computation, name: str, ops: tuple[str, ...]) -> str:
+def name_through(comp: Computation, name: str, ops: tuple[str, ...]) -> str:
   """The instruction `name` passes on, through `ops` (e.g. converts)."""
   while name in comp:
     inst = comp.instruction(name)

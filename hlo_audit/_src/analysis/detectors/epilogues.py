@@ -17,9 +17,10 @@ from hlo_audit._src.analysis.backend_traits import KernelKind
 from hlo_audit._src.analysis.buffers import Buffer, Lifetime
 from hlo_audit._src.analysis.detectors.common import (COMMON_RISKS, activation_of,
                                                       anchor_of, consumer_kernels,
-                                                      fused_computation, kernel_desc,
+                                                      VALUE_OPS, fused_computation,
+                                                      kernel_desc, name_through,
                                                       operand_number, operand_producers,
-                                                      primitive, product,
+                                                      primitive, product, sigmoid_input,
                                                       through_bitcasts, times)
 from hlo_audit._src.analysis.kernels import Kernel
 from hlo_audit._src.analysis.program import Program
@@ -75,6 +76,12 @@ def find(program: Program) -> tuple[FusionDecisionRecord, ...]:
       if "glu" in work:
         evidence += (" (a GLU: the activation of one part of the result times the "
                      "other, the gate and up projections computed as one gemm)")
+      derivative = next((w.partition(":")[2] for w in work
+                         if w.startswith("activation_grad:")), "")
+      if derivative:
+        evidence += (f" (the gradient times {derivative}'s derivative at a pre-activation "
+                     "the forward pass wrote: the backward of a dense layer's activation, "
+                     "which cuBLASLt's DGELU epilogue fuses into the gemm)")
       if epilogue is not None:
         evidence += f"; the library call's epilogue is {epilogue}"
       elif k.kind is KernelKind.CPU_LIBRARY_FUSION:
@@ -405,7 +412,82 @@ def _classify_elementwise(comp: Computation, chain: list[Instruction],
   if _gated_product(comp, chain, anchor_param):
     # act(gate) * up from two parts of one result: a GLU's gate/up gemm.
     items = ["glu", "multiply:halves"] + [w for w in items if w != "product"]
+  elif not any(w.startswith("activation:") for w in items):
+    derivative = _activation_derivative(comp, chain, anchor_param, anchor_buf)
+    if derivative:
+      # g * act'(z): the backward of a dense layer's activation, reading the
+      # saved pre-activation (cuBLASLt's DGELU epilogue); the constants and
+      # products are the derivative's, not a scale's.
+      items = [f"activation_grad:{derivative}"] + [
+          w for w in items if w.startswith(("cast:", "round:", "transpose"))]
   return tuple(dict.fromkeys(items)) or ("elementwise",)
+
+
+#: Activations whose derivative a factor's own primitives name (erf, tanh
+#: and a cube, tanh, a sigmoid).
+_DERIVATIVES = frozenset({"gelu", "gelu_tanh", "tanh", "sigmoid", "silu"})
+
+#: Chain ops through which the result stays linear in the anchor's value.
+_LINEAR_UNARY = frozenset({"bitcast", "reshape", "copy", "convert", "negate", "transpose"})
+
+
+def _activation_derivative(comp: Computation, chain: list[Instruction],
+                           anchor_param: str, anchor_buf: Buffer) -> str | None:
+  """The activation whose derivative the chain multiplies the anchor's value
+  by (out = g * act'(z), z a full-size operand read from elsewhere: the
+  pre-activation the forward pass saved), or None. The chain must stay
+  linear in g: products with values computed apart from g, sums and
+  negations of such terms, moves and casts; an add of anything else (a bias,
+  a residual) or a select (a mask) is other work. The factor must read a
+  full-size array and compute an activation's primitives: a product with a
+  saved array alone (a dropout mask) names none."""
+  if not anchor_param or anchor_param not in comp or not chain:
+    return None
+  linear = {anchor_param} | {i.name for i in chain}
+  factors: list[str] = []
+  for i in chain:
+    ins = [o for o in i.operands if o in linear]
+    if i.opcode in _LINEAR_UNARY and len(i.operands) == 1:
+      continue
+    if i.opcode in ("add", "subtract") and len(ins) == 2:
+      continue
+    if i.opcode in ("multiply", "divide") and len(ins) == 1 and (
+        i.opcode == "multiply" or i.operands[0] in linear):
+      factors += [o for o in i.operands if o not in linear]
+      continue
+    return None
+  # The factor: everything its operands are computed from, outside the chain.
+  seen: dict[str, Instruction] = {}
+  stack = [o for o in factors if o in comp]
+  while stack:
+    name = stack.pop()
+    if name in seen or name in linear:
+      continue
+    inst = seen[name] = comp.instruction(name)
+    stack += [o for o in inst.operands if o in comp]
+  size = product(anchor_buf.dims)
+  if not any(i.opcode == "parameter" and i.shape is not None and i.shape.is_array and
+             i.shape.num_elements == size for i in seen.values()):
+    return None
+  insts = [i for i in comp.instructions if i.name in seen]
+  act = activation_of({primitive(i) for i in insts}, {i.opcode for i in insts}, comp, insts)
+  if act not in _DERIVATIVES:
+    # A relu's derivative is a mask (a select), never a product: a maximum
+    # in the factor recomputes a forward value (softplus' max(z, 0) inside
+    # exp(z - softplus(z))), which names no derivative.
+    return None
+  if act in ("sigmoid", "silu"):
+    # silu' = s + z * s * (1 - s) multiplies the pre-activation z itself;
+    # sigmoid' = s * (1 - s) reads z only through s. (The forward's test, a
+    # product of z and s, holds for neither derivative.)
+    # The chain's own products count: g * z is one of silu's terms.
+    found = sigmoid_input(comp, insts)
+    z = found[0] if found else ""
+    products = [i for i in insts + list(chain) if i.opcode == "multiply"]
+    act = "silu" if z and any(
+        z in {name_through(comp, o, VALUE_OPS) for o in i.operands} for i in products
+    ) else "sigmoid"
+  return act
 
 
 def _written_types(chain: list[Instruction]) -> set[str]:
