@@ -212,6 +212,9 @@ def assert_kernel_count(fn_or_report: Any, *args: Any, at_most: int | None = Non
   __tracebackhide__ = True  # pytest shows the caller's line, not ours
   if at_most is None and at_least is None:
     raise TypeError("assert_kernel_count needs at_most= or at_least=")
+  if at_most is not None and at_least is not None and at_least > at_most:
+    raise TypeError(f"assert_kernel_count: at_least={at_least} is above at_most={at_most}: "
+                    "no count passes")
   a = audited(fn_or_report, *args, target=target)
   n = len(a.report.kernels)
   if (at_most is None or n <= at_most) and (at_least is None or n >= at_least):

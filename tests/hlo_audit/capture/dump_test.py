@@ -114,3 +114,28 @@ def test_the_folder_lists_modules_before_and_after_optimizations_by_name(tmp_pat
   found = [(m.name, m.stage) for m in read_dump_dir(str(tmp_path))]
   assert found == [("jit_step.v2", "before_optimizations"),
                    ("jit_step.v2", "cpu_after_optimizations")]
+
+
+def test_a_folder_dump_keeps_its_path_and_one_match_is_picked(tmp_path):
+  _write(tmp_path, "module_0001.jit_train.cpu_after_optimizations.txt")
+  _write(tmp_path, "module_0002.jit_eval.cpu_after_optimizations.txt",
+         MODULE.replace("jit_f", "jit_e"))
+  dump = hlo_audit.load_dump(tmp_path, module="train")
+  assert dump.path == str(tmp_path) and dump.names() == ("jit_train",)
+  # One module matching is the one picked, by name or by id.
+  whole = hlo_audit.load_dump(tmp_path)
+  assert whole.select("eval").name == "jit_eval" and whole.select("1").name == "jit_train"
+
+
+def test_several_matches_are_named_sorted_or_told_apart_by_id(tmp_path):
+  _write(tmp_path, "module_0003.jit_b_step.cpu_after_optimizations.txt")
+  _write(tmp_path, "module_0001.jit_a_step.cpu_after_optimizations.txt")
+  dump = hlo_audit.load_dump(tmp_path)
+  with pytest.raises(DumpError) as e:
+    dump.select("step")
+  assert str(e.value).endswith("matches several modules in " + repr(str(tmp_path))
+                               + ": jit_a_step, jit_b_step")
+  # The same name compiled twice: the ids tell them apart.
+  _write(tmp_path, "module_0004.jit_b_step.cpu_after_optimizations.txt")
+  with pytest.raises(DumpError, match=r"matches 2 modules named 'jit_b_step' .*\(ids 3, 4\)"):
+    hlo_audit.load_dump(tmp_path).select("b_step")

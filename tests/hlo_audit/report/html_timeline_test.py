@@ -193,3 +193,32 @@ def test_without_an_estimate_one_sentence_says_why():
   assert text.time_line(read) in page
   assert "No timeline: the report was read from JSON, which keeps the estimate" in page
   assert 'id="step-timeline"' not in page
+
+
+def test_a_merged_bars_tooltip_names_its_longest_kernels_first():
+  # 3,000 launches of five kernels, each shorter than a pixel: merged bars
+  # whose tooltips list the kernels by their time in the bar, longest first.
+  launches, clock = [], 0.0
+  for i in range(3_000):
+    d = (1 + i % 5) * 1e-7
+    launches.append(Launch(f"k{i % 5}", clock, d))
+    clock += d
+  r = _by_hand(gathers(), [f"k{i}" for i in range(5)], launches)
+  merged = [b.title for b in bars(r.to_html()) if "longest: " in b.title]
+  assert merged
+  for title in merged:
+    longest = title.split("longest: ")[1].split(";")[0].split(", ")
+    assert [k.split(" ")[0] for k in longest][:2] == ["k4", "k3"], title
+
+
+def test_the_live_bytes_timeline_hovers_up_to_its_step_limit():
+  # Each step's live bytes ride on the svg for the hover readout, as long as
+  # the schedule is short enough to carry them.
+  base = gathers()
+  short = html.timeline_svg(dataclasses.replace(base, timeline=(1, 5, 3)))
+  assert 'id="timeline"' in short and 'data-series="[1,5,3]"' in short
+  at_limit = html.timeline_svg(dataclasses.replace(
+      base, timeline=(7,) * html._HOVER_STEPS))
+  assert 'id="timeline"' in at_limit
+  long = html.timeline_svg(dataclasses.replace(base, timeline=(7,) * (html._HOVER_STEPS + 1)))
+  assert 'id="timeline"' not in long and "data-series" not in long

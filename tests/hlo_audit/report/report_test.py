@@ -77,6 +77,20 @@ def test_json_writes_each_frame_once_and_reads_schema_2_inline_stacks():
   assert r.diff(again).unchanged
 
 
+def test_a_finding_saved_without_boundary_kept_reads_as_not_kept():
+  # A report saved before findings said whether later readers keep their
+  # boundary: none is read as kept (a kept boundary would change the fix).
+  r = rep()
+  d = json.loads(r.to_json())
+  assert d["findings"] and not any(f["boundary_kept"] for f in d["findings"])
+  d["findings"][0]["boundary_kept"] = True
+  again = report_from_dict(d)
+  assert again.findings[0].boundary_kept is True
+  for f in d["findings"]:
+    del f["boundary_kept"]
+  assert not any(f.boundary_kept for f in report_from_dict(d).findings)
+
+
 def test_diff_names_what_vanished():
   before = rep()
   after = hlo_audit.audit(lambda x, w: x @ w, S((64, 128), jnp.float32),

@@ -199,6 +199,19 @@ def test_module_name_summary_and_hints_are_escaped():
   assert lines == ["Next:", r"  run a\x1b[2J  one", "  run bbbbbbbb  two"]
 
 
+def test_hints_say_their_shared_command_once_when_one_is_too_wide():
+  hints = [("hlo-audit f.hlo --all", "every table"), ("hlo-audit f.hlo --html r.html", "a page")]
+  # The longer line, "  " + command + "  " + description, is exactly 39
+  # characters: it fits 39 columns, so nothing is factored out.
+  assert max(len(c) + len(w) + 4 for c, w in hints) == 39
+  assert terminal.hint_lines(hints, 39)[0] == "Next:"
+  # One line too wide is enough (the other still fits): the shared
+  # "hlo-audit f.hlo" is said once, each command's rest listed under it.
+  lines = terminal.hint_lines(hints, 38)
+  assert lines[0] == "Next, add to hlo-audit f.hlo:", lines
+  assert [l.split()[0] for l in lines[1:]] == ["--all", "--html"]
+
+
 def test_a_line_built_without_escaping_is_escaped_on_its_way_out(monkeypatch):
   r = hostile_report()
   w = r.what_if(fuse=[r.findings[0]])

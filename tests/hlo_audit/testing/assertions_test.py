@@ -147,3 +147,8 @@ def test_assert_kernel_count_and_peak():
   assert shapes == ["f32[256,512]", "f32[128,256]", "f32[512]"]
   with pytest.raises(TypeError):
     testing.assert_kernel_count(r)
+  # Too few is said as such; bounds no count meets are the caller's slip.
+  with pytest.raises(AssertionError, match=r"2 kernels .* expected at least 3"):
+    testing.assert_kernel_count(r, at_least=3, at_most=5)
+  with pytest.raises(TypeError, match="at_least=3 is above at_most=2"):
+    testing.assert_kernel_count(r, at_least=3, at_most=2)
