@@ -302,6 +302,12 @@ def default_cases() -> list[Case]:
            lambda x, dy: pk.matmul(x, dy, transpose_x=True, w_column_sum=True,
                                    implementation="pallas", backend="triton"),
            (S((8192, 512), bf), S((8192, 8192), bf))),
+      # An MLP backward's dz = (dy @ w2^T) * gelu'(z): w2 stored [H, D], z read on store.
+      Case("matmul bf16 dgelu(z) transpose_w",
+           lambda dy, w2, z: pk.matmul(dy, w2, transpose_w=True, activation_grad="gelu",
+                                       preactivation=z, implementation="pallas",
+                                       backend="triton"),
+           (S((m, k), bf), S((n, k), bf), S((m, n), bf))),
       Case("matmul bf16 quantize=int8 n=256",
            lambda x, w, b: pk.matmul(x, w, bias=b, activation="gelu", quantize="int8",
                                      implementation="pallas", backend="triton"),

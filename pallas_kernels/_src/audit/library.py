@@ -48,12 +48,17 @@ _UNCOVERED = {
 }
 
 
+#: Work whose argument is an activation's name, kept: only some are supported.
+_NAMED_ACTIVATION = ("activation", "activation_grad")
+
+
 def _work(ops: tuple[str, ...]) -> tuple[str, ...]:
   """The fused work as an op's `Closes` lists it: "cast:bf16" -> "cast"
-  (an activation keeps its name: only some are supported); the outputs the
-  readers write ("outputs:2") are `need.outputs`, not work."""
-  return tuple(w if w.startswith("activation:") else w.split(":")[0] for w in ops
-               if not w.startswith("outputs:"))
+  (an activation, or its derivative, keeps its name: only some are
+  supported); the outputs the readers write ("outputs:2") are
+  `need.outputs`, not work."""
+  return tuple(w if w.partition(":")[0] in _NAMED_ACTIVATION else w.split(":")[0]
+               for w in ops if not w.startswith("outputs:"))
 
 
 def _for_backward(c, need: plugins.KernelNeed, kept: bool) -> bool:
@@ -101,7 +106,8 @@ def _closes(op: str, c, need: plugins.KernelNeed, kept: bool) -> tuple[bool, str
   allowed = c.epilogues | c.prologues
   for item in _work(need.ops):
     base, _, arg = item.partition(":")
-    if base not in allowed or (base == "activation" and arg and arg not in c.activations):
+    if base not in allowed or (base in _NAMED_ACTIVATION and arg
+                               and arg not in c.activations):
       return False, ""
   return True, ""
 

@@ -41,6 +41,9 @@ def test_it_is_a_kernel_library_and_the_entry_point_finds_it():
 @pytest.mark.parametrize("kind, anchor, ops, op", [
     (E, "dot", ("bias", "activation:gelu", "cast:bf16"), "pallas_kernels.matmul"),
     (E, "dot", ("residual", "clamp", "quantize:s8"), "pallas_kernels.matmul"),
+    # A backward's dz = (dy @ w^T) * gelu'(z): the derivative fused on store.
+    (E, "dot", ("activation_grad:gelu",), "pallas_kernels.matmul"),
+    (E, "dot", ("scale", "activation_grad:silu", "cast:bf16"), "pallas_kernels.matmul"),
     (P, "dot", ("dequantize:s8", "scale"), "pallas_kernels.matmul"),
     (FindingKind.LAYOUT_CONFLICT, "dot", ("transpose",), "pallas_kernels.matmul"),
     (R, "layer_norm", (), "pallas_kernels.layer_norm"),
@@ -71,6 +74,7 @@ def test_a_batch_norms_backward_column_sums_are_batch_norms(dims):
 @pytest.mark.parametrize("kind, anchor, ops, kw, why", [
     # Work no op fuses: nothing came close.
     (E, "dot", ("bias", "activation:softplus"), {}, ""),
+    (E, "dot", ("activation_grad:softplus",), {}, ""),
     (E, "dot", ("store into slice",), {}, ""),
     # Kinds no op computes say why the gap stays XLA's.
     (E, "convolution", ("slice", "mask"), {}, "no pallas_kernels convolution fuses"),

@@ -49,7 +49,7 @@ def _real_numeric(name: str, a) -> None:
 
 def _mosaic_plan(x, w, m, n, k, cdt, odt, *, bias, residual, scale, x_kind, w_kind, group,
                  quantize, act, clamp, transpose_x, transpose_w, transpose_out, precision,
-                 interp, target, config, column_sum):
+                 interp, target, config, column_sum, act_grad):
   """(Mosaic GPU tiling, the tiling with room for the backward's aux, why the
   kernel cannot run the call or None)."""
   col_vectors = sum((w_kind in ("scalar", "channel") or x_kind == "scalar",
@@ -73,7 +73,8 @@ def _mosaic_plan(x, w, m, n, k, cdt, odt, *, bias, residual, scale, x_kind, w_ki
       x, w, out_dtype=odt, bias=bias, residual=residual, scale=scale, group_size=group,
       quantize=quantize, transpose_x=transpose_x, transpose_w=transpose_w,
       transpose_out=transpose_out, precision=precision, interpret=interp, config=cfg,
-      col_vectors=col_vectors, row_scale=x_kind == "row", column_sum=column_sum)
+      col_vectors=col_vectors, row_scale=x_kind == "row", column_sum=column_sum,
+      activation_grad=act_grad is not None)
   return cfg, aux_cfg, reason
 
 
@@ -87,7 +88,8 @@ def matmul(x: jax.Array, w: jax.Array, *, bias: jax.Array | None = None,
            transpose_out: bool = False, quantize: str | None = None,
            implementation: str | None = None, interpret: bool | None = None,
            config: Config | MosaicConfig | None = None, precision: Any = None,
-           backend: str | None = None, w_column_sum: bool = False):
+           backend: str | None = None, w_column_sum: bool = False,
+           activation_grad: str | None = None, preactivation: jax.Array | None = None):
   """`x @ w` with a fused dequantizing prologue and a fused epilogue.
 
   Computes, in float32 from the accumulator on (x_l, w_l are the logical
@@ -97,6 +99,7 @@ def matmul(x: jax.Array, w: jax.Array, *, bias: jax.Array | None = None,
     y   = acc * scale                                    # 1. scale
     y   = y + bias                                       # 2. bias
     y   = act(y)                                         # 3. activation
+          or  y * act'(preactivation)                    #    (activation_grad)
     y   = y + residual                                   # 4. residual add
     y   = clip(y, lo, hi)                                # 5. clamp
     out = y.astype(out_dtype)  or  quantize(y) per row   # 6. cast / quantize
@@ -121,6 +124,18 @@ def matmul(x: jax.Array, w: jax.Array, *, bias: jax.Array | None = None,
       jax.nn.gelu(approximate=False)), "gelu_tanh", "silu", "sigmoid", "tanh".
     residual: added after the activation; the result's shape (so [..., N, M]
       when transpose_out).
+    activation_grad: an `activation` name whose derivative at
+      `preactivation` multiplies the product in step 3 instead of an
+      activation (cuBLASLt's DGELU epilogue): in an MLP's backward,
+      `matmul(dy, w2, transpose_w=True, activation_grad="gelu",
+      preactivation=z)` is dz = (dy @ w2^T) * gelu'(z) without writing
+      dy @ w2^T. Takes neither `bias` nor `activation`; scale, residual,
+      clamp, out_dtype, quantize and w_column_sum compose as usual. The
+      Mosaic GPU kernel does not fuse it (the call runs on Triton, recorded
+      as the backend choice).
+    preactivation: z, the activation's input saved by the forward pass:
+      the result's shape (like `residual`), any float dtype; required with
+      `activation_grad` and only with it.
     out_dtype: result dtype; default x's dtype, or for an int8/fp8 x the
       dequantized compute dtype (w's float dtype, else bfloat16).
     scale: epilogue multiplier, scalar or [N], applied to the accumulator first.
@@ -172,14 +187,18 @@ def matmul(x: jax.Array, w: jax.Array, *, bias: jax.Array | None = None,
   Returns:
     The result [..., M, N] (or [..., N, M]) in out_dtype, or (values, scales)
     when quantizing; with w_column_sum, the pair (that, colsum).
-    Differentiable with respect to float x and w, bias, scale and residual
-    (quantized operands and dequantization scales are constants); colsum's
-    cotangent reaches w.
+    Differentiable with respect to float x and w, bias, scale, residual and
+    preactivation (quantized operands and dequantization scales are
+    constants); colsum's cotangent reaches w. With activation_grad the
+    epilogue's derivatives (act'' for preactivation) are XLA's, the dx and
+    dw products the kernel's.
 
   Raises:
     ValueError: for invalid calls: mismatched K, non-broadcastable batch dims,
-      misshapen bias/residual/scale/x_scale/w_scale, unknown activation,
-      implementation or quantize kind, or both quantize and out_dtype. A call
+      misshapen bias/residual/scale/x_scale/w_scale/preactivation, unknown
+      activation, implementation or quantize kind, both quantize and
+      out_dtype, activation_grad without preactivation (or the reverse) or
+      with bias or an activation. A call
       the kernel cannot run (dtype, backend, shape limits) is not an error: it
       runs the XLA reference and is recorded in `pallas_kernels` fallbacks.
   """
@@ -206,6 +225,21 @@ def matmul(x: jax.Array, w: jax.Array, *, bias: jax.Array | None = None,
   if not isinstance(w_column_sum, bool):
     raise ValueError(f"w_column_sum must be a bool, got {w_column_sum!r}")
   act = reference.canonical_activation(activation)
+  act_grad = None
+  if activation_grad is not None:
+    act_grad = reference.canonical_activation(activation_grad)
+    if preactivation is None:
+      raise ValueError(f"activation_grad={activation_grad!r} multiplies by the derivative "
+                       "at preactivation: pass preactivation (the activation's input)")
+    if bias is not None:
+      raise ValueError("activation_grad takes no bias: the bias belongs to the forward "
+                       "product whose output is preactivation")
+    if act != "identity":
+      raise ValueError(f"activation_grad replaces the activation step: pass either "
+                       f"activation={activation!r} or activation_grad={activation_grad!r}")
+  elif preactivation is not None:
+    raise ValueError("preactivation is read only with activation_grad (the activation "
+                     "whose derivative it takes)")
   clamp = _check_clamp(clamp)
   prec = gpu.resolve_precision(precision)
   if quantize is not None and quantize not in quant.KINDS:
@@ -235,6 +269,14 @@ def matmul(x: jax.Array, w: jax.Array, *, bias: jax.Array | None = None,
     if _shape(residual) != result_shape:
       raise ValueError(f"residual must have the result's shape {list(result_shape)}, got "
                        f"{list(_shape(residual))}")
+  if preactivation is not None:
+    preactivation = jnp.asarray(preactivation)
+    if _shape(preactivation) != result_shape:
+      raise ValueError(f"preactivation must have the result's shape {list(result_shape)}, "
+                       f"got {list(_shape(preactivation))}")
+    if not jnp.issubdtype(preactivation.dtype, jnp.floating):
+      raise ValueError(f"preactivation must be floating, got "
+                       f"{jnp.dtype(preactivation.dtype).name}")
   if scale is not None:
     scale = jnp.asarray(scale, None if hasattr(scale, "dtype") else jnp.float32)
     if _shape(scale) not in ((), (n,)):
@@ -281,7 +323,9 @@ def matmul(x: jax.Array, w: jax.Array, *, bias: jax.Array | None = None,
   cdt = reference.compute_dtype(x.dtype, w.dtype)
   odt = (jnp.dtype(out_dtype) if out_dtype is not None
          else reference.default_out_dtype(x.dtype, w.dtype))
-  operands = (x, w, bias, residual, scale, x_scale, w_scale)
+  operands = (x, w, bias, residual, scale, x_scale, w_scale, preactivation)
+  needs_aux = (act != "identity" or clamp is not None or scale is not None
+               or act_grad is not None)
 
   def launch(interp: bool):
     impl = implementation or backend_lib.default_implementation(interpret)
@@ -310,7 +354,7 @@ def matmul(x: jax.Array, w: jax.Array, *, bias: jax.Array | None = None,
           clamp=clamp, transpose_x=transpose_x, transpose_w=transpose_w,
           transpose_out=transpose_out, precision=prec, interp=interp, target=target,
           config=config if isinstance(config, MosaicConfig) else None,
-          column_sum=w_column_sum)
+          column_sum=w_column_sum, act_grad=act_grad)
       if reason is not None:
         if backend == "mosaic_gpu" or isinstance(config, MosaicConfig):
           guard_lib.record_fallback("matmul", f"mosaic_gpu: {reason}", signature)
@@ -330,7 +374,7 @@ def matmul(x: jax.Array, w: jax.Array, *, bias: jax.Array | None = None,
         group_size=group, config=cfg, interpret=interp, backend=target.backend,
         target=target, precision=prec, kernel_backend=kernel_backend or "triton",
         mosaic_config=mosaic_cfg, mosaic_aux_config=mosaic_aux_cfg,
-        w_column_sum=w_column_sum,
+        w_column_sum=w_column_sum, activation_grad=act_grad,
         tpu_request=(config.block_m, config.block_n, config.block_k)
         if on_tpu and isinstance(config, Config) else None)
     if impl == "xla" or kernel_backend is None:
@@ -340,7 +384,7 @@ def matmul(x: jax.Array, w: jax.Array, *, bias: jax.Array | None = None,
           x, w, out_dtype=odt, bias=bias, residual=residual, scale=scale,
           group_size=group, quantize=quantize, transpose_x=transpose_x,
           transpose_w=transpose_w, backend=static.backend, interpret=interp, config=cfg,
-          column_sum=w_column_sum, w_scale=w_scale)
+          column_sum=w_column_sum, w_scale=w_scale, preactivation=preactivation)
       if reason is not None:
         guard_lib.record_fallback("matmul", reason, signature)
         return vjp.reference_call(static, *operands)
@@ -349,9 +393,8 @@ def matmul(x: jax.Array, w: jax.Array, *, bias: jax.Array | None = None,
           x, w, out_dtype=odt, bias=bias, residual=residual, scale=scale, x_scale=x_scale,
           w_scale=w_scale, quantize=quantize, column_sum=w_column_sum,
           transpose_x=transpose_x, transpose_w=transpose_w, transpose_out=transpose_out,
-          aux_dtype=vjp.aux_dtype(odt) if (act != "identity" or clamp is not None
-                                           or scale is not None) else None,
-          requested=static.tpu_request)
+          aux_dtype=vjp.aux_dtype(odt) if needs_aux else None,
+          requested=static.tpu_request, preactivation=preactivation)
       if reason is not None:
         guard_lib.record_fallback("matmul", reason, signature)
         return vjp.reference_call(static, *operands)

@@ -3,10 +3,11 @@ model, sweep parameters, and the audit findings it closes with the call it
 suggests (the one description every consumer reads, `spec.py`).
 
 Positional arguments of a case are a prefix of (x, w, bias, residual), the
-differentiable arrays; everything else (activation, scale, quantization
-scales, layout flags) is a keyword. Shapes include 1, primes and sizes that
-are not multiples of any block; inputs are random normal, integer weights are
-random integers with random positive scales.
+differentiable arrays, or with `activation_grad` (which takes no bias) of
+(x, w, preactivation, residual); everything else (activation, scale,
+quantization scales, layout flags) is a keyword. Shapes include 1, primes and
+sizes that are not multiples of any block; inputs are random normal, integer
+weights are random integers with random positive scales.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ from pallas_kernels._src.ops.matmul.config import MosaicConfig
 from pallas_kernels._src.spec import Call, CallFacts, Case, Closes, OpSpec, SweepParam
 
 _POSITIONAL = ("x", "w", "bias", "residual")
+#: The positional arrays of a case with `activation_grad`.
+_POSITIONAL_DACT = ("x", "w", "preactivation", "residual")
 #: Keywords of `matmul` that only steer the implementation (not the math).
 _IMPL_KEYWORDS = ("implementation", "interpret", "config", "backend")
 #: Keywords the HIGHEST-precision ground truth ignores.
@@ -67,6 +70,9 @@ class CaseDef:
   config: Any = None
   #: Also return w's column sums (`w_column_sum=True`).
   w_column_sum: bool = False
+  #: Multiply by this activation's derivative at a random preactivation
+  #: (`activation_grad=`), the third positional array.
+  activation_grad: str | None = None
 
   @property
   def name(self) -> str:
@@ -81,6 +87,8 @@ class CaseDef:
       extras.append("bias")
     if self.activation:
       extras.append(self.activation)
+    if self.activation_grad:
+      extras.append(f"d{self.activation_grad}(z)")
     if self.residual:
       extras.append("residual")
     if self.clamp:
@@ -137,7 +145,11 @@ def build_case(d: CaseDef, seed: int) -> Case:
   batch = tuple(jnp.broadcast_shapes(d.batch, d.w_batch))
   out_shape = batch + ((d.n, d.m) if d.transpose_out else (d.m, d.n))
   epi = out_dtype if jnp.dtype(out_dtype).itemsize >= 2 else jnp.bfloat16
-  if d.residual and not d.bias:
+  if d.activation_grad:
+    if d.bias:
+      raise ValueError(f"{d.name}: activation_grad takes no bias")
+    args.append(inputs.normal(keys.next(), out_shape, epi))
+  elif d.residual and not d.bias:
     raise ValueError(f"{d.name}: a residual without a bias is not expressible positionally")
   if d.bias:
     args.append(inputs.normal(keys.next(), (d.n,), epi))
@@ -161,7 +173,7 @@ def build_case(d: CaseDef, seed: int) -> Case:
   elif d.scale == "vector":
     kwargs["scale"] = inputs.normal(keys.next(), (d.n,), jnp.float32)
   for key in ("activation", "clamp", "quantize", "out_dtype", "transpose_x",
-              "transpose_w", "transpose_out", "w_column_sum"):
+              "transpose_w", "transpose_out", "w_column_sum", "activation_grad"):
     value = getattr(d, key)
     if value:
       kwargs[key] = value
@@ -183,6 +195,9 @@ _CI_GRAD = frozenset({"ci", "grad"})
 #: Column sums of w beside the product (`column_sum_test.py` selects them).
 _COLSUM = frozenset({"ci", "column_sum"})
 _COLSUM_GRAD = _COLSUM | {"grad"}
+#: An activation's derivative at a preactivation (`activation_grad_test.py`).
+_DACT = frozenset({"ci", "activation_grad"})
+_DACT_GRAD = _DACT | {"grad"}
 _BENCH = frozenset({"bench"})
 #: Also in `scripts/device_check.sh`'s short table ("device" tag) and its
 #: Mosaic GPU / Triton / XLA table ("backends", `scripts/bench_backends.py`).
@@ -230,6 +245,19 @@ CASE_DEFS: tuple[CaseDef, ...] = (
             transpose_w=True, w_column_sum=True, tags=_COLSUM_GRAD, grad=True),
     CaseDef(9, 72, 20, "float16", batch=(3,), bias=True, activation="relu",
             w_column_sum=True, tags=_COLSUM),
+    # An activation's derivative at a preactivation z (cuBLASLt's DGELU): an
+    # MLP backward's dz = (dy @ w2^T) * act'(z), ragged against every block.
+    CaseDef(7, 129, 33, "bfloat16", batch=(2,), activation_grad="gelu", tags=_DACT_GRAD,
+            grad=True),
+    CaseDef(7, 129, 33, "float32", activation_grad="gelu_tanh", residual=True,
+            tags=_DACT_GRAD, grad=True),
+    CaseDef(13, 31, 97, "bfloat16", activation_grad="silu", transpose_w=True,
+            scale="vector", clamp=(-1.0, 1.0), tags=_DACT_GRAD, grad=True),
+    CaseDef(37, 53, 41, "float32", activation_grad="relu", transpose_out=True,
+            residual=True, tags=_DACT_GRAD, grad=True),
+    CaseDef(11, 40, 23, "bfloat16", activation_grad="tanh", batch=(2,), w_batch=(2,),
+            transpose_x=True, out_dtype="float32", tags=_DACT_GRAD, grad=True),
+    CaseDef(9, 64, 40, "float16", activation_grad="sigmoid", quantize="int8", tags=_DACT),
     # Quantizing epilogues.
     CaseDef(17, 64, 50, "bfloat16", bias=True, activation="gelu", quantize="int8"),
     CaseDef(9, 32, 40, "float32", residual=True, bias=True, quantize="float8_e4m3fn"),
@@ -306,22 +334,24 @@ def cases(tag: str, seed: int) -> Iterator[Case]:
       yield build_case(d, seed)
 
 
-def _split(args: tuple[Any, ...]) -> dict[str, Any]:
-  if len(args) > len(_POSITIONAL):
-    raise TypeError(f"matmul case takes at most {len(_POSITIONAL)} positional arrays")
-  return dict(zip(_POSITIONAL, args))
+def _split(args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+  names = _POSITIONAL_DACT if kwargs.get("activation_grad") else _POSITIONAL
+  if len(args) > len(names):
+    raise TypeError(f"matmul case takes at most {len(names)} positional arrays")
+  return dict(zip(names, args))
 
 
 def call(*args: Any, implementation: str | None = None, **kwargs: Any):
-  """`OpSpec.fn`: `matmul` with positional (x, w, bias, residual)."""
-  named = _split(args)
+  """`OpSpec.fn`: `matmul` with positional (x, w, bias, residual), or (x, w,
+  preactivation, residual) with activation_grad."""
+  named = _split(args, kwargs)
   x, w = named.pop("x"), named.pop("w")
   return matmul(x, w, implementation=implementation, **named, **kwargs)
 
 
 def reference_f32(*args: Any, **kwargs: Any):
   """`OpSpec.reference_f32`: the reference at Precision.HIGHEST."""
-  named = _split(args)
+  named = _split(args, kwargs)
   x, w = named.pop("x"), named.pop("w")
   options = {k: v for k, v in kwargs.items() if k not in _REFERENCE_IGNORES}
   return reference.reference(x, w, precision=jax.lax.Precision.HIGHEST, **named,
@@ -330,7 +360,7 @@ def reference_f32(*args: Any, **kwargs: Any):
 
 def xla_baseline(*args: Any, **kwargs: Any):
   """`OpSpec.baseline`: the call as a user writes it in jnp (see reference)."""
-  named = _split(args)
+  named = _split(args, kwargs)
   x, w = named.pop("x"), named.pop("w")
   options = {k: v for k, v in kwargs.items() if k not in _IMPL_KEYWORDS}
   return reference.xla_baseline(x, w, **named, **options)
@@ -393,7 +423,8 @@ SWEEP_PARAMS: tuple[SweepParam, ...] = (
     SweepParam("transpose_out", "bool", False),
     SweepParam("quantize", "str", None, optional=True),
     SweepParam("out_dtype", "dtype", None, optional=True),
-    SweepParam("w_column_sum", "bool", False))
+    SweepParam("w_column_sum", "bool", False),
+    SweepParam("activation_grad", "str", None, optional=True))
 
 
 # ---------------------------------------------------- the audit's call ----
@@ -405,13 +436,14 @@ CLOSES = Closes(
                      "separate-reduction"}),
     anchors=frozenset({"dot"}),
     epilogues=frozenset({"bias", "scale", "activation", "residual", "clamp",
-                         "cast", "quantize", "transpose", "column_sum"}),
+                         "cast", "quantize", "transpose", "column_sum",
+                         "activation_grad"}),
     prologues=frozenset({"cast", "dequantize", "scale", "transpose"}),
     activations=frozenset({"relu", "gelu", "gelu_tanh", "silu", "sigmoid",
                            "tanh", "identity"}),
     keywords=(("bias", "bias"), ("activation", "activation"),
               ("residual", "residual"), ("cast", "out_dtype"),
-              ("column_sum", "w_column_sum")),
+              ("column_sum", "w_column_sum"), ("activation_grad", "activation_grad")),
     # Its custom VJP keeps aux = x @ w for the activation's derivative.
     stores_result=True)
 
@@ -462,9 +494,9 @@ def _column_sum_call(facts: CallFacts) -> Call | None:
 
 
 def suggest(facts: CallFacts) -> Call | None:
-  """`matmul` closing an epilogue (the work as keywords), a prologue (the
-  operand in its source dtype, with its scale), or a column sum of an operand
-  (`w_column_sum`)."""
+  """`matmul` closing an epilogue (the work as keywords; an activation's
+  derivative with its `preactivation`), a prologue (the operand in its source
+  dtype, with its scale), or a column sum of an operand (`w_column_sum`)."""
   if "column_sum" in facts.ops:
     return _column_sum_call(facts)
   found = _dot_call(facts.matmul)
@@ -487,6 +519,10 @@ def suggest(facts: CallFacts) -> Call | None:
         out.append(("residual", bdt, rdims, False))
       elif base == "activation" and arg:
         options.append(("activation", repr(arg), arg))
+      elif base == "activation_grad" and arg:
+        # The derivative at the activation's saved input, of the result's shape.
+        out.append(("preactivation", bdt, rdims, False))
+        options.append(("activation_grad", repr(arg), arg))
       elif base == "clamp":
         options.append(("clamp", "(lo, hi)", (-1.0, 1.0)))
       elif base == "cast" and arg:

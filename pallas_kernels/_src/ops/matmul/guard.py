@@ -84,7 +84,7 @@ def unsupported_reason(x: Any, w: Any, *, out_dtype, bias: Any = None,
                        transpose_x: bool = False, transpose_w: bool = False,
                        backend: backend_lib.Backend, interpret: bool,
                        config: Config, column_sum: bool = False,
-                       w_scale: Any = None) -> str | None:
+                       w_scale: Any = None, preactivation: Any = None) -> str | None:
   """Why the forward kernel cannot run this (validated) call, or None.
 
   Args:
@@ -99,6 +99,7 @@ def unsupported_reason(x: Any, w: Any, *, out_dtype, bias: Any = None,
     config: the tiling that would be used.
     column_sum: the column sums of w are asked (`w_column_sum`).
     w_scale: w's dequantization scale, if any.
+    preactivation: the array `activation_grad` reads, if any.
 
   Returns:
     A short human-readable reason, or None when the kernel can run.
@@ -114,7 +115,8 @@ def unsupported_reason(x: Any, w: Any, *, out_dtype, bias: Any = None,
   if reason:
     return reason
   cdt = tiles.dtype_name(reference.compute_dtype(x.dtype, w.dtype))
-  for label, a in (("bias", bias), ("residual", residual), ("scale", scale)):
+  for label, a in (("bias", bias), ("residual", residual), ("scale", scale),
+                   ("preactivation", preactivation)):
     if a is not None and tiles.dtype_name(a.dtype) not in EPILOGUE_DTYPES:
       return f"{label} dtype {tiles.dtype_name(a.dtype)} is not one of {sorted(EPILOGUE_DTYPES)}"
   if quantize is None and tiles.dtype_name(out_dtype) not in OUT_DTYPES:
@@ -128,7 +130,8 @@ def unsupported_reason(x: Any, w: Any, *, out_dtype, bias: Any = None,
   (m, n, k, batch), reason = _sizes(x, w, transpose_x, transpose_w)
   if reason:
     return reason
-  for label, a in (("x", x), ("w", w), ("residual", residual)):
+  for label, a in (("x", x), ("w", w), ("residual", residual),
+                   ("preactivation", preactivation)):
     if a is not None and math.prod(a.shape) > tiles.MAX_ELEMENTS:
       return f"{label} has more than 2**31-1 elements (int32 offsets)"
   if batch * m * n > tiles.MAX_ELEMENTS:
@@ -190,7 +193,8 @@ def mosaic_unsupported_reason(x: Any, w: Any, *, out_dtype, bias: Any = None,
                               save_aux_dtype=None, col_vectors: int = 3,
                               row_scale: bool = True, interpret: bool,
                               config: config_lib.MosaicConfig,
-                              column_sum: bool = False) -> str | None:
+                              column_sum: bool = False,
+                              activation_grad: bool = False) -> str | None:
   """Why the Mosaic GPU kernel cannot run this (validated) call, or None.
 
   Args:
@@ -205,6 +209,8 @@ def mosaic_unsupported_reason(x: Any, w: Any, *, out_dtype, bias: Any = None,
     interpret: Mosaic GPU's interpret mode (then any target may run it).
     config: the tiling that would be used.
     column_sum: the column sums of w are asked (`w_column_sum`).
+    activation_grad: the epilogue multiplies by an activation's derivative
+      at a preactivation array (`activation_grad`).
 
   Returns:
     A short reason naming the shape or dtype, or None when the kernel runs.
@@ -215,6 +221,10 @@ def mosaic_unsupported_reason(x: Any, w: Any, *, out_dtype, bias: Any = None,
   if column_sum:
     return ("w_column_sum: the Mosaic GPU matmul emits no column sums of w (wgmma reads "
             "the w tiles from shared memory; the Triton kernel sums them as it loads them)")
+  if activation_grad:
+    return ("activation_grad: the Mosaic GPU matmul's epilogue reads no preactivation "
+            "(TMA brings it the residual only); the Triton kernel loads z's tile beside "
+            "the residual's")
   target = backend_lib.target()
   if not interpret:
     if target.backend is not backend_lib.Backend.GPU:
@@ -299,7 +309,8 @@ def tpu_unsupported_reason(x: Any, w: Any, *, out_dtype, bias: Any = None,
                            column_sum: bool = False, transpose_x: bool = False,
                            transpose_w: bool = False, transpose_out: bool = False,
                            aux_dtype=None,
-                           requested: tuple[int, int, int] | None = None) -> str | None:
+                           requested: tuple[int, int, int] | None = None,
+                           preactivation: Any = None) -> str | None:
   """Why the Mosaic TPU kernel (`tpu.py`) cannot run this (validated) call, or None.
 
   Ragged shapes are not reasons: M and N edges are padded blocks whose extra
@@ -313,17 +324,18 @@ def tpu_unsupported_reason(x: Any, w: Any, *, out_dtype, bias: Any = None,
     aux_dtype: dtype of the pre-epilogue accumulator the backward saves, or
       None (it takes VMEM beside the output block).
     requested: a caller's `Config` (block_m, block_n, block_k), or None.
+    preactivation: the array `activation_grad` reads, if any.
   """
   if quantize is not None:
     return (f"quantize={quantize!r} has no TPU kernel (the TPU matmul fuses scale, bias, "
-            "activation, residual, clamp and the output cast only)")
+            "activation or its derivative, residual, clamp and the output cast only)")
   if column_sum:
     return "w_column_sum: the TPU matmul emits no column sums of w"
   if x_scale is not None or w_scale is not None or reference.is_quantized(
       x.dtype) or reference.is_quantized(w.dtype):
     return (f"quantized operands or dequantization scales (x {tiles.dtype_name(x.dtype)}, w "
             f"{tiles.dtype_name(w.dtype)}): the dequantizing prologue has no TPU kernel")
-  reason = tpu_lib.dtype_reason([a.dtype for a in (x, w, bias, residual, scale)
+  reason = tpu_lib.dtype_reason([a.dtype for a in (x, w, bias, residual, scale, preactivation)
                                  if a is not None] + [out_dtype])
   if reason:
     return reason
@@ -334,5 +346,6 @@ def tpu_unsupported_reason(x: Any, w: Any, *, out_dtype, bias: Any = None,
   fp = matmul_tpu.footprint(
       x, w, geo, transpose_x=transpose_x, transpose_w=transpose_w, out_dtype=out_dtype,
       residual_dtype=None if residual is None else residual.dtype, aux_dtype=aux_dtype,
-      vectors=(bias is not None) + (scale is not None))
+      vectors=(bias is not None) + (scale is not None),
+      preactivation_dtype=None if preactivation is None else preactivation.dtype)
   return matmul_tpu.vmem_reason(matmul_tpu.plan(geo, fp, requested), fp)

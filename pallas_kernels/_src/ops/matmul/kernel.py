@@ -25,7 +25,10 @@ The epilogue then runs on the accumulator in f32 in the documented order
 to out_dtype, or quantized per row when the tile spans the whole row, and
 transposed in registers when the output is stored transposed. When asked
 (for the backward pass) the tile also stores `aux`, the accumulator before the
-epilogue.
+epilogue. With `activation_grad` (cuBLASLt's DGELU) the activation step
+multiplies by the derivative at the preactivation z instead: z's tile is
+loaded like the residual's, in the output's stored orientation, and the same
+`activation_grad` the backward kernel uses turns it into act'(z).
 
 Column sums of w (`column_sum`, cuBLASLt's BGRADB): each K step also adds the
 w tile it loaded, summed over K, into an f32 [block_n] row, so a weight
@@ -208,6 +211,9 @@ class _Forward:
   precision: str = "HIGHEST"
   #: Also store the column sums of w (summed over K) per w batch.
   column_sum: bool = False
+  #: Multiply by this activation's derivative at a preactivation tile instead
+  #: of applying `activation` (None: the activation step as usual).
+  activation_grad: str | None = None
 
   @property
   def mb(self) -> int:
@@ -258,6 +264,7 @@ def _forward_kernel(*refs, p: _Forward):
   s_ref = refs.pop(0) if p.has_scale else None
   b_ref = refs.pop(0) if p.has_bias else None
   r_ref = refs.pop(0) if p.has_residual else None
+  z_ref = refs.pop(0) if p.activation_grad else None
   if p.poison:
     refs.pop(0)  # The poisoned buffer aliased to `out`; never read.
   o_ref = refs.pop(0)
@@ -330,7 +337,14 @@ def _forward_kernel(*refs, p: _Forward):
     y = y * tiles.read_tile(s_ref, col_ok).astype(_F32)[None, :]
   if b_ref is not None:
     y = y + tiles.read_tile(b_ref, col_ok).astype(_F32)[None, :]
-  y = activation_fn(p.activation, y)
+  if z_ref is not None:
+    if p.transpose_out:
+      z = tiles.read_tile(z_ref, tiles.mask2(col_ok, row_ok)).astype(_F32).T
+    else:
+      z = tiles.read_tile(z_ref, tile_mask).astype(_F32)
+    y = y * activation_grad(p.activation_grad, z)
+  else:
+    y = activation_fn(p.activation, y)
   if r_ref is not None:
     if p.transpose_out:
       y = y + tiles.read_tile(r_ref, tiles.mask2(col_ok, row_ok)).astype(_F32).T
@@ -389,7 +403,8 @@ def matmul_forward(
     transpose_x: bool = False, transpose_w: bool = False, transpose_out: bool = False,
     quantize: str | None = None, save_aux: bool = False, aux_dtype=_F32,
     poison: bool = False, precision: str = "HIGHEST",
-    column_sum: bool = False) -> ForwardOutputs:
+    column_sum: bool = False, activation_grad: str | None = None,
+    preactivation: jax.Array | None = None) -> ForwardOutputs:
   """Launches the forward kernel on canonical operands.
 
   The caller (`api.py`, `vjp.py`) has validated shapes and folded scalar
@@ -420,6 +435,9 @@ def matmul_forward(
     precision: `jax.lax.Precision` name of the dot.
     column_sum: also return the f32 column sums of the logical w over K,
       shaped w's batch + [N] (w unscaled: the caller rejects w scales).
+    activation_grad: canonical activation name whose derivative at
+      `preactivation` multiplies the tile in place of `activation`.
+    preactivation: the result's (stored) shape, with full batch dims.
 
   Returns:
     `ForwardOutputs(out, scales, aux, column_sum)`.
@@ -430,6 +448,8 @@ def matmul_forward(
   batch_shape = jnp.broadcast_shapes(x.shape[:-2], w.shape[:-2])
   if quantize and cfg.block_n < n:
     raise ValueError(f"fused quantization needs block_n >= N, got {cfg.block_n} < {n}")
+  if (activation_grad is None) != (preactivation is None):
+    raise ValueError("activation_grad and preactivation come together")
 
   # Fold x's batch into M when w has no batch: one bigger matmul, better tiles.
   fold = (not transpose_x and not transpose_out and math.prod(w.shape[:-2]) == 1
@@ -455,7 +475,8 @@ def matmul_forward(
       has_residual=residual is not None, activation=activation, clamp=clamp,
       compute_dtype=jnp.dtype(compute_dtype).name, quantize=quantize,
       save_aux=save_aux, poison=poison, interpret=bool(interpret), cfg=cfg,
-      precision=precision, column_sum=column_sum)
+      precision=precision, column_sum=column_sum,
+      activation_grad=activation_grad)
   bm, bn, kp = cfg.block_m, cfg.block_n, p.kp
   coords = functools.partial(tile_coords, mb=p.mb, nb=p.nb, group_m=cfg.group_m,
                              batch=batch)
@@ -517,6 +538,9 @@ def matmul_forward(
     specs.append(pl.BlockSpec((bn,), col_map))
   if residual is not None:
     args.append(residual.reshape(out_shape3))
+    specs.append(pl.BlockSpec(out_block, out_map))
+  if p.activation_grad:
+    args.append(preactivation.reshape(out_shape3))
     specs.append(pl.BlockSpec(out_block, out_map))
 
   odt = jnp.dtype(quant.dtype_of(quantize) if quantize else out_dtype)

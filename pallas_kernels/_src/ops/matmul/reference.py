@@ -57,6 +57,13 @@ def activate(name: str, v: jax.Array) -> jax.Array:
   return _ACTIVATION_FNS[canonical_activation(name)](v)
 
 
+def activate_grad(name: str, v: jax.Array) -> jax.Array:
+  """d act(v) / dv element-wise: JAX's derivative of `activate` (relu: 0 at
+  v == 0), itself differentiable for the second-order gradients."""
+  fn = _ACTIVATION_FNS[canonical_activation(name)]
+  return jax.jvp(fn, (v,), (jnp.ones_like(v),))[1]
+
+
 def is_quantized(dtype) -> bool:
   """Whether operands of `dtype` are quantized storage (int8/int4/fp8)."""
   return jnp.dtype(dtype).name in QUANTIZED_DTYPES
@@ -139,7 +146,8 @@ def reference(x: jax.Array, w: jax.Array, *, bias: jax.Array | None = None,
               w_group_size: int | None = None, transpose_x: bool = False,
               transpose_w: bool = False, transpose_out: bool = False,
               quantize: str | None = None,
-              precision: jax.lax.Precision | None = None, w_column_sum: bool = False):
+              precision: jax.lax.Precision | None = None, w_column_sum: bool = False,
+              activation_grad: str | None = None, preactivation: jax.Array | None = None):
   """`pallas_kernels.matmul` in jax.numpy (float32 math, one cast at the end).
 
   The exact order (x_l, w_l are the logical operands)::
@@ -149,7 +157,7 @@ def reference(x: jax.Array, w: jax.Array, *, bias: jax.Array | None = None,
     acc = jnp.matmul(xd, wd, precision=precision, preferred_element_type=f32)
     y   = acc * scale                                 # () or [N]
     y   = y + bias                                    # [N]
-    y   = act(y)
+    y   = act(y)   or, with activation_grad:  y * act'(preactivation_l)
     y   = y + residual_l                              # result shape
     y   = jnp.clip(y, lo, hi)
     out = y.astype(out_dtype)  or  quantize_rows(y)   # per row of the logical result
@@ -177,6 +185,10 @@ def reference(x: jax.Array, w: jax.Array, *, bias: jax.Array | None = None,
     precision: precision of the float32 matmul (HIGHEST for validation).
     w_column_sum: also return the float32 column sums of the dequantized
       logical w, `sum(wd, axis=-2)`: [..., N] with w's own batch dims.
+    activation_grad: one of `ACTIVATIONS`: the activation step multiplies by
+      its derivative at `preactivation` instead (`activation` is not applied).
+    preactivation: array of the result's shape (transposed when
+      transpose_out), read with activation_grad.
 
   Returns:
     The result array, or (values, scales) when quantizing; with w_column_sum
@@ -199,20 +211,25 @@ def reference(x: jax.Array, w: jax.Array, *, bias: jax.Array | None = None,
   y = y.astype(_F32)
   out = _epilogue(y, x.dtype, w.dtype, bias=bias, activation=activation,
                   residual=residual, out_dtype=out_dtype, scale=scale, clamp=clamp,
-                  transpose_out=transpose_out, quantize=quantize)
+                  transpose_out=transpose_out, quantize=quantize,
+                  activation_grad=activation_grad, preactivation=preactivation)
   if not w_column_sum:
     return out
   return out, jnp.sum(dequantize_w(wl, w_scale, w_group_size), axis=-2)
 
 
 def _epilogue(y, x_dtype, w_dtype, *, bias, activation, residual, out_dtype, scale, clamp,
-              transpose_out, quantize):
+              transpose_out, quantize, activation_grad=None, preactivation=None):
   """`reference`'s steps after the product, on the float32 accumulator y."""
   if scale is not None:
     y = y * jnp.asarray(scale, _F32)
   if bias is not None:
     y = y + bias.astype(_F32)
-  y = activate(canonical_activation(activation), y)
+  if activation_grad is not None:
+    z = logical_x(preactivation, transpose_out).astype(_F32)
+    y = y * activate_grad(activation_grad, z)
+  else:
+    y = activate(canonical_activation(activation), y)
   if residual is not None:
     y = y + logical_x(residual, transpose_out).astype(_F32)
   if clamp is not None:

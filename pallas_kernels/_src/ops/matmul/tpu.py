@@ -8,15 +8,18 @@ The canonical TPU pipeline (shared facts in `pallas_kernels._src.tpu`): a grid
 epilogue runs on the accumulator in float32, in the order of `api.matmul`
 (scale, bias, activation, residual, clamp), and the tile is cast and stored
 once; the output block's index ignores k, so it stays in VMEM across the K
-steps and is written back once.
+steps and is written back once. With `activation_grad` the activation step
+multiplies by the derivative at a preactivation block, brought in like the
+residual's.
 
 Prologue: transposed operands are read in place (the BlockSpec picks the
 stored block, `dot_general` contracts its other axis); float32/bfloat16
 operands of different dtypes are cast to the compute dtype in VMEM.
 transpose_out computes (x w)^T = w^T x^T: operands swapped, bias and scale
-applied per row, the residual read as stored. Without w batch dims, x's batch
-folds into M (one bigger matmul). The dequantizing prologue, the quantizing
-epilogue and w's column sums have no TPU kernel (`guard.tpu_unsupported_reason`).
+applied per row, the residual and preactivation read as stored. Without w
+batch dims, x's batch folds into M (one bigger matmul). The dequantizing
+prologue, the quantizing epilogue and w's column sums have no TPU kernel
+(`guard.tpu_unsupported_reason`).
 
 Tiles: each of bm, bn, bk is the whole dimension when it fits a tile (a full
 dimension needs no (8, 128) alignment), else a multiple of 128 lanes (which
@@ -68,6 +71,8 @@ _EPILOGUE_TEMPS = 7
 _ACTIVATION_FLOPS = {"identity": 0, "relu": 1, "gelu": 29, "gelu_tanh": 9, "silu": 4,
                      "sigmoid": 3, "tanh": 1}
 _TRANSCENDENTAL = frozenset({"gelu_tanh", "silu", "sigmoid", "tanh"})
+#: The derivatives as `kernel.activation_grad` writes them: gelu's adds an exp.
+_GRAD_TRANSCENDENTAL = _TRANSCENDENTAL | {"gelu"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,15 +121,19 @@ class Footprint:
   vectors: int = 0
   #: The lhs block is stored [bk, bm] (Mosaic transposes it for the MXU).
   lhs_t: bool = False
+  #: The preactivation block `activation_grad` reads, if any.
+  preactivation_dtype: Any = None
 
 
 def footprint(x: Any, w: Any, geo: Geometry, *, transpose_x: bool, transpose_w: bool,
-              out_dtype, residual_dtype=None, aux_dtype=None, vectors: int = 0) -> Footprint:
+              out_dtype, residual_dtype=None, aux_dtype=None, vectors: int = 0,
+              preactivation_dtype=None) -> Footprint:
   """The `Footprint` of a call on x and w (arrays or ShapeDtypeStructs)."""
   lhs, rhs = (w, x) if geo.swap else (x, w)
   return Footprint(lhs.dtype, rhs.dtype,
                    jnp.promote_types(x.dtype, w.dtype), out_dtype, residual_dtype,
-                   aux_dtype, vectors, (not transpose_w) if geo.swap else transpose_x)
+                   aux_dtype, vectors, (not transpose_w) if geo.swap else transpose_x,
+                   preactivation_dtype)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -180,14 +189,15 @@ def plan(geo: Geometry, fp: Footprint, requested: tuple[int, int, int] | None = 
 
 def vmem_bytes(p: Plan, fp: Footprint) -> int:
   """VMEM a launch needs, erring high: its double-buffered blocks (lhs, rhs,
-  out, residual, aux, the vectors: [1, bn], or [bm, 1] lane-padded when
-  swapped: counted as the larger), the loaded operand values, the float32
-  accumulator and epilogue values, Mosaic's transposed copy of a transposed
-  lhs block, and a compute-dtype copy of an operand cast in VMEM."""
+  out, residual, preactivation, aux, the vectors: [1, bn], or [bm, 1]
+  lane-padded when swapped: counted as the larger), the loaded operand
+  values, the float32 accumulator and epilogue values, Mosaic's transposed
+  copy of a transposed lhs block, and a compute-dtype copy of an operand cast
+  in VMEM."""
   tb = tpu_lib.tile_bytes
   blocks = (tb(p.bm, p.bk, fp.lhs_dtype) + tb(p.bk, p.bn, fp.rhs_dtype)
             + tb(p.bm, p.bn, fp.out_dtype))
-  for dt in (fp.residual_dtype, fp.aux_dtype):
+  for dt in (fp.residual_dtype, fp.preactivation_dtype, fp.aux_dtype):
     if dt is not None:
       blocks += tb(p.bm, p.bn, dt)
   blocks += fp.vectors * max(tb(1, p.bn, _F32), tb(p.bm, 1, _F32))
@@ -222,13 +232,14 @@ def dot_precision(name: str, compute_dtype) -> jax.lax.Precision:
 
 def _kernel(*refs, lhs_t: bool, rhs_t: bool, n_k: int, compute_dtype, precision,
             activation: str, clamp, has_scale: bool, has_bias: bool, has_residual: bool,
-            save_aux: bool):
+            save_aux: bool, activation_grad: str | None = None):
   refs = list(refs)
   a_ref = refs.pop(0)
   b_ref = refs.pop(0)
   s_ref = refs.pop(0) if has_scale else None
   bias_ref = refs.pop(0) if has_bias else None
   r_ref = refs.pop(0) if has_residual else None
+  z_ref = refs.pop(0) if activation_grad else None
   o_ref = refs.pop(0)
   aux_ref = refs.pop(0) if save_aux else None
   acc_ref = refs.pop(0)
@@ -256,7 +267,10 @@ def _kernel(*refs, lhs_t: bool, rhs_t: bool, n_k: int, compute_dtype, precision,
       y = y * s_ref[...].astype(_F32)
     if bias_ref is not None:
       y = y + bias_ref[...].astype(_F32)
-    y = kernel.activation_fn(activation, y)
+    if z_ref is not None:
+      y = y * kernel.activation_grad(activation_grad, z_ref[...].astype(_F32))
+    else:
+      y = kernel.activation_fn(activation, y)
     if r_ref is not None:
       y = y + r_ref[...].astype(_F32)
     if clamp is not None:
@@ -291,7 +305,9 @@ def matmul_forward(x: jax.Array, w: jax.Array, *, interpret: bool, compute_dtype
                    transpose_x: bool = False, transpose_w: bool = False,
                    transpose_out: bool = False, save_aux: bool = False, aux_dtype=_F32,
                    precision: str = "DEFAULT",
-                   requested: tuple[int, int, int] | None = None) -> kernel.ForwardOutputs:
+                   requested: tuple[int, int, int] | None = None,
+                   activation_grad: str | None = None,
+                   preactivation: jax.Array | None = None) -> kernel.ForwardOutputs:
   """The forward kernel on validated operands (`guard.tpu_unsupported_reason`
   accepted the call); arguments as `kernel.matmul_forward`'s, scale and bias
   [N], `requested` a caller's (block_m, block_n, block_k). aux comes back in
@@ -301,7 +317,8 @@ def matmul_forward(x: jax.Array, w: jax.Array, *, interpret: bool, compute_dtype
       x, w, geo, transpose_x=transpose_x, transpose_w=transpose_w, out_dtype=out_dtype,
       residual_dtype=None if residual is None else residual.dtype,
       aux_dtype=aux_dtype if save_aux else None,
-      vectors=(scale is not None) + (bias is not None)), requested)
+      vectors=(scale is not None) + (bias is not None),
+      preactivation_dtype=None if preactivation is None else preactivation.dtype), requested)
   if geo.swap:
     a, b, a_t, b_t = w, x, not transpose_w, not transpose_x
   else:
@@ -343,6 +360,9 @@ def matmul_forward(x: jax.Array, w: jax.Array, *, interpret: bool, compute_dtype
   if residual is not None:
     inputs.append(residual.reshape(geo.batch, geo.rows, geo.cols))
     in_specs.append(tile)
+  if activation_grad:
+    inputs.append(preactivation.reshape(geo.batch, geo.rows, geo.cols))
+    in_specs.append(tile)
   out_shape = [jax.ShapeDtypeStruct((geo.batch, geo.rows, geo.cols), jnp.dtype(out_dtype))]
   if save_aux:
     out_shape.append(jax.ShapeDtypeStruct((geo.batch, geo.rows, geo.cols),
@@ -350,7 +370,12 @@ def matmul_forward(x: jax.Array, w: jax.Array, *, interpret: bool, compute_dtype
 
   grid = (geo.batch, pl.cdiv(geo.rows, p.bm), pl.cdiv(geo.cols, p.bn), p.k_padded // p.bk)
   elems = geo.batch * geo.rows * geo.cols
-  epilogue = (_ACTIVATION_FLOPS[activation] + (scale is not None) + (bias is not None)
+  # A derivative is priced as its activation plus the multiply.
+  act_flops = (_ACTIVATION_FLOPS[activation_grad] + 1 if activation_grad
+               else _ACTIVATION_FLOPS[activation])
+  transcendental = (activation_grad in _GRAD_TRANSCENDENTAL if activation_grad
+                    else activation in _TRANSCENDENTAL)
+  epilogue = (act_flops + (scale is not None) + (bias is not None)
               + (residual is not None) + (0 if clamp is None else
                                           sum(c is not None for c in clamp)))
   # Bytes as the tiled schedule moves them: each lhs block is read once per
@@ -363,7 +388,7 @@ def matmul_forward(x: jax.Array, w: jax.Array, *, interpret: bool, compute_dtype
       _kernel, lhs_t=a_t, rhs_t=b_t, n_k=grid[3], compute_dtype=jnp.dtype(compute_dtype),
       precision=dot_precision(precision, compute_dtype), activation=activation, clamp=clamp,
       has_scale=scale is not None, has_bias=bias is not None,
-      has_residual=residual is not None, save_aux=save_aux)
+      has_residual=residual is not None, save_aux=save_aux, activation_grad=activation_grad)
   with backend.kernel_scope("matmul"):
     outs = pl.pallas_call(
         body,
@@ -377,7 +402,7 @@ def matmul_forward(x: jax.Array, w: jax.Array, *, interpret: bool, compute_dtype
                                                 fusible_inputs=len(inputs)),
         cost_estimate=pl.CostEstimate(
             flops=2 * elems * p.k_padded + epilogue * elems,
-            transcendentals=elems if activation in _TRANSCENDENTAL else 0,
+            transcendentals=elems if transcendental else 0,
             bytes_accessed=moved),
         name="matmul_tpu",
     )(*inputs)

@@ -33,6 +33,12 @@ On a TPU (kernel_backend "mosaic_tpu") the dx and dw products are the
 Mosaic TPU kernel (`tpu.py`) and step 1 is `jax.vjp` of the reference
 epilogue at aux, in XLA: there is no fused dAct + bias-gradient kernel there.
 
+With `activation_grad` (y = acc * scale * act'(z), a backward pass's own
+product, differentiated only by second-order autodiff) step 1 is that same
+`jax.vjp` of the reference epilogue at aux on every backend: it also gives
+z's gradient, acc * scale * act''(z) times dy, which `dact_bgrad` does not
+compute; dx and dw stay the kernels'.
+
 When the backward kernels cannot run (a guard reason for the dx/dw launches)
 or the output is quantized, the backward is `jax.vjp` of the reference,
 recorded as a fallback when traced.
@@ -96,15 +102,19 @@ class Static:
   #: The caller's `Config` tiles (block_m, block_n, block_k) for the Mosaic
   #: TPU kernel, or None: its heuristic (`tpu.plan`).
   tpu_request: tuple[int, int, int] | None = None
+  #: The activation whose derivative at `preactivation` replaces the
+  #: activation step (see `api.matmul`), or None.
+  activation_grad: str | None = None
 
 
 class Operands:
-  """Names for the seven array arguments, in custom_vjp order."""
+  """Names for the eight array arguments, in custom_vjp order."""
 
-  NAMES = ("x", "w", "bias", "residual", "scale", "x_scale", "w_scale")
+  NAMES = ("x", "w", "bias", "residual", "scale", "x_scale", "w_scale", "preactivation")
 
 
-def reference_call(static: Static, x, w, bias, residual, scale, x_scale, w_scale):
+def reference_call(static: Static, x, w, bias, residual, scale, x_scale, w_scale,
+                   preactivation=None):
   """The reference at HIGHEST precision with `static`'s options."""
   return reference.reference(
       x, w, bias=bias, activation=static.activation, residual=residual,
@@ -113,7 +123,8 @@ def reference_call(static: Static, x, w, bias, residual, scale, x_scale, w_scale
       w_group_size=static.group_size if static.w_scale_kind == "group" else None,
       transpose_x=static.transpose_x, transpose_w=static.transpose_w,
       transpose_out=static.transpose_out, quantize=static.quantize,
-      precision=jax.lax.Precision[static.precision], w_column_sum=static.w_column_sum)
+      precision=jax.lax.Precision[static.precision], w_column_sum=static.w_column_sum,
+      activation_grad=static.activation_grad, preactivation=preactivation)
 
 
 def _col_mult(static: Static, n: int, x_scale, w_scale):
@@ -141,7 +152,8 @@ def aux_dtype(out_dtype) -> jnp.dtype:
 
 
 def _needs_aux(static: Static, scale) -> bool:
-  return static.activation != "identity" or static.clamp is not None or scale is not None
+  return (static.activation != "identity" or static.clamp is not None or scale is not None
+          or static.activation_grad is not None)
 
 
 def fuses_quantize(static: Static, n: int) -> bool:
@@ -155,8 +167,8 @@ def fuses_quantize(static: Static, n: int) -> bool:
   return static.config.block_n >= n
 
 
-def forward(static: Static, x, w, bias, residual, scale, x_scale, w_scale, *,
-            save_aux: bool = False) -> kernel.ForwardOutputs:
+def forward(static: Static, x, w, bias, residual, scale, x_scale, w_scale,
+            preactivation=None, *, save_aux: bool = False) -> kernel.ForwardOutputs:
   """Runs the forward kernel for a validated call (quantizing wide rows via XLA)."""
   m, n, k = guard.dims(x.shape, w.shape, static.transpose_x, static.transpose_w)
   fused_quantize = fuses_quantize(static, n)
@@ -170,15 +182,19 @@ def forward(static: Static, x, w, bias, residual, scale, x_scale, w_scale, *,
         bias=bias, residual=residual, clamp=static.clamp, transpose_x=static.transpose_x,
         transpose_w=static.transpose_w, transpose_out=static.transpose_out,
         save_aux=save_aux, aux_dtype=aux_dtype(static.out_dtype),
-        precision=static.precision, requested=static.tpu_request)
+        precision=static.precision, requested=static.tpu_request,
+        activation_grad=static.activation_grad, preactivation=preactivation)
   if static.kernel_backend == "mosaic_gpu":
-    # `guard.mosaic_unsupported_reason` sends column sums to Triton.
-    assert not static.w_column_sum
+    # `guard.mosaic_unsupported_reason` sends column sums and activation
+    # derivatives to Triton.
+    assert not static.w_column_sum and static.activation_grad is None
     cfg = static.mosaic_aux_config if save_aux else static.mosaic_config
     launch = functools.partial(mosaic_gpu.matmul_forward, cfg=cfg)
   else:
     launch = functools.partial(kernel.matmul_forward, cfg=static.config,
-                               column_sum=static.w_column_sum)
+                               column_sum=static.w_column_sum,
+                               activation_grad=static.activation_grad,
+                               preactivation=preactivation)
   res = launch(
       x, w, interpret=static.interpret, compute_dtype=static.compute_dtype,
       out_dtype=out_dtype, activation=static.activation,
@@ -336,39 +352,49 @@ def _dequantized_w_stored(static: Static, w, w_scale):
   return (w.astype(_F32) * s).astype(static.compute_dtype)
 
 
-def _epilogue_grads(static: Static, aux, ct, scale, bias, residual):
+def _epilogue_grads(static: Static, aux, ct, scale, bias, residual, preactivation=None,
+                    col=None, row=None):
   """(g in the compute dtype, logical [..., M, N]; g transposed? (never);
-  db [N]; dscale [N]; dres) by `jax.vjp` of the reference epilogue at the
-  saved accumulator `aux`."""
+  db [N]; dscale [N]; dres; dpreactivation) by `jax.vjp` of the reference
+  epilogue at the saved accumulator `aux`; g times the column and row
+  multipliers (`_col_mult`, `_row_mult`), as `kernel.dact_bgrad` folds them."""
   n = aux.shape[-1]
   vec = lambda v: None if v is None else jnp.broadcast_to(jnp.asarray(v, _F32), (n,))
+  f32 = lambda a: None if a is None else a.astype(_F32)
 
-  def epilogue(acc, s, b, r):
+  def epilogue(acc, s, b, r, z):
     return reference._epilogue(  # pylint: disable=protected-access
         acc, _F32, _F32, bias=b, activation=static.activation, residual=r,
         out_dtype=_F32, scale=s, clamp=static.clamp, transpose_out=static.transpose_out,
-        quantize=None)
+        quantize=None, activation_grad=static.activation_grad, preactivation=z)
 
-  _, pullback = jax.vjp(epilogue, aux.astype(_F32), vec(scale), vec(bias),
-                        None if residual is None else residual.astype(_F32))
-  g, dscale, db, dres = pullback(ct.astype(_F32))
+  _, pullback = jax.vjp(epilogue, aux.astype(_F32), vec(scale), vec(bias), f32(residual),
+                        f32(preactivation))
+  g, dscale, db, dres, dpre = pullback(ct.astype(_F32))
+  if col is not None:
+    g = g * col
+  if row is not None:
+    g = g * row[..., None]
   return (g.astype(static.compute_dtype), False, db, dscale,
-          ct if residual is None else dres)
+          ct if residual is None else dres, dpre)
 
 
 def _kernel_backward(static: Static, inputs, aux, ct, want_dx: bool, want_dw: bool,
                      dcolsum=None):
-  x, w, bias, residual, scale, x_scale, w_scale = inputs
+  x, w, bias, residual, scale, x_scale, w_scale, preactivation = inputs
   m, n, _ = guard.dims(x.shape, w.shape, static.transpose_x, static.transpose_w)
   col = _col_mult(static, n, x_scale, w_scale)
   row = _row_mult(static, x_scale)
   cdt = jnp.dtype(static.compute_dtype)
-  db = dscale = None
-  if _needs_aux(static, scale) and static.kernel_backend == "mosaic_tpu":
-    # No fused dAct + bias-gradient kernel on a TPU: XLA differentiates the
-    # reference epilogue at the saved accumulator in one fused elementwise
-    # pass with its column reductions; the two gemms below are the kernel.
-    g, g_t, db, dscale, dres = _epilogue_grads(static, aux, ct, scale, bias, residual)
+  db = dscale = dpre = None
+  if _needs_aux(static, scale) and (static.kernel_backend == "mosaic_tpu"
+                                    or static.activation_grad is not None):
+    # No fused dAct + bias-gradient kernel on a TPU, nor one taking act'' for
+    # an activation derivative: XLA differentiates the reference epilogue at
+    # the saved accumulator in one fused elementwise pass with its column
+    # reductions; the two gemms below are the kernel.
+    g, g_t, db, dscale, dres, dpre = _epilogue_grads(
+        static, aux, ct, scale, bias, residual, preactivation, col, row)
   elif _needs_aux(static, scale):
     if static.kernel_backend != "triton":
       # An element-wise pass with column sums: no wgmma, no TMA tiles to gain.
@@ -452,7 +478,8 @@ def _kernel_backward(static: Static, inputs, aux, ct, want_dx: bool, want_dw: bo
   if scale is not None:
     dscale_out = dscale.reshape(jnp.shape(scale)) if jnp.ndim(scale) else jnp.sum(dscale)
     dscale_out = dscale_out.astype(jnp.asarray(scale).dtype)
-  return (dx, dw, cast(db, bias), cast(dres, residual), dscale_out, None, None)
+  return (dx, dw, cast(db, bias), cast(dres, residual), dscale_out, None, None,
+          cast(dpre, preactivation))
 
 
 def _reference_backward(static: Static, inputs, ct):
@@ -470,19 +497,19 @@ def _reference_backward(static: Static, inputs, ct):
 @functools.lru_cache(maxsize=256)
 def build(static: Static):
   """The differentiable Pallas matmul for `static`: f(x, w, bias, residual,
-  scale, x_scale, w_scale) -> result (or (values, scales))."""
+  scale, x_scale, w_scale, preactivation) -> result (or (values, scales))."""
 
   @jax.custom_vjp
-  def fused(x, w, bias, residual, scale, x_scale, w_scale):
+  def fused(*inputs):
     with backend_lib.targeting(static.target):
-      return result(static, forward(static, x, w, bias, residual, scale, x_scale, w_scale))
+      return result(static, forward(static, *inputs))
 
-  def fused_fwd(x, w, bias, residual, scale, x_scale, w_scale):
+  def fused_fwd(*inputs):
     with backend_lib.targeting(static.target):
-      return _fused_fwd(x, w, bias, residual, scale, x_scale, w_scale)
+      return _fused_fwd(*inputs)
 
-  def _fused_fwd(x, w, bias, residual, scale, x_scale, w_scale):
-    inputs = (x, w, bias, residual, scale, x_scale, w_scale)
+  def _fused_fwd(*inputs):
+    x, w, scale = inputs[0], inputs[1], inputs[4]
     want_dx, want_dw, reason = _plan(static, x, w)
     if reason is not None:
       if static.quantize is None:
