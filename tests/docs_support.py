@@ -31,6 +31,7 @@ import contextlib
 import dataclasses
 import functools
 import io
+import json
 import os
 import pathlib
 import re
@@ -173,6 +174,29 @@ def _in_folder(path: pathlib.Path | str):
     os.chdir(old)
 
 
+#: The CPU facts the samples' estimates use: measured once on a 2-core Xeon
+#: (`hlo-audit calibrate`'s DeviceFacts). A sample ranked by time, or by peak
+#: with ties broken by time, keeps its order on every machine only with the
+#: same rates; a machine's own measurement (under CI's two parallel suites,
+#: say) may swap two rows whose estimates are close.
+CPU_FACTS = pathlib.Path(__file__).resolve().parent / "docs_cpu_facts.json"
+
+
+@contextlib.contextmanager
+def _pinned_cpu_facts():
+  from hlo_audit._src.target import calibration
+  from hlo_audit._src.target.devices import DeviceFacts
+
+  facts = DeviceFacts.from_dict(json.loads(CPU_FACTS.read_text(encoding="utf-8")))
+  with calibration._lock:
+    old, calibration._facts = calibration._facts, facts
+  try:
+    yield
+  finally:
+    with calibration._lock:
+      calibration._facts = old
+
+
 @contextlib.contextmanager
 def _env(name: str, value: str | None):
   old = os.environ.get(name)
@@ -223,7 +247,7 @@ def run_page(page: pathlib.Path) -> tuple[BlockRun, ...]:
   runs: list[BlockRun] = []
   failed = False
   scratch = _scratch(f"doc_{page.stem}_")
-  with _in_folder(scratch):
+  with _in_folder(scratch), _pinned_cpu_facts():
     for f in fences(page):
       if f.info != "python":
         continue
@@ -276,7 +300,8 @@ def run_command(command: str) -> tuple[int, str]:
   assert argv[0] == "hlo-audit", command
   folder = _scratch("doc_cmd_") if "--out" in argv else ROOT
   out = io.StringIO()  # stdout and stderr as a terminal interleaves them
-  with _in_folder(folder), contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+  with _in_folder(folder), _pinned_cpu_facts(), contextlib.redirect_stdout(out), \
+      contextlib.redirect_stderr(out):
     code = main.run(argv[1:])
   return int(code), out.getvalue()
 

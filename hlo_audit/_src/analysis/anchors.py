@@ -97,8 +97,24 @@ def matmul_anchor(module: HloModule, computation: str,
   dcomp, dot = found
   lhs, rhs = (_spec(dcomp, o) for o in dot.operands[:2])
   out = dot.shape
+  if out is not None and out.is_tuple and out.tuple_shapes:
+    out = out.tuple_shapes[0]  # A library call's result beside its workspace.
   result = tuple(out.dims) if out is not None and out.is_array else ()
-  dn = dot.dot_dimension_numbers if dot.opcode == "dot" else None
+  if dot.opcode != "dot":
+    # A cuBLAS call holds its dot's dimension numbers in its backend config
+    # (dy @ w^T contracts both operands' dimension 1).
+    gemm = (dot.backend_config_json() or {}).get("gemm_backend_config")
+    numbers = gemm.get("dot_dimension_numbers") if isinstance(gemm, dict) else None
+    if not isinstance(numbers, dict):
+      return MatmulAnchor(lhs, rhs, result)
+    try:
+      dims = [tuple(int(d) for d in numbers.get(f"{side}_{kind}_dimensions", ()))
+              for side, kind in (("lhs", "contracting"), ("rhs", "contracting"),
+                                 ("lhs", "batch"), ("rhs", "batch"))]
+    except (TypeError, ValueError):
+      return MatmulAnchor(lhs, rhs, result)
+    return MatmulAnchor(lhs, rhs, result, *dims)
+  dn = dot.dot_dimension_numbers
   if dn is None:
     return MatmulAnchor(lhs, rhs, result)
   return MatmulAnchor(lhs, rhs, result, tuple(dn.lhs_contracting), tuple(dn.rhs_contracting),

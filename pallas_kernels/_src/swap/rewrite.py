@@ -26,6 +26,7 @@ from jax.extend import source_info_util
 from pallas_kernels._src import backend
 from pallas_kernels._src import compat
 from pallas_kernels._src import jax_attention
+from pallas_kernels._src.swap import activation_grad
 from pallas_kernels._src.swap import adam
 from pallas_kernels._src.swap import attention
 from pallas_kernels._src.swap import cross_entropy
@@ -40,10 +41,11 @@ from pallas_kernels._src.swap.report import SwapReport, SwapSite
 
 #: Anchor primitive -> matchers, tried in order: a weight gradient feeding
 #: Adam's update, a gemm starting an attention chain, a GLU or a
-#: cross-entropy head is the chain's before it is a matmul's.
+#: cross-entropy head is the chain's before it is a matmul's; so is a gemm
+#: whose result an activation's derivative multiplies (a backward pass).
 _MATCHERS = {**patterns.REGISTRY, "dot_general": (
     adam.match_adam, attention.match_attention, glu.match_glu, cross_entropy.match_cross_entropy,
-    *patterns.REGISTRY["dot_general"])}
+    activation_grad.match_activation_grad, *patterns.REGISTRY["dot_general"])}
 
 
 def _ops() -> dict[str, Callable[..., Any]]:
@@ -182,6 +184,8 @@ def plan_program(program: Program, options: _Options, where: str,
                  sites: list[SwapSite]) -> Plan:
   """Chooses the replacements in `program` (and in its bodies)."""
   taken: set[int] = set()
+  # Values the accepted calls write; any other value of a taken node is gone.
+  written: set[int] = set()
   emit: dict[int, list[tuple[int, Callable]]] = {}
   rewritten: dict[int, Callable] = {}
   for node in program.nodes:
@@ -197,6 +201,10 @@ def plan_program(program: Program, options: _Options, where: str,
       if isinstance(result, Rejection):
         sites.append(_site(program, result, False, result.reason, where))
         break
+      inputs = [o.val for o in result.operands() if o.val is not None and
+                not isinstance(o.val, Lit)]
+      if any(program.producer.get(v) in taken and v not in written for v in inputs):
+        continue  # It reads what an earlier call absorbed: the next pattern may take less.
       if result.op not in options.ops:
         sites.append(_site(program, result, False,
                            f"not among ops={sorted(options.ops)}", where))
@@ -209,8 +217,7 @@ def plan_program(program: Program, options: _Options, where: str,
         sites.append(_site(program, result, False, reason, where))
         break
       taken |= result.consumed
-      inputs = [o.val for o in result.operands() if o.val is not None and
-                not isinstance(o.val, Lit)]
+      written.update(result.outputs)
       ready = max((program.producer.get(v, -1) for v in inputs), default=-1)
       emit.setdefault(point, []).append((ready, _emitter(program, result, options.interpret)))
       sites.append(_site(program, result, True, "", where))

@@ -167,3 +167,17 @@ def test_needs_describe_their_kernel():
   assert need(FindingKind.MATERIALIZED_SLICE, "dot", ("concatenate",),
               reads_parts=True).describe() == "a dot kernel that reads the parts in place"
   assert kernel_library.NO_LIBRARY == "no kernel library is installed"
+
+
+def test_a_cublas_calls_anchor_carries_its_dot_dimension_numbers():
+  # XLA:GPU with Triton gemms off (flax's MLP on an H200): cuBLASLt calls
+  # hold their dot's dimension numbers in the backend config. dh = dy @
+  # w2^T contracts both operands' dimension 1; dW = x^T @ dy both's 0.
+  from tests.hlo_audit.real_models import h200_support
+  module = hlo_audit.parse_hlo(h200_support.fixture("cublas_mlp"))
+  entry = module.entry.name
+  dx = plugins.matmul_anchor(module, entry, "custom-call.11")
+  assert (str(dx.lhs), str(dx.rhs), dx.result) == ("f32[128,16]", "f32[512,16]", (128, 512))
+  assert (dx.lhs_contracting, dx.rhs_contracting, dx.lhs_batch) == ((1,), (1,), ())
+  dw = plugins.matmul_anchor(module, entry, "custom-call.14")
+  assert (dw.lhs_contracting, dw.rhs_contracting) == ((0,), (0,))
