@@ -29,6 +29,7 @@ from pallas_kernels._src import jax_attention
 from pallas_kernels._src.swap import activation_grad
 from pallas_kernels._src.swap import adam
 from pallas_kernels._src.swap import attention
+from pallas_kernels._src.swap import column_sum
 from pallas_kernels._src.swap import cross_entropy
 from pallas_kernels._src.swap import glu
 from pallas_kernels._src.swap import guard_check
@@ -42,10 +43,12 @@ from pallas_kernels._src.swap.report import SwapReport, SwapSite
 #: Anchor primitive -> matchers, tried in order: a weight gradient feeding
 #: Adam's update, a gemm starting an attention chain, a GLU or a
 #: cross-entropy head is the chain's before it is a matmul's; so is a gemm
-#: whose result an activation's derivative multiplies (a backward pass).
+#: whose result an activation's derivative multiplies, and a weight
+#: gradient beside its bias gradient's sum (a backward pass).
 _MATCHERS = {**patterns.REGISTRY, "dot_general": (
     adam.match_adam, attention.match_attention, glu.match_glu, cross_entropy.match_cross_entropy,
-    activation_grad.match_activation_grad, *patterns.REGISTRY["dot_general"])}
+    activation_grad.match_activation_grad, column_sum.match_column_sum,
+    *patterns.REGISTRY["dot_general"])}
 
 
 def _ops() -> dict[str, Callable[..., Any]]:
@@ -129,10 +132,19 @@ def _dry_run(program: Program, match: Match, interpret: bool | None) -> str | No
     return reason
   want = tuple((tuple(program.avals[o].shape), jnp.dtype(program.avals[o].dtype).name)
                for o in match.outputs)
-  got = tuple((tuple(o.shape), jnp.dtype(o.dtype).name) for o in jax.tree.leaves(out))
+  got = tuple((tuple(o.shape), jnp.dtype(w[1] if _side_cast(i, o.dtype, w[1]) else o.dtype).name)
+              for i, (o, w) in enumerate(zip(jax.tree.leaves(out), want)))
   if got != want:
     return f"the kernel's result {got} differs from the program's {want}"
   return None
+
+
+def _side_cast(i: int, got, want) -> bool:
+  """Whether output `i` of a call is a side output the kernel writes in
+  float32 (a column sum) where the program computed it in a narrower float:
+  cast to the program's type, as its own sum rounds."""
+  return (i > 0 and jnp.dtype(got) == jnp.float32 and jnp.dtype(want) != jnp.float32 and
+          jnp.issubdtype(jnp.dtype(want), jnp.floating))
 
 
 def _emitter(program: Program, match: Match, interpret: bool | None):
@@ -152,7 +164,9 @@ def _emitter(program: Program, match: Match, interpret: bool | None):
     with source_info_util.user_context(info.traceback, name_stack=name_stack):
       out = fn(*pos, **kw, **static)
     outs = out if isinstance(out, tuple) else (out,)
-    return dict(zip(match.outputs, outs))
+    return {v: o.astype(program.avals[v].dtype)
+            if _side_cast(i, o.dtype, program.avals[v].dtype) else o
+            for i, (v, o) in enumerate(zip(match.outputs, outs))}
 
   return emit
 

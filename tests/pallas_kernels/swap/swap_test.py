@@ -58,8 +58,10 @@ def test_a_whole_training_step_keeps_the_pre_activation_its_backward_reads(mlp_a
     return value, w - 0.1 * dw, b - 0.1 * db
 
   swapped = pallas_kernels.swap(step)
-  (site,) = swapped.report(*mlp_args).sites
+  site, grads = swapped.report(*mlp_args).sites
   assert site.replaced and site.pattern == "dot_general + bias", site.pattern
+  # dw = x^T @ dy beside db = sum(dy): one call reading dy once.
+  assert grads.replaced and grads.pattern == "dot_general + column_sum", grads.pattern
   _close(jax.jit(swapped)(*mlp_args), step(*mlp_args))
 
 
