@@ -92,3 +92,23 @@ def test_every_finite_element_is_checked_where_some_are_not_finite():
   unwritten = jnp.array([-jnp.inf, 1.0, 2.0, 9.0e6], jnp.float32)  # garbage left behind
   assert validate._written(written, ref, 1e-5)
   assert not validate._written(unwritten, ref, 1e-5)
+
+
+def _bare_row(**changes):
+  from pallas_kernels._src.validate import ValidationRow
+  base = ValidationRow(op="softmax", case="x=f32[5,37]", dtype="float32", kernel_err=1e-6,
+                       xla_err=1e-6, bound=1e-5, grad_err=None, grad_bound=None, written=True,
+                       nonfinite_ok=True, repeat_exact=True, fallback=None)
+  return dataclasses.replace(base, **changes)
+
+
+def test_a_report_passes_only_when_every_row_does():
+  from pallas_kernels._src.validate import ValidationReport
+  good, bad = _bare_row(), _bare_row(kernel_err=1e-3)
+  assert good.passed and not bad.passed
+  assert ValidationReport((good, good), interpret=True, device="cpu").passed
+  for rows in ((good, bad), (bad, good), ()):
+    assert not ValidationReport(rows, interpret=True, device="cpu").passed, rows
+  # The bound is inclusive: an error exactly at it passes, as the table's
+  # "kernel_err <= bound" says.
+  assert _bare_row(kernel_err=1e-5).passed

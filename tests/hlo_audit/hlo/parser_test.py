@@ -363,6 +363,7 @@ def test_error_names_the_file(tmp_path):
     "ROOT r = f32[4] negate(p), replica_groups=[2]<=[@]",
     "ROOT c = f32[2] constant(1.2.3)",
     "ROOT c = f32[2] constant({1, 2}})",
+    "ROOT c = f32[] constant()",
 ])
 def test_fast_path_takes_nothing_the_slow_path_rejects(line):
   """Regressions: the fast path's patterns once took values, literals and
@@ -371,6 +372,27 @@ def test_fast_path_takes_nothing_the_slow_path_rejects(line):
   for fast in (True, False):
     with pytest.raises(HloParseError):
       _parse(text, None, fast)
+
+
+def test_a_signature_shape_out_of_range_beside_a_known_one_is_an_error_at_its_column():
+  # The fast header takes a signature whose shapes are all known or all
+  # parse: one known shape (f32[4], the result's) does not vouch for the rest.
+  text = ("HloModule m\n\n%c (a: f32[4], b: f32[99999999999999999999]) -> f32[4] {\n"
+          "  ROOT a = f32[4] parameter(0)\n}\n\nENTRY e {\n  p = f32[4] parameter(0)\n"
+          "  ROOT r = f32[4] call(p, p), to_apply=%c\n}\n")
+  for fast in (True, False):
+    with pytest.raises(HloParseError, match="^3:23: integer out of range"):
+      _parse(text, None, fast)
+
+
+def test_shapes_left_out_of_a_concatenate_and_a_transpose_are_inferred():
+  # Hand-written HLO may omit what XLA can infer: the concatenated axis
+  # (its `dimensions`) sums, a transpose permutes by its own.
+  m = parse_hlo("HloModule m\n\nENTRY e {\n  a = f32[2,3] parameter(0)\n"
+                "  b = f32[2,5] parameter(1)\n  c = concatenate(a, b), dimensions={1}\n"
+                "  ROOT t = transpose(c), dimensions={1,0}\n}\n")
+  c, t = m.entry.instruction("c"), m.entry.instruction("t")
+  assert (c.shape.dims, t.shape.dims) == ((2, 8), (8, 2))
 
 
 def test_fast_path_operands_need_comma_space():

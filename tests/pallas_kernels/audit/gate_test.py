@@ -152,3 +152,24 @@ def test_a_validated_sweep_point_keeps_its_cost_model_beside_its_validation():
   assert out["kernel"]["bytes_moved"] > 0 and out["kernel"]["flops"] > 0
   assert out["validation"]["passed"] is True and "kernel_err" in out["validation"]
   assert out["seconds"]["validate"] > 0
+
+
+def test_a_swap_report_passed_in_is_the_one_the_gate_reads():
+  # A candidate built around a swapped function names its replaced lines
+  # through `swap_report=`; a swapped candidate's own report does not
+  # replace one given.
+  k = jax.random.split(jax.random.PRNGKey(1), 3)
+  args = (jax.random.normal(k[0], (16, 32)), jax.random.normal(k[1], (32, 64)) / 6,
+          jax.random.normal(k[2], (64,)))
+  given = pallas_kernels.swap(_mlp, ops=("layer_norm",)).report(*args)
+  r = pallas_kernels.verify(_mlp, pallas_kernels.swap(_mlp), *args, swap_report=given)
+  assert r.swap_report is given
+
+
+def test_jaxs_library_verifies_the_candidate_against_the_baseline(monkeypatch):
+  from pallas_kernels._src.audit import jax_calls
+  seen = []
+  monkeypatch.setattr(verify_mod, "verify", lambda f, g, *a, **o: seen.append((f, g, a, o)))
+  base, cand = object(), object()
+  jax_calls.LIBRARY.verify(base, cand, 1, 2, repeats=3)
+  assert seen == [(base, cand, (1, 2), {"repeats": 3})]
