@@ -80,9 +80,10 @@ def _traffic(report) -> list:
 
 
 def closed(name: str):
-  """(actionable bytes before, after, gone, added) when the swap goes into
-  model `name`'s step, both programs compiled live for an H200; or a
-  one-line reason the swap or a compile failed."""
+  """(actionable bytes before, after, gone, added, XLA's footprint before,
+  after) when the swap goes into model `name`'s step, both programs
+  compiled live for an H200; or a one-line reason the swap or a compile
+  failed."""
   import jax
 
   import hlo_audit
@@ -97,9 +98,10 @@ def closed(name: str):
     else:
       g = pallas_kernels.swap(fn, target="h200")
       swapped, args_after = (jax.jit(g) if hasattr(fn, "trace") else g), args
-    before = hlo_audit.audit_hlo(h200_support.compile_text(fn, args), options=options)
-    after = hlo_audit.audit_hlo(h200_support.compile_text(swapped, args_after),
-                                options=options)
+    text, fp_before = h200_support.compile_with_footprint(fn, args)
+    before = hlo_audit.audit_hlo(text, options=options)
+    text, fp_after = h200_support.compile_with_footprint(swapped, args_after)
+    after = hlo_audit.audit_hlo(text, options=options)
   except Exception as e:  # noqa: BLE001 - a model the swap cannot take is a row
     return f"{type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"
   traffic, left = _traffic(before), _traffic(after)
@@ -108,7 +110,7 @@ def closed(name: str):
   gone = sum(f.bytes_saved for f in diff.findings_removed if id(f) in mine)
   added = sum(f.bytes_saved for f in diff.findings_added if id(f) in theirs)
   return (sum(f.bytes_saved for f in traffic), sum(f.bytes_saved for f in left),
-          gone, added)
+          gone, added, fp_before, fp_after)
 
 
 def main(argv=None) -> int:
@@ -170,8 +172,8 @@ def _swap_table(names) -> list[dict]:
   gone share, is the figure."""
   print(f"\nclosed by the swap (both compiled live for an H200; gone and added "
         f"by finding):\n{'model':18s} {'before':>10s} {'after':>10s} {'closed':>7s} "
-        f"{'gone':>6s} {'added':>6s}")
-  rows, sums = [], [0, 0, 0, 0]
+        f"{'gone':>6s} {'added':>6s}  XLA's footprint before -> after")
+  rows, sums = [], [0] * 6
   for name in names:
     got = closed(name)
     if isinstance(got, str):
@@ -181,7 +183,8 @@ def _swap_table(names) -> list[dict]:
     for i, v in enumerate(got):
       sums[i] += v
     rows.append(dict(zip(("model", "before_bytes", "after_bytes", "gone_bytes",
-                          "added_bytes"), (name, *got))))
+                          "added_bytes", "footprint_before", "footprint_after"),
+                         (name, *got))))
     _swap_row(name, *got)
   if sums[0]:
     _swap_row("all", *sums)
@@ -190,11 +193,14 @@ def _swap_table(names) -> list[dict]:
   return rows
 
 
-def _swap_row(name: str, before: int, after: int, gone: int, added: int) -> None:
+def _swap_row(name: str, before: int, after: int, gone: int, added: int,
+              fp_before: int, fp_after: int) -> None:
   mib = 2.0 ** 20
   pct = (lambda v: 100 * v / before if before else 0.0)
+  grew = 100 * (fp_after - fp_before) / fp_before if fp_before else 0.0
   print(f"{name:18s} {before / mib:6.1f} MiB {after / mib:6.1f} MiB "
-        f"{pct(before - after):6.0f}% {pct(gone):5.0f}% {pct(added):5.0f}%")
+        f"{pct(before - after):6.0f}% {pct(gone):5.0f}% {pct(added):5.0f}%  "
+        f"{fp_before / mib:8.1f} -> {fp_after / mib:8.1f} MiB ({grew:+.0f}%)")
 
 
 if __name__ == "__main__":

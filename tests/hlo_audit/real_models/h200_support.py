@@ -97,6 +97,18 @@ def compile_text(fn, args, options=None) -> str:
   return lower_step(fn, args, sharding).compile(compiler_options=options or {}).as_text()
 
 
+def compile_with_footprint(fn, args) -> tuple[str, int]:
+  """(`compile_text`'s text, XLA's own footprint of that program in bytes:
+  arguments + outputs + temporaries - aliased, from `memory_analysis()`)."""
+  import jax
+  sharding = jax.sharding.SingleDeviceSharding(_device())
+  compiled = lower_step(fn, args, sharding).compile()
+  m = compiled.memory_analysis()
+  footprint = (m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes
+               - m.alias_size_in_bytes)
+  return compiled.as_text(), int(footprint)
+
+
 def compile_data_parallel(fn, args, gpus: int) -> str:
   """A jax.jit train step `fn(state, batch)` compiled for `gpus` H200s: the
   state replicated, the batch split over the devices."""
