@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
+import jax.extend.core as jex_core
 import jax.numpy as jnp
 
 from pallas_kernels._src.swap import patterns, probe
@@ -35,7 +36,12 @@ _LINEAR_BINARY = frozenset({"mul", "div", "add", "add_any", "sub"})
 _ELEMENTWISE = _LINEAR_UNARY | _LINEAR_BINARY | frozenset({
     "exp", "exp2", "log", "log1p", "expm1", "erf", "erfc", "tanh", "logistic",
     "integer_pow", "square", "sqrt", "rsqrt", "pow", "max", "min", "abs", "sign",
-    "broadcast_in_dim"})
+    "broadcast_in_dim",
+    # jax 0.12's tanh derivative (1 - t^2) and polynomial evaluation.
+    "one_minus_square", "polynomial"})
+#: Calls whose body the factor may hold (jax 0.12 writes GELU's exp(-x^2)
+#: as a custom_jvp call), replayed through their body.
+_CALLS = frozenset({"custom_jvp_call", "custom_vjp_call", "pjit", "closed_call"})
 #: Shape-only prims: the values pass unchanged.
 _MOVES = frozenset({"reshape", "squeeze", "expand_dims", "copy", "copy_p"})
 #: The smooth activations whose derivative the kernel applies (a relu's is
@@ -109,7 +115,7 @@ def _root(program: Program, factors: list[Val], n: int) -> tuple[int, list[Node]
       continue
     node = program.node_of(v)
     full = [i for i in (node.ins if node else ()) if not isinstance(i, Lit)]
-    if node is None or node.prim not in _ELEMENTWISE or len(node.outs) != 1 or any(
+    if node is None or node.prim not in _ELEMENTWISE | _CALLS or len(node.outs) != 1 or any(
         _size(program, i) not in (1, n) for i in full) or (
         node.prim == "broadcast_in_dim" and _size(program, node.ins[0]) != 1):
       if _size(program, v) != n:
@@ -143,10 +149,34 @@ def _replay(program: Program, nodes: list[Node], env: dict) -> dict | None:
     if node.prim in _MOVES or node.prim == "convert_element_type" or (
         node.prim == "broadcast_in_dim" and vals[0].ndim == 0):
       out = np.broadcast_to(np.asarray(vals[0], np.float32), (width,))
+    elif node.prim in _CALLS:
+      # The body's work binds to probe arrays as to the program's (its
+      # equations are elementwise, else replaying them fails: no match).
+      body = probe._body(node.eqn)
+      if body is None:
+        return None
+      (out,) = _eval_body(body, [jnp.broadcast_to(jnp.asarray(v, jnp.float32), (width,))
+                                 for v in vals])
     else:
       out = bind(node.eqn, [jnp.asarray(v, jnp.float32) for v in vals])
     env[node.outs[0]] = np.asarray(out, np.float32)
   return env
+
+
+def _eval_body(closed: jex_core.ClosedJaxpr, invals: list) -> list:
+  """A call's body bound equation by equation to `invals` (as
+  `jax.core.eval_jaxpr` does; nested calls bind whole)."""
+  jaxpr = closed.jaxpr
+  env: dict = dict(zip(jaxpr.invars, invals))
+  env.update(zip(jaxpr.constvars, closed.consts))
+
+  def read(v):
+    return v.val if isinstance(v, jex_core.Literal) else env[v]
+
+  for eqn in jaxpr.eqns:
+    outs = bind(eqn, [read(v) for v in eqn.invars])
+    env.update(zip(eqn.outvars, outs if eqn.primitive.multiple_results else (outs,)))
+  return [read(v) for v in jaxpr.outvars]
 
 
 def _derivative(name: str, x: np.ndarray) -> np.ndarray:
@@ -165,7 +195,7 @@ def _classify(program: Program, dot_out: int, z: int, nodes: list[Node],
   env = {dot_out: g, z: zs}
   try:
     env = _replay(program, nodes, env)
-  except (TypeError, ValueError):
+  except Exception:  # noqa: BLE001 - work that does not replay on probes is no match
     return None
   if env is None or sink not in env:
     return None
