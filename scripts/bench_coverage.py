@@ -97,7 +97,8 @@ def closed(name: str):
       swapped, args_after = h200_support.program(h200_support.SWAPPED_EXAMPLE)
     else:
       g = pallas_kernels.swap(fn, target="h200")
-      swapped, args_after = (jax.jit(g) if hasattr(fn, "trace") else g), args
+      swapped, args_after = (jax.jit(g, donate_argnums=_donated(fn, args))
+                             if hasattr(fn, "trace") else g), args
     text, fp_before = h200_support.compile_with_footprint(fn, args)
     before = hlo_audit.audit_hlo(text, options=options)
     text, fp_after = h200_support.compile_with_footprint(swapped, args_after)
@@ -163,6 +164,15 @@ def main(argv=None) -> int:
       json.dump({"rows": rows, "total": total, "libraries": dict(libraries),
                  "swap": swap_rows}, f, indent=1)
   return 0
+
+
+def _donated(fn, args) -> tuple[int, ...]:
+  """The positions of the arguments jitted `fn` donates whole (its trace's
+  `args_info`), so that the swapped step donates what the step did."""
+  import jax
+  info, _ = fn.trace(*args).args_info
+  return tuple(i for i, a in enumerate(info)
+               if jax.tree.leaves(a) and all(x.donated for x in jax.tree.leaves(a)))
 
 
 def _swap_table(names) -> list[dict]:

@@ -413,9 +413,10 @@ def _identify(program: Program, dot: Node, rp: _Replay, g: int, x_op: Operand,
     static.append(("learning_rate", lr))
   static += [(n, h[n]) for n in ("b1", "b2", "eps", "eps_root", "weight_decay")]
   static.append(("transpose_x", True))
-  # The swap cannot see whether the step donates its state: aliased, XLA
-  # would copy every undonated parameter, mu and nu before the update.
-  static.append(("in_place", False))
+  # In place where the step's own jit donates the state it updates (jit the
+  # swapped step with the same donation); aliased undonated state, XLA
+  # would copy every parameter, mu and nu before the update.
+  static.append(("in_place", all(v in program.donated for v in (p, mu, nu))))
   items = ("adamw update",) if h["weight_decay"] else items
   return Match(op=OP, items=items,
                positional=(("x", x_op), ("dy", dy_op), ("param", Operand(p)),

@@ -97,6 +97,9 @@ class Program:
   known: dict[int, Any]
   #: Constants of inlined jit calls: value id -> value.
   call_consts: dict[int, Any] = dataclasses.field(default_factory=dict)
+  #: Program inputs the traced function's own jit donates (its
+  #: `donated_invars`): an update may write over them in place.
+  donated: frozenset[int] = frozenset()
 
   def aval(self, v: Val):
     return v.aval if isinstance(v, Lit) else self.avals[v]
@@ -194,6 +197,11 @@ def build(closed: jex_core.ClosedJaxpr) -> Program:
     invars.append(env[iv])
   items: list = []
   walk(closed.jaxpr, env, items)
+  # A jitted function traced whole is one call at the top: what it donates.
+  donated = frozenset(
+      a for item in items if isinstance(item, CallSite)
+      for a, d in zip(item.ins, item.eqn.params.get("donated_invars", ()))
+      if d and not isinstance(a, Lit) and a in invars)
   outs = tuple(operand(v, env) for v in closed.jaxpr.outvars)
   producer = {o: n.index for n in nodes for o in n.outs}
   uses: dict[int, list[int]] = {}
@@ -205,7 +213,7 @@ def build(closed: jex_core.ClosedJaxpr) -> Program:
       constvars=tuple(constvars), consts=tuple(closed.consts), outs=outs,
       avals=avals, producer=producer, uses=uses,
       returned=frozenset(v for v in outs if not isinstance(v, Lit)), known=known,
-      call_consts=call_consts)
+      call_consts=call_consts, donated=donated)
   _fold_constants(program)
   return program
 

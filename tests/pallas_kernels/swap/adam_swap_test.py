@@ -73,12 +73,33 @@ def test_each_dense_kernel_and_its_adam_step_are_one_call():
   for s in sites:
     assert "learning_rate=0.001, b1=0.9, b2=0.999, eps=1e-08, eps_root=0.0, " \
         "weight_decay=0.0" in s.call, s.call
-    # Whether the step donates its state is not in its jaxpr: an aliased
-    # update would have XLA copy each undonated parameter and moment first.
+    # The step donates nothing: an aliased update would have XLA copy each
+    # undonated parameter and moment first.
     assert "in_place=False" in s.call, s.call
   shapes = sorted(s.output for s in sites)
   assert shapes == [f"f32[{F},{H}], f32[{F},{H}], f32[{F},{H}]",
                     f"f32[{H},{C}], f32[{H},{C}], f32[{H},{C}]"]
+
+
+def test_a_step_whose_jit_donates_its_state_updates_it_in_place():
+  # flax's examples jit the step with the state donated: the update may
+  # write over the parameter and moments it reads (jit the swapped step
+  # with the same donation).
+  donating = jax.jit(_step, donate_argnums=(0,))
+  state, batch = _state(optax.adam(1e-3), 0)
+  sites = _adam_sites(pk.swap(donating, interpret=True).report(state, batch))
+  assert len(sites) == 2 and all("in_place=True" in s.call for s in sites), sites
+  # Donating the batch alone donates no state.
+  other = jax.jit(_step, donate_argnums=(1,))
+  sites = _adam_sites(pk.swap(other, interpret=True).report(state, batch))
+  assert sites and all("in_place=False" in s.call for s in sites), sites
+  pk.clear_fallbacks()
+  swapped = jax.jit(pk.swap(donating, interpret=True), donate_argnums=(0,))
+  want = jax.jit(_step)(*_state(optax.adam(1e-3), 1))
+  got = swapped(*_state(optax.adam(1e-3), 1))
+  for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+    assert tolerances.relative_error(a, b) <= tolerances.tolerance(jnp.float32)
+  assert not pk.fallbacks()
 
 
 def test_adam_step_values_equal_the_unswapped_step():
