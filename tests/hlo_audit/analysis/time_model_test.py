@@ -434,6 +434,13 @@ def test_the_estimate_survives_json():
   assert d["timing"]["device"]["sources"] == {}
   assert {k["name"] for k in d["timing"]["kernels"]} == {"sum", "exp"}
   assert d["timing"]["kernels"][0]["bound"] == "memory"
+  # Each part of the step's split comes back as itself.
+  parts = dataclasses.replace(r.timing, memory_time=1.0, compute_time=2.0, launch_time=3.0,
+                              communication_time=4.0, overlapped_communication=5.0)
+  again = type(parts).from_dict(parts.to_dict())
+  assert dict(again.split) == {"memory": 1.0, "compute": 2.0, "launch": 3.0,
+                               "communication": 4.0}
+  assert again.overlapped_communication == 5.0
 
 
 # ------------------------------------------- compiled here for an H200 ----

@@ -411,3 +411,20 @@ def test_norms_compute_xlas_values():
       "rms_norm + residual", "layer_norm"]
   for out, ref in zip(jax.jit(swapped)(x, r, g, b), f(x, r, g, b)):
     assert relative_error(out, ref) <= tolerance(ref.dtype)
+
+
+def test_constants_fold_up_to_the_limit_and_no_further():
+  # A mask made from constants is read while tracing when its values total
+  # FOLD_LIMIT elements or fewer; one element more stays traced.
+  from pallas_kernels._src.swap import program as prog
+
+  def made(n):
+    def f(x):
+      return x + jnp.arange(n, dtype=jnp.int32).astype(jnp.float32)
+    p = prog.build(jax.make_jaxpr(f)(jax.ShapeDtypeStruct((n,), jnp.float32)))
+    (converted,) = [node for node in p.nodes if node.prim == "convert_element_type"]
+    return p.value_of(converted.outs[0])
+
+  at = made(prog.FOLD_LIMIT)
+  assert at is not None and at.shape == (prog.FOLD_LIMIT,) and at[-1] == prog.FOLD_LIMIT - 1
+  assert made(prog.FOLD_LIMIT + 1) is None
