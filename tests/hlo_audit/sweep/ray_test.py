@@ -206,14 +206,16 @@ def test_a_point_whose_worker_dies_runs_once_more_and_then_fails_alone(
 def test_a_point_past_its_timeout_is_cancelled_and_the_others_run(
     cluster, model, tmp_path):
   t0 = time.monotonic()
+  # (A timeout an audit of the small model never reaches, even with CI's
+  # two suites sharing the two cores: at 6 s one "ok" point once timed out.)
   result = run_sweep(_options(model, tmp_path / "out", "b=8,16,24;d=16;mode=hang,ok",
-                              executor="ray", jobs=None, point_timeout=6))
+                              executor="ray", jobs=None, point_timeout=20))
   assert time.monotonic() - t0 < 100  # not the 120 s each hanging point sleeps
   records, _ = read_jsonl(str(tmp_path / "out" / "results.jsonl"))
   assert (result.ran, result.failed) == (6, 3)
   for r in records:
     if r["params"]["mode"] == "hang":
-      assert r["error"] == ("WorkerError: timed out after 6 s (--point-timeout); its "
+      assert r["error"] == ("WorkerError: timed out after 20 s (--point-timeout); its "
                             "Ray task was cancelled")
       assert "attempts" in r and r["attempts"] == 1  # not run again
     else:
