@@ -239,8 +239,7 @@ def match_activation_grad(program: Program, dot: Node, taken: set[int]) -> Resul
                                 tuple(lc), tuple(rc), tuple(lb), tuple(rb))
   consumed = frozenset({dot.index} | {node.index for node in nodes})
   precision = dot.params.get("precision")
-  if precision is not None and not isinstance(precision, tuple):
-    layout = f"dot algorithm {precision} (the kernel takes jax.lax.Precision levels only)"
+  layout = patterns.precision_reason(precision) or layout
   if isinstance(layout, str):
     return Rejection(OP, items, layout, dot.index, consumed)
   transpose_x, transpose_w = layout

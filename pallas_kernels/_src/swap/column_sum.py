@@ -74,10 +74,10 @@ def match_column_sum(program: Program, dot: Node, taken: set[int]) -> Result:
     if side == 0:
       static.append(("transpose_out", True))  # dy^T @ x: the result transposed
     precision = dot.params.get("precision")
+    why = patterns.precision_reason(precision)
+    if why:
+      return patterns.Rejection(OP, ("column_sum",), why, dot.index)
     if precision is not None:
-      if not isinstance(precision, tuple):
-        return patterns.Rejection(OP, ("column_sum",), f"dot algorithm {precision} (the kernel "
-                                  "takes jax.lax.Precision levels only)", dot.index)
       static.append(("precision", precision))
     return Match(op=OP, items=("column_sum",),
                  positional=(("x", operands[0]), ("w", operands[1])), keywords=(),

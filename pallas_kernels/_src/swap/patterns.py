@@ -247,6 +247,14 @@ def _dot_layout(xs, ws, lc, rc, lb, rb) -> tuple[bool, bool] | str:
   return lc[0] == len(xs) - 2, rc[0] == nb + 1
 
 
+def precision_reason(precision) -> str | None:
+  """Why the kernel cannot keep a dot's `precision` (a dot algorithm rather
+  than `jax.lax.Precision` levels), or None."""
+  if precision is not None and not isinstance(precision, tuple):
+    return f"dot algorithm {precision} (the kernel takes jax.lax.Precision levels only)"
+  return None
+
+
 _QUANTIZED = frozenset({"int8", "int4", "float8_e4m3fn", "float8_e5m2"})
 
 
@@ -382,8 +390,7 @@ def match_matmul(program: Program, dot: Node, taken: set[int]) -> Result:
   if not any(i.split(" ")[-1] != "transpose" for i in all_items):
     return None  # Nothing XLA leaves behind: its own dot is as good.
   precision = dot.params.get("precision")
-  if precision is not None and not isinstance(precision, tuple):
-    layout = f"dot algorithm {precision} (the kernel takes jax.lax.Precision levels only)"
+  layout = precision_reason(precision) or layout
   if isinstance(layout, str):
     return Rejection("matmul", all_items, layout, dot.index, frozenset(consumed))
   transpose_x, transpose_w = layout

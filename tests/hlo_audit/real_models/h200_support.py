@@ -89,20 +89,22 @@ def lower_step(fn, args, sharding):
   return step.trace(jax.tree.map(abstract, dynamic)).lower()
 
 
+def _compile(fn, args, options=None):
+  import jax
+  sharding = jax.sharding.SingleDeviceSharding(_device())
+  return lower_step(fn, args, sharding).compile(compiler_options=options or {})
+
+
 def compile_text(fn, args, options=None) -> str:
   """`fn` compiled for one H200, as optimized HLO text (`lower_step`'s
   `fn` and `args`); `options`, XLA compiler options."""
-  import jax
-  sharding = jax.sharding.SingleDeviceSharding(_device())
-  return lower_step(fn, args, sharding).compile(compiler_options=options or {}).as_text()
+  return _compile(fn, args, options).as_text()
 
 
 def compile_with_footprint(fn, args) -> tuple[str, int]:
   """(`compile_text`'s text, XLA's own footprint of that program in bytes:
   arguments + outputs + temporaries - aliased, from `memory_analysis()`)."""
-  import jax
-  sharding = jax.sharding.SingleDeviceSharding(_device())
-  compiled = lower_step(fn, args, sharding).compile()
+  compiled = _compile(fn, args)
   m = compiled.memory_analysis()
   footprint = (m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes
                - m.alias_size_in_bytes)
