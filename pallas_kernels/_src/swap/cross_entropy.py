@@ -11,6 +11,17 @@ replays each candidate's equations on random logits and labels against
 `logsumexp(logits) - logits[label]`. The one that equals it is the loss; the
 call replaces the gemm and everything between it and the loss, provided
 nothing else reads the logits.
+
+In a training step traced after `jax.grad`, the backward reads the logits
+too: `dlogits = (softmax(logits) - onehot(label)) * g`, then `dx = dlogits @
+w^T`, `dw = x^T @ dlogits` and the bias gradient's sum over the tokens.
+`_backward` finds those gemms and that sum, takes the equations between the
+forward's values and them, and finds the per-token cotangent `g` among the
+values they read (a constant `1/N` for a mean): replayed with random logits,
+labels and `g`, they must compute the formula above. The forward call then
+comes with a second one, at the backward's place: the kernel's own VJP at
+`g` (`cotangent=`), which recomputes the logits tile by tile, so neither
+pass writes them. Nothing else may read what the two calls absorb.
 """
 
 from __future__ import annotations
@@ -37,12 +48,27 @@ VOCAB_RATIO = 4
 MAX_REPLAY = 1 << 26
 
 
-def linear_cross_entropy(x, w, labels, *, shape: tuple[int, ...] | None = None, **kwargs):
+def linear_cross_entropy(x, w, labels, *, shape: tuple[int, ...] | None = None,
+                         cotangent=None, grads: tuple[str, ...] = (),
+                         dtypes: tuple[str, ...] = (), w_layout: str = "dv", **kwargs):
   """`pallas_kernels.linear_cross_entropy`, its per-token losses shaped as the
-  program held them (`take_along_axis` keeps a trailing axis of 1)."""
+  program held them (`take_along_axis` keeps a trailing axis of 1).
+
+  With `cotangent` (the per-token losses' cotangent, labels' shape), the
+  gradients instead, through the op's own VJP: `grads` names which ("x",
+  "w", "bias") and in what order, `dtypes` their types in the program, and
+  `w_layout` "vd" gives dw transposed, as `dy^T @ x` computes it."""
   from pallas_kernels._src.ops.linear_cross_entropy import api  # noqa: PLC0415
-  out = api.linear_cross_entropy(x, w, labels, **kwargs)
-  return out if shape is None else out.reshape(shape)
+  if cotangent is None:
+    out = api.linear_cross_entropy(x, w, labels, **kwargs)
+    return out if shape is None else out.reshape(shape)
+  bias = kwargs.pop("bias", None)
+  kwargs["reduction"] = "none"
+  _, pull = jax.vjp(lambda x, w, b: api.linear_cross_entropy(x, w, labels, bias=b, **kwargs),
+                    x, w, bias)
+  dx, dw, db = pull(jnp.reshape(cotangent, labels.shape).astype(jnp.float32))
+  got = {"x": dx, "w": dw.T if w_layout == "vd" else dw, "bias": db}
+  return tuple(got[k].astype(t) for k, t in zip(grads, dtypes, strict=True))
 
 
 def _logits(program: Program, dot: Node, taken: set[int], consumed: set[int]):
@@ -146,6 +172,266 @@ def _dead(program: Program, index: int) -> bool:
                  for o in program.nodes[index].outs)
 
 
+def _live(program: Program) -> set[int]:
+  """Nodes whose results reach what the program returns."""
+  live: set[int] = set()
+  stack = [v for v in program.returned]
+  while stack:
+    node = program.node_of(stack.pop())
+    if node is None or node.index in live:
+      continue
+    live.add(node.index)
+    stack.extend(v for v in node.ins if not isinstance(v, Lit))
+  return live
+
+
+def _size(program: Program, v: Val) -> int:
+  return math.prod(program.aval(v).shape)
+
+
+def _grow(program: Program, start: set[int], stop: set[int], live: set[int],
+          tokens: int, vocab: int):
+  """(region, frontier): the live nodes computed from the values of `start`
+  that stay per token or per token and class; the gemms and the sums down
+  to one per class that read them. A reason string where something else
+  reads them."""
+  region: set[int] = set()
+  frontier: set[int] = set()
+  stack = [o for i in start for o in program.nodes[i].outs if o not in stop]
+  while stack:
+    for u in program.uses.get(stack.pop(), ()):
+      if u in start or u in region or u in frontier or u not in live:
+        continue
+      node = program.nodes[u]
+      sizes = [_size(program, o) for o in node.outs]
+      if node.prim == "dot_general" or (node.prim == "reduce_sum" and sizes == [vocab]):
+        frontier.add(u)
+        continue
+      if not all(n in (tokens, tokens * vocab) for n in sizes):
+        return f"{node.prim} reads them"
+      region.add(u)
+      stack.extend(node.outs)
+  return region, frontier
+
+
+def _walk(program: Program, out: Val, stops: set[Val], tokens: int):
+  """(nodes computing `out`, per-token float values among them) back to
+  `stops`, literals and constants; None where it reaches another input.
+  Per-token float constants are walked through (a mean's cotangent `1/N`
+  is one, and its negation another)."""
+  nodes: set[int] = set()
+  per_token: list[Val] = []
+  stack = [out]
+  seen: set[Val] = set()
+  while stack:
+    v = stack.pop()
+    if isinstance(v, Lit) or v in stops or v in seen:
+      continue
+    seen.add(v)
+    aval = program.aval(v)
+    per = _size(program, v) == tokens and jnp.issubdtype(aval.dtype, jnp.floating)
+    if program.value_of(v) is not None and not per:
+      continue
+    node = program.node_of(v)
+    if node is None:
+      if program.value_of(v) is not None:
+        continue
+      return None
+    if per:
+      per_token.append(v)
+    if node.index not in nodes:
+      nodes.add(node.index)
+      stack.extend(node.ins)
+  return nodes, per_token
+
+
+def _from(program: Program, v: Val, nodes: set[int]) -> set[Val]:
+  """The values among `nodes`' results computed from `v`."""
+  found = {v}
+  for i in sorted(nodes):
+    node = program.nodes[i]
+    if any(u in found for u in node.ins if not isinstance(u, Lit)):
+      found.update(node.outs)
+  return found
+
+
+def _replay_grad(program: Program, nodes: set[int], logits: Val, labels: Val, g: Val,
+                 d: Val, vocab: int, seed: int = 1) -> bool:
+  """Whether the nodes compute (softmax(logits) - onehot(label)) * g."""
+  rng = np.random.default_rng(seed)
+  shape = tuple(program.aval(logits).shape)
+  lab_shape = tuple(program.aval(labels).shape)
+  x = rng.standard_normal(shape).astype(np.float32) * 4
+  lab = rng.integers(0, vocab, size=math.prod(lab_shape))
+  lab[:2] = (0, vocab - 1)
+  cot = rng.standard_normal(tuple(program.aval(g).shape)).astype(np.float32)
+  with jax.ensure_compile_time_eval(), jax.default_device(jax.devices("cpu")[0]):
+    env = {logits: jnp.asarray(x, program.aval(logits).dtype),
+           labels: jnp.asarray(lab.reshape(lab_shape), program.aval(labels).dtype),
+           g: jnp.asarray(cot, program.aval(g).dtype)}
+
+    def read(v):
+      if isinstance(v, Lit):
+        return v.value
+      return env[v] if v in env else program.value_of(v)
+
+    for i in sorted(nodes):
+      node = program.nodes[i]
+      got = prog_lib.bind(node.eqn, [read(v) for v in node.ins])
+      for o, val in zip(node.outs, got if node.eqn.primitive.multiple_results else [got]):
+        env[o] = val
+  logits32 = np.asarray(env[logits], np.float32).reshape(-1, vocab)
+  p = np.exp(logits32 - logits32.max(axis=-1, keepdims=True))
+  p /= p.sum(axis=-1, keepdims=True)
+  p[np.arange(p.shape[0]), lab] -= 1.0
+  want = p * np.asarray(env[g], np.float32).reshape(-1, 1)
+  got = np.asarray(env[d], np.float32).reshape(-1)
+  bound = tolerances.tolerance(program.aval(d).dtype)
+  return got.shape == want.reshape(-1).shape and \
+      tolerances.relative_error(got, want.reshape(-1)) <= bound
+
+
+def _dead_readers(program: Program, nodes: set[int], live: set[int]) -> set[int]:
+  """The nodes outside `nodes` that nothing returned needs and that read,
+  directly or through each other, what `nodes` compute (tracing leaves
+  them: a max's derivative where `stop_gradient` cut it off)."""
+  found: set[int] = set()
+  stack = [o for i in nodes for o in program.nodes[i].outs]
+  while stack:
+    for u in program.uses.get(stack.pop(), ()):
+      if u not in nodes and u not in found and u not in live:
+        found.add(u)
+        stack.extend(program.nodes[u].outs)
+  return found
+
+
+def _orphans(program: Program, nodes: set[int], taken: set[int], needed: set[Val]
+             ) -> set[int]:
+  """The nodes computing only what `nodes` read (the zeros a gather's
+  transpose scatters into), none of the `needed` values the calls read:
+  skipped with them, not left computing a [tokens, vocab] array nobody
+  reads."""
+  found: set[int] = set()
+  stack = [v for i in nodes for v in program.nodes[i].ins if not isinstance(v, Lit)]
+  while stack:
+    node = program.node_of(stack.pop())
+    if node is None or node.index in nodes or node.index in found or node.index in taken:
+      continue
+    if all(o not in program.returned and o not in needed and
+           all(u in nodes or u in found for u in program.uses.get(o, ()))
+           for o in node.outs):
+      found.add(node.index)
+      stack.extend(v for v in node.ins if not isinstance(v, Lit))
+  return found
+
+
+def _backward(program: Program, dot: Node, logits: Val, labels: Val, loss: Val,
+              forward: frozenset[int], bias: Operand | None, taken: set[int]
+              ) -> Match | str:
+  """The backward of the forward chain `forward` as a second call (the op's
+  VJP at the losses' cotangent), or why the logits' other readers are not
+  that backward."""
+  live = _live(program)
+  shape = tuple(program.aval(logits).shape)
+  tokens, rank = math.prod(shape[:-1]), len(shape)
+  vocab = shape[-1]
+  lead = tuple(range(rank - 1))
+  x, w = dot.ins
+  grown = _grow(program, set(forward), {loss}, live, tokens, vocab)
+  if isinstance(grown, str):
+    return grown
+  region, frontier = grown
+  if not frontier:
+    return "no gemm or bias sum reads the logits' gradient"
+  made = {o for i in forward | region for o in program.nodes[i].outs}
+  reads = {v for i in frontier for v in program.nodes[i].ins
+           if not isinstance(v, Lit) and v in made}
+  if len(reads) != 1:
+    return "the gemms read more than one array computed from the logits"
+  (d,) = reads
+  if tuple(program.aval(d).shape) != shape:
+    return "the logits' gradient is not laid out as the logits"
+  outputs: dict[str, tuple[Val, int]] = {}  # grad -> (program value, node)
+  w_layout, absorbed = "dv", set()
+  for i in sorted(frontier):
+    node = program.nodes[i]
+    if node.prim == "reduce_sum":
+      if bias is None or tuple(node.params.get("axes", ())) != lead or "bias" in outputs:
+        return "a sum of the logits' gradient is not the bias gradient"
+      outputs["bias"] = (node.outs[0], i)
+      continue
+    (lc, rc), (lb, rb) = node.params["dimension_numbers"]
+    side = node.ins.index(d)
+    other = node.ins[1 - side]
+    mine, theirs = (lc, rc) if side == 0 else (rc, lc)
+    if lb or rb:
+      return "a gemm reads the logits' gradient with batch dimensions"
+    if other == w and side == 0 and tuple(mine) == (rank - 1,) and tuple(theirs) == (1,) \
+        and "x" not in outputs:
+      outputs["x"] = (node.outs[0], i)
+    elif other == x and tuple(mine) == lead and tuple(theirs) == lead and "w" not in outputs:
+      out = node.outs[0]
+      if side == 0:  # dy^T @ x: dw transposed, often transposed back
+        user = program.single_use(out)
+        if user is not None and user.prim == "transpose" and user.index not in taken and \
+            tuple(user.params["permutation"]) == (1, 0):
+          out = user.outs[0]
+          absorbed.add(user.index)
+        else:
+          w_layout = "vd"
+      outputs["w"] = (out, i)
+    else:
+      return "a gemm reads the logits' gradient with neither x nor w"
+  # The per-token cotangent: the value the backward's equations read that
+  # the logits do not compute, tried earliest first.
+  # (The losses stop the walk: a cotangent computed from them, a log of the
+  # mean's, is still the cotangent.)
+  walked = _walk(program, d, {logits, labels, loss}, tokens)
+  if walked is None:
+    return "the logits' gradient reads arrays other than the logits, labels and cotangent"
+  nodes, per_token = walked
+  from_logits = _from(program, logits, nodes)
+  g = None
+  for cand in sorted((v for v in per_token if v not in from_logits),
+                     key=lambda v: program.producer.get(v, -1)):
+    cone = _walk(program, d, {logits, labels, cand}, tokens)
+    if cone is not None and _replay_grad(program, cone[0], logits, labels, cand, d, vocab):
+      g, nodes = cand, cone[0]
+      break
+  if g is None:
+    return "no per-token cotangent makes the backward (softmax - onehot) * g"
+  consumed = (nodes | region | frontier | absorbed) - forward
+  consumed |= _dead_readers(program, consumed | forward, live)
+  needed = {v for v in (x, w, labels, g, None if bias is None else bias.val)
+            if v is not None and not isinstance(v, Lit)}
+  consumed |= _orphans(program, consumed | forward, taken, needed)
+  if consumed & taken:
+    return "an earlier kernel call took part of the backward"
+  keep = {v for v, _ in outputs.values()} | {loss}
+  for i in consumed | forward:
+    for o in program.nodes[i].outs:
+      if o in keep:
+        continue
+      if o in program.returned or any(u not in consumed | forward
+                                      for u in program.uses.get(o, ())):
+        return "a value between the logits and their gradient is read elsewhere"
+  order = [k for k in ("x", "w", "bias") if k in outputs]
+  keywords = [("cotangent", Operand(g, "reshape", shape[:-1]))]
+  if bias is not None:
+    keywords.insert(0, ("bias", bias))
+  return Match(
+      op=OP, items=("backward",),
+      positional=(("x", Operand(x)), ("w", Operand(w)),
+                  ("labels", Operand(labels, "reshape", shape[:-1]))),
+      keywords=tuple(keywords),
+      static=(("grads", tuple(order)),
+              ("dtypes", tuple(jnp.dtype(program.aval(outputs[k][0]).dtype).name
+                               for k in order)),
+              ("w_layout", w_layout)),
+      outputs=tuple(outputs[k][0] for k in order), consumed=frozenset(consumed),
+      anchor=min(outputs[k][1] for k in order))
+
+
 def match_cross_entropy(program: Program, dot: Node, taken: set[int]) -> Result:
   """x @ w (+ bias) -> cross-entropy with integer labels, per token, as one
   `linear_cross_entropy(..., reduction="none")` call; None where the gemm
@@ -180,10 +466,15 @@ def match_cross_entropy(program: Program, dot: Node, taken: set[int]) -> Result:
     outside = {u for v in inner for u in program.uses.get(v, ()) if u not in consumed}
     consumed |= {u for u in outside if _dead(program, u)}  # skipped with the chain
     readers = sorted(u for u in outside if not _dead(program, u))
+    backward = None
     if readers or inner & program.returned:
-      return Rejection(OP, ("log_softmax", "label"), (
-          "the logits (or a value between them and the loss) are read elsewhere, "
-          "so they would still be written"), dot.index, frozenset(consumed))
+      backward = _backward(program, dot, logits, labels, out, frozenset(consumed),
+                           bias, taken)
+      if isinstance(backward, str):
+        return Rejection(OP, ("log_softmax", "label"), (
+            "the logits (or a value between them and the loss) are read elsewhere, "
+            f"so they would still be written ({backward})"), dot.index,
+            frozenset(consumed))
     if jnp.dtype(program.aval(out).dtype) != jnp.float32:
       return Rejection(OP, ("log_softmax", "label"), (
           f"the loss is {jnp.dtype(program.aval(out).dtype).name}; the kernel "
@@ -197,5 +488,6 @@ def match_cross_entropy(program: Program, dot: Node, taken: set[int]) -> Result:
                  keywords=keywords,
                  static=(("reduction", "none"),
                          ("shape", tuple(program.aval(out).shape))),
-                 outputs=(out,), consumed=frozenset(consumed), anchor=dot.index)
+                 outputs=(out,), consumed=frozenset(consumed), anchor=dot.index,
+                 follow=backward)
   return None

@@ -111,6 +111,10 @@ class Match:
   consumed: frozenset[int]
   #: The anchor node (its source line names the pattern).
   anchor: int
+  #: A second call planned with this one, or neither runs: a forward's
+  #: backward (the fused cross-entropy's gradient), emitted where the
+  #: cotangent it reads is computed.
+  follow: Match | None = None
 
   def operands(self) -> tuple[Operand, ...]:
     return tuple(o for _, o in self.positional + self.keywords)

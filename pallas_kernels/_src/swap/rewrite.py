@@ -215,7 +215,8 @@ def plan_program(program: Program, options: _Options, where: str,
       if isinstance(result, Rejection):
         sites.append(_site(program, result, False, result.reason, where))
         break
-      inputs = [o.val for o in result.operands() if o.val is not None and
+      follow = () if result.follow is None else result.follow.operands()
+      inputs = [o.val for o in result.operands() + follow if o.val is not None and
                 not isinstance(o.val, Lit)]
       if any(program.producer.get(v) in taken and v not in written for v in inputs):
         continue  # It reads what an earlier call absorbed: the next pattern may take less.
@@ -223,18 +224,28 @@ def plan_program(program: Program, options: _Options, where: str,
         sites.append(_site(program, result, False,
                            f"not among ops={sorted(options.ops)}", where))
         break
-      reason = _dry_run(program, result, options.interpret)
-      point = _emission_point(program, result) if reason is None else None
-      if reason is None and point is None:
-        reason = "a result is used before the pattern's inputs are all computed"
+      # A forward and its backward (`follow`) are planned together: both
+      # run, or neither does.
+      calls = [result] + ([result.follow] if result.follow is not None else [])
+      reason, points = None, []
+      for call in calls:
+        reason = _dry_run(program, call, options.interpret)
+        point = _emission_point(program, call) if reason is None else None
+        if reason is None and point is None:
+          reason = "a result is used before the pattern's inputs are all computed"
+        if reason is not None:
+          break
+        points.append(point)
       if reason is not None:
         sites.append(_site(program, result, False, reason, where))
         break
-      taken |= result.consumed
-      written.update(result.outputs)
-      ready = max((program.producer.get(v, -1) for v in inputs), default=-1)
-      emit.setdefault(point, []).append((ready, _emitter(program, result, options.interpret)))
-      sites.append(_site(program, result, True, "", where))
+      for call, point in zip(calls, points):
+        taken |= call.consumed
+        written.update(call.outputs)
+        ready = max((program.producer.get(o.val, -1) for o in call.operands()
+                     if o.val is not None and not isinstance(o.val, Lit)), default=-1)
+        emit.setdefault(point, []).append((ready, _emitter(program, call, options.interpret)))
+        sites.append(_site(program, call, True, "", where))
       break
   # Calls emitted at one point run in dependency order.
   emit_before = {p: [fn for _, fn in sorted(fns, key=lambda t: t[0])]
