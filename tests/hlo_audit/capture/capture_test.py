@@ -250,3 +250,21 @@ def test_errors_name_the_problem():
     hlo_audit.capture(not_jittable, X)
   with pytest.raises(CaptureError, match="takes no arguments"):
     hlo_audit.capture(jax.jit(mlp).lower(X, W), X)
+
+
+def test_a_stage_lowered_already_is_refused_another_target():
+  # Its devices are fixed at lowering: the function and its arguments go
+  # with target=, which this refusal says (no CUDA plugin needed to refuse).
+  with pytest.raises(CaptureError, match="lowered for its devices already.*target='h200'"):
+    hlo_audit.capture(jax.jit(mlp).lower(X, W), target="h200")
+
+
+@pytest.mark.parametrize("n, more", [(6, ""), (7, ", ...")])
+def test_a_failed_trace_names_the_first_six_arguments(n, more):
+  def many(*xs):
+    return float(sum(x.sum() for x in xs))  # concrete value of a tracer
+  args = [S((i + 1,), jnp.float32) for i in range(n)]
+  shapes = ", ".join(f"float32[{i + 1}]" for i in range(6))
+  with pytest.raises(CaptureError) as e:
+    hlo_audit.capture(many, *args)
+  assert f"could not trace many({shapes}{more})" in str(e.value)

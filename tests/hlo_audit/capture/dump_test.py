@@ -139,3 +139,14 @@ def test_several_matches_are_named_sorted_or_told_apart_by_id(tmp_path):
   _write(tmp_path, "module_0004.jit_b_step.cpu_after_optimizations.txt")
   with pytest.raises(DumpError, match=r"matches 2 modules named 'jit_b_step' .*\(ids 3, 4\)"):
     hlo_audit.load_dump(tmp_path).select("b_step")
+
+
+def test_a_module_without_a_name_is_listed_at_both_stages(tmp_path):
+  # XLA names a module after its function; one traced from an unnamed
+  # callable gives "module_0001..<stage>.txt": both stages still list it.
+  from hlo_audit._src.capture.dump import read_dump_dir
+
+  _write(tmp_path, "module_0001..before_optimizations.txt")
+  _write(tmp_path, "module_0001..cpu_after_optimizations.txt")
+  found = [(m.name, m.stage) for m in read_dump_dir(str(tmp_path))]
+  assert found == [("", "before_optimizations"), ("", "cpu_after_optimizations")]

@@ -37,6 +37,15 @@ def test_example_fail_on(capsys):
   assert "finding(s) of class unfused-epilogue" in capsys.readouterr().err
 
 
+def test_fail_on_names_the_offending_classes_in_alphabetical_order(capsys):
+  # The stderr headline is stable whatever order --fail-on named the classes
+  # in (CI logs and greps compare it).
+  assert run(["example", "--json", "--fail-on", "unfused-prologue,layout-conflict",
+              *SMALL]) == ExitCode.FINDINGS
+  err = capsys.readouterr().err
+  assert "finding(s) of class layout-conflict, unfused-prologue (--fail-on):" in err, err
+
+
 def test_file_terminal_and_html(tmp_path, capsys):
   p = tmp_path / "m.hlo"
   p.write_text(HLO)

@@ -238,8 +238,20 @@ ENTRY %main (x: f32[4], y: f32[4]) -> f32[4] {
 #: One instruction, no module around it: XLA makes its operands parameters.
 SINGLE_INSTRUCTION = "ROOT r = f32[2] add(f32[2] x, f32[2] y)\n"
 
+#: An operand that is neither a named instruction (`negate` names none) nor a
+#: nested one (no operand list): XLA's parser drops it and goes on, the tuple
+#: holding `p` alone.
+DROPPED_OPERAND = """HloModule m
+
+ENTRY e {
+  p = f32[4] parameter(0)
+  ROOT r = (f32[4]) tuple(p, f32[4] negate)
+}
+"""
+
 ALL = {
     "scheduled_async": SCHEDULED_ASYNC,
+    "dropped_operand": DROPPED_OPERAND,
     "constants": CONSTANTS,
     "stack_frames": STACK_FRAMES,
     "nested": NESTED,

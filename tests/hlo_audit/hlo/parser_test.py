@@ -66,6 +66,15 @@ def test_snippets_match_xla(tmp_path):
   assert not mismatches, "\n".join(mismatches)
 
 
+def test_an_operand_naming_nothing_is_dropped_where_the_list_closes():
+  # XLA accepts DROPPED_OPERAND (test_snippets_match_xla holds it); where the
+  # list does not close after it, the undefined name is the error.
+  assert both_paths(hlo_snippets.DROPPED_OPERAND).entry.root.operands == ("p",)
+  bad = hlo_snippets.DROPPED_OPERAND.replace("f32[4] negate", "q")
+  with pytest.raises(HloParseError, match="operand q is not defined"):
+    parse_hlo(bad)
+
+
 # ------------------------------------------------- what backends print ----
 
 

@@ -195,6 +195,16 @@ def test_without_an_estimate_one_sentence_says_why():
   assert 'id="step-timeline"' not in page
 
 
+def test_a_step_that_takes_no_time_says_so_instead_of_drawing():
+  # Launches that all take zero seconds leave nothing to scale the axis by:
+  # one sentence, not a drawing (nor a division by zero).
+  r = _by_hand(gathers(), ["k0", "k1"], [Launch("k0", 0.0, 0.0), Launch("k1", 0.0, 0.0)])
+  assert r.timing.step_time == 0
+  assert html.step_timeline_svg(r) == '<p class="muted">The estimated step takes no time.</p>'
+  page = r.to_html()
+  assert "The estimated step takes no time." in page and 'id="step-timeline"' not in page
+
+
 def test_a_merged_bars_tooltip_names_its_longest_kernels_first():
   # 3,000 launches of five kernels, each shorter than a pixel: merged bars
   # whose tooltips list the kernels by their time in the bar, longest first.

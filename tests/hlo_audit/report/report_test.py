@@ -54,6 +54,16 @@ def test_json_round_trip_and_diff_with_itself_is_empty():
   assert r.diff(again).unchanged
 
 
+def test_json_round_trip_keeps_allocations_and_heap_apart():
+  # The peak splits into allocations and heap; a saved report read back
+  # must say the same split, not one number twice.
+  r = dataclasses.replace(rep(), heap_peak_bytes=4096)
+  assert r.allocation_bytes not in (0, r.heap_peak_bytes)
+  again = report_from_dict(json.loads(r.to_json()))
+  assert (again.allocation_bytes, again.heap_peak_bytes) == (r.allocation_bytes, 4096)
+  assert again.summary() == r.summary()
+
+
 def test_json_writes_each_frame_once_and_reads_schema_2_inline_stacks():
   r = rep()
   d = json.loads(r.to_json())
@@ -133,6 +143,19 @@ def test_a_fix_saving_no_time_is_not_said_to_cost_time():
   said = [_time_saved(types.SimpleNamespace(time_saved=t)) for t in (0.0, -1e-6, 2e-6, None)]
   assert said == ["~0 s per step (estimated)", "costs ~1.00 us per step (estimated)",
                   "~2.00 us per step (estimated)", "not estimated (the device is unknown)"]
+
+
+def test_terminal_ranks_by_traffic_when_no_fix_has_a_time_estimate():
+  # On an unknown device no group has a time saved: the table is ranked by
+  # memory traffic and its title must say so, not claim an estimated time.
+  timed = rep().to_text(160)
+  assert "finding groups, by estimated time saved per step" in timed
+  r = dataclasses.replace(rep(), timing=None, findings=tuple(
+      dataclasses.replace(f, time_saved=None) for f in rep().findings))
+  for sort in ("time", "bytes"):
+    out = r.to_text(160, sort=sort)
+    assert "finding groups, by memory traffic saved per step" in out, sort
+    assert "estimated time saved" not in out, sort
 
 
 def test_summary_counts_kernels_by_kind():

@@ -63,6 +63,19 @@ def test_facts_round_trip_through_a_dict_and_reject_a_broken_one():
     DeviceFacts.from_dict(broken)
 
 
+def test_facts_from_a_dict_without_optional_fields_take_the_defaults():
+  # A cached calibration or report JSON written before a fact existed: the
+  # missing facts are the dataclass's defaults (no launch overhead, ...).
+  minimal = {"name": "old", "description": "an old cache", "platform": "cpu",
+             "memory_bandwidth": 1e10}
+  f = DeviceFacts.from_dict(minimal)
+  assert f.launch_overhead == 0.0
+  assert f == DeviceFacts(**minimal)
+  # A given launch overhead survives the round trip.
+  g = dataclasses.replace(f, launch_overhead=3e-6)
+  assert DeviceFacts.from_dict(json.loads(json.dumps(g.to_dict()))).launch_overhead == 3e-6
+
+
 def test_a_variant_scales_the_matrix_rate_and_has_its_own_narrow_curve():
   f = DeviceFacts(name="t", description="t", platform="cpu", memory_bandwidth=1e10,
                   matrix_flops={"f32": 1e11}, matrix_variants={"plain": 0.5},
@@ -181,3 +194,21 @@ def test_a_spec_listing_its_unit_rates_first_reads_the_same_device_clock():
   again = devices.gpu_facts(dataclasses.replace(spec, text=moved))
   assert again.transcendentals_per_second == devices.gpu_facts(spec).transcendentals_per_second
   assert again.matrix_rate("bf16") == pytest.approx(989e12, rel=0.01)
+
+
+def test_a_spec_whose_text_opens_with_a_unit_description_reads_its_rates():
+  # A spec file may start straight with a unit description (no licence
+  # header): the block at offset 0 is still found, its rates read and its
+  # clock kept apart from the device's.
+  from hlo_audit._src.target import devices, specs
+
+  spec = next(s for s in specs.bundled_specs() if s.name == "h200")
+  start = spec.text.index("  matrix_unit_description")
+  end = spec.text.index("  thread_dim_limit_x")
+  units = spec.text[start:end].lstrip()
+  head = spec.text.index("gpu_device_info {\n")
+  moved = units + spec.text[head:start] + spec.text[end:]
+  assert moved.startswith("matrix_unit_description {")
+  again = devices.gpu_facts(dataclasses.replace(spec, text=moved))
+  assert again.matrix_rate("bf16") == pytest.approx(989e12, rel=0.01)
+  assert again.transcendentals_per_second == devices.gpu_facts(spec).transcendentals_per_second

@@ -129,6 +129,18 @@ def test_missing_or_mismatched_wheels_name_the_pip_command(monkeypatch):
   assert wheels.problems() == []
 
 
+def test_without_jaxlib_installed_plugin_wheels_are_not_called_mismatched(monkeypatch):
+  # With no jaxlib there is no version to match: an installed plugin is not
+  # reported as "does not match jaxlib " (an empty version).
+  monkeypatch.setattr(compat, "JAXLIB_VERSION_TEXT", "")
+  have = {"jax-cuda12-pjrt": "0.12.0.1", "jax-cuda12-plugin": "0.12.0.1",
+          "nvidia-cuda-nvcc-cu12": "12.9.86"}
+  monkeypatch.setattr(wheels, "_version", have.get)
+  assert wheels.problems() == []
+  del have["jax-cuda12-plugin"]
+  assert wheels.problems() == ["jax-cuda12-plugin is not installed"]
+
+
 def test_jax_starts_on_the_cpu_where_the_plugin_has_no_gpu(monkeypatch):
   from hlo_audit._src.target import specs as specs_mod
 
