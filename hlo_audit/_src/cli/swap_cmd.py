@@ -59,20 +59,23 @@ def _concrete_args(cfg) -> tuple[Any, Any]:
   return params, tokens
 
 
-def swapped_example(fn, cfg, interpret: bool | None = None):
+def swapped_example(fn, cfg, interpret: bool | None = None, target: str | None = None):
   """(baseline, swapped, swapped loss) callables of (params, tokens) for the
   example's jitted function `fn` (train_step or loss_fn, cfg static). The
   swapped function runs here (the numerics gate) and compiles for a GPU
   target (the audit): the library builds each kernel for both, the
-  lowering keeping the one of the device compiled for."""
+  lowering keeping the one of the device compiled for. `target` ("h200")
+  plans and builds for that device alone instead: the program compiles for
+  it, and runs nowhere else."""
   import jax
 
   from hlo_audit._src.examples import transformer
 
   raw = getattr(fn, "__wrapped__", fn)
   baseline = functools.partial(raw, cfg=cfg)
+  options = {"target": target} if target is not None else {}
   loss = swap_library().swap(functools.partial(transformer.loss_fn, cfg=cfg),
-                             interpret=interpret)
+                             interpret=interpret, **options)
   if raw is transformer.loss_fn:
     return baseline, loss, loss
 

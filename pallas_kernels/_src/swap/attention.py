@@ -83,11 +83,11 @@ def attention(q, k, v, mask=None, *, layout: Layout, scale: float, causal: bool,
     m = jnp.broadcast_to(mask, lead + scores[2:]).reshape(scores)
     bias, mask_arg = (None, m) if m.dtype == jnp.bool_ else (m, None)
 
-  def run(call: str):
+  def run(call: str, interp: bool = False):
     if call == "pallas":
       from jax.experimental.pallas.ops.gpu import attention as jax_mha  # noqa: PLC0415
       out = jax_mha.mha(qs, ks, vs, None, sm_scale=scale, causal=causal,
-                        interpret=bool(interpret))
+                        interpret=interp)
     else:
       out = jax.nn.dot_product_attention(qs, ks, vs, bias=bias, mask=mask_arg, scale=scale,
                                          is_causal=causal, implementation=call)
@@ -109,9 +109,9 @@ def attention(q, k, v, mask=None, *, layout: Layout, scale: float, causal: bool,
         "" if interp else jax_attention.cudnn_available())
     if not why and not interp:
       return run("cudnn")
-    pallas = jax_attention.pallas_reason(shape, gpu)
+    pallas = jax_attention.pallas_reason(shape, gpu, interpret=interp)
     if not pallas and mask is None:
-      return run("pallas")
+      return run("pallas", interp)
     if interp and not why:
       why = "cuDNN's fused attention runs compiled only (interpret mode)"
     reason = f"{why}; {pallas or 'a mask other than causal'}"

@@ -62,6 +62,22 @@ def test_an_allocation_without_an_index_field_is_allocation_0():
   assert (alloc.index, alloc.size, alloc.is_thread_local) == (0, 32, True)
 
 
+def test_a_value_without_a_buffer_field_is_logical_buffer_0():
+  # proto3 leaves out zero values: logical buffer 0 carries no id, and the
+  # allocation's `assigned` entry for it no logical_buffer_id; it is still
+  # buffer 0, named by the instruction that defines it.
+  location = _field(4, UID) + _field(3, _varint(0))  # shape index {0}
+  logical = _field(2, 256) + _field(3, location)  # id 0 omitted
+  other = _field(1, 1) + _field(2, 64) + _field(3, _field(4, 5))  # buffer 1
+  assigned = _field(2, 32) + _field(3, 256)  # logical_buffer_id 0 omitted
+  alloc = _field(1, 4) + _field(2, 512) + _field(9, assigned)
+  proto = _field(1, logical) + _field(1, other) + _field(3, alloc)
+  (a,) = parse_buffer_assignment_proto(proto, _module()).allocations
+  (v,) = a.values
+  assert (v.id, v.instruction, v.shape_index) == (0, "fusion.2", (0,))
+  assert (v.offset, v.size) == (32, 256)
+
+
 def test_unknown_ids_are_named_by_id_and_bad_bytes_raise():
   ba = parse_buffer_assignment_proto(_assignment())  # no module proto
   assert ba.allocations[1].values[0].instruction == f"#{UID}"

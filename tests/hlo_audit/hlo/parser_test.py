@@ -404,6 +404,26 @@ def test_shapes_left_out_of_a_concatenate_and_a_transpose_are_inferred():
   assert (c.shape.dims, t.shape.dims) == ((2, 8), (8, 2))
 
 
+def test_a_reduce_without_its_shape_drops_the_reduced_dimensions():
+  # XLA infers a reduce's result by removing its `dimensions` from the input
+  # (its parser prints f32[3] and (f32[2,5], s32[2,5]) for this text); a
+  # variadic reduce (argmax) gives a tuple, one array per input.
+  m = both_paths(
+      "HloModule m\n\nadd {\n  x = f32[] parameter(0)\n  y = f32[] parameter(1)\n"
+      "  ROOT s = f32[] add(x, y)\n}\n\nargmax {\n  av = f32[] parameter(0)\n"
+      "  ai = s32[] parameter(1)\n  bv = f32[] parameter(2)\n  bi = s32[] parameter(3)\n"
+      "  gt = pred[] compare(av, bv), direction=GT\n  v = f32[] select(gt, av, bv)\n"
+      "  i = s32[] select(gt, ai, bi)\n  ROOT t = (f32[], s32[]) tuple(v, i)\n}\n\n"
+      "ENTRY e {\n  p = f32[2,3,5] parameter(0)\n  ids = s32[2,3,5] parameter(1)\n"
+      "  z = f32[] constant(0)\n  zi = s32[] constant(0)\n"
+      "  rows = reduce(p, z), dimensions={0,2}, to_apply=add\n"
+      "  best = reduce(p, ids, z, zi), dimensions={1}, to_apply=argmax\n"
+      "  ROOT out = tuple(rows, best)\n}\n")
+  assert m.entry.instruction("rows").shape == parse_shape("f32[3]")
+  assert m.entry.instruction("best").shape == parse_shape("(f32[2,5], s32[2,5])")
+  assert m.entry.root.shape == parse_shape("(f32[3], (f32[2,5], s32[2,5]))")
+
+
 def test_fast_path_operands_need_comma_space():
   """Regression: `%a,]%b` has the length of `%a, %b`."""
   with pytest.raises(HloParseError):
