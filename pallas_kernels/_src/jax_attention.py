@@ -95,11 +95,9 @@ def cudnn_reason(shape: AttentionShape, device) -> str:
   return ""
 
 
-def pallas_reason(shape: AttentionShape, device, interpret: bool = False) -> str:
-  """Why JAX's Pallas attention kernel cannot take the chain; "" when it can.
-  Interpreted (`interpret`), the kernel runs on any device: its shape rules
-  still hold, they are the kernel's own."""
-  if capability(device) is None and not interpret:
+def pallas_reason(shape: AttentionShape, device) -> str:
+  """Why JAX's Pallas attention kernel cannot take the chain; "" when it can."""
+  if capability(device) is None:
     return "JAX's Pallas attention kernel is written for NVIDIA GPUs"
   if shape.dtype not in PALLAS_DTYPES:
     return f"JAX's Pallas attention kernel takes f32, bf16 or f16 (q is {shape.dtype})"

@@ -109,7 +109,7 @@ def attention(q, k, v, mask=None, *, layout: Layout, scale: float, causal: bool,
         "" if interp else jax_attention.cudnn_available())
     if not why and not interp:
       return run("cudnn")
-    pallas = jax_attention.pallas_reason(shape, gpu, interpret=interp)
+    pallas = jax_attention.pallas_reason(shape, gpu)
     if not pallas and mask is None:
       return run("pallas", interp)
     if interp and not why:

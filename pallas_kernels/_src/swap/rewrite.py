@@ -33,10 +33,14 @@ from pallas_kernels._src.swap import column_sum
 from pallas_kernels._src.swap import cross_entropy
 from pallas_kernels._src.swap import glu
 from pallas_kernels._src.swap import guard_check
+from pallas_kernels._src.swap import hoist as hoist_lib
 from pallas_kernels._src.swap import patterns
 from pallas_kernels._src.swap import program as prog_lib
 from pallas_kernels._src.swap.patterns import Match, Rejection
 from pallas_kernels._src.swap.program import Lit, Plan, Program
+
+#: The report's name for work the swap moved out of a loop (no kernel).
+HOISTED = "hoisted out of the loop"
 from pallas_kernels._src.swap.report import SwapReport, SwapSite
 
 
@@ -260,6 +264,62 @@ def _subplan(closed, options: _Options, where: str, sites: list[SwapSite]):
   return None if plan.empty else (program, plan)
 
 
+def _remat_runner(p, prog: Program, plan: Plan) -> Callable:
+  """An evaluator of a checkpoint node (params `p`) whose body runs `plan`."""
+  def run_remat(invals):
+    f = jax.checkpoint(lambda *a: prog_lib.evaluate(prog, plan, list(a)),
+                       prevent_cse=p.get("prevent_cse", True), policy=p.get("policy"))
+    return list(f(*invals))
+
+  run_remat.parts = (prog, plan)
+  return run_remat
+
+
+def _remat_parts(node, plan: Plan) -> tuple[Program, Plan]:
+  """(body program, plan) of a checkpoint node of a planned program: as the
+  plan rewrote it, or untouched."""
+  runner = plan.rewritten.get(node.index)
+  if runner is not None and hasattr(runner, "parts"):
+    return runner.parts
+  return (prog_lib.build(_closed_jaxpr(node.params["jaxpr"])),
+          Plan(emit_before={}, skip=set(), rewritten={}))
+
+
+def _closed_jaxpr(j) -> jex_core.ClosedJaxpr:
+  return j if isinstance(j, jex_core.ClosedJaxpr) else jex_core.ClosedJaxpr(j, ())
+
+
+def _hoist_sites(hoist: hoist_lib.Hoist, where: str) -> list[SwapSite]:
+  """One report line per value computed once before a scan."""
+  sites = []
+  for index, region in [(None, hoist.body), *hoist.inner.items()]:
+    at = where if index is None else where + "/checkpoint body"
+    program = region.program
+    for v in region.seeds:
+      node = program.node_of(v)
+      prims = []
+      stack = [node.index]
+      seen: set[int] = set()
+      while stack:  # the work that makes this value
+        i = stack.pop()
+        if i in seen or i not in region.nodes:
+          continue
+        seen.add(i)
+        prims.append(program.nodes[i].prim)
+        stack.extend(program.producer.get(u, -1) for u in program.nodes[i].ins
+                     if not isinstance(u, Lit))
+      _, _, source = _frame(node.eqn.source_info)
+      locations = tuple(dict.fromkeys(
+          (f, ln) for f, ln, _ in (_frame(program.nodes[i].eqn.source_info) for i in seen)
+          if f))
+      sites.append(SwapSite(
+          kernel=HOISTED, pattern=" + ".join(dict.fromkeys(reversed(prims))),
+          call="computed once before the loop",
+          output=patterns.describe_aval(program.avals[v]), source=source, where=at,
+          replaced=True, locations=locations))
+  return sites
+
+
 def _plan_bodies(node, options: _Options, where: str,
                  sites: list[SwapSite]) -> Callable | None:
   """An evaluator for a control-flow or custom-derivative node whose body
@@ -267,17 +327,29 @@ def _plan_bodies(node, options: _Options, where: str,
   prim, p = node.prim, node.params
   label = (where + "/" if where else "")
   if prim == "scan":
-    sub = _subplan(p["jaxpr"], options, label + "scan body", sites)
-    if sub is None:
+    where_body = label + "scan body"
+    prog = prog_lib.build(p["jaxpr"])
+    plan = plan_program(prog, options, where_body, sites)
+    nconsts, ncarry = compat.scan_layout(p)
+    # Each checkpoint body of the step, as planned (or untouched).
+    inner = {n.index: _remat_parts(n, plan) for n in prog.nodes if n.prim == hoist_lib.REMAT}
+    hoist = hoist_lib.plan_hoist(prog, nconsts, {i: q for i, (q, _) in inner.items()})
+    if plan.empty and hoist.empty:
       return None
-    prog, plan = sub
-    ncarry = compat.scan_layout(p)[1]
+    sites.extend(_hoist_sites(hoist, where_body))
 
     def run_scan(invals):
       consts, init, xs = compat.split_scan_operands(p, invals)
+      # The work the same at every step, once, before the loop.
+      body_seeds, inner_seeds = hoist_lib.compute(hoist, consts, p["jaxpr"].consts)
+      step_plan = hoist_lib.seeded(plan, hoist.body, body_seeds)
+      for i, values in inner_seeds.items():
+        iprog, iplan = inner[i]
+        step_plan.rewritten[i] = _remat_runner(
+            prog.nodes[i].params, iprog, hoist_lib.seeded(iplan, hoist.inner[i], values))
 
       def step(carry, x):
-        outs = prog_lib.evaluate(prog, plan, [*consts, *carry, *x])
+        outs = prog_lib.evaluate(prog, step_plan, [*consts, *carry, *x])
         return outs[:ncarry], outs[ncarry:]
 
       carry, ys = jax.lax.scan(step, list(init), list(xs), length=p["length"],
@@ -318,18 +390,11 @@ def _plan_bodies(node, options: _Options, where: str,
       return list(jax.lax.switch(invals[0], fns, *invals[1:]))
 
     return run_cond
-  if prim == "remat2":  # jax.checkpoint's primitive on every supported jax
+  if prim == hoist_lib.REMAT:  # jax.checkpoint's primitive on every supported jax
     sub = _subplan(p["jaxpr"], options, label + "checkpoint body", sites)
     if sub is None:
       return None
-    prog, plan = sub
-
-    def run_remat(invals):
-      f = jax.checkpoint(lambda *a: prog_lib.evaluate(prog, plan, list(a)),
-                         prevent_cse=p.get("prevent_cse", True), policy=p.get("policy"))
-      return list(f(*invals))
-
-    return run_remat
+    return _remat_runner(p, *sub)
   if prim in ("custom_jvp_call", "custom_vjp_call") and \
       isinstance(p.get("call_jaxpr"), jex_core.ClosedJaxpr):
     closed = p["call_jaxpr"]

@@ -163,32 +163,16 @@ def _swap_report(fn, args, **kw):
   return pk.swap(fn, **kw).report(*args)
 
 
-def test_swap_routes_the_chain_on_an_h200_and_interprets_jaxs_kernel_on_this_cpu():
+def test_swap_routes_the_chain_on_an_h200_and_leaves_it_to_xla_on_this_cpu():
   # 32 keys: whole Triton blocks, so JAX's Pallas kernel takes it where cuDNN
   # is not installed; cuDNN takes it where it is.
   args = _args(jnp.bfloat16, s=32)
   on_h200 = _swap_report(flax_style, args, target="h200")
   (site,) = [s for s in on_h200.sites if s.kernel == "jax.nn.dot_product_attention"]
   assert site.replaced and site.pattern.startswith("gemm -> softmax -> gemm")
-  # Here the same kernel runs interpreted (and a GPU lowering compiles it):
-  # the swapped function checked on this CPU is the one an H200 runs.
   here = _swap_report(flax_style, args)
   (site,) = [s for s in here.sites if s.kernel == "jax.nn.dot_product_attention"]
-  assert site.replaced
-  pk.clear_fallbacks()
-  swapped = jax.jit(pk.swap(flax_style))
-  np.testing.assert_allclose(np.asarray(swapped(*args), np.float32),
-                             np.asarray(flax_style(*args), np.float32), atol=3e-2)
-  assert not pk.fallbacks()
-
-
-def test_a_chain_the_kernels_shape_rules_refuse_keeps_its_softmax_kernel():
-  # 24 keys: neither whole 128-blocks nor a power of two, so neither JAX's
-  # Pallas kernel (interpreted here) nor a CPU's cuDNN takes the chain.
-  here = _swap_report(flax_style, _args(jnp.bfloat16, s=24))
-  (site,) = [s for s in here.sites if s.kernel == "jax.nn.dot_product_attention"]
-  assert not site.replaced and "multiple of 128 or a power of two" in site.reason
-  assert "needs an NVIDIA GPU" in site.reason  # cuDNN's, the first choice
+  assert not site.replaced and "needs an NVIDIA GPU" in site.reason
   # The softmax alone is still the softmax kernel's where the chain is not.
   assert [s for s in here.sites if s.kernel == "pallas_kernels.softmax" and s.replaced]
 
