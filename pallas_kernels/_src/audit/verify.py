@@ -347,7 +347,8 @@ def _kernels_gate(fell_back: Sequence[guard.Fallback]) -> Gate:
 
 def verify(f: Callable, g: Callable, *args: Any, grad_argnums: int | Sequence[int] | None = None,
            peak_tolerance: float = 0.05, repeats: int = 20, swap_report: Any = None,
-           target: Any = None, **kwargs: Any) -> "VerificationReport":
+           target: Any = None, here: Callable | None = None,
+           **kwargs: Any) -> "VerificationReport":
   """Runs the acceptance gate of replacing `f` by `g` (e.g. `swap(f)`).
 
   Args:
@@ -365,6 +366,11 @@ def verify(f: Callable, g: Callable, *args: Any, grad_argnums: int | Sequence[in
       around a swapped loss).
     target: audit both programs as XLA compiles them for this device (e.g.
       "h200", `hlo_audit.get_target`); numerics still run on this machine.
+    here: the candidate as it runs on this machine, where `g` is built for
+      `target` alone (`swap(f, target="h200")` compiles for an H200 only):
+      the same plan interpreted, e.g. `swap(f, target="h200",
+      interpret=True)`. The numerics and timing gates run it; the audit
+      compiles `g`.
     **kwargs: keyword arguments of both functions.
 
   Returns:
@@ -387,15 +393,19 @@ def verify(f: Callable, g: Callable, *args: Any, grad_argnums: int | Sequence[in
   diff = before.diff(after)
   if swap_report is None and isinstance(g, Swapped):
     swap_report = g.report(*args, **kwargs)
-  interpreted = backend.resolve_interpret(None)
-  if isinstance(g, Swapped) and g._options.interpret is not None:  # noqa: SLF001
-    interpreted = g._options.interpret  # noqa: SLF001
+  def interpreted(fn) -> bool:
+    if isinstance(fn, Swapped) and fn._options.interpret is not None:  # noqa: SLF001
+      return fn._options.interpret  # noqa: SLF001
+    return backend.resolve_interpret(None)
+
   removal = _removal_gate(before, after, diff, swap_report)
-  numerics = _numerics_gate(fj, gj, args, kwargs, grad_argnums)
+  hj = gj if here is None else jax.jit(here)
+  numerics = _numerics_gate(fj, hj, args, kwargs, grad_argnums)
   gates = (
       removal, numerics,
-      _memory_gate(before, after, peak_tolerance, interpreted),
-      _timing_gate(fj, gj, args, kwargs, repeats, interpreted),
+      # A program compiled for a target holds its kernels compiled.
+      _memory_gate(before, after, peak_tolerance, target is None and interpreted(g)),
+      _timing_gate(fj, hj, args, kwargs, repeats, interpreted(g if here is None else here)),
       _kernels_gate(guard.fallbacks()[recorded:]),
   )
   return VerificationReport(gates=gates, before=before, after=after, diff=diff,

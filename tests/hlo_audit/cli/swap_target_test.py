@@ -2,9 +2,9 @@
 H200 on this machine, and the target check (kernels compiled, the what-if
 held against XLA's footprint of the swapped program).
 
-The swapped function is one: it runs here (the numerics gate, kernels
-interpreted) and compiles for the H200 (its kernels as custom calls), each
-kernel built for both and the lowering keeping one."""
+The swap is planned and built for the H200 (its kernels as custom calls in
+the compiled program); the same plan, interpreted, runs here for the
+numerics gate."""
 
 from __future__ import annotations
 
@@ -111,6 +111,21 @@ def test_the_what_if_is_within_5_percent_of_the_swapped_h200_program(swap_json):
   assert check["compiled_kernels"] > 0 and check["unsplit"] > 0, check
   assert abs(check["error"]) <= WHAT_IF_TOLERANCE, check
   assert check["passed"]
+
+
+@pytest.mark.slow
+def test_the_attention_chain_is_planned_for_the_h200(swap_json):
+  # This CPU's plan keeps the f32 chain XLA's (its softmax the softmax
+  # kernel's); the H200's routes it to JAX's Pallas attention kernel, which
+  # the swapped program holds (cuDNN takes bf16 and f16 only).
+  _, d, _ = swap_json
+  sites = [s for s in d["swap"]["sites"] if s["kernel"] == "jax.nn.dot_product_attention"]
+  assert sites and all(s["replaced"] for s in sites), sites
+  gates = {g["name"]: g for g in d["verification"]["gates"]}
+  assert gates["kernels ran"]["status"] == "pass"
+  # The program compiled for the H200 is judged as compiled: no discount
+  # for interpreted kernels' padding in its peak.
+  assert not any("interpreted kernels" in x for x in gates["peak memory"]["details"])
 
 
 @pytest.mark.slow
