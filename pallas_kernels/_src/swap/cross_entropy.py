@@ -129,6 +129,25 @@ def _cone(program: Program, out: Val, logits: Val, region: set[int]):
   return nodes, labels[0]
 
 
+def _replay_nodes(program: Program, nodes: set[int], inputs: dict[Val, tuple]) -> dict:
+  """The values `nodes` compute from `inputs` ({value: (array, dtype)}),
+  run eagerly on this CPU whatever trace the swap runs under (as probe.py)."""
+  with jax.ensure_compile_time_eval(), jax.default_device(jax.devices("cpu")[0]):
+    env = {v: jnp.asarray(a, dtype) for v, (a, dtype) in inputs.items()}
+
+    def read(v):
+      if isinstance(v, Lit):
+        return v.value
+      return env[v] if v in env else program.value_of(v)
+
+    for i in sorted(nodes):
+      node = program.nodes[i]
+      got = prog_lib.bind(node.eqn, [read(v) for v in node.ins])
+      for o, val in zip(node.outs, got if node.eqn.primitive.multiple_results else [got]):
+        env[o] = val
+  return env
+
+
 def _replay(program: Program, nodes: set[int], logits: Val, labels: Val, out: Val,
             vocab: int, seed: int = 0) -> bool:
   """Whether the nodes compute logsumexp(logits) - logits[label] per token."""
@@ -138,22 +157,9 @@ def _replay(program: Program, nodes: set[int], logits: Val, labels: Val, out: Va
   x = rng.standard_normal(shape).astype(np.float32) * 4
   lab = rng.integers(0, vocab, size=math.prod(lab_shape))
   lab[:2] = (0, vocab - 1)  # both ends of the vocabulary
-  with jax.ensure_compile_time_eval(), jax.default_device(jax.devices("cpu")[0]):
-    env = {logits: jnp.asarray(x, program.aval(logits).dtype),
-           labels: jnp.asarray(lab.reshape(lab_shape), program.aval(labels).dtype)}
-
-  def read(v):
-    if isinstance(v, Lit):
-      return v.value
-    return env[v] if v in env else program.value_of(v)
-
-  # Eagerly on this CPU, whatever trace the swap runs under (as probe.py).
-  with jax.ensure_compile_time_eval(), jax.default_device(jax.devices("cpu")[0]):
-    for i in sorted(nodes):
-      node = program.nodes[i]
-      got = prog_lib.bind(node.eqn, [read(v) for v in node.ins])
-      for o, val in zip(node.outs, got if node.eqn.primitive.multiple_results else [got]):
-        env[o] = val
+  env = _replay_nodes(program, nodes, {
+      logits: (x, program.aval(logits).dtype),
+      labels: (lab.reshape(lab_shape), program.aval(labels).dtype)})
   logits32 = np.asarray(env[logits], np.float32).reshape(-1, vocab)
   picked = logits32[np.arange(logits32.shape[0]), lab]
   top = logits32.max(axis=-1)
@@ -265,21 +271,10 @@ def _replay_grad(program: Program, nodes: set[int], logits: Val, labels: Val, g:
   lab = rng.integers(0, vocab, size=math.prod(lab_shape))
   lab[:2] = (0, vocab - 1)
   cot = rng.standard_normal(tuple(program.aval(g).shape)).astype(np.float32)
-  with jax.ensure_compile_time_eval(), jax.default_device(jax.devices("cpu")[0]):
-    env = {logits: jnp.asarray(x, program.aval(logits).dtype),
-           labels: jnp.asarray(lab.reshape(lab_shape), program.aval(labels).dtype),
-           g: jnp.asarray(cot, program.aval(g).dtype)}
-
-    def read(v):
-      if isinstance(v, Lit):
-        return v.value
-      return env[v] if v in env else program.value_of(v)
-
-    for i in sorted(nodes):
-      node = program.nodes[i]
-      got = prog_lib.bind(node.eqn, [read(v) for v in node.ins])
-      for o, val in zip(node.outs, got if node.eqn.primitive.multiple_results else [got]):
-        env[o] = val
+  env = _replay_nodes(program, nodes, {
+      logits: (x, program.aval(logits).dtype),
+      labels: (lab.reshape(lab_shape), program.aval(labels).dtype),
+      g: (cot, program.aval(g).dtype)})
   logits32 = np.asarray(env[logits], np.float32).reshape(-1, vocab)
   p = np.exp(logits32 - logits32.max(axis=-1, keepdims=True))
   p /= p.sum(axis=-1, keepdims=True)

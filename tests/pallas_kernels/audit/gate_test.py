@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import hlo_audit
 import pallas_kernels
 from hlo_audit import FindingKind
 from hlo_audit import plugins
@@ -173,3 +174,78 @@ def test_jaxs_library_verifies_the_candidate_against_the_baseline(monkeypatch):
   base, cand = object(), object()
   jax_calls.LIBRARY.verify(base, cand, 1, 2, repeats=3)
   assert seen == [(base, cand, (1, 2), {"repeats": 3})]
+
+
+def test_one_failing_gate_among_passing_ones_fails_the_report():
+  # The verdict is the conjunction of the gates: a single failure (here the
+  # numerics) sinks the report, whatever the others say; "not measured" is
+  # no failure.
+  ok = verify_mod.Gate("intermediates removed", verify_mod.PASS, "1/1 targeted findings gone")
+  unmeasured = verify_mod.Gate("end-to-end time", verify_mod.NOT_MEASURED, "interpret mode")
+  bad = verify_mod.Gate("numerics", verify_mod.FAIL, "outputs within 3x of the bound")
+  r = verify_mod.VerificationReport(gates=(ok, bad, unmeasured))
+  assert r.passed is False and r.to_dict()["passed"] is False
+  assert r.verdict == "FAIL (numerics)"
+  assert verify_mod.VerificationReport(gates=(ok, unmeasured)).passed is True
+
+
+def test_removing_the_targeted_finding_without_changing_the_launch_count_passes_removal():
+  # The MLP's bias + GELU epilogue is a separate fusion after the dot on the
+  # CPU; a candidate with a dot and one other fusion has no unfused
+  # epilogue and the same launches per run. Nothing kept, no launch added:
+  # the removal gate passes (it asks launches not to grow, not to shrink).
+  k = jax.random.split(jax.random.PRNGKey(0), 3)
+  args = (jax.random.normal(k[0], (16, 32)), jax.random.normal(k[1], (32, 64)) / 6,
+          jax.random.normal(k[2], (64,)))
+  before = hlo_audit.audit(jax.jit(_mlp), *args)
+  after = hlo_audit.audit(jax.jit(lambda x, w, b: (x @ w, jnp.tanh(x))), *args)
+  diff = before.diff(after)
+  assert before.findings_of(FindingKind.UNFUSED_EPILOGUE) and not after.findings
+  assert diff.launches_delta == 0
+  removed = verify_mod._removal_gate(before, after, diff, None)  # noqa: SLF001
+  assert removed.status == "pass", removed
+  assert removed.figures.startswith("1/1 targeted findings gone"), removed.figures
+  assert "(launches per run +0)" in removed.figures
+
+
+def _sin_times(x, w):
+  return jnp.sin(x) * w
+
+
+@jax.custom_vjp
+def _sin_times_bad_dx(x, w):
+  return jnp.sin(x) * w
+
+
+_sin_times_bad_dx.defvjp(
+    lambda x, w: (jnp.sin(x) * w, (x, w)),
+    # The gradient in x is 1% off; the one in w is right.
+    lambda res, ct: (ct * jnp.cos(res[0]) * res[1] * 1.01, ct * jnp.sin(res[0])))
+
+
+def test_a_single_int_grad_argnum_compares_that_arguments_gradient():
+  # `grad_argnums=0` (an int, as with `jax.grad`) means argument 0: its
+  # gradient is compared and the candidate's wrong one fails the numerics
+  # gate, though the outputs agree.
+  x = jnp.linspace(0.1, 1.0, 64, dtype=jnp.float32)
+  w = jnp.linspace(1.0, 2.0, 64, dtype=jnp.float32)
+  r = pallas_kernels.verify(_sin_times, _sin_times_bad_dx, x, w, grad_argnums=0)
+  numerics = r.gate("numerics")
+  assert numerics.status == "fail" and "numerics" in r.verdict, str(r)
+  assert "; gradients (args [0]) within " in numerics.figures, numerics.figures
+  assert any(d.startswith("worst gradient: leaf 0 float32[64]") for d in numerics.details), \
+      numerics.details
+
+
+@pytest.mark.usefixtures("clean_fallbacks")
+def test_a_validated_and_timed_sweep_point_records_each_phases_seconds_apart():
+  # A sweep record's "seconds" name each phase: validation's and timing's
+  # are two measurements, both kept, neither written over by the other.
+  spec = registry.get_spec("softmax")
+  p = {"rows": 8, "cols": 16, "grad": False}
+  out = sweep.OpSweep(spec).run(p, plugins.Measure(validate=True, time=True, repeats=1,
+                                                   warmup=0),
+                                lambda fn, args: {"seconds": {"audit": 0.0}})
+  assert set(out["seconds"]) == {"audit", "validate", "time"}, out["seconds"]
+  assert out["seconds"]["validate"] > 0 and out["seconds"]["time"] > 0
+  assert out["timing"]["kernel_ms"] > 0 and out["validation"]["passed"] is True
