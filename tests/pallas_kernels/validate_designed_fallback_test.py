@@ -112,3 +112,21 @@ def test_a_report_passes_only_when_every_row_does():
   # The bound is inclusive: an error exactly at it passes, as the table's
   # "kernel_err <= bound" says.
   assert _bare_row(kernel_err=1e-5).passed
+
+
+def test_a_missing_designed_fallback_is_flagged_only_where_kernels_are_required(
+    clean_fallbacks):
+  # Interpreted on a CPU (kernels not required) the designed fallback may not
+  # happen; the row passes, and its FALLBACK cell must not cry "missing".
+  report = pk.validate(_spec(()), require_kernel=False, check_grads=False)
+  [row] = report.rows
+  assert row.expected_fallback and not row.fallback and not row.kernel_required
+  assert row.passed and report.passed
+  assert "MISSING DESIGNED FALLBACK" not in str(report)
+  assert "MISSING DESIGNED FALLBACK" not in report.to_markdown()
+
+
+def test_a_gradient_error_exactly_at_its_bound_passes():
+  # The bound is inclusive, as the table's "grad_err (<= bound)" says.
+  assert _bare_row(grad_err=1e-3, grad_bound=1e-3).passed
+  assert not _bare_row(grad_err=1.01e-3, grad_bound=1e-3).passed

@@ -113,6 +113,19 @@ def test_wrong_gradient_fails():
   assert row.kernel_err <= row.bound and row.grad_err > row.grad_bound
 
 
+def test_check_grads_false_skips_the_gradient_check():
+  # With gradients off, a case naming grad_argnums is checked on its values
+  # only: a wrong gradient neither fails it nor shows a grad error.
+  @jax.custom_vjp
+  def scaled_grad(y):
+    return y
+
+  scaled_grad.defvjp(lambda y: (y, None), lambda _, g: (1.1 * g,))
+  report = pk.validate(_broken_spec("bad_grad", scaled_grad), check_grads=False)
+  [row] = report.rows
+  assert row.grad_err is None and row.grad_bound is None
+  assert row.passed and report.passed
+
 def test_reference_of_the_broken_spec_is_the_real_one():
   # Guards the tests above: they must fail because of `fn`, not the reference.
   case = _small_case()

@@ -110,6 +110,16 @@ def test_gelu_epilogue_in_cublaslt_passes_and_a_separate_gelu_fusion_fires():
   assert re.search(r"unfused epilogue\s+f32\[64,128\].*/src/model\.py:9", str(e.value))
 
 
+def test_assert_fused_failure_lists_the_finding_that_names_the_op_among_others():
+  # The unfused epilogue after the gemm applies ("bias", "activation:gelu"):
+  # it names gelu beside the bias, so asserting gelu fused must list it.
+  with pytest.raises(AssertionError) as e:
+    testing.assert_fused(hlo_audit.parse_hlo(GPU_UNFUSED), op="gelu", into="dot")
+  msg = str(e.value)
+  assert "findings:" in msg, msg
+  assert re.search(r"unfused epilogue\s+f32\[64,128\].*/src/model\.py:9", msg), msg
+
+
 def test_assert_no_findings_filters_by_class_bytes_and_source():
   r = hlo_audit.audit(mlp, X, W, B)   # one 512 KiB unfused epilogue
   with pytest.raises(AssertionError, match=r"unfused epilogue .*assertions_test\.py:\d+"):
