@@ -74,6 +74,12 @@ def test_a_plain_scan_body_concatenating_its_constants_does_it_once():
   (site,) = _hoisted(swapped, *_ARGS)
   assert (site.pattern, site.output, site.where) == ("concatenate", "f32[8,16]", "scan body")
   np.testing.assert_allclose(jax.jit(swapped)(*_ARGS)[0], f(*_ARGS)[0], rtol=1e-6)
+  # Differentiated through, the hoisted value carries the weights' gradient.
+  loss = lambda g: lambda w1, w2: g(w1, w2, _ARGS[2])[0].sum()  # noqa: E731
+  got = jax.grad(loss(swapped), argnums=(0, 1))(*_ARGS[:2])
+  want = jax.grad(loss(f), argnums=(0, 1))(*_ARGS[:2])
+  for a, b in zip(got, want):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
 
 def test_work_that_reads_the_carry_views_or_grows_a_constant_stays_in_the_loop():
