@@ -4,6 +4,8 @@ traced, the same step, and a gradient other readers need left to XLA."""
 
 from __future__ import annotations
 
+import inspect
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -134,6 +136,56 @@ def test_a_clipped_gradient_is_left_to_xla_with_a_reason():
   assert len(sites) == 2 and not any(s.replaced for s in sites), report
   for s in sites:
     assert "also read by" in s.reason or "scaled" in s.reason, s.reason
+
+
+def test_a_rejection_names_the_first_other_reader_of_the_gradient():
+  # dW read by two metrics on their own lines: the reason points the user at
+  # the first in program order (the sum), where they would look first.
+  def step(state, batch):
+    def loss_fn(params):
+      logits = state.apply_fn({"params": params}, batch["x"])
+      return optax.softmax_cross_entropy_with_integer_labels(logits, batch["y"]).mean()
+    loss, grads = jax.value_and_grad(loss_fn)(state.params)
+    dw = grads["Dense_0"]["kernel"]
+    total = jnp.sum(dw)  # the first reader
+    peak = jnp.max(dw)
+    return state.apply_gradients(grads=grads), loss, total, peak
+  lines, start = inspect.getsourcelines(step)
+  line = start + next(i for i, l in enumerate(lines) if "jnp.sum(dw)" in l)
+  report = pk.swap(step, interpret=True).report(*_state(optax.adam(1e-3), 0))
+  (s,) = [s for s in _adam_sites(report) if not s.replaced]  # Dense_0's
+  assert f"also read by reduce_sum at {__file__}:{line}:" in s.reason, s.reason
+  assert "reduce_max" not in s.reason, s.reason
+
+
+def test_a_learning_rate_looked_up_from_a_table_of_rates_is_passed_as_traced():
+  # lr = lrs[count] with the table an argument of the step: the lookup reads
+  # an array, so it is where the learning rate's replay starts (its value
+  # free), not a scalar computation to replay back to the table.
+  def step(state, batch, lrs):
+    tx = optax.adam(lambda count: lrs[count])
+    def loss_fn(params):
+      logits = state.apply_fn({"params": params}, batch["x"])
+      return optax.softmax_cross_entropy_with_integer_labels(logits, batch["y"]).mean()
+    loss, grads = jax.value_and_grad(loss_fn)(state.params)
+    updates, opt_state = tx.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    return state.replace(step=state.step + 1, params=params, opt_state=opt_state), loss
+  lrs = jnp.linspace(1e-2, 1e-3, 10)
+  state, batch = _state(optax.adam(lambda count: lrs[count]))
+  pk.clear_fallbacks()
+  swapped = pk.swap(step, interpret=True)
+  got = jax.jit(swapped)(state, batch, lrs)
+  sites = _adam_sites(swapped.last_report)
+  assert len(sites) == 2 and all(s.replaced for s in sites), swapped.last_report
+  assert all("learning_rate=f32[]" in s.call for s in sites), sites[0].call
+  want = jax.jit(step)(state, batch, lrs)
+  for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+    if jnp.issubdtype(b.dtype, jnp.floating):
+      assert tolerances.relative_error(a, b) <= tolerances.tolerance(jnp.float32)
+    else:
+      np.testing.assert_array_equal(a, b)
+  assert not pk.fallbacks()
 
 
 def test_a_gradient_the_step_returns_is_left_to_xla():
