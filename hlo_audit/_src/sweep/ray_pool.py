@@ -253,6 +253,7 @@ class RayPool:
       flights[ref] = _Flight(task, time.monotonic(), attempt, retried_after)
 
     quiet = _QuietRayletErrors()
+    interrupted = False
     try:
       while pending or flights:
         while pending and len(flights) < self._read_slots():
@@ -275,9 +276,16 @@ class RayPool:
           anything_ran |= not unstarted
           on_record(record)
         self._expire(flights, on_record)
+    except KeyboardInterrupt:
+      interrupted = True
+      raise
     finally:
       quiet.restore()
-      for ref in flights:
+      # Ctrl-C ends the driver, and with it the job's tasks on the cluster.
+      # Cancelling them first races their replies: Ray aborts the driver on
+      # a reply to a task it cancelled ("Tried to complete task that was not
+      # pending"), before the sweep can say how to resume.
+      for ref in () if interrupted else flights:
         ray.cancel(ref, force=True)
       if self._started_ray:
         ray.shutdown()

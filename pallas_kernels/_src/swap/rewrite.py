@@ -38,10 +38,10 @@ from pallas_kernels._src.swap import patterns
 from pallas_kernels._src.swap import program as prog_lib
 from pallas_kernels._src.swap.patterns import Match, Rejection
 from pallas_kernels._src.swap.program import Lit, Plan, Program
+from pallas_kernels._src.swap.report import SwapReport, SwapSite
 
 #: The report's name for work the swap moved out of a loop (no kernel).
 HOISTED = "hoisted out of the loop"
-from pallas_kernels._src.swap.report import SwapReport, SwapSite
 
 
 #: Anchor primitive -> matchers, tried in order: a weight gradient feeding
@@ -258,8 +258,7 @@ def plan_program(program: Program, options: _Options, where: str,
 
 
 def _subplan(closed, options: _Options, where: str, sites: list[SwapSite]):
-  program = prog_lib.build(closed if isinstance(closed, jex_core.ClosedJaxpr)
-                           else jex_core.ClosedJaxpr(closed, ()))
+  program = prog_lib.build(_closed_jaxpr(closed))
   plan = plan_program(program, options, where, sites)
   return None if plan.empty else (program, plan)
 
@@ -554,7 +553,16 @@ def swap(f: Callable, *, ops: Iterable[str] | None = None, report: bool = False,
     rate read off by probing the update against the reference, a schedule's
     learning rate passed as the step computes it) -> `adam_matmul`, writing
     the parameter and both moments; a gradient also read elsewhere (a
-    global-norm clip) is left to XLA.
+    global-norm clip) is left to XLA;
+  * a large vocabulary's head `x @ w (+ b)` and its integer-label
+    cross-entropy -> `linear_cross_entropy`, and in a training step its
+    backward (`dlogits @ w^T`, `x^T @ dlogits`, the bias sum) -> a second
+    call, the op's own VJP at the losses' cotangent.
+
+  Work a `lax.scan` body repeats at every step from the scan's constants
+  alone (also inside a `jax.checkpoint` in the body, where XLA cannot hoist
+  it) is computed once before the loop ("hoisted out of the loop" in the
+  report), whatever `ops` says.
 
   Patterns inside `jit` calls, `lax.scan`/`while_loop`/`cond` bodies,
   `jax.checkpoint` and custom_jvp/custom_vjp primal bodies are swapped too.
