@@ -95,10 +95,7 @@ def closed(name: str):
     if name == h200_support.EXAMPLE:
       # The CLI's swap of the example (its loss swapped, the step around it),
       # planned and built for the H200 as every other program's.
-      from hlo_audit._src.cli.swap_cmd import swapped_example
-      params, tokens, cfg = args
-      _, step, _ = swapped_example(fn, cfg, target="h200")
-      swapped, args_after = jax.jit(step), (params, tokens)
+      swapped, args_after = h200_support.swapped_example_program("h200")
     else:
       g = pallas_kernels.swap(fn, target="h200")
       swapped, args_after = (jax.jit(g, donate_argnums=_donated(fn, args))

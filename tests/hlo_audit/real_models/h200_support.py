@@ -142,15 +142,23 @@ def program(name: str):
   if name == EXAMPLE:
     return example()
   if name == SWAPPED_EXAMPLE:
-    import jax
-
-    from hlo_audit._src.cli.swap_cmd import swapped_example
-    fn, (params, tokens, cfg) = example()
-    _, step, _ = swapped_example(fn, cfg)
-    return jax.jit(step), (params, tokens)
+    return swapped_example_program()
   from tests.hlo_audit.real_models import truth
   m = truth.model(name)
   return m.step() if hasattr(m, "step") else m.build()
+
+
+def swapped_example_program(target: str | None = None):
+  """(jitted step, args) of the CLI's swap of the example: its loss swapped,
+  the step around it; planned here and built for every device, or planned
+  and built for `target` alone ("h200"), as `--swap --target` does."""
+  import jax
+
+  from hlo_audit._src.cli.swap_cmd import swapped_example
+  from hlo_audit._src.examples.transformer import example
+  fn, (params, tokens, cfg) = example()
+  _, step, _ = swapped_example(fn, cfg, target=target)
+  return jax.jit(step), (params, tokens)
 
 
 def write_fixture(name: str) -> pathlib.Path:
