@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import pallas_kernels as pk
+from pallas_kernels._src import compat
 from pallas_kernels._src.swap.rewrite import HOISTED
 
 
@@ -116,5 +117,9 @@ def test_on_an_h200_the_lstms_loop_invariant_work_is_gone():
     return sum(g.bytes_saved for g in report.findings
                if g.kind is hlo_audit.FindingKind.LOOP_INVARIANT)
 
-  assert invariant(fn) >= 15 << 20  # the gate kernels, 32 steps of 512 KiB
+  before = invariant(fn)
   assert invariant(jax.jit(pk.swap(fn, target="h200"))) == 0
+  # jax 0.12's program concatenates the gate kernels in the backward loop
+  # (32 steps of 512 KiB); jax 0.11.2's XLA leaves no such work in it.
+  if compat.JAX_VERSION >= (0, 12):
+    assert before >= 15 << 20
