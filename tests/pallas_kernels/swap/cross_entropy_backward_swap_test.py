@@ -14,6 +14,9 @@ import optax
 import pytest
 
 import pallas_kernels as pk
+# The two spellings of the head the forward's tests swap (optax's, and
+# log_softmax + take_along_axis).
+from cross_entropy_swap_test import log_softmax_head, optax_head
 
 B, S, D, V = 2, 12, 16, 300  # 24 tokens: no [T, V] array shares w's [D, V] size
 KERNEL = "pallas_kernels.linear_cross_entropy"
@@ -24,17 +27,6 @@ def _args(dtype=jnp.float32):
   return (jax.random.normal(k[0], (B, S, D), dtype),
           jax.random.normal(k[1], (D, V), dtype), jax.random.normal(k[2], (V,), dtype),
           jax.random.randint(k[3], (B, S), 0, V))
-
-
-def optax_head(x, w, b, labels):
-  # A flax Dense head, widened for optax's loss (model_ce_head's).
-  logits = (x @ w + b).astype(jnp.float32)
-  return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
-
-
-def log_softmax_head(x, w, b, labels):
-  logp = jax.nn.log_softmax(x @ w + b, axis=-1)
-  return jnp.mean(-jnp.take_along_axis(logp, labels[..., None], axis=-1))
 
 
 def _sites(swapped, *args):
