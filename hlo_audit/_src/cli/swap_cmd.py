@@ -243,19 +243,18 @@ def run_swap(fn, fn_args, args: argparse.Namespace, out=None, *, target=None) ->
   cfg = fn_args[2]
   params, tokens = _concrete_args(cfg)
   options = {} if target is None else {"target": target}
-  try:
-    if target is None:
-      raise LookupError
-    # Planned and built for the target (its kernels, e.g. JAX's attention
-    # kernel where this CPU's plan keeps XLA's), and the same plan
-    # interpreted here for the numerics.
-    baseline, swapped, loss = swapped_example(fn, cfg, target=target.name)
-    _, here, _ = swapped_example(fn, cfg, target=target.name, interpret=True)
-    options["here"] = here
-  except (LookupError, ValueError):
-    # No target, or one the library does not plan for (it names the devices
-    # it knows): planned here, each kernel built for every device.
-    baseline, swapped, loss = swapped_example(fn, cfg)
+  planned = None
+  if target is not None:
+    try:
+      # Planned and built for the target (its kernels, e.g. JAX's attention
+      # kernel where this CPU's plan keeps XLA's), and the same plan
+      # interpreted here for the numerics.
+      planned = swapped_example(fn, cfg, target=target.name)
+      options["here"] = swapped_example(fn, cfg, target=target.name, interpret=True)[1]
+    except ValueError:
+      pass  # A device the library does not plan for (it names those it knows).
+  # Else planned here, each kernel built for every device.
+  baseline, swapped, loss = planned or swapped_example(fn, cfg)
   report = loss.report(params, tokens)
   result = library.verify(baseline, swapped, params, tokens, swap_report=report, **options)
   before, after, diff = result.before, result.after, result.diff

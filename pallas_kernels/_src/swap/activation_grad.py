@@ -53,9 +53,6 @@ _SMOOTH = ("gelu", "gelu_tanh", "silu", "sigmoid", "tanh")
 _TOL = 2e-5
 
 
-def _size(program: Program, v: Val) -> int:
-  return int(np.prod(program.aval(v).shape, dtype=np.int64))
-
 
 def _chain(program: Program, start: int, taken: set[int]
            ) -> tuple[list[Node], list[Val], int] | None:
@@ -63,7 +60,7 @@ def _chain(program: Program, start: int, taken: set[int]
   value they end in) when the nodes that read `start`, and those reading
   what they compute, stay linear in it until one value that only other
   work reads (the gradient a bias sum and a weight gradient read)."""
-  n = _size(program, start)
+  n = program.size(start)
   linear = {start}
   nodes: list[Node] = []
   factors: list[Val] = []
@@ -80,7 +77,7 @@ def _chain(program: Program, start: int, taken: set[int]
     outside = [i for i in node.ins if isinstance(i, Lit) or i not in linear]
     prim = node.prim
     ok = node.index not in taken and len(node.outs) == 1 and \
-        _size(program, node.outs[0]) == n and (
+        program.size(node.outs[0]) == n and (
             (prim in _LINEAR_UNARY and len(node.ins) == 1) or
             (prim in ("add", "add_any", "sub") and len(ins) == 2) or
             (prim == "mul" and len(ins) == 1) or
@@ -111,14 +108,14 @@ def _root(program: Program, factors: list[Val], n: int) -> tuple[int, list[Node]
   stack = list(factors)
   while stack:
     v = stack.pop()
-    if isinstance(v, Lit) or program.value_of(v) is not None and _size(program, v) == 1:
+    if isinstance(v, Lit) or program.value_of(v) is not None and program.size(v) == 1:
       continue
     node = program.node_of(v)
     full = [i for i in (node.ins if node else ()) if not isinstance(i, Lit)]
     if node is None or node.prim not in _ELEMENTWISE | _CALLS or len(node.outs) != 1 or any(
-        _size(program, i) not in (1, n) for i in full) or (
-        node.prim == "broadcast_in_dim" and _size(program, node.ins[0]) != 1):
-      if _size(program, v) != n:
+        program.size(i) not in (1, n) for i in full) or (
+        node.prim == "broadcast_in_dim" and program.size(node.ins[0]) != 1):
+      if program.size(v) != n:
         return None  # A vector or other operand: a scale, not a derivative.
       roots.add(v)
       continue
@@ -221,7 +218,7 @@ def match_activation_grad(program: Program, dot: Node, taken: set[int]) -> Resul
   if chain is None:
     return None
   nodes, factors, sink = chain
-  n = _size(program, out)
+  n = program.size(out)
   found = _root(program, factors, n)
   if found is None:
     return None

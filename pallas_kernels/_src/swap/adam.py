@@ -50,9 +50,6 @@ class _NoMatch(Exception):
   """The region is not (or not provably) Adam's update."""
 
 
-def _size(program: Program, v: Val) -> int:
-  return math.prod(program.aval(v).shape)
-
 
 def _is_float(program: Program, v: Val) -> bool:
   return jnp.issubdtype(program.aval(v).dtype, jnp.floating)
@@ -103,7 +100,7 @@ def _region(program: Program, g: int, taken: set[int]) -> list[int]:
     if any(patterns._shape(program, o) != shape for o in node.outs):
       continue
     if any(not isinstance(v, Lit) and v not in inside and
-           patterns._shape(program, v) != shape and _size(program, v) != 1
+           patterns._shape(program, v) != shape and program.size(v) != 1
            for v in node.ins):
       continue
     nodes.append(node.index)
@@ -119,7 +116,7 @@ def _region(program: Program, g: int, taken: set[int]) -> list[int]:
         if node is None or node.index in members or node.index in taken or \
             node.prim not in _ELEMENTWISE or \
             any(patterns._shape(program, o) != shape for o in node.outs) or \
-            any(patterns._shape(program, u) != shape and _size(program, u) != 1
+            any(patterns._shape(program, u) != shape and program.size(u) != 1
                 for u in node.ins) or \
             any(o in program.returned or any(u not in members for u in program.uses.get(o, ()))
                 for o in node.outs):
@@ -140,8 +137,8 @@ def _scalar_cone(program: Program, v: Val) -> tuple[set[int], set[int]]:
     if isinstance(u, Lit) or program.value_of(u) is not None:
       continue
     node = program.node_of(u)
-    if node is None or any(_size(program, o) != 1 for o in node.outs) or any(
-        _size(program, i) != 1 for i in node.ins):
+    if node is None or any(program.size(o) != 1 for o in node.outs) or any(
+        program.size(i) != 1 for i in node.ins):
       leaves.add(u)
       continue
     if node.index not in nodes:
@@ -173,7 +170,7 @@ class _Replay:
       if patterns._shape(program, v) == shape:
         node = program.node_of(v)
         if node is not None and node.prim == "broadcast_in_dim" and \
-            _size(program, node.ins[0]) == 1 and not isinstance(node.ins[0], Lit):
+            program.size(node.ins[0]) == 1 and not isinstance(node.ins[0], Lit):
           self.scalars[v] = node.ins[0]
           continue
         self.arrays.append(v)

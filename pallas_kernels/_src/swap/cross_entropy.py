@@ -191,9 +191,6 @@ def _live(program: Program) -> set[int]:
   return live
 
 
-def _size(program: Program, v: Val) -> int:
-  return math.prod(program.aval(v).shape)
-
 
 def _grow(program: Program, start: set[int], stop: set[int], live: set[int],
           tokens: int, vocab: int):
@@ -209,7 +206,7 @@ def _grow(program: Program, start: set[int], stop: set[int], live: set[int],
       if u in start or u in region or u in frontier or u not in live:
         continue
       node = program.nodes[u]
-      sizes = [_size(program, o) for o in node.outs]
+      sizes = [program.size(o) for o in node.outs]
       if node.prim == "dot_general" or (node.prim == "reduce_sum" and sizes == [vocab]):
         frontier.add(u)
         continue
@@ -235,7 +232,7 @@ def _walk(program: Program, out: Val, stops: set[Val], tokens: int):
       continue
     seen.add(v)
     aval = program.aval(v)
-    per = _size(program, v) == tokens and jnp.issubdtype(aval.dtype, jnp.floating)
+    per = program.size(v) == tokens and jnp.issubdtype(aval.dtype, jnp.floating)
     if program.value_of(v) is not None and not per:
       continue
     node = program.node_of(v)

@@ -19,7 +19,6 @@ them once, before the scan, and seeds their results into each step.
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -28,10 +27,6 @@ from jax.extend import core as jex_core
 from pallas_kernels._src.swap import program as prog_lib
 from pallas_kernels._src.swap.program import Lit, Plan, Program, Val
 
-#: Primitives that hold bodies of their own (never hoisted whole).
-_REGIONS = frozenset({"scan", "while", "cond", "remat2", "checkpoint", "custom_jvp_call",
-                      "custom_vjp_call", "custom_vjp_call_jaxpr", "pallas_call",
-                      "shard_map", "xla_pmap"})
 #: The checkpoint primitive, whose body's invariant work is hoisted too.
 REMAT = "remat2"
 #: Views and casts XLA folds into their reader (a gemm's operand layout, a
@@ -64,20 +59,16 @@ class Hoist:
     return not self.body.seeds and not any(r.seeds for r in self.inner.values())
 
 
-def _size(program: Program, v: Val) -> int:
-  return math.prod(program.aval(v).shape)
-
 
 def _hoistable(program: Program, node) -> bool:
-  if node.prim in _REGIONS or node.eqn.effects:
-    return False
-  if any(True for _ in jex_core.jaxprs_in_params(node.params)):
+  # Never a node with bodies of its own (a scan, a checkpoint, a kernel).
+  if node.eqn.effects or any(True for _ in jex_core.jaxprs_in_params(node.params)):
     return False
   ins = [v for v in node.ins if not isinstance(v, Lit)]
   if not ins:
     return False  # made from literals alone (an iota, a fill): XLA fuses it
   # Not larger than what it reads: a broadcast is cheaper in the loop.
-  return sum(_size(program, o) for o in node.outs) <= sum(_size(program, v) for v in ins)
+  return sum(program.size(o) for o in node.outs) <= sum(program.size(v) for v in ins)
 
 
 def _region(program: Program, invariant: set[Val]) -> Region:
@@ -143,13 +134,13 @@ def _run(region: Region, env: dict[Val, Any]) -> None:
       env[o] = val
 
 
-def compute(hoist: Hoist, consts: Sequence[Any], body_consts: Sequence[Any]
+def compute(hoist: Hoist, consts: Sequence[Any]
             ) -> tuple[dict[Val, Any], dict[int, dict[Val, Any]]]:
   """The seeds' values, computed once from the scan's constants (under the
   caller's trace, before the scan): the body's, and each checkpoint body's."""
   program = hoist.body.program
   env: dict[Val, Any] = dict(program.call_consts)
-  env.update(zip(program.constvars, body_consts))
+  env.update(zip(program.constvars, program.consts))
   env.update(zip(program.invars, consts))
   _run(hoist.body, env)
   body = {v: env[v] for v in hoist.body.seeds}

@@ -17,6 +17,7 @@ bound whole, so the user's jit boundaries survive where nothing changed.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -103,6 +104,10 @@ class Program:
 
   def aval(self, v: Val):
     return v.aval if isinstance(v, Lit) else self.avals[v]
+
+  def size(self, v: Val) -> int:
+    """Elements of an operand."""
+    return math.prod(self.aval(v).shape)
 
   def value_of(self, v: Val) -> Any | None:
     """The concrete value of an operand, or None when it is only traced."""

@@ -340,7 +340,7 @@ def _plan_bodies(node, options: _Options, where: str,
     def run_scan(invals):
       consts, init, xs = compat.split_scan_operands(p, invals)
       # The work the same at every step, once, before the loop.
-      body_seeds, inner_seeds = hoist_lib.compute(hoist, consts, p["jaxpr"].consts)
+      body_seeds, inner_seeds = hoist_lib.compute(hoist, consts)
       step_plan = hoist_lib.seeded(plan, hoist.body, body_seeds)
       for i, values in inner_seeds.items():
         iprog, iplan = inner[i]

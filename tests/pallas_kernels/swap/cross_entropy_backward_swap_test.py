@@ -150,20 +150,11 @@ def test_on_an_h200_the_swapped_steps_footprint_drops_by_the_logits():
   if why:
     pytest.skip(why)
   pytest.importorskip("flax")
+  from tests.hlo_audit.real_models import h200_support
   from tests.hlo_audit.real_models import model_ce_head as m
   fn, args = m.build()
-  specs = [topology.placed("sm_90a", jax.ShapeDtypeStruct(a.shape, a.dtype))[0]
-           for a in jax.tree.leaves(args)]
-  placed = jax.tree.unflatten(jax.tree.structure(args), specs)
-
-  def footprint(f):
-    compiled = jax.jit(f).trace(*placed).lower().compile()
-    ma = compiled.memory_analysis()
-    return (ma.argument_size_in_bytes + ma.output_size_in_bytes + ma.temp_size_in_bytes
-            - ma.alias_size_in_bytes), compiled.as_text()
-
-  before, _ = footprint(fn)
-  after, text = footprint(pk.swap(fn, target="h200"))
+  _, before = h200_support.compile_with_footprint(fn, args)
+  text, after = h200_support.compile_with_footprint(jax.jit(pk.swap(fn, target="h200")), args)
   logits = m.BATCH * m.SEQ * m.VOCAB * 4  # the f32 logits, 32 MiB
   assert before - after >= logits, (before, after)
   assert f"f32[{m.BATCH},{m.SEQ},{m.VOCAB}]" not in text
