@@ -26,6 +26,7 @@ pass writes them. Nothing else may read what the two calls absorb.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import jax
@@ -33,9 +34,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from pallas_kernels._src import tolerances
+from pallas_kernels._src.swap import backward as backward_lib
 from pallas_kernels._src.swap import glu
 from pallas_kernels._src.swap import patterns
-from pallas_kernels._src.swap import program as prog_lib
 from pallas_kernels._src.swap.patterns import Match, Operand, Rejection, Result
 from pallas_kernels._src.swap.program import Lit, Node, Program, Val
 
@@ -129,25 +130,6 @@ def _cone(program: Program, out: Val, logits: Val, region: set[int]):
   return nodes, labels[0]
 
 
-def _replay_nodes(program: Program, nodes: set[int], inputs: dict[Val, tuple]) -> dict:
-  """The values `nodes` compute from `inputs` ({value: (array, dtype)}),
-  run eagerly on this CPU whatever trace the swap runs under (as probe.py)."""
-  with jax.ensure_compile_time_eval(), jax.default_device(jax.devices("cpu")[0]):
-    env = {v: jnp.asarray(a, dtype) for v, (a, dtype) in inputs.items()}
-
-    def read(v):
-      if isinstance(v, Lit):
-        return v.value
-      return env[v] if v in env else program.value_of(v)
-
-    for i in sorted(nodes):
-      node = program.nodes[i]
-      got = prog_lib.bind(node.eqn, [read(v) for v in node.ins])
-      for o, val in zip(node.outs, got if node.eqn.primitive.multiple_results else [got]):
-        env[o] = val
-  return env
-
-
 def _replay(program: Program, nodes: set[int], logits: Val, labels: Val, out: Val,
             vocab: int, seed: int = 0) -> bool:
   """Whether the nodes compute logsumexp(logits) - logits[label] per token."""
@@ -157,7 +139,7 @@ def _replay(program: Program, nodes: set[int], logits: Val, labels: Val, out: Va
   x = rng.standard_normal(shape).astype(np.float32) * 4
   lab = rng.integers(0, vocab, size=math.prod(lab_shape))
   lab[:2] = (0, vocab - 1)  # both ends of the vocabulary
-  env = _replay_nodes(program, nodes, {
+  env = backward_lib.replay_nodes(program, nodes, {
       logits: (x, program.aval(logits).dtype),
       labels: (lab.reshape(lab_shape), program.aval(labels).dtype)})
   logits32 = np.asarray(env[logits], np.float32).reshape(-1, vocab)
@@ -169,27 +151,6 @@ def _replay(program: Program, nodes: set[int], logits: Val, labels: Val, out: Va
   # (the replay ran in that dtype).
   bound = tolerances.tolerance(program.aval(logits).dtype)
   return got.shape == want.shape and tolerances.relative_error(got, want) <= bound
-
-
-def _dead(program: Program, index: int) -> bool:
-  """Whether nothing reads what node `index` computes (tracing leaves such
-  nodes: optax's log-normalizer takes `sign` of the sum it never uses)."""
-  return not any(program.uses.get(o) or o in program.returned
-                 for o in program.nodes[index].outs)
-
-
-def _live(program: Program) -> set[int]:
-  """Nodes whose results reach what the program returns."""
-  live: set[int] = set()
-  stack = [v for v in program.returned]
-  while stack:
-    node = program.node_of(stack.pop())
-    if node is None or node.index in live:
-      continue
-    live.add(node.index)
-    stack.extend(v for v in node.ins if not isinstance(v, Lit))
-  return live
-
 
 
 def _grow(program: Program, start: set[int], stop: set[int], live: set[int],
@@ -268,7 +229,7 @@ def _replay_grad(program: Program, nodes: set[int], logits: Val, labels: Val, g:
   lab = rng.integers(0, vocab, size=math.prod(lab_shape))
   lab[:2] = (0, vocab - 1)
   cot = rng.standard_normal(tuple(program.aval(g).shape)).astype(np.float32)
-  env = _replay_nodes(program, nodes, {
+  env = backward_lib.replay_nodes(program, nodes, {
       logits: (x, program.aval(logits).dtype),
       labels: (lab.reshape(lab_shape), program.aval(labels).dtype),
       g: (cot, program.aval(g).dtype)})
@@ -283,47 +244,13 @@ def _replay_grad(program: Program, nodes: set[int], logits: Val, labels: Val, g:
       tolerances.relative_error(got, want.reshape(-1)) <= bound
 
 
-def _dead_readers(program: Program, nodes: set[int], live: set[int]) -> set[int]:
-  """The nodes outside `nodes` that nothing returned needs and that read,
-  directly or through each other, what `nodes` compute (tracing leaves
-  them: a max's derivative where `stop_gradient` cut it off)."""
-  found: set[int] = set()
-  stack = [o for i in nodes for o in program.nodes[i].outs]
-  while stack:
-    for u in program.uses.get(stack.pop(), ()):
-      if u not in nodes and u not in found and u not in live:
-        found.add(u)
-        stack.extend(program.nodes[u].outs)
-  return found
-
-
-def _orphans(program: Program, nodes: set[int], taken: set[int], needed: set[Val]
-             ) -> set[int]:
-  """The nodes computing only what `nodes` read (the zeros a gather's
-  transpose scatters into), none of the `needed` values the calls read:
-  skipped with them, not left computing a [tokens, vocab] array nobody
-  reads."""
-  found: set[int] = set()
-  stack = [v for i in nodes for v in program.nodes[i].ins if not isinstance(v, Lit)]
-  while stack:
-    node = program.node_of(stack.pop())
-    if node is None or node.index in nodes or node.index in found or node.index in taken:
-      continue
-    if all(o not in program.returned and o not in needed and
-           all(u in nodes or u in found for u in program.uses.get(o, ()))
-           for o in node.outs):
-      found.add(node.index)
-      stack.extend(v for v in node.ins if not isinstance(v, Lit))
-  return found
-
-
 def _backward(program: Program, dot: Node, logits: Val, labels: Val, loss: Val,
               forward: frozenset[int], bias: Operand | None, taken: set[int]
               ) -> Match | str:
   """The backward of the forward chain `forward` as a second call (the op's
   VJP at the losses' cotangent), or why the logits' other readers are not
   that backward."""
-  live = _live(program)
+  live = backward_lib.live(program)
   shape = tuple(program.aval(logits).shape)
   tokens, rank = math.prod(shape[:-1]), len(shape)
   vocab = shape[-1]
@@ -393,10 +320,10 @@ def _backward(program: Program, dot: Node, logits: Val, labels: Val, loss: Val,
   if g is None:
     return "no per-token cotangent makes the backward (softmax - onehot) * g"
   consumed = (nodes | region | frontier | absorbed) - forward
-  consumed |= _dead_readers(program, consumed | forward, live)
+  consumed |= backward_lib.dead_readers(program, consumed | forward, live)
   needed = {v for v in (x, w, labels, g, None if bias is None else bias.val)
             if v is not None and not isinstance(v, Lit)}
-  consumed |= _orphans(program, consumed | forward, taken, needed)
+  consumed |= backward_lib.orphans(program, consumed | forward, taken, needed)
   if consumed & taken:
     return "an earlier kernel call took part of the backward"
   keep = {v for v, _ in outputs.values()} | {loss}
@@ -456,8 +383,8 @@ def match_cross_entropy(program: Program, dot: Node, taken: set[int]) -> Result:
     consumed |= nodes
     inner = {o for i in consumed for o in program.nodes[i].outs} - {out}
     outside = {u for v in inner for u in program.uses.get(v, ()) if u not in consumed}
-    consumed |= {u for u in outside if _dead(program, u)}  # skipped with the chain
-    readers = sorted(u for u in outside if not _dead(program, u))
+    consumed |= {u for u in outside if backward_lib.dead(program, u)}  # skipped with the chain
+    readers = sorted(u for u in outside if not backward_lib.dead(program, u))
     backward = None
     if readers or inner & program.returned:
       backward = _backward(program, dot, logits, labels, out, frozenset(consumed),
@@ -474,12 +401,68 @@ def match_cross_entropy(program: Program, dot: Node, taken: set[int]) -> Result:
     keywords = (("bias", bias),) if bias is not None else ()
     items = ("bias",) * (bias is not None) + ("log_softmax", "label")
     labels_op = Operand(labels, "reshape", shape[:-1])
-    return Match(op=OP, items=items,
-                 positional=(("x", Operand(dot.ins[0])), ("w", Operand(dot.ins[1])),
-                             ("labels", labels_op)),
-                 keywords=keywords,
-                 static=(("reduction", "none"),
-                         ("shape", tuple(program.aval(out).shape))),
-                 outputs=(out,), consumed=frozenset(consumed), anchor=dot.index,
-                 follow=backward)
+    forward = Match(op=OP, items=items,
+                    positional=(("x", Operand(dot.ins[0])), ("w", Operand(dot.ins[1])),
+                                ("labels", labels_op)),
+                    keywords=keywords,
+                    static=(("reduction", "none"),
+                            ("shape", tuple(program.aval(out).shape))),
+                    outputs=(out,), consumed=frozenset(consumed), anchor=dot.index,
+                    follow=backward)
+    return _cast_on_load(program, dot, forward, taken)
   return None
+
+
+def _narrowed(program: Program, v: Val, taken: set[int]) -> Node | None:
+  """The convert that narrows a wider float array into gemm operand `v` (f32
+  parameters cast to bf16 for a mixed-precision head), or None."""
+  node = program.node_of(v)
+  if not patterns._float_convert(node, program) or node.index in taken:
+    return None
+  wide, narrow = patterns._dtype(program, node.ins[0]), patterns._dtype(program, v)
+  return node if jnp.dtype(wide).itemsize > jnp.dtype(narrow).itemsize else None
+
+
+def _cast_on_load(program: Program, dot: Node, forward: Match, taken: set[int]) -> Match:
+  """`forward` (and its backward) reading x and w from before the converts
+  that narrow them, rounded by the kernel as it loads them
+  (`compute_dtype`), so that nothing writes the narrow copy; the gradients
+  the program widens back (the converts' transposes) come out wide. As
+  planned where a convert feeds anything but the two calls."""
+  backward = forward.follow
+  calls = forward.consumed | (backward.consumed if backward else frozenset())
+  converts = {}
+  for name, v in zip(("x", "w"), dot.ins):
+    node = _narrowed(program, v, taken)
+    if node is not None and v not in program.returned and \
+        all(u in calls for u in program.uses.get(v, ())):
+      converts[name] = node
+  if not converts:
+    return forward
+  compute = jnp.promote_types(*(patterns._dtype(program, v) for v in dot.ins)).name
+
+  def source(positional):
+    return tuple((k, Operand(converts[k].ins[0]) if k in converts else o)
+                 for k, o in positional)
+
+  absorbed = frozenset(n.index for n in converts.values())
+  if backward is not None:
+    grads, dtypes = dict(backward.static)["grads"], list(dict(backward.static)["dtypes"])
+    outputs, widened = list(backward.outputs), set()
+    for i, k in enumerate(grads):
+      user = program.single_use(outputs[i])
+      if k in converts and user is not None and user.index not in taken and \
+          patterns._float_convert(user, program) and \
+          jnp.dtype(user.params["new_dtype"]) == patterns._dtype(program, converts[k].ins[0]):
+        outputs[i] = user.outs[0]
+        dtypes[i] = jnp.dtype(user.params["new_dtype"]).name
+        widened.add(user.index)
+    static = tuple((k, tuple(dtypes) if k == "dtypes" else v) for k, v in backward.static)
+    backward = dataclasses.replace(
+        backward, positional=source(backward.positional),
+        static=static + (("compute_dtype", compute),), outputs=tuple(outputs),
+        consumed=backward.consumed | widened)
+  return dataclasses.replace(
+      forward, positional=source(forward.positional),
+      static=forward.static + (("compute_dtype", compute),),
+      consumed=forward.consumed | absorbed, follow=backward)

@@ -138,8 +138,74 @@ def test_the_suites_head_is_swapped_whole_for_an_h200():
   fn, args = m.build()
   sites = _sites(pk.swap(fn, target="h200"), *args)
   assert [s.replaced for s in sites] == [True, True], sites
+  # Both calls read the f32 parameters and hidden states, rounded to bf16 as
+  # the kernels load them; x's and w's gradients come out f32, as the step's
+  # (the converts' transposes) do.
+  for site in sites:
+    assert f"x=f32[{m.BATCH},{m.SEQ},{m.DIM}], w=f32[{m.DIM},{m.VOCAB}]" in site.call, site
+    assert "compute_dtype='bfloat16'" in site.call, site
   assert "grads=('x', 'w', 'bias')" in sites[1].call
-  assert "dtypes=('bfloat16', 'bfloat16', 'bfloat16')" in sites[1].call
+  assert "dtypes=('float32', 'float32', 'bfloat16')" in sites[1].call
+
+
+def _mixed_head(x, w, labels):
+  # f32 parameters and activations, multiplied in bf16 (flax's Dense(dtype=bf16)).
+  logits = (x.astype(jnp.bfloat16) @ w.astype(jnp.bfloat16)).astype(jnp.float32)
+  return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
+
+
+def _narrow_weights(fn, *args) -> list[str]:
+  """The step's own equations that write w narrowed to bf16."""
+  jaxpr = jax.make_jaxpr(fn)(*args).jaxpr
+  return [str(e) for e in jaxpr.eqns if e.primitive.name == "convert_element_type"
+          and tuple(e.outvars[0].aval.shape) == (D, V)
+          and e.outvars[0].aval.dtype == jnp.bfloat16]
+
+
+def test_a_mixed_precision_heads_casts_happen_as_the_kernels_load():
+  pk.clear_fallbacks()
+  x, w, _, labels = _args()
+  step = jax.value_and_grad(_mixed_head, argnums=(0, 1))
+  swapped = pk.swap(step, interpret=True)
+  sites = _sites(swapped, x, w, labels)
+  assert [s.replaced for s in sites] == [True, True], sites
+  assert all("w=f32[16,300]" in s.call and "compute_dtype='bfloat16'" in s.call
+             for s in sites), sites
+  assert "dtypes=('float32', 'float32')" in sites[1].call
+  assert _narrow_weights(step, x, w, labels)
+  assert not _narrow_weights(swapped, x, w, labels)
+  (loss, grads), (want, want_grads) = swapped(x, w, labels), step(x, w, labels)
+  # The operands are rounded to bf16 as the step rounds them (unrounded f32
+  # moves the loss by ~5e-5); the logits stay f32 where the step's are bf16.
+  bf16 = jnp.bfloat16
+  rounded = optax.softmax_cross_entropy_with_integer_labels(
+      jnp.dot(x.astype(bf16), w.astype(bf16), preferred_element_type=jnp.float32),
+      labels).mean()
+  np.testing.assert_allclose(float(loss), float(rounded), rtol=2e-6)
+  np.testing.assert_allclose(float(loss), float(want), rtol=2e-3)
+  assert [g.dtype for g in grads] == [jnp.float32, jnp.float32]
+  # The gradients accumulate in f32 where the step rounds them to bf16 first.
+  _close(grads, want_grads, 2e-2)
+  assert not pk.fallbacks()
+
+
+def test_a_narrowed_weight_read_elsewhere_stays_narrowed():
+  # The bf16 copy of w is also read by a norm the step returns: it is
+  # written anyway, so the calls read it.
+  def head(x, w, labels):
+    wb = w.astype(jnp.bfloat16)
+    logits = (x.astype(jnp.bfloat16) @ wb).astype(jnp.float32)
+    norm = jnp.sum(jnp.square(wb.astype(jnp.float32)))
+    return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean(), norm
+  x, w, _, labels = _args()
+  step = jax.value_and_grad(head, argnums=(0, 1), has_aux=True)
+  swapped = pk.swap(step, interpret=True)
+  sites = _sites(swapped, x, w, labels)
+  assert [s.replaced for s in sites] == [True, True], sites
+  assert all("w=bf16[16,300]" in s.call for s in sites), sites
+  # x's convert is read by the two calls alone: still taken.
+  assert all("x=f32[2,12,16]" in s.call for s in sites), sites
+  _close(swapped(x, w, labels), step(x, w, labels), 2e-2)
 
 
 def test_on_an_h200_the_swapped_steps_footprint_drops_by_the_logits():
@@ -158,3 +224,4 @@ def test_on_an_h200_the_swapped_steps_footprint_drops_by_the_logits():
   logits = m.BATCH * m.SEQ * m.VOCAB * 4  # the f32 logits, 32 MiB
   assert before - after >= logits, (before, after)
   assert f"f32[{m.BATCH},{m.SEQ},{m.VOCAB}]" not in text
+  assert f"bf16[{m.DIM},{m.VOCAB}]" not in text  # the head's weight is read as f32

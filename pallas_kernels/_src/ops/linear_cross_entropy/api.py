@@ -27,7 +27,8 @@ def _fail(message: str) -> None:
   raise ValueError(f"linear_cross_entropy: {message}")
 
 
-def _check(x, w, labels, bias, reduction, ignore_index, implementation, config) -> None:
+def _check(x, w, labels, bias, reduction, ignore_index, implementation, config,
+           compute_dtype) -> None:
   if x.ndim < 1 or x.shape[-1] == 0:
     _fail(f"x must be [..., D] with D > 0, got shape {x.shape}")
   if w.ndim != 2 or w.shape[0] != x.shape[-1] or w.shape[1] == 0:
@@ -48,17 +49,20 @@ def _check(x, w, labels, bias, reduction, ignore_index, implementation, config) 
                                    or not isinstance(ignore_index, numbers.Integral)):
     # Baked into the kernels: it must be static.
     _fail(f"ignore_index must be a Python int or None, got {type(ignore_index).__name__}")
+  if compute_dtype is not None and not jnp.issubdtype(compute_dtype, jnp.floating):
+    _fail(f"compute_dtype must be a floating dtype or None, got {compute_dtype!r}")
   if implementation not in _IMPLEMENTATIONS:
     _fail(f"implementation must be one of {_IMPLEMENTATIONS}, got {implementation!r}")
   if config is not None and not isinstance(config, config_lib.Config):
     _fail(f"config must be a linear_cross_entropy Config, got {type(config).__name__}")
 
 
-@functools.partial(jax.jit, static_argnames=("reduction", "ignore_index"))
-def _reference(x, w, labels, bias, *, reduction, ignore_index):
+@functools.partial(jax.jit, static_argnames=("reduction", "ignore_index", "compute_dtype"))
+def _reference(x, w, labels, bias, *, reduction, ignore_index, compute_dtype):
   # Jitted so that eager calls run one fused XLA program, not op-by-op.
   return reference.linear_cross_entropy(x, w, labels, bias=bias, reduction=reduction,
-                                        ignore_index=ignore_index)
+                                        ignore_index=ignore_index,
+                                        compute_dtype=compute_dtype)
 
 
 @guard_lib.register_traced
@@ -75,7 +79,8 @@ def linear_cross_entropy(x, w, labels, *, bias=None, reduction: Reduction = "mea
                          ignore_index: int | None = None,
                          implementation: Implementation | None = None,
                          interpret: bool | None = None,
-                         config: config_lib.Config | None = None) -> jax.Array:
+                         config: config_lib.Config | None = None,
+                         compute_dtype=None) -> jax.Array:
   """Cross-entropy of softmax(x @ w + bias) against integer labels, fused.
 
   The logits are formed, reduced to a per-token logsumexp and loss, and
@@ -101,6 +106,11 @@ def linear_cross_entropy(x, w, labels, *, bias=None, reduction: Reduction = "mea
     interpret: Pallas interpret mode; None interprets exactly without GPU/TPU.
     config: tiling of the forward and backward kernels; None uses
       `config.heuristic_config`.
+    compute_dtype: x and w are rounded to this dtype as the kernels load
+      them, as `x.astype(d) @ w.astype(d)` computes (a mixed-precision head
+      keeps f32 parameters and multiplies in bf16): nothing writes the
+      rounded copy of w. The gradients keep x's and w's own dtypes. None:
+      x's and w's promoted dtype.
 
   Returns:
     float32: the losses [...] for reduction "none", else a scalar.
@@ -111,11 +121,14 @@ def linear_cross_entropy(x, w, labels, *, bias=None, reduction: Reduction = "mea
   """
   x, w, labels = jnp.asarray(x), jnp.asarray(w), jnp.asarray(labels)
   bias = None if bias is None else jnp.asarray(bias)
-  _check(x, w, labels, bias, reduction, ignore_index, implementation, config)
+  _check(x, w, labels, bias, reduction, ignore_index, implementation, config,
+         compute_dtype)
   ignore_index = None if ignore_index is None else int(ignore_index)
+  compute = None if compute_dtype is None else jnp.dtype(compute_dtype).name
 
   def run_reference():
-    return _reference(x, w, labels, bias, reduction=reduction, ignore_index=ignore_index)
+    return _reference(x, w, labels, bias, reduction=reduction, ignore_index=ignore_index,
+                      compute_dtype=compute)
 
   if implementation == "xla":
     return run_reference()
@@ -124,29 +137,31 @@ def linear_cross_entropy(x, w, labels, *, bias=None, reduction: Reduction = "mea
     if (implementation or backend_lib.default_implementation(interpret)) == "xla":
       return run_reference()
     return _launch(x, w, labels, bias, reduction=reduction, ignore_index=ignore_index,
-                   interp=interp, config=config, run_reference=run_reference)
+                   interp=interp, config=config, run_reference=run_reference,
+                   compute=compute)
 
   return backend_lib.dispatch(interpret, (x, w, labels, bias), launch)
 
 
 def _launch(x, w, labels, bias, *, reduction, ignore_index, interp: bool, config,
-            run_reference):
+            run_reference, compute):
   """The guarded kernel call for the current target and interpret mode."""
   d, vocab = w.shape
   tokens = int(labels.size)
   reason = guard.unsupported_reason(
       x_shape=tuple(x.shape), x_dtype=x.dtype, w_shape=tuple(w.shape), w_dtype=w.dtype,
       bias_dtype=None if bias is None else bias.dtype, labels_dtype=labels.dtype,
-      interpret=interp, config=config)
+      interpret=interp, config=config, compute_dtype=compute)
   if reason:
     guard_lib.record_fallback("linear_cross_entropy", reason,
                               guard_lib.signature(x=x, w=w, labels=labels, bias=bias))
     return run_reference()
   tiling_backend = backend_lib.Backend.CPU if interp else backend_lib.current_backend()
+  # Blocks are sized for the operands as loaded; the dot takes `compute`.
   tiles = jnp.promote_types(x.dtype, w.dtype)
   p = kernel.Dims(
       tokens=tokens, d=int(d), vocab=int(vocab), has_bias=bias is not None,
-      ignore_index=ignore_index, compute_dtype=tiles.name,
+      ignore_index=ignore_index, compute_dtype=compute or tiles.name,
       cfg=config or config_lib.heuristic_config(tokens, int(d), int(vocab),
                                                 tiling_backend, tiles.itemsize),
       interpret=interp)

@@ -20,7 +20,8 @@ def _shape(dims) -> str:
 
 def unsupported_reason(*, x_shape: tuple[int, ...], x_dtype, w_shape: tuple[int, ...],
                        w_dtype, bias_dtype, labels_dtype, interpret: bool,
-                       config: config_lib.Config | None = None) -> str | None:
+                       config: config_lib.Config | None = None,
+                       compute_dtype=None) -> str | None:
   """Why the kernels cannot run these arguments, or None if they can.
 
   Args:
@@ -32,6 +33,8 @@ def unsupported_reason(*, x_shape: tuple[int, ...], x_dtype, w_shape: tuple[int,
     labels_dtype: dtype of labels.
     interpret: whether the kernels would run in interpret mode.
     config: the tiling asked for; None: the one `heuristic_config` picks.
+    compute_dtype: the dtype x and w are rounded to on load (None: their
+      promotion).
   """
   reason = gpu.unavailable_reason(interpret)
   if reason:
@@ -41,6 +44,9 @@ def unsupported_reason(*, x_shape: tuple[int, ...], x_dtype, w_shape: tuple[int,
     if dt is not None and jnp.dtype(dt).name not in SUPPORTED_DTYPES:
       return (f"{name} dtype {jnp.dtype(dt).name} (shape {_shape(dims)}) is not one "
               f"of {sorted(SUPPORTED_DTYPES)}")
+  if compute_dtype is not None and jnp.dtype(compute_dtype).name not in SUPPORTED_DTYPES:
+    return (f"compute dtype {jnp.dtype(compute_dtype).name} is not one of "
+            f"{sorted(SUPPORTED_DTYPES)}")
   if not jnp.issubdtype(labels_dtype, jnp.integer):
     return (f"labels dtype {jnp.dtype(labels_dtype).name} (shape "
             f"{_shape(x_shape[:-1])}) is not an integer type")

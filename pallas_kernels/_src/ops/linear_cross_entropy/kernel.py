@@ -51,7 +51,8 @@ class Dims:
   vocab: int
   has_bias: bool
   ignore_index: int | None
-  #: dtype the tiles are multiplied in (the promotion of x's and w's).
+  #: dtype x and w are rounded to on load and the tiles are multiplied
+  #: in (the promotion of x's and w's unless the caller names one).
   compute_dtype: str
   cfg: Config
   interpret: bool
@@ -79,6 +80,9 @@ def _dot(a, b, dims, p: Dims):
   cdt = _dot_dtype(p)
   precision = (jax.lax.Precision.HIGHEST if cdt == jnp.dtype(_F32)
                else jax.lax.Precision.DEFAULT)
+  # Rounded to the compute dtype first: interpret mode widens after, so f32
+  # operands of a bf16 computation round as on the GPU.
+  a, b = a.astype(p.compute_dtype), b.astype(p.compute_dtype)
   return jax.lax.dot_general(a.astype(cdt), b.astype(cdt), (dims, ((), ())),
                              precision=precision, preferred_element_type=_F32)
 

@@ -3,7 +3,8 @@
 Semantics (the kernels must match these):
 
 * logits = x @ w (+ bias), accumulated in float32 from the input dtypes
-  (`preferred_element_type=float32`); everything after is float32.
+  (`preferred_element_type=float32`), x and w first rounded to
+  `compute_dtype` where one is given; everything after is float32.
 * loss_i = logsumexp(logits_i) - logits_i[labels_i]. A label outside
   [0, V) that is not `ignore_index` gives a NaN loss (and no gradient).
 * A token whose label equals `ignore_index` has loss 0 and gradient 0.
@@ -51,8 +52,11 @@ def _token_losses(x, w, labels, bias, ignore_index, precision):
 
 
 def linear_cross_entropy(x, w, labels, *, bias=None, reduction: str = "mean",
-                         ignore_index: int | None = None, precision=None) -> jax.Array:
+                         ignore_index: int | None = None, precision=None,
+                         compute_dtype=None) -> jax.Array:
   """Cross-entropy of softmax(x @ w + bias) against labels (XLA fallback)."""
+  if compute_dtype is not None:
+    x, w = x.astype(compute_dtype), w.astype(compute_dtype)
   losses = _token_losses(x, w, labels, bias, ignore_index, precision)
   return reduce(losses, labels, reduction=reduction, ignore_index=ignore_index)
 

@@ -119,6 +119,35 @@ def test_gradients_of_x_w_and_bias(dtype, reduction, ignore_index):
     assert_close(g, r, dtype, grad=True)
 
 
+@pytest.mark.parametrize("implementation", ["pallas", "xla"])
+def test_compute_dtype_rounds_f32_operands_as_they_load(implementation):
+  # f32 parameters multiplied in bf16: the loss is the rounded operands'
+  # (without the rounding it moves by ~1e-4), the gradients stay f32.
+  x, w, labels, b = make((13,), 40, 300, "float32", bias=True)
+  kw = dict(bias=b, reduction="none")
+  run = lce if implementation == "pallas" else (
+      lambda *a, **k: pk_op(*a, implementation="xla", **k))
+  got = run(x, w, labels, compute_dtype=jnp.bfloat16, **kw)
+  bf16 = [a.astype(jnp.bfloat16) for a in (x, w)]
+  rounded = ref_f32(*bf16, labels, **kw)
+  np.testing.assert_allclose(got, rounded, rtol=2e-6, atol=2e-6)
+  assert relative_error(ref_f32(x, w, labels, **kw), rounded) > 1e-5
+  grads = jax.grad(lambda x, w: run(x, w, labels, compute_dtype="bfloat16",
+                                    **kw).sum(), (0, 1))(x, w)
+  want = jax.grad(lambda x, w: ref_f32(x, w, labels, **kw).sum(), (0, 1))(x, w)
+  for g, r in zip(grads, want):
+    assert g.dtype == jnp.float32
+    assert_close(g, r, "bfloat16", grad=True)
+
+
+def test_compute_dtype_must_be_a_float_the_kernels_take():
+  x, w, labels, _ = make((13,), 40, 300, "float32")
+  with pytest.raises(ValueError, match="compute_dtype must be a floating dtype"):
+    pk_op(x, w, labels, compute_dtype=jnp.int8)
+  assert "compute dtype float64" in guard.unsupported_reason(
+      **dict(_OK, compute_dtype=jnp.float64))
+
+
 def test_ignored_tokens_have_zero_loss_zero_gradient_and_leave_the_mean():
   x, w, labels, _ = make((13,), 40, 300, "float32", ignore=True)
   ignored = np.asarray(labels == IGNORE)
