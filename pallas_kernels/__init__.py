@@ -9,6 +9,7 @@ from pallas_kernels._src.ops.adam_matmul.api import adam_matmul as adam_matmul
 from pallas_kernels._src.ops.conv2d.api import conv2d as conv2d
 from pallas_kernels._src.ops.conv2d_weight_grad.api import conv2d_weight_grad as conv2d_weight_grad
 from pallas_kernels._src.ops.batch_norm.api import batch_norm as batch_norm
+from pallas_kernels._src.ops.group_norm.api import group_norm as group_norm
 from pallas_kernels._src.ops.softmax.api import softmax as softmax
 from pallas_kernels._src.validate import validate as validate
 from pallas_kernels._src.validate import ValidationReport as ValidationReport

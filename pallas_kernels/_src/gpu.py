@@ -79,6 +79,8 @@ def store(ref: Any, value: Any, mask: Any) -> None:
 #: Pallas' Triton lowering computes element offsets in int32: an array of
 #: more elements is out of a kernel's reach.
 MAX_ELEMENTS = 2**31 - 1
+#: CUDA's limit on a grid's second (and third) dimension.
+MAX_GRID_Y = 65535
 
 
 def dtype_name(dtype: Any) -> str:

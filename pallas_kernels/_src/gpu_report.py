@@ -397,4 +397,13 @@ def default_cases() -> list[Case]:
       Case("batch_norm relu6 bf16 fwd", bn, bn_specs),
       Case("batch_norm relu6 bf16 grad", grad(bn, (0, 1, 2)), bn_specs),
   ]
+  # A diffusion UNet's group norm with silu (32 groups of 10 channels): the
+  # forward's two walks, and the backward's sums and dx in one kernel.
+  gn = lambda x, s, b: pk.group_norm(x, s, b, groups=32, activation="silu",
+                                     implementation="pallas")
+  gn_specs = (S((8, 64, 64, 320), bf), S((320,), bf), S((320,), bf))
+  cases += [
+      Case("group_norm silu bf16 fwd", gn, gn_specs),
+      Case("group_norm silu bf16 grad", grad(gn, (0, 1, 2)), gn_specs),
+  ]
   return cases

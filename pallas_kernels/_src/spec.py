@@ -73,7 +73,10 @@ class Closes:
   #: axis's size (a norm over several axes, or over groups, is another op);
   #: "all but last axis": one statistic per index of the last axis over every
   #: other axis of an operand of rank >= 4 (`channel_statistics`: a batch
-  #: norm over channels-last images); "" when it closes no reduction.
+  #: norm over channels-last images); "per sample and group": per index of
+  #: the first axis, over the middle axes and each group of the last axis's
+  #: channels (`group_statistics`: a group or instance norm); "" when it
+  #: closes no reduction.
   statistics: str = ""
   #: Anchors it comes close to without computing them, and why not (e.g.
   #: {"log_softmax": "returns probabilities, not logs"}).
@@ -91,6 +94,23 @@ def channel_statistics(stats) -> bool:
     return False
   rank = len(stats.dims)
   return rank >= 4 and tuple(stats.axes) == tuple(range(rank - 1))
+
+
+def group_statistics(stats) -> tuple[int, int] | None:
+  """(groups, channels) of per-sample statistics (`hlo_audit.plugins.Statistics`,
+  or None): an operand [N, ..., G, C/G] reduced over its middle axes and its
+  last (a group norm's over channels-last images), or [N, ..., C] over its
+  middle axes (an instance norm's: one group a channel); None for any other
+  reduction."""
+  if stats is None or len(stats.dims) < 3 or 0 in stats.axes:
+    return None
+  dims, rank = tuple(int(d) for d in stats.dims), len(stats.dims)
+  kept = [i for i in range(1, rank) if i not in stats.axes]
+  if kept == [rank - 2] and rank - 1 in stats.axes:
+    return dims[-2], dims[-2] * dims[-1]
+  if kept == [rank - 1]:
+    return dims[-1], dims[-1]
+  return None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -14,7 +14,7 @@ from typing import Any
 from hlo_audit import plugins
 
 from pallas_kernels._src import registry
-from pallas_kernels._src.spec import CallFacts, OpSpec, channel_statistics
+from pallas_kernels._src.spec import CallFacts, OpSpec, channel_statistics, group_statistics
 
 #: The library's name: its ops are "pallas_kernels.<op>".
 NAME = "pallas_kernels"
@@ -35,11 +35,6 @@ _UNCOVERED = {
     "batch_norm_stats": "no pallas_kernels kernel sums these batch statistics where "
                         "their operand is written: conv2d(statistics=True) does beside "
                         "a convolution, and batch_norm reads its x again for them",
-    "group_norm_stats": "pallas_kernels has no group-norm kernel: its statistics "
-                        "reduce over groups of channels and the spatial axes",
-    "group_norm_backward": "pallas_kernels has no group-norm kernel: its gamma and beta "
-                           "gradients sum like a batch norm's, but its dx needs "
-                           "per-sample group sums batch_norm does not compute",
     "column_reduction": "no pallas_kernels op computes this column sum: no gemm reads "
                         "the summed operand (a matmul's w_column_sum would), and no "
                         "row norm's backward writes it (its kernel sums gamma's gradient), "
@@ -100,6 +95,9 @@ def _closes(op: str, c, need: plugins.KernelNeed, kept: bool) -> tuple[bool, str
     return False, f"{op} writes {'one output' if c.outputs == 1 else f'{c.outputs} outputs'}"
   if c.statistics == "all but last axis" and not channel_statistics(need.statistics):
     return False, ""  # Another column sum (a dense bias's gradient): not close.
+  if c.statistics == "per sample and group" and need.statistics is not None and \
+      group_statistics(need.statistics) is None:
+    return False, ""  # Per-sample statistics of no channel groups: not close.
   why = _statistics_mismatch(c.statistics, need.statistics)
   if why:
     return False, f"{op} {why}"

@@ -71,6 +71,24 @@ def test_a_batch_norms_backward_column_sums_are_batch_norms(dims):
       "pallas_kernels.batch_norm")
 
 
+@pytest.mark.parametrize("stats", [
+    None,  # the backward's scale and shift gradients, column sums of [N, H, W, C]
+    plugins.Statistics((8, 1024, 8, 4), (1, 3)),  # [N, HW, G, C/G] over HW and C/G
+    plugins.Statistics((8, 32, 32, 8, 4), (1, 2, 4)),
+    plugins.Statistics((8, 1024, 32), (1,)),  # an instance norm's: a group a channel
+])
+def test_a_group_norms_statistics_and_gradients_are_group_norms(stats):
+  anchor = "group_norm_stats" if stats else "group_norm_backward"
+  assert _choose(R, anchor, statistics=stats) == plugins.KernelChoice(
+      "pallas_kernels.group_norm")
+
+
+def test_per_sample_statistics_of_no_groups_are_not_group_norms():
+  # Two kept axes besides the batch: no [N, ..., G, C/G] view of one image.
+  stats = plugins.Statistics((8, 16, 8, 4), (1,))
+  assert _choose(R, "group_norm_stats", statistics=stats).op is None
+
+
 @pytest.mark.parametrize("kind, anchor, ops, kw, why", [
     # Work no op fuses: nothing came close.
     (E, "dot", ("bias", "activation:softplus"), {}, ""),
@@ -91,7 +109,6 @@ def test_a_batch_norms_backward_column_sums_are_batch_norms(dims):
     (R, "column_reduction", (), {"statistics": plugins.Statistics((8, 32, 512), (0, 1))},
      "no pallas_kernels op computes this column sum"),
     (R, "column_reduction", (), {}, "no pallas_kernels op computes this column sum"),
-    (R, "group_norm_stats", (), {}, "pallas_kernels has no group-norm kernel"),
     # Close, and why not.
     (E, "dot", ("bias",), {"outputs": 3}, "pallas_kernels.matmul writes one output"),
     # A convolution's transposed store with a second output is no update:

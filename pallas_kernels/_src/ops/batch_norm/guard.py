@@ -16,9 +16,6 @@ from pallas_kernels._src.ops.batch_norm.config import Config
 
 #: dtypes of x, gamma and beta the kernels are written and validated for.
 SUPPORTED_DTYPES = frozenset({"float32", "bfloat16", "float16"})
-#: CUDA's limit on a grid's second dimension, where the kernels put the
-#: channel tiles.
-MAX_GRID_Y = 65535
 
 
 def unsupported_reason(x: Any, gamma: Any, beta: Any, *, interpret: bool,
@@ -49,8 +46,8 @@ def unsupported_reason(x: Any, gamma: Any, beta: Any, *, interpret: bool,
   for label, count in (("x", m * c), ("x padded to whole row tiles", padded)):
     if count > gpu.MAX_ELEMENTS:
       return f"{label} has {count} > 2**31-1 elements (int32 offsets)"
-  tiles = -(-c // config.block_c)
-  if tiles > MAX_GRID_Y:
+  tiles = -(-c // config.block_c)  # the grid's second dimension
+  if tiles > gpu.MAX_GRID_Y:
     return (f"C={c} makes {tiles} channel tiles of {config.block_c}, past CUDA's grid "
-            f"limit of {MAX_GRID_Y}; use a larger block_c")
+            f"limit of {gpu.MAX_GRID_Y}; use a larger block_c")
   return None
