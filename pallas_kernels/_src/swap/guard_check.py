@@ -32,11 +32,13 @@ def op_functions() -> dict[str, Any]:
   """name -> public function of every op (its spec's `api`; the fused
   cross-entropy's takes the shape swap needs its losses in), and the
   attention chain's routing to JAX's fused attention."""
-  from pallas_kernels._src.swap import attention, cross_entropy  # noqa: PLC0415
+  from pallas_kernels._src.swap import attention, cross_entropy, group_norm  # noqa: PLC0415
   found = {name: spec.api for name, spec in registry.specs().items() if spec.api}
   found[attention.OP] = attention.attention
   if cross_entropy.OP in found:  # the same op, its losses shaped as the program's
     found[cross_entropy.OP] = cross_entropy.linear_cross_entropy
+  if group_norm.OP in found:  # the same op, with its statistics and backward
+    found[group_norm.OP] = group_norm.group_norm
   return found
 
 

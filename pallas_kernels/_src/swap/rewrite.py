@@ -32,6 +32,7 @@ from pallas_kernels._src.swap import attention
 from pallas_kernels._src.swap import column_sum
 from pallas_kernels._src.swap import cross_entropy
 from pallas_kernels._src.swap import glu
+from pallas_kernels._src.swap import group_norm
 from pallas_kernels._src.swap import guard_check
 from pallas_kernels._src.swap import hoist as hoist_lib
 from pallas_kernels._src.swap import patterns
@@ -48,11 +49,13 @@ HOISTED = "hoisted out of the loop"
 #: Adam's update, a gemm starting an attention chain, a GLU or a
 #: cross-entropy head is the chain's before it is a matmul's; so is a gemm
 #: whose result an activation's derivative multiplies, and a weight
-#: gradient beside its bias gradient's sum (a backward pass).
+#: gradient beside its bias gradient's sum (a backward pass). A sum over a
+#: grouped view of x is a group norm's before it is a row op's.
 _MATCHERS = {**patterns.REGISTRY, "dot_general": (
     adam.match_adam, attention.match_attention, glu.match_glu, cross_entropy.match_cross_entropy,
     activation_grad.match_activation_grad, column_sum.match_column_sum,
-    *patterns.REGISTRY["dot_general"])}
+    *patterns.REGISTRY["dot_general"]),
+    "reduce_sum": (group_norm.match_group_norm, *patterns.REGISTRY["reduce_sum"])}
 
 
 def _ops() -> dict[str, Callable[..., Any]]:

@@ -113,17 +113,25 @@ def group_norm(x: jax.Array, scale: jax.Array, bias: jax.Array, *, groups: int,
   """
   x, scale, bias = jnp.asarray(x), jnp.asarray(scale), jnp.asarray(bias)
   act = _check(x, scale, bias, groups, epsilon, activation, implementation, config)
-  groups = int(groups)
+  groups, epsilon = int(groups), float(epsilon)
+  return _dispatch(
+      x, scale, bias, groups=groups, implementation=implementation, interpret=interpret,
+      config=config, kernel=lambda static: _run(x, scale, bias, static),
+      fallback=lambda: _reference(x, scale, bias, groups=groups, epsilon=epsilon,
+                                  activation=act),
+      static=dict(groups=groups, epsilon=epsilon, activation=act))
 
-  def run_reference():
-    return _reference(x, scale, bias, groups=groups, epsilon=float(epsilon), activation=act)
 
+def _dispatch(x, scale, bias, *, groups: int, implementation, interpret, config, kernel,
+              fallback, static: dict):
+  """`kernel(vjp.Static)` where the kernels run these arguments, else
+  `fallback()` (recorded with the guard's reason where it said no)."""
   if implementation == "xla":
-    return run_reference()
+    return fallback()
 
   def launch(interp: bool):
     if (implementation or backend_lib.default_implementation(interpret)) == "xla":
-      return run_reference()
+      return fallback()
     n, c = x.shape[0], x.shape[-1]
     cfg = config or config_lib.choose_config(n, math.prod(x.shape[1:-1]), c, groups, interp)
     reason = guard.unsupported_reason(x, scale, bias, groups=groups, interpret=interp,
@@ -131,9 +139,89 @@ def group_norm(x: jax.Array, scale: jax.Array, bias: jax.Array, *, groups: int,
     if reason:
       guard_lib.record_fallback("group_norm", reason,
                                 guard_lib.signature(x=x, scale=scale, bias=bias))
-      return run_reference()
-    static = vjp.Static(groups=groups, epsilon=float(epsilon), activation=act, cfg=cfg,
-                        interpret=interp, target=backend_lib.target())
-    return _run(x, scale, bias, static)
+      return fallback()
+    return kernel(vjp.Static(cfg=cfg, interpret=interp, target=backend_lib.target(),
+                             **static))
 
   return backend_lib.dispatch(interpret, (x, scale, bias), launch)
+
+
+# The swap's two calls for a group norm in a training step: the forward with
+# the statistics the program computes beside y, and the backward from them
+# (not through `jax.vjp`, which would run the forward again).
+
+
+@functools.partial(jax.jit, static_argnums=(3,))
+def _run_statistics(x, scale, bias, static: vjp.Static):
+  y, mean, rstd = vjp.forward(x.reshape(x.shape[0], -1, x.shape[-1]), scale, bias, static)
+  # The kernel keeps rstd; the program holds the variance. Back and forth
+  # (the backward takes rsqrt(var + epsilon) again) moves rstd by an ulp or so.
+  return y.reshape(x.shape), mean, 1.0 / jnp.square(rstd) - static.epsilon
+
+
+@functools.partial(jax.jit, static_argnums=(5, 7))
+def _run_backward(x, scale, bias, mean, var, static: vjp.Static, g, dx_sum: bool):
+  x3 = x.reshape(x.shape[0], -1, x.shape[-1])
+  rstd = jax.lax.rsqrt(var + static.epsilon)
+  g = g.reshape(x3.shape if g.size == x.size else (x3.shape[0], x3.shape[2]))
+  dx, *rest = vjp.backward(x3, g, scale, bias, mean, rstd, static, dx_sum=dx_sum)
+  return dx.reshape(x.shape), *rest
+
+
+def group_norm_with_statistics(x, scale, bias, *, groups: int, epsilon: float = 1e-6,
+                               activation: str | None = None,
+                               implementation: str | None = None,
+                               interpret: bool | None = None, config: Config | None = None):
+  """(y, mean, var): `group_norm`'s y and the f32 [N, G] statistics it
+  normalized with (the variance clamped at 0, as the reference's)."""
+  x, scale, bias = jnp.asarray(x), jnp.asarray(scale), jnp.asarray(bias)
+  act = _check(x, scale, bias, groups, epsilon, activation, implementation, config)
+  groups, epsilon = int(groups), float(epsilon)
+
+  def fallback():
+    y = _reference(x, scale, bias, groups=groups, epsilon=epsilon, activation=act)
+    return (y, *reference.statistics(x, groups=groups))
+
+  return _dispatch(
+      x, scale, bias, groups=groups, implementation=implementation, interpret=interpret,
+      config=config, kernel=lambda static: _run_statistics(x, scale, bias, static),
+      fallback=fallback, static=dict(groups=groups, epsilon=epsilon, activation=act))
+
+
+def group_norm_backward(x, scale, bias, mean, var, cotangent, *, groups: int,
+                        epsilon: float = 1e-6, activation: str | None = None,
+                        implementation: str | None = None, interpret: bool | None = None,
+                        config: Config | None = None, dx_sum: bool = False):
+  """(dx, dscale, dbias) of `group_norm` at y's `cotangent`, from the
+  forward's f32 [N, G] `mean` and `var`; in x's, scale's and bias's dtypes.
+  The cotangent is y's shape, or [N, 1, ..., 1, C]: the same for every
+  position of a sample (a global average pool's gradient), read so, never
+  broadcast in memory. With `dx_sum`, also dx summed over every axis but the
+  last, in f32 (the gradient of a bias added to x: the kernel sums dx as it
+  writes it)."""
+  x, scale, bias = jnp.asarray(x), jnp.asarray(scale), jnp.asarray(bias)
+  act = _check(x, scale, bias, groups, epsilon, activation, implementation, config)
+  groups, epsilon = int(groups), float(epsilon)
+  mean, var = (jnp.asarray(a, jnp.float32).reshape(x.shape[0], groups) for a in (mean, var))
+  cotangent = jnp.asarray(cotangent)
+  rows = (x.shape[0],) + (1,) * (x.ndim - 2) + (x.shape[-1],)
+  if cotangent.shape not in (tuple(x.shape), rows):
+    _fail(f"cotangent.shape {tuple(cotangent.shape)} must be x's {tuple(x.shape)} or "
+          f"{rows}")
+
+  def fallback():
+    _, pull = jax.vjp(lambda x, s, b: reference.group_norm(
+        x, s, b, groups=groups, epsilon=epsilon, activation=act), x, scale, bias)
+    dx, dscale, dbias = pull(jnp.broadcast_to(cotangent, x.shape).astype(x.dtype))
+    summed = (jnp.sum(dx.astype(jnp.float32), axis=tuple(range(x.ndim - 1))),)
+    return (dx, dscale, dbias) + (summed if dx_sum else ())
+
+  def kernel(static):
+    dx, dscale, dbias, *summed = _run_backward(x, scale, bias, mean, var, static,
+                                               cotangent, dx_sum)
+    return (dx, dscale.astype(scale.dtype), dbias.astype(bias.dtype), *summed)
+
+  return _dispatch(
+      x, scale, bias, groups=groups, implementation=implementation, interpret=interpret,
+      config=config, kernel=kernel, fallback=fallback,
+      static=dict(groups=groups, epsilon=epsilon, activation=act))

@@ -60,6 +60,10 @@ class _Launch:
   #: Canonical activation name ("identity" for none).
   activation: str
   interpret: bool
+  #: The backward's cotangent is one [C] row per sample, the same for
+  #: every row (a global average pool's gradient): read as such, not as an
+  #: image XLA would have to write.
+  row_cotangent: bool = False
 
   @property
   def group_size(self) -> int:
@@ -188,7 +192,7 @@ def _forward_kernel(x_ref, scale_ref, bias_ref, y_ref, mean_ref, rstd_ref, *, p:
 
 
 def _backward_kernel(x_ref, g_ref, scale_ref, bias_ref, mean_ref, rstd_ref, dx_ref,
-                     dscale_ref, dbias_ref, *, p: _Launch):
+                     dscale_ref, dbias_ref, dx_sum_ref=None, *, p: _Launch):
   w = _window(p)
   scale, bias = _channel_vectors(p, w, (scale_ref, bias_ref))
   mean, rstd = (_spread(w, rows.load_vec(r, w.g0, p.block_g, w.g_ok))
@@ -197,7 +201,12 @@ def _backward_kernel(x_ref, g_ref, scale_ref, bias_ref, mean_ref, rstd_ref, dx_r
   def terms(r0):
     """(dy, x_hat) of a tile, recomputed; dy is zero outside the mask."""
     mask = _tile_mask(p, w, r0)
-    x, g = (_read(p, w, r, r0, mask) for r in (x_ref, g_ref))
+    x = _read(p, w, x_ref, r0, mask)
+    if p.row_cotangent:
+      row = rows.load_vec(g_ref, w.c0, p.block_c, w.c_ok).astype(_F32)
+      g = jnp.where(mask, row[None, :], 0.0)
+    else:
+      g = _read(p, w, g_ref, r0, mask)
     xhat = (x - mean[None, :]) * rstd[None, :]
     if p.activation == "identity":
       return g, xhat, mask
@@ -218,18 +227,22 @@ def _backward_kernel(x_ref, g_ref, scale_ref, bias_ref, mean_ref, rstd_ref, dx_r
     dy, xhat, mask = terms(r0)
     dx = rstd[None, :] * (scale[None, :] * dy - a[None, :] - xhat * b[None, :])
     rows.store_tile(dx_ref, r0, w.c0, p.cfg.block_m, p.block_c, dx, mask)
-    return carry
+    # Rows past R hold dy = 0 but not dx = 0 (a and b): masked out of the sum.
+    return carry + jnp.sum(jnp.where(mask, dx, 0.0), axis=0)
 
-  _walk(p, apply, jnp.int32(0))
+  dx_sum = _walk(p, apply, zeros)
   rows.store_vec(dscale_ref, w.c0, p.block_c, dscale, w.c_ok)
   rows.store_vec(dbias_ref, w.c0, p.block_c, dbias, w.c_ok)
+  if dx_sum_ref is not None:
+    rows.store_vec(dx_sum_ref, w.c0, p.block_c, dx_sum, w.c_ok)
 
 
 def _call(body, p: _Launch, name: str, *, images, vectors, stats, out_shape, out_kinds,
-          flops: int):
-  """Runs `body` over [N, R, C] `images`, [C] `vectors` and [N, G] `stats`
-  on the (sample, window) grid; `out_kinds` says of each output whether it
-  is an "image", a per-sample "channels" row or a per-sample "groups" row."""
+          flops: int, channels=()):
+  """Runs `body` over [N, R, C] `images`, [N, C] `channels`, [C] `vectors`
+  and [N, G] `stats` on the (sample, window) grid; `out_kinds` says of each
+  output whether it is an "image", a per-sample "channels" row or a
+  per-sample "groups" row."""
   cfg = p.cfg
   rp, cp, gp = p.padded
   specs = {
@@ -238,7 +251,7 @@ def _call(body, p: _Launch, name: str, *, images, vectors, stats, out_shape, out
       "groups": pl.BlockSpec((None, gp), lambda i, j: (i, 0)),
   }
   vec = pl.BlockSpec((cp,), lambda i, j: (0,))
-  read = sum(a.size * a.dtype.itemsize for a in (*images, *vectors, *stats))
+  read = sum(a.size * a.dtype.itemsize for a in (*images, *channels, *vectors, *stats))
   written = sum(s.size * jnp.dtype(s.dtype).itemsize for s in out_shape)
   params = None if p.interpret else gpu.compiler_params(num_warps=cfg.num_warps,
                                                          num_stages=cfg.num_stages)
@@ -247,8 +260,8 @@ def _call(body, p: _Launch, name: str, *, images, vectors, stats, out_shape, out
       functools.partial(body, p=p),
       out_shape=out_shape,
       grid=(p.n, p.programs),
-      in_specs=([specs["image"]] * len(images) + [vec] * len(vectors)
-                + [specs["groups"]] * len(stats)),
+      in_specs=([specs["image"]] * len(images) + [specs["channels"]] * len(channels)
+                + [vec] * len(vectors) + [specs["groups"]] * len(stats)),
       out_specs=[specs[k] for k in out_kinds],
       compiler_params=params,
       interpret=p.interpret,
@@ -259,7 +272,7 @@ def _call(body, p: _Launch, name: str, *, images, vectors, stats, out_shape, out
       name=f"pallas_kernels_group_norm_{name}",
   )
   with backend_lib.kernel_scope("group_norm"):
-    return call(*images, *(v.astype(_F32) for v in vectors), *stats)
+    return call(*images, *channels, *(v.astype(_F32) for v in vectors), *stats)
 
 
 def _launch(x3, groups: int, epsilon: float, cfg: Config, activation: str,
@@ -282,14 +295,18 @@ def forward(x3, scale, bias, *, groups: int, epsilon: float, activation: str, cf
 
 
 def backward(x3, g3, scale, bias, mean, rstd, *, groups: int, activation: str, cfg: Config,
-             interpret: bool):
+             interpret: bool, dx_sum: bool = False):
   """(dx in x3's dtype, dscale f32 [C], dbias f32 [C]) from the cotangent g3
-  of y and the forward's mean and rstd."""
-  p = _launch(x3, groups, 0.0, cfg, activation, interpret)
+  of y ([N, R, C], or [N, C]: the same row for every row) and the forward's
+  mean and rstd; with `dx_sum`, also dx's f32 sum over the samples and rows
+  [C] (the gradient of a bias added before the norm, a convolution's), so
+  that nothing reads dx again for it."""
+  p = dataclasses.replace(_launch(x3, groups, 0.0, cfg, activation, interpret),
+                          row_cotangent=g3.ndim == 2)
   partial = jax.ShapeDtypeStruct((p.n, p.c), _F32)
-  dx, dscale, dbias = _call(
-      _backward_kernel, p, "bwd", images=(x3, g3), vectors=(scale, bias),
-      stats=(mean, rstd),
-      out_shape=[jax.ShapeDtypeStruct(x3.shape, x3.dtype), partial, partial],
-      out_kinds=("image", "channels", "channels"), flops=18)
-  return dx, jnp.sum(dscale, axis=0), jnp.sum(dbias, axis=0)
+  outs = _call(
+      _backward_kernel, p, "bwd", images=(x3,) + ((g3,) * (g3.ndim == 3)),
+      channels=(g3,) * (g3.ndim == 2), vectors=(scale, bias), stats=(mean, rstd),
+      out_shape=[jax.ShapeDtypeStruct(x3.shape, x3.dtype)] + [partial] * (2 + dx_sum),
+      out_kinds=("image",) + ("channels",) * (2 + dx_sum), flops=18 + dx_sum)
+  return (outs[0], *(jnp.sum(o, axis=0) for o in outs[1:]))

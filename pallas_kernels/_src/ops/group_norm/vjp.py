@@ -32,7 +32,8 @@ class Static:
   target: backend_lib.Target
 
 
-def _forward(x3, scale, bias, static: Static):
+def forward(x3, scale, bias, static: Static):
+  """(y, mean, rstd) of [N, R, C] x3: the forward kernel."""
   return kernel.forward(x3, scale, bias, groups=static.groups, epsilon=static.epsilon,
                         activation=static.activation, cfg=static.cfg,
                         interpret=static.interpret)
@@ -41,19 +42,25 @@ def _forward(x3, scale, bias, static: Static):
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
 def group_norm(x3, scale, bias, static: Static):
   """y of [N, R, C] x3 through the Pallas kernels."""
-  return _forward(x3, scale, bias, static)[0]
+  return forward(x3, scale, bias, static)[0]
 
 
 def _fwd(x3, scale, bias, static: Static):
-  y, mean, rstd = _forward(x3, scale, bias, static)
+  y, mean, rstd = forward(x3, scale, bias, static)
   return y, (x3, scale, bias, mean, rstd)
+
+
+def backward(x3, g3, scale, bias, mean, rstd, static: Static, dx_sum: bool = False):
+  """(dx, dscale f32, dbias f32[, dx's sum f32]) from the cotangent g3 and
+  the forward's statistics: the backward kernel."""
+  return kernel.backward(x3, g3, scale, bias, mean, rstd, groups=static.groups,
+                         activation=static.activation, cfg=static.cfg,
+                         interpret=static.interpret, dx_sum=dx_sum)
 
 
 def _bwd(static: Static, saved, g3):
   x3, scale, bias, mean, rstd = saved
-  dx, dscale, dbias = kernel.backward(x3, g3, scale, bias, mean, rstd, groups=static.groups,
-                                      activation=static.activation, cfg=static.cfg,
-                                      interpret=static.interpret)
+  dx, dscale, dbias = backward(x3, g3, scale, bias, mean, rstd, static)
   return dx, dscale.astype(scale.dtype), dbias.astype(bias.dtype)
 
 

@@ -139,6 +139,39 @@ def test_matches_flax_with_swish_after_it_in_bf16():
   assert_close(y, want, "bfloat16", what="y")
 
 
+def test_the_swaps_two_calls_from_the_forwards_statistics(clean_fallbacks):
+  # What `swap` calls in a training step: the forward with the statistics
+  # the program holds (mean and the clamped variance), and the backward from
+  # them, with dx's sum over samples and rows (a bias before the norm). 35
+  # rows over 16-row tiles: the padding rows' dx must stay out of the sum.
+  from pallas_kernels._src.ops.group_norm import api
+  shape, groups = (2, 5, 7, 12), 3
+  x, scale, bias, g = operands(shape)
+  kw = dict(groups=groups, activation="silu", implementation="pallas", interpret=True,
+            config=SMALL)
+  y, mean, var = api.group_norm_with_statistics(x, scale, bias, **kw)
+  want_mean, want_var = reference.statistics(x, groups=groups)
+  ref = functools.partial(reference.group_norm_f32, groups=groups, activation="silu")
+  assert_close(y, ref(x, scale, bias), "float32", what="y")
+  assert_close(mean, want_mean, "float32", what="mean")
+  assert_close(var, want_var, "float32", what="var")
+  dx, dscale, dbias, dx_sum = api.group_norm_backward(x, scale, bias, mean, var, g,
+                                                      dx_sum=True, **kw)
+  want = _grads(ref, g, x, scale, bias)
+  for name, got, expected in zip(("dx", "dscale", "dbias"), (dx, dscale, dbias), want):
+    assert_close(got, expected, "float32", grad=True, what=name)
+  assert_close(dx_sum, jnp.sum(want[0], axis=(0, 1, 2)), "float32", grad=True, what="sum")
+  # A cotangent the same at every position is read one row a sample.
+  row = g[:, :1, :1, :]
+  got = api.group_norm_backward(x, scale, bias, mean, var, row, **kw)
+  want = _grads(ref, jnp.broadcast_to(row, shape), x, scale, bias)
+  for name, a, b in zip(("dx", "dscale", "dbias"), got, want):
+    assert_close(a, b, "float32", grad=True, what=f"{name} (row cotangent)")
+  with pytest.raises(ValueError, match="cotangent.shape"):
+    api.group_norm_backward(x, scale, bias, mean, var, g[:, :1], **kw)
+  assert_no_fallback()
+
+
 def test_each_sample_and_group_is_normalized_on_its_own():
   # Group norm forgets a positive scale and any shift of one (sample, group):
   # only that sample's group is changed, and its output stays.
