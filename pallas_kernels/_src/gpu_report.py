@@ -349,6 +349,15 @@ def default_cases() -> list[Case]:
       Case("linear_cross_entropy bf16 fwd", lce, lce_specs),
       Case("linear_cross_entropy bf16 grad", jax.grad(lce, argnums=(0, 1)), lce_specs),
   ]
+  # A mixed-precision head: f32 parameters read as they are, rounded to
+  # bf16 in registers (compute_dtype), the f32 tiles' shared memory priced.
+  lce_mixed = lambda x, w, l: pk.linear_cross_entropy(  # noqa: E731
+      x, w, l, compute_dtype=bf, implementation="pallas")
+  mixed_specs = (S((8192, 4096), f32), S((4096, 32768), f32), S((8192,), jnp.int32))
+  cases += [
+      Case("linear_cross_entropy f32 params, bf16 compute grad",
+           jax.grad(lce_mixed, argnums=(0, 1)), mixed_specs),
+  ]
   # MobileNetV3's weight gradients with dy's column sum: a 1x1 expansion (the
   # per-tap dot) and a strided depthwise 3x3 (per-channel multiply-add).
   def wgrad(k, **window):
@@ -402,8 +411,16 @@ def default_cases() -> list[Case]:
   gn = lambda x, s, b: pk.group_norm(x, s, b, groups=32, activation="silu",
                                      implementation="pallas")
   gn_specs = (S((8, 64, 64, 320), bf), S((320,), bf), S((320,), bf))
+  # The swap's backward call after a pooled head: the cotangent one row a
+  # sample, dx summed for the convolution's bias.
+  from pallas_kernels._src.ops.group_norm import api as gn_api  # noqa: PLC0415
+  gn_bwd = lambda x, s, b, m, v, g: gn_api.group_norm_backward(  # noqa: E731
+      x, s, b, m, v, g, groups=32, activation="silu", implementation="pallas", dx_sum=True)
+  stat = S((8, 32), f32)
   cases += [
       Case("group_norm silu bf16 fwd", gn, gn_specs),
       Case("group_norm silu bf16 grad", grad(gn, (0, 1, 2)), gn_specs),
+      Case("group_norm silu bf16 swap backward (row cotangent, dx sum)", gn_bwd,
+           gn_specs + (stat, stat, S((8, 1, 1, 320), bf))),
   ]
   return cases
