@@ -22,6 +22,7 @@ elsewhere.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 
@@ -51,16 +52,30 @@ def _float(program: Program, v: Val) -> bool:
   return jnp.issubdtype(program.aval(v).dtype, jnp.floating)
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
 class _Geometry:
   """x [N, ..., C] normalized over groups of C/G channels per sample."""
 
-  def __init__(self, shape: tuple[int, ...], groups: int):
-    self.shape, self.groups = shape, groups
-    self.n, self.c = shape[0], shape[-1]
-    self.size = math.prod(shape)
-    #: Element counts a value of the chain can have.
-    self.sizes = frozenset({self.size, self.n * groups, self.n * self.c, self.c,
-                            self.n, groups, 1})
+  shape: tuple[int, ...]
+  groups: int
+
+  @property
+  def n(self) -> int:
+    return self.shape[0]
+
+  @property
+  def c(self) -> int:
+    return self.shape[-1]
+
+  @property
+  def size(self) -> int:
+    return math.prod(self.shape)
+
+  @property
+  def sizes(self) -> frozenset[int]:
+    """Element counts a value of the chain can have."""
+    return frozenset({self.size, self.n * self.groups, self.n * self.c, self.c,
+                      self.n, self.groups, 1})
 
 
 def _region(program: Program, starts, geo: _Geometry, live: set[int],
@@ -278,7 +293,9 @@ def match_group_norm(program: Program, red: Node, taken: set[int]) -> Result:
             ("shape", tuple(program.aval(y).shape)))
   positional = (("x", Operand(x)), ("scale", operand(scale)), ("bias", operand(bias)))
   inner = {o for i in nodes for o in program.nodes[i].outs} - {y}
-  readers = {u for v in inner for u in program.uses.get(v, ()) if u not in nodes}
+  # Readers nothing returned needs (tracing leaves them) go with the call.
+  dead = backward_lib.dead_readers(program, nodes, live)
+  readers = {u for v in inner for u in program.uses.get(v, ()) if u not in nodes | dead}
   follow, outputs = None, (y,)
   if readers or inner & program.returned:
     mean_v, var_v = replay.statistics()
@@ -297,6 +314,8 @@ def match_group_norm(program: Program, red: Node, taken: set[int]) -> Result:
           f"written ({follow})"), red.index, frozenset(nodes))
     outputs = (y, mean, var)
     static += (("statistics", tuple(program.aval(mean).shape)),)
+  else:
+    nodes = nodes | dead
   return Match(op=OP, items=items, positional=positional, keywords=(), static=static,
                outputs=outputs, consumed=frozenset(nodes), anchor=red.index,
                follow=follow)
