@@ -43,6 +43,8 @@ class _Def:
   ignore_index: int | None = None
   chunked: bool = False
   nonfinite: bool = False
+  #: compute_dtype: f32 operands rounded to it as the kernels load them.
+  compute: str | None = None
 
 
 def _t(*tags: str) -> frozenset[str]:
@@ -59,6 +61,9 @@ _DEFS: tuple[_Def, ...] = (
          chunked=True),
     _Def((6,), 20, 50, "float32", _t("ci", "nonfinite"), reduction="none",
          nonfinite=True),
+    # A mixed-precision head: f32 parameters, bf16 products.
+    _Def((11,), 24, 200, "float32", _t("ci"), bias=True, reduction="none",
+         chunked=True, compute="bfloat16"),
     _Def((8192,), 4096, 32768, "bfloat16", _t("bench")),
     # Timed by scripts/device_check.sh when a GPU is lent (Llama 3's vocabulary).
     _Def((4096,), 2048, 128256, "bfloat16", _t("bench", "device"), ignore_index=-100),
@@ -77,6 +82,8 @@ def _name(d: _Def) -> str:
     parts.append(f"chunk={CHUNKED.block_v}")
   if d.nonfinite:
     parts.append("nan/bad-label")
+  if d.compute:
+    parts.append(f"compute={jnp.dtype(d.compute).name}")
   return " ".join(parts)
 
 
@@ -121,6 +128,8 @@ def _cases(tag: str, seed: int) -> Iterator[Case]:
       kwargs["ignore_index"] = d.ignore_index
     if d.chunked:
       kwargs["config"] = CHUNKED
+    if d.compute:
+      kwargs["compute_dtype"] = d.compute
     grad_argnums = ((0, 1, 3) if d.bias else (0, 1)) if "grad" in d.tags else ()
     yield Case(name=name, args=tuple(args), kwargs=kwargs, tags=d.tags,
                grad_argnums=grad_argnums)

@@ -62,9 +62,13 @@ def linear_cross_entropy(x, w, labels, *, bias=None, reduction: str = "mean",
 
 
 def linear_cross_entropy_f32(x, w, labels, *, bias=None, reduction: str = "mean",
-                             ignore_index: int | None = None) -> jax.Array:
-  """Ground truth for validation: float32 inputs at Precision.HIGHEST."""
+                             ignore_index: int | None = None,
+                             compute_dtype=None) -> jax.Array:
+  """Ground truth for validation: float32 inputs at Precision.HIGHEST (x and
+  w first rounded to `compute_dtype`, as the op rounds them)."""
   f32 = jnp.float32
+  if compute_dtype is not None:
+    x, w = x.astype(compute_dtype), w.astype(compute_dtype)
   return linear_cross_entropy(
       x.astype(f32), w.astype(f32), labels,
       bias=None if bias is None else bias.astype(f32), reduction=reduction,
