@@ -411,8 +411,9 @@ def default_cases() -> list[Case]:
   gn = lambda x, s, b: pk.group_norm(x, s, b, groups=32, activation="silu",
                                      implementation="pallas")
   gn_specs = (S((8, 64, 64, 320), bf), S((320,), bf), S((320,), bf))
-  # The swap's backward call after a pooled head: the cotangent one row a
-  # sample, dx summed for the convolution's bias.
+  # The swap's calls before a pooled head: the forward summing y over H and
+  # W instead of writing it; the backward's cotangent one row a sample, dx
+  # summed for the convolution's bias.
   from pallas_kernels._src.ops.group_norm import api as gn_api  # noqa: PLC0415
   gn_bwd = lambda x, s, b, m, v, g: gn_api.group_norm_backward(  # noqa: E731
       x, s, b, m, v, g, groups=32, activation="silu", implementation="pallas", dx_sum=True)
@@ -422,5 +423,9 @@ def default_cases() -> list[Case]:
       Case("group_norm silu bf16 grad", grad(gn, (0, 1, 2)), gn_specs),
       Case("group_norm silu bf16 swap backward (row cotangent, dx sum)", gn_bwd,
            gn_specs + (stat, stat, S((8, 1, 1, 320), bf))),
+      Case("group_norm silu bf16 swap forward (pooled)",
+           lambda x, s, b: gn_api.group_norm_with_statistics(
+               x, s, b, groups=32, activation="silu", implementation="pallas", pooled=True),
+           gn_specs),
   ]
   return cases

@@ -289,9 +289,13 @@ def match_group_norm(program: Program, red: Node, taken: set[int]) -> Result:
     return Operand(root) if tuple(program.aval(root).shape) == (c,) else \
         Operand(root, "reshape", (c,))
 
-  static = (("groups", geo.groups), ("epsilon", eps), ("activation", act),
-            ("shape", tuple(program.aval(y).shape)))
   positional = (("x", Operand(x)), ("scale", operand(scale)), ("bias", operand(bias)))
+  pool = _pool(program, y, geo, taken, live)
+  static = (("groups", geo.groups), ("epsilon", eps), ("activation", act),
+            ("shape", tuple(program.aval(y if pool is None else pool.outs[0]).shape)))
+  if pool is not None:  # y read only by a global average pool's sum
+    items += ("pooled",)
+    static += (("pooled", True),)
   inner = {o for i in nodes for o in program.nodes[i].outs} - {y}
   # Readers nothing returned needs (tracing leaves them) go with the call.
   dead = backward_lib.dead_readers(program, nodes, live)
@@ -316,6 +320,9 @@ def match_group_norm(program: Program, red: Node, taken: set[int]) -> Result:
     static += (("statistics", tuple(program.aval(mean).shape)),)
   else:
     nodes = nodes | dead
+  if pool is not None:
+    outputs = (pool.outs[0],) + outputs[1:]
+    nodes = nodes | {pool.index}
   return Match(op=OP, items=items, positional=positional, keywords=(), static=static,
                outputs=outputs, consumed=frozenset(nodes), anchor=red.index,
                follow=follow)
@@ -394,12 +401,28 @@ def _backward(program: Program, x: Val, y: Val, geo: _Geometry, fwd: set[int],
       keywords=(("mean", Operand(mean, "reshape", pair)),
                 ("var", Operand(var, "reshape", pair)),
                 ("cotangent", cot)),
-      static=tuple(kv for kv in static if kv[0] != "shape") + (
+      static=tuple(kv for kv in static if kv[0] not in ("shape", "pooled")) + (
           ("grads", order),
           ("dtypes", tuple(jnp.dtype(program.aval(o).dtype).name for o in outputs)),
           ("shapes", tuple(tuple(program.aval(o).shape) for o in outputs))),
       outputs=outputs, consumed=frozenset(consumed),
       anchor=min(program.producer[o] for o in outputs))
+
+
+def _pool(program: Program, y: Val, geo: _Geometry, taken: set[int],
+          live: set[int]) -> Node | None:
+  """The sum of y over every axis but the first and last (a global average
+  pool's) when it is all that reads y, or None."""
+  rank = len(geo.shape)
+  readers = [u for u in program.uses.get(y, ()) if u in live]
+  if y in program.returned or len(readers) != 1 or rank < 3:
+    return None
+  node = program.nodes[readers[0]]
+  if node.prim != "reduce_sum" or node.index in taken or \
+      tuple(node.params["axes"]) != tuple(range(1, rank - 1)) or \
+      tuple(program.aval(y).shape) != geo.shape:
+    return None
+  return node
 
 
 def _bias_gradient(program: Program, dx: Val, geo: _Geometry, taken: set[int]) -> Node | None:
@@ -452,9 +475,10 @@ def group_norm(x, scale, bias, *, groups: int, epsilon: float = 1e-6, activation
                shape: tuple[int, ...] | None = None,
                statistics: tuple[int, ...] | None = None, mean=None, var=None,
                cotangent=None, grads: tuple[str, ...] = (), dtypes: tuple[str, ...] = (),
-               shapes: tuple[tuple[int, ...], ...] = (), **kwargs):
+               shapes: tuple[tuple[int, ...], ...] = (), pooled: bool = False, **kwargs):
   """`pallas_kernels.group_norm` as the swap calls it (called as the op,
-  the op): y shaped as the program held it, and with `statistics` (the program's shape of them) the
+  the op): y shaped as the program held it (with `pooled`, its sum over the
+  middle axes instead), and with `statistics` (the program's shape of them) the
   group mean and variance too; with `cotangent`, the gradients `grads`
   names instead ("x", "scale", "bias", and "x_sum": dx summed over all but
   its last axis), from the forward's `mean` and `var`, in `dtypes` and
@@ -463,10 +487,12 @@ def group_norm(x, scale, bias, *, groups: int, epsilon: float = 1e-6, activation
   common = dict(groups=groups, epsilon=epsilon, activation=activation, **kwargs)
   if cotangent is None:
     shape = jnp.shape(x) if shape is None else shape
-    if statistics is None:
+    if statistics is None and not pooled:
       return api.group_norm(x, scale, bias, **common).reshape(shape)
-    y, mean, var = api.group_norm_with_statistics(x, scale, bias, **common)
-    return y.reshape(shape), mean.reshape(statistics), var.reshape(statistics)
+    y, mean, var = api.group_norm_with_statistics(x, scale, bias, pooled=pooled, **common)
+    y = y.astype(jnp.asarray(x).dtype).reshape(shape)
+    return y if statistics is None else (y, mean.reshape(statistics),
+                                         var.reshape(statistics))
   got = dict(zip(("x", "scale", "bias", "x_sum"), api.group_norm_backward(
       x, scale, bias, mean, var, cotangent, dx_sum="x_sum" in grads, **common)))
   return tuple(got[k].astype(t).reshape(s) for k, t, s in zip(grads, dtypes, shapes,

@@ -125,7 +125,25 @@ def test_a_pooled_heads_cotangent_is_read_one_row_a_sample():
   sites = _sites(swapped, params, x)
   assert [s.replaced for s in sites] == [True, True], sites
   assert f"cotangent=f32[{N},1,1,{C}]" in sites[1].call, sites[1].call
+  # y is read by the pool alone: the forward sums it instead of writing it.
+  assert "pooled=True" in sites[0].call and "pooled" not in sites[1].call, sites
   _close(swapped(params, x), step(params, x), 2e-5)
+
+
+def test_a_pooled_forward_writes_no_y():
+  block = Block()
+  params, x = _init(block)
+  fn = jax.jit(lambda p, x: block.apply({"params": p}, x).mean(axis=(1, 2)))
+  swapped = pk.swap(fn, interpret=True)
+  (site,) = _sites(swapped, params, x)
+  assert site.replaced and "pooled=True" in site.call and "statistics" not in site.call
+  assert site.output == f"f32[{N},{C}]", site.output
+  _close(swapped(params, x), fn(params, x), 1e-5)
+  # Read by anything but the pool (here also returned), y is written.
+  both = jax.jit(lambda p, x: (lambda y: (y, y.mean(axis=(1, 2))))(
+      block.apply({"params": p}, x)))
+  (site,) = _sites(pk.swap(both, interpret=True), params, x)
+  assert site.replaced and "pooled" not in site.call, site.call
 
 
 def test_the_gradients_of_parameters_the_step_does_not_take_are_not_computed():

@@ -151,12 +151,14 @@ def _dispatch(x, scale, bias, *, groups: int, implementation, interpret, config,
 # (not through `jax.vjp`, which would run the forward again).
 
 
-@functools.partial(jax.jit, static_argnums=(3,))
-def _run_statistics(x, scale, bias, static: vjp.Static):
-  y, mean, rstd = vjp.forward(x.reshape(x.shape[0], -1, x.shape[-1]), scale, bias, static)
+@functools.partial(jax.jit, static_argnums=(3, 4))
+def _run_statistics(x, scale, bias, static: vjp.Static, pooled: bool):
+  y, mean, rstd = vjp.forward(x.reshape(x.shape[0], -1, x.shape[-1]), scale, bias, static,
+                              pooled=pooled)
   # The kernel keeps rstd; the program holds the variance. Back and forth
   # (the backward takes rsqrt(var + epsilon) again) moves rstd by an ulp or so.
-  return y.reshape(x.shape), mean, 1.0 / jnp.square(rstd) - static.epsilon
+  return (y if pooled else y.reshape(x.shape), mean,
+          1.0 / jnp.square(rstd) - static.epsilon)
 
 
 @functools.partial(jax.jit, static_argnums=(5, 7))
@@ -171,20 +173,25 @@ def _run_backward(x, scale, bias, mean, var, static: vjp.Static, g, dx_sum: bool
 def group_norm_with_statistics(x, scale, bias, *, groups: int, epsilon: float = 1e-6,
                                activation: str | None = None,
                                implementation: str | None = None,
-                               interpret: bool | None = None, config: Config | None = None):
+                               interpret: bool | None = None, config: Config | None = None,
+                               pooled: bool = False):
   """(y, mean, var): `group_norm`'s y and the f32 [N, G] statistics it
-  normalized with (the variance clamped at 0, as the reference's)."""
+  normalized with (the variance clamped at 0, as the reference's). With
+  `pooled`, y's f32 sum over every axis but the first and last ([N, C], what
+  a global average pool divides) instead of y, which is then never written."""
   x, scale, bias = jnp.asarray(x), jnp.asarray(scale), jnp.asarray(bias)
   act = _check(x, scale, bias, groups, epsilon, activation, implementation, config)
   groups, epsilon = int(groups), float(epsilon)
 
   def fallback():
     y = _reference(x, scale, bias, groups=groups, epsilon=epsilon, activation=act)
+    if pooled:
+      y = jnp.sum(y.astype(jnp.float32), axis=tuple(range(1, x.ndim - 1)))
     return (y, *reference.statistics(x, groups=groups))
 
   return _dispatch(
       x, scale, bias, groups=groups, implementation=implementation, interpret=interpret,
-      config=config, kernel=lambda static: _run_statistics(x, scale, bias, static),
+      config=config, kernel=lambda static: _run_statistics(x, scale, bias, static, pooled),
       fallback=fallback, static=dict(groups=groups, epsilon=epsilon, activation=act))
 
 

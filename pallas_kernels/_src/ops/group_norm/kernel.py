@@ -64,6 +64,9 @@ class _Launch:
   #: every row (a global average pool's gradient): read as such, not as an
   #: image XLA would have to write.
   row_cotangent: bool = False
+  #: The forward sums y over the rows ([N, C], a global average pool's sum)
+  #: instead of writing it: nothing else reads y.
+  pooled: bool = False
 
   @property
   def group_size(self) -> int:
@@ -182,11 +185,15 @@ def _forward_kernel(x_ref, scale_ref, bias_ref, y_ref, mean_ref, rstd_ref, *, p:
     mask = _tile_mask(p, w, r0)
     x = _read(p, w, x_ref, r0, mask)
     pre = (x - mean_c[None, :]) * mul[None, :] + bias[None, :]
-    rows.store_tile(y_ref, r0, w.c0, p.cfg.block_m, p.block_c,
-                    activation_fn(p.activation, pre), mask)
+    y = activation_fn(p.activation, pre)
+    if p.pooled:
+      return carry + jnp.sum(jnp.where(mask, y, 0.0), axis=0)
+    rows.store_tile(y_ref, r0, w.c0, p.cfg.block_m, p.block_c, y, mask)
     return carry
 
-  _walk(p, apply, jnp.int32(0))
+  pooled = _walk(p, apply, zeros)
+  if p.pooled:
+    rows.store_vec(y_ref, w.c0, p.block_c, pooled, w.c_ok)
   rows.store_vec(mean_ref, w.g0, p.block_g, mean, w.g_ok)
   rows.store_vec(rstd_ref, w.g0, p.block_g, rstd, w.g_ok)
 
@@ -283,14 +290,19 @@ def _launch(x3, groups: int, epsilon: float, cfg: Config, activation: str,
 
 
 def forward(x3, scale, bias, *, groups: int, epsilon: float, activation: str, cfg: Config,
-            interpret: bool):
-  """(y in x3's dtype, mean f32 [N, G], rstd f32 [N, G]) of [N, R, C] x3."""
-  p = _launch(x3, groups, epsilon, cfg, activation, interpret)
+            interpret: bool, pooled: bool = False):
+  """(y in x3's dtype, mean f32 [N, G], rstd f32 [N, G]) of [N, R, C] x3;
+  with `pooled`, y's f32 sum over the rows [N, C] in y's place (y is not
+  written)."""
+  p = dataclasses.replace(_launch(x3, groups, epsilon, cfg, activation, interpret),
+                          pooled=pooled)
   stat = jax.ShapeDtypeStruct((p.n, p.groups), _F32)
+  out = (jax.ShapeDtypeStruct((p.n, p.c), _F32) if pooled
+         else jax.ShapeDtypeStruct(x3.shape, x3.dtype))
   y, mean, rstd = _call(
       _forward_kernel, p, "fwd", images=(x3,), vectors=(scale, bias), stats=(),
-      out_shape=[jax.ShapeDtypeStruct(x3.shape, x3.dtype), stat, stat],
-      out_kinds=("image", "groups", "groups"), flops=9)
+      out_shape=[out, stat, stat],
+      out_kinds=("channels" if pooled else "image", "groups", "groups"), flops=9)
   return y, mean, rstd
 
 

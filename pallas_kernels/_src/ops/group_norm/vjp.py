@@ -32,11 +32,12 @@ class Static:
   target: backend_lib.Target
 
 
-def forward(x3, scale, bias, static: Static):
-  """(y, mean, rstd) of [N, R, C] x3: the forward kernel."""
+def forward(x3, scale, bias, static: Static, pooled: bool = False):
+  """(y, mean, rstd) of [N, R, C] x3 (y summed over R with `pooled`): the
+  forward kernel."""
   return kernel.forward(x3, scale, bias, groups=static.groups, epsilon=static.epsilon,
                         activation=static.activation, cfg=static.cfg,
-                        interpret=static.interpret)
+                        interpret=static.interpret, pooled=pooled)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3,))

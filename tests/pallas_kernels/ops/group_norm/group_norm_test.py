@@ -155,6 +155,10 @@ def test_the_swaps_two_calls_from_the_forwards_statistics(clean_fallbacks):
   assert_close(y, ref(x, scale, bias), "float32", what="y")
   assert_close(mean, want_mean, "float32", what="mean")
   assert_close(var, want_var, "float32", what="var")
+  # Pooled: y's sum over H and W in y's place, the padding rows left out.
+  pooled, _, _ = api.group_norm_with_statistics(x, scale, bias, pooled=True, **kw)
+  assert pooled.shape == (2, 12)
+  assert_close(pooled, jnp.sum(ref(x, scale, bias), axis=(1, 2)), "float32", what="pooled")
   dx, dscale, dbias, dx_sum = api.group_norm_backward(x, scale, bias, mean, var, g,
                                                       dx_sum=True, **kw)
   want = _grads(ref, g, x, scale, bias)
