@@ -196,15 +196,20 @@ def test_a_normalized_value_the_step_returns_leaves_the_norm_to_xla():
   assert "read elsewhere" in sites[0].reason, sites[0].reason
 
 
+def _step_returning(which: int):
+  """A training step of the hand-written norm that also returns its mean
+  (1) or its x_hat (2)."""
+  def loss(x, s, b):
+    out = _by_hand(x, s, b)
+    return jnp.mean(jnp.square(out[0])), out[which]
+  return jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True)
+
+
 def test_a_step_that_also_returns_x_hat_leaves_both_calls_to_xla():
   # Forward and backward are found, but x_hat, which the step returns, is
   # one of the values the two calls would absorb.
-  def loss(x, s, b):
-    y, _, xhat = _by_hand(x, s, b)
-    return jnp.mean(jnp.square(y)), xhat
   args = _hand_args()
-  step = jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True)
-  sites = _sites(pk.swap(step, interpret=True), *args)
+  sites = _sites(pk.swap(_step_returning(2), interpret=True), *args)
   assert sites and not any(s.replaced for s in sites), sites
   assert "between x and its gradient is read elsewhere" in sites[0].reason, sites[0].reason
 
@@ -212,11 +217,7 @@ def test_a_step_that_also_returns_x_hat_leaves_both_calls_to_xla():
 def test_a_step_that_returns_the_group_means_gets_the_kernels():
   # The forward call writes the mean the chain computed: returning it
   # leaves nothing outside the calls reading what they absorb.
-  def loss(x, s, b):
-    y, mean, _ = _by_hand(x, s, b)
-    return jnp.mean(jnp.square(y)), mean
-  args = _hand_args()
-  step = jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True)
+  args, step = _hand_args(), _step_returning(1)
   swapped = pk.swap(step, interpret=True)
   assert [s.replaced for s in _sites(swapped, *args)] == [True, True]
   _close(swapped(*args), step(*args), 2e-5)
