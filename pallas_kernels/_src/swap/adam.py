@@ -21,7 +21,6 @@ from __future__ import annotations
 import math
 from typing import Any
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.extend import source_info_util
@@ -204,7 +203,7 @@ class _Replay:
         return u.value
       return env[u] if u in env else program.value_of(u)
 
-    with jax.ensure_compile_time_eval(), jax.default_device(jax.devices("cpu")[0]):
+    with prog_lib.eager_here():
       for i in sorted(self.cone):
         node = program.nodes[i]
         out = prog_lib.bind(node.eqn, [read(u) for u in node.ins])
@@ -234,7 +233,7 @@ class _Replay:
         return np.broadcast_to(known.flat[0], g.shape)
       raise _NoMatch("the update reads a constant array")
 
-    with jax.ensure_compile_time_eval(), jax.default_device(jax.devices("cpu")[0]):
+    with prog_lib.eager_here():
       for i in self.nodes:
         node = program.nodes[i]
         invals = [read(u) for u in node.ins]
@@ -348,7 +347,7 @@ def match_adam(program: Program, dot: Node, taken: set[int]) -> Result:
   try:
     # Eagerly on this CPU, whatever trace the swap runs under (the probes and
     # the reference's bias corrections are concrete numbers).
-    with jax.ensure_compile_time_eval(), jax.default_device(jax.devices("cpu")[0]):
+    with prog_lib.eager_here():
       rp = _Replay(program, g, nodes)
       return _identify(program, dot, rp, g, x_op, dy_op, grad_nodes)
   except (_NoMatch, TypeError, ValueError, KeyError):

@@ -11,7 +11,6 @@ calls' equations read).
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 
 from pallas_kernels._src.swap import program as prog_lib
@@ -21,7 +20,7 @@ from pallas_kernels._src.swap.program import Lit, Program, Val
 def replay_nodes(program: Program, nodes: set[int], inputs: dict[Val, tuple]) -> dict:
   """The values `nodes` compute from `inputs` ({value: (array, dtype)}),
   run eagerly on this CPU whatever trace the swap runs under (as probe.py)."""
-  with jax.ensure_compile_time_eval(), jax.default_device(jax.devices("cpu")[0]):
+  with prog_lib.eager_here():
     env = {v: jnp.asarray(a, dtype) for v, (a, dtype) in inputs.items()}
 
     def read(v):

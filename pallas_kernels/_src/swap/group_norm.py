@@ -34,6 +34,7 @@ from pallas_kernels._src import tolerances
 from pallas_kernels._src.swap import backward as backward_lib
 from pallas_kernels._src.swap import patterns
 from pallas_kernels._src.swap import probe
+from pallas_kernels._src.swap import program as prog_lib
 from pallas_kernels._src.swap.patterns import Match, Operand, Rejection, Result
 from pallas_kernels._src.swap.program import Lit, Node, Program, Val
 
@@ -184,6 +185,9 @@ class _Replay:
     self.bias = rng.standard_normal(geo.c).astype(np.float32)
     self.cot = rng.standard_normal(geo.shape).astype(np.float32)
     self.dtype = program.aval(x).dtype
+    # (epsilon, activation) -> the reference's y: asked again for every
+    # candidate output and every order of the two parameters.
+    self._forward: dict[tuple[float, str | None], jax.Array] = {}
 
   def run(self, nodes: set[int], params: dict, which: tuple[Val, Val],
           g: Val | None = None) -> dict:
@@ -200,20 +204,21 @@ class _Replay:
     return backward_lib.replay_nodes(self.program, chains | nodes, inputs)
 
   def forward(self, eps: float, activation):
-    ref = _reference()
-    with jax.ensure_compile_time_eval(), jax.default_device(jax.devices("cpu")[0]):
-      return ref.group_norm_f32(jnp.asarray(self.xs), jnp.asarray(self.scale),
-                                jnp.asarray(self.bias), groups=self.geo.groups,
-                                epsilon=eps, activation=activation)
+    if (eps, activation) not in self._forward:
+      with prog_lib.eager_here():
+        self._forward[eps, activation] = _reference().group_norm_f32(
+            jnp.asarray(self.xs), jnp.asarray(self.scale), jnp.asarray(self.bias),
+            groups=self.geo.groups, epsilon=eps, activation=activation)
+    return self._forward[eps, activation]
 
   def statistics(self):
     ref = _reference()
-    with jax.ensure_compile_time_eval(), jax.default_device(jax.devices("cpu")[0]):
+    with prog_lib.eager_here():
       return ref.statistics(jnp.asarray(self.xs), groups=self.geo.groups)
 
   def grads(self, eps: float, activation):
     ref = _reference()
-    with jax.ensure_compile_time_eval(), jax.default_device(jax.devices("cpu")[0]):
+    with prog_lib.eager_here():
       _, pull = jax.vjp(lambda x, s, b: ref.group_norm_f32(
           x, s, b, groups=self.geo.groups, epsilon=eps, activation=activation),
           jnp.asarray(self.xs), jnp.asarray(self.scale), jnp.asarray(self.bias))

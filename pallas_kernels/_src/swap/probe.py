@@ -296,7 +296,7 @@ def replay(program: Program, region: Region, inputs: Mapping[int, np.ndarray],
       raise NotRowwise(f"no probe value for operand {v}")
     return _f32(np.asarray(known))
 
-  with jax.ensure_compile_time_eval(), jax.default_device(jax.devices("cpu")[0]):
+  with prog_lib.eager_here():
     for i in region.nodes:
       node = program.nodes[i]
       try:

@@ -16,6 +16,7 @@ bound whole, so the user's jit boundaries survive where nothing changed.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 from collections.abc import Callable, Mapping, Sequence
@@ -245,6 +246,15 @@ def _fold_constants(program: Program) -> None:
     outs = out if node.eqn.primitive.multiple_results else [out]
     for o, v in zip(node.outs, outs):
       program.known[o] = np.asarray(v)
+
+
+@contextlib.contextmanager
+def eager_here():
+  """Equations bound inside run now, on this CPU, whatever trace the swap
+  runs under (a jit, a grad, a GPU target): how the matchers replay a
+  program's equations on test values."""
+  with jax.ensure_compile_time_eval(), jax.default_device(jax.devices("cpu")[0]):
+    yield
 
 
 def bind(eqn, invals: Sequence[Any], params: Mapping[str, Any] | None = None,
