@@ -44,6 +44,7 @@ import concurrent.futures
 import dataclasses
 import difflib
 import fnmatch
+import importlib.util
 import json
 import math
 import os
@@ -73,6 +74,9 @@ _TIMEOUT = flags.DEFINE_float(
     "timeout_factor", 3.0, "A mutant's tests time out (and count as killed) after this "
     "many times the unmutated run, plus a minute.")
 _LIST = flags.DEFINE_bool("list", False, "Only list the sampled mutants.")
+_SELECT = flags.DEFINE_bool(
+    "select", True, "With coverage installed, run the tests that run a mutant's line first; "
+    "the folder's whole tests judge only what survives them.")
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PYTEST = ("-m", "pytest", "-x", "-q", "-p", "no:cacheprovider")
@@ -532,6 +536,86 @@ def sample(all_mutants: list[Mutant], n: int, seed: int) -> list[Mutant]:
   return out
 
 
+# -- which tests run a line --------------------------------------------------
+
+# A pytest plugin for the unmutated run under coverage: each test's lines
+# (setup, call and teardown) are filed under its node id; what runs outside
+# a test (imports while collecting) under "".
+_CONTEXTS_PLUGIN = """\
+import coverage
+import pytest
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+  cov = coverage.Coverage.current()
+  if cov is not None:
+    cov.switch_context(item.nodeid)
+  yield
+  if cov is not None:
+    cov.switch_context("")
+"""
+_PLUGIN = "bench_mutation_contexts"
+
+
+def statement_lines(source: str) -> dict[int, tuple[int, int]]:
+  """Each line's innermost statement, as (first, last) lines; a compound
+  statement's is its header. A mutant's line is run when any line of its
+  statement is (the tracer files a statement under the lines its code runs
+  at, not always the edited one)."""
+  out: dict[int, tuple[int, int]] = {}
+  for node in ast.walk(ast.parse(source)):
+    if not isinstance(node, ast.stmt):
+      continue
+    first, last = node.lineno, node.end_lineno or node.lineno
+    body = getattr(node, "body", None)
+    if isinstance(body, list) and body and isinstance(body[0], ast.stmt):
+      last = max(first, body[0].lineno - 1)
+      decorators = getattr(node, "decorator_list", ())
+      if decorators:  # the decorators run with the header
+        first = min(first, *(d.lineno for d in decorators))
+    for line in range(first, last + 1):
+      have = out.get(line)
+      if have is None or have[1] - have[0] >= last - first:
+        out[line] = (first, last)
+  return out
+
+
+@dataclasses.dataclass(frozen=True)
+class Reach:
+  """Which of the folder's tests run each line, from one unmutated run under
+  coverage: `tests_of` a mutant is its statement's tests ("" for a run
+  outside any test, such as an import), empty where none runs it."""
+
+  #: path (relative to the root) -> line -> the node ids that ran it
+  lines: dict[str, dict[int, frozenset[str]]]
+  statements: dict[str, dict[int, tuple[int, int]]]
+
+  def tests_of(self, m: Mutant) -> frozenset[str]:
+    ran = self.lines.get(m.path, {})
+    first, last = self.statements.get(m.path, {}).get(m.line, (m.line, m.line))
+    return frozenset().union(*(ran.get(line, ()) for line in range(first, last + 1)))
+
+  @classmethod
+  def read(cls, data_file: str, work: str, paths: list[str]) -> "Reach":
+    import coverage  # pylint: disable=import-outside-toplevel
+    data = coverage.CoverageData(basename=data_file)
+    data.read()
+    measured = {os.path.realpath(f): f for f in data.measured_files()}
+    lines, statements = {}, {}
+    for rel in paths:
+      full = os.path.realpath(os.path.join(work, rel))
+      with open(full) as f:
+        statements[rel] = statement_lines(f.read())
+      by_line = data.contexts_by_lineno(measured[full]) if full in measured else {}
+      lines[rel] = {line: frozenset(c) for line, c in by_line.items()}
+    return cls(lines, statements)
+
+
+def _coverage_installed() -> bool:
+  return importlib.util.find_spec("coverage") is not None
+
+
 # -- judging -----------------------------------------------------------------
 
 
@@ -566,12 +650,35 @@ def _env(work: str, folder: Folder) -> dict[str, str]:
   return env
 
 
-def _pytest(work: str, folder: Folder, timeout: float | None
+def _pytest(work: str, folder: Folder, timeout: float | None,
+            tests: frozenset[str] | None = None, coverage_dir: str | None = None
             ) -> tuple[int | None, float, str]:
-  """(exit code or None on timeout, seconds, output tail)."""
+  """(exit code or None on timeout, seconds, output tail). `tests`: these
+  node ids, not the folder's tests (from a file: they can be thousands);
+  `coverage_dir`: the run under coverage, each test's lines under its id."""
   t0 = time.perf_counter()
-  proc = subprocess.Popen([sys.executable, *PYTEST, *folder.tests], cwd=work,
-                          env=_env(work, folder), stdout=subprocess.PIPE,
+  args = list(folder.tests)
+  if tests is not None:
+    fd, listing = tempfile.mkstemp(prefix="mutation-tests-", suffix=".txt")
+    with os.fdopen(fd, "w") as f:
+      f.write("\n".join(sorted(tests)) + "\n")
+    args = [f"@{listing}"]
+  command = [sys.executable, *PYTEST, *args]
+  env = _env(work, folder)
+  if coverage_dir is not None:
+    with open(os.path.join(coverage_dir, f"{_PLUGIN}.py"), "w") as f:
+      f.write(_CONTEXTS_PLUGIN)
+    sources = sorted({os.path.join(work, s if os.path.isdir(os.path.join(work, s))
+                                   else os.path.dirname(s)) for s in folder.sources})
+    with open(os.path.join(coverage_dir, "coveragerc"), "w") as f:
+      f.write(f"[run]\ndata_file = {os.path.join(coverage_dir, 'coverage.db')}\n"
+              f"source =\n" + "".join(f"  {s}\n" for s in sources))
+    command = [sys.executable, "-m", "coverage", "run",
+               f"--rcfile={os.path.join(coverage_dir, 'coveragerc')}", *PYTEST,
+               "-p", _PLUGIN, *args]
+    env["PYTHONPATH"] = os.pathsep.join([work, coverage_dir])
+  proc = subprocess.Popen(command, cwd=work,
+                          env=env, stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, text=True, start_new_session=True)
   try:
     out, _ = proc.communicate(timeout=timeout)
@@ -580,6 +687,9 @@ def _pytest(work: str, folder: Folder, timeout: float | None
     os.killpg(proc.pid, 9)  # the whole session: pytest and what it started
     proc.communicate()
     return None, time.perf_counter() - t0, ""
+  finally:
+    if tests is not None:
+      os.unlink(listing)
 
 
 def _imports(work: str, folder: Folder, path: str) -> bool:
@@ -588,16 +698,31 @@ def _imports(work: str, folder: Folder, path: str) -> bool:
                         env=_env(work, folder), capture_output=True).returncode == 0
 
 
-def judge(work: str, folder: Folder, m: Mutant, timeout: float) -> dict:
+def judge(work: str, folder: Folder, m: Mutant, timeout: float,
+          reach: Reach | None = None) -> dict:
   """Writes the mutant into the copy at work, runs the folder's tests, puts
-  the original back."""
+  the original back. With `reach`, a line only tests run goes to those tests
+  first: killed there, it is killed. Whatever survives them, and a line run
+  outside any test (an import) or by none that coverage saw (a subprocess's
+  line, say), goes to the folder's whole tests: a test can read what another
+  test's run left (a cached fixture), so only the whole run says survived."""
+  tests = None if reach is None else reach.tests_of(m)
   full = os.path.join(work, m.path)
   with open(full) as f:
     original = f.read()
+  record = {"id": m.id, "mutant": m.describe(), "operator": m.operator}
+  if tests is not None:
+    record["reached"] = bool(tests)
   try:
     with open(full, "w") as f:
       f.write(m.apply(original))
-    code, seconds, tail = _pytest(work, folder, timeout)
+    seconds = 0.0
+    runs = [tests, None] if tests and "" not in tests else [None]
+    for run in runs:
+      code, took, tail = _pytest(work, folder, timeout, run)
+      seconds += took
+      if code != 0:
+        break
     if code is None:
       status = "timeout"
     elif code == 0:
@@ -609,9 +734,10 @@ def judge(work: str, folder: Folder, m: Mutant, timeout: float) -> dict:
   finally:
     with open(full, "w") as f:
       f.write(original)
-  return {"id": m.id, "mutant": m.describe(), "operator": m.operator, "status": status,
-          "seconds": round(seconds, 1), "diff": m.diff(original),
-          **({"output": tail} if status == "error" else {})}
+  if tests is not None:
+    record["tests_run"] = "all" if run is None else len(run)
+  return {**record, "status": status, "seconds": round(seconds, 1),
+          "diff": m.diff(original), **({"output": tail} if status == "error" else {})}
 
 
 _KILLED = ("killed", "timeout")
@@ -627,8 +753,9 @@ def wilson(k: int, n: int) -> tuple[float, float]:
   return max(0.0, c - h), min(1.0, c + h)
 
 
-def run_folder(folder: Folder, chosen: list[Mutant], total: int, jobs: int,
-               timeout_factor: float) -> dict:
+def run_folder(folder: Folder, chosen: list[Mutant], everything: list[Mutant], jobs: int,
+               timeout_factor: float, select: bool = False) -> dict:
+  total = len(everything)
   t0 = time.perf_counter()
   copies = [tempfile.mkdtemp(prefix=f"mutation-{folder.name}-") for _ in range(jobs)]
   try:
@@ -643,10 +770,25 @@ def run_folder(folder: Folder, chosen: list[Mutant], total: int, jobs: int,
     if probe.returncode or any(not p.startswith(copies[0]) for p in probe.stdout.split()):
       raise RuntimeError(f"the scratch copy's packages are not the ones imported:\n"
                          f"{probe.stdout}{probe.stderr}")
-    code, base, tail = _pytest(copies[0], folder, None)
-    if code != 0:
-      raise RuntimeError(f"the tests of {folder.name} fail unmutated (exit {code}):\n{tail}")
+    coverage_dir = tempfile.mkdtemp(prefix=f"mutation-{folder.name}-coverage-") if select else None
+    try:
+      code, base, tail = _pytest(copies[0], folder, None, coverage_dir=coverage_dir)
+      if code != 0:
+        raise RuntimeError(f"the tests of {folder.name} fail unmutated (exit {code}):\n{tail}")
+      reach = None
+      if select:
+        reach = Reach.read(os.path.join(coverage_dir, "coverage.db"), copies[0],
+                           sorted({m.path for m in everything}))
+    finally:
+      if coverage_dir:
+        shutil.rmtree(coverage_dir, ignore_errors=True)
+    # (Under coverage the unmutated run is slower: the timeout only grows.)
     timeout = timeout_factor * base + 60
+    reached = None
+    if reach is not None:
+      reached = sum(1 for m in everything if reach.tests_of(m))
+      print(f"{folder.name}: the folder's tests run the lines of {reached} of {total} "
+            f"mutants ({100 * reached / max(1, total):.1f}%)", flush=True)
     print(f"{folder.name}: unmutated tests {base:.0f} s; {len(chosen)} mutants, "
           f"timeout {timeout:.0f} s each", flush=True)
     free: queue.Queue[str] = queue.Queue()
@@ -656,10 +798,11 @@ def run_folder(folder: Folder, chosen: list[Mutant], total: int, jobs: int,
     def one(m: Mutant) -> dict:
       work = free.get()
       try:
-        r = judge(work, folder, m, timeout)
+        r = judge(work, folder, m, timeout, reach)
       finally:
         free.put(work)
-      print(f"  {r['status']:8s} {r['seconds']:6.0f} s  {r['mutant']}", flush=True)
+      how = "no test runs it: " if r.get("reached") is False else ""
+      print(f"  {r['status']:8s} {r['seconds']:6.0f} s  {how}{r['mutant']}", flush=True)
       return r
 
     with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
@@ -675,6 +818,8 @@ def run_folder(folder: Folder, chosen: list[Mutant], total: int, jobs: int,
           "mutants": total, "sampled": len(chosen), "counts": dict(counts),
           "killed": killed, "judged": judged, "score": killed / judged if judged else None,
           "interval": [lo, hi], "baseline_seconds": round(base, 1),
+          "unreached": sum(1 for r in results if r.get("reached") is False),
+          **({"reached": reached} if reached is not None else {}),
           "seconds": round(time.perf_counter() - t0), "results": results}
 
 
@@ -695,23 +840,30 @@ def main(argv):
     else:
       chosen = sample(everything, _SAMPLE.value, _SEED.value)
     if chosen:
-      plan.append((folders[name], chosen, len(everything)))
+      plan.append((folders[name], chosen, everything))
   if _LIST.value:
-    for folder, chosen, total in plan:
-      print(f"{folder.name}: {len(chosen)} of {total}")
+    for folder, chosen, everything in plan:
+      print(f"{folder.name}: {len(chosen)} of {len(everything)}")
       for m in chosen:
         print(f"  {m.id}  {m.describe()}")
     return 0
+  select = _SELECT.value and _coverage_installed()
+  if _SELECT.value and not select:
+    print("coverage is not installed: every mutant runs its folder's whole tests "
+          "(pip install coverage to run a line's own tests first)", flush=True)
   results = []
-  for folder, chosen, total in plan:
-    results.append(run_folder(folder, chosen, total, max(1, _JOBS.value), _TIMEOUT.value))
+  for folder, chosen, everything in plan:
+    results.append(run_folder(folder, chosen, everything, max(1, _JOBS.value),
+                              _TIMEOUT.value, select))
   print(f"\n{'folder':10s} {'killed':>8s}  score (95% interval)  sample of mutants")
   for r in results:
     lo, hi = r["interval"]
     score = f"{100 * r['score']:.0f}%" if r["score"] is not None else "-"
     print(f"{r['folder']:10s} {r['killed']:3d}/{r['judged']:<4d} {score:>5s} "
           f"({100 * lo:.0f}-{100 * hi:.0f}%)      {r['sampled']} of {r['mutants']}; "
-          f"{dict(r['counts'])}; {r['seconds']} s")
+          f"{dict(r['counts'])}; {r['seconds']} s"
+          + (f"; lines run by its tests: {100 * r['reached'] / max(1, r['mutants']):.1f}% "
+             f"of all" if "reached" in r else ""))
   if _OUT.value:
     os.makedirs(_OUT.value, exist_ok=True)
     with open(os.path.join(_OUT.value, "results.json"), "w") as f:
@@ -721,7 +873,10 @@ def main(argv):
         f.write(f"# {r['folder']}\n\n")
         for s in r["results"]:
           if s["status"] == "survived":
-            f.write(f"## {s['id']}\n\n{s['mutant']}\n\n```diff\n{s['diff'].strip()}\n```\n\n")
+            note = ("No test of the folder runs this line (in pytest's own process).\n\n"
+                    if s.get("reached") is False else "")
+            f.write(f"## {s['id']}\n\n{s['mutant']}\n\n{note}"
+                    f"```diff\n{s['diff'].strip()}\n```\n\n")
   if not plan:
     print("no mutant matched", file=sys.stderr)
     return 1

@@ -175,3 +175,102 @@ def test_config_names_every_package_folder():
           "validate", "audit"} <= set(folders)
   for f in folders.values():
     assert bm.source_files(f), f.name
+
+
+# -- which tests run a line ----------------------------------------------------
+
+_STATEMENTS = """\
+import functools
+
+
+@functools.cache
+def f(a,
+      b):
+  if (a <
+      b):
+    return [x
+            for x in range(a)]
+  return b
+"""
+
+
+def test_a_line_belongs_to_its_innermost_statement_and_a_header_to_its_own():
+  lines = bm.statement_lines(_STATEMENTS)
+  assert lines[1] == (1, 1)
+  # The decorator and the signature are the def's header; its body is not.
+  assert lines[4] == lines[5] == lines[6] == (4, 6)
+  assert lines[7] == lines[8] == (7, 8)  # the if's condition, not its body
+  assert lines[9] == lines[10] == (9, 10)
+  assert lines[11] == (11, 11)
+
+
+def test_a_mutant_is_run_by_the_tests_of_any_line_of_its_statement():
+  reach = bm.Reach(
+      lines={"m.py": {7: frozenset({"t.py::a"}), 9: frozenset({"t.py::b"}),
+                      10: frozenset({"t.py::c"}), 11: frozenset({""})}},
+      statements={"m.py": bm.statement_lines(_STATEMENTS)})
+
+  def tests(line):
+    return reach.tests_of(bm.Mutant("m.py", line, "boundary", 0, "", ""))
+
+  assert tests(8) == {"t.py::a"}  # the tracer filed the condition under line 7
+  assert tests(10) == {"t.py::b", "t.py::c"}
+  assert tests(11) == {""}
+  assert tests(5) == frozenset()  # a header nothing ran
+  assert bm.Reach({}, {}).tests_of(bm.Mutant("other.py", 3, "boundary", 0, "", "")) == set()
+
+
+_MODULE = """\
+def smaller(a, b):
+  return a < b
+
+
+def larger(a, b):
+  return a > b
+
+
+def unused(a, b):
+  return a >= b
+"""
+
+_TESTS = """\
+from pkg import m
+
+
+def test_smaller():
+  assert m.smaller(1, 2) and not m.smaller(2, 2)
+
+
+def test_larger_loosely():
+  assert m.larger(3, 2)
+"""
+
+
+def test_the_line_s_own_tests_kill_and_the_whole_folder_judges_the_rest(tmp_path):
+  pytest.importorskip("coverage")
+  (tmp_path / "pkg").mkdir()
+  (tmp_path / "pkg" / "__init__.py").write_text("")
+  (tmp_path / "pkg" / "m.py").write_text(_MODULE)
+  (tmp_path / "tests").mkdir()
+  (tmp_path / "tests" / "m_test.py").write_text(_TESTS)
+  folder = bm.Folder("f", ("pkg",), ("tests",))
+  cov = tmp_path / "cov"
+  cov.mkdir()
+  code, _, tail = bm._pytest(str(tmp_path), folder, 120, coverage_dir=str(cov))
+  assert code == 0, tail
+  reach = bm.Reach.read(str(cov / "coverage.db"), str(tmp_path), ["pkg/m.py"])
+  assert reach.lines["pkg/m.py"][2] == {"tests/m_test.py::test_smaller"}
+  assert reach.lines["pkg/m.py"][6] == {"tests/m_test.py::test_larger_loosely"}
+  assert "" in reach.lines["pkg/m.py"][1]  # the def runs at import, outside any test
+
+  made = {m.line: m for m in bm.mutants(_MODULE, "pkg/m.py") if m.operator == "boundary"}
+  killed = bm.judge(str(tmp_path), folder, made[2], 120, reach)
+  assert (killed["status"], killed["tests_run"]) == ("killed", 1)
+  survived = bm.judge(str(tmp_path), folder, made[6], 120, reach)
+  assert (survived["status"], survived["tests_run"], survived["reached"]) == (
+      "survived", "all", True)
+  # A line no test runs in pytest's process (a subprocess's perhaps): the whole folder.
+  unreached = bm.judge(str(tmp_path), folder, made[10], 120, reach)
+  assert (unreached["status"], unreached["tests_run"], unreached["reached"]) == (
+      "survived", "all", False)
+  assert (tmp_path / "pkg" / "m.py").read_text() == _MODULE

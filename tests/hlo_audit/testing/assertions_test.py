@@ -155,6 +155,10 @@ def test_assert_kernel_count_and_peak():
   # The largest buffers first: the weight, the input, the bias.
   shapes = re.findall(r"f32\[[0-9,]+\]", str(e.value).split("live at the peak:", 1)[1])
   assert shapes == ["f32[256,512]", "f32[128,256]", "f32[512]"]
+  # Under its column headings, each buffer's lifetime class in its row.
+  table = str(e.value).split("live at the peak:", 1)[1].strip().splitlines()
+  assert table[0].split() == ["bytes", "shape", "lifetime", "source"]
+  assert table[1].split()[2:4] == ["f32[256,512]", "input"]
   with pytest.raises(TypeError):
     testing.assert_kernel_count(r)
   # Too few is said as such; bounds no count meets are the caller's slip.
