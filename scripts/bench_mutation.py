@@ -69,6 +69,9 @@ _JOBS = flags.DEFINE_integer("jobs", 1, "Mutants judged at once (one scratch cop
 _MUTANTS = flags.DEFINE_list(
     "mutants", [], "Run these mutants (ids as results.json and survivors.md give them, "
     "fnmatch patterns allowed) instead of a sample: to check that new tests kill them.")
+_OPERATORS = flags.DEFINE_list(
+    "operators", [], "Only these operators' mutants (default: all): with --sample 0, every "
+    "mutant of the rarer slips, which a round-robin sample weighs as much as the commonest.")
 _OUT = flags.DEFINE_string("out", None, "Folder for results.json and survivors.md.")
 _TIMEOUT = flags.DEFINE_float(
     "timeout_factor", 3.0, "A mutant's tests time out (and count as killed) after this "
@@ -831,9 +834,14 @@ def main(argv):
   unknown = [n for n in names if n not in folders]
   if unknown:
     raise app.UsageError(f"unknown folders {unknown}; known: {', '.join(folders)}")
+  bad = [o for o in _OPERATORS.value if o not in OPERATORS]
+  if bad:
+    raise app.UsageError(f"unknown operators {bad}; known: {', '.join(OPERATORS)}")
   plan = []
   for name in names:
     everything = folder_mutants(folders[name], equivalent)
+    if _OPERATORS.value:
+      everything = [m for m in everything if m.operator in _OPERATORS.value]
     if _MUTANTS.value:
       chosen = [m for m in everything
                 if any(fnmatch.fnmatchcase(m.id, p) for p in _MUTANTS.value)]
