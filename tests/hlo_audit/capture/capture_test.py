@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import hlo_audit
-from hlo_audit import CaptureError
+from hlo_audit import CaptureError, TargetError
 
 S = jax.ShapeDtypeStruct
 
@@ -248,8 +248,13 @@ def test_errors_name_the_problem():
     return float(x.sum())  # concrete value of a tracer
   with pytest.raises(CaptureError, match="could not trace not_jittable"):
     hlo_audit.capture(not_jittable, X)
-  with pytest.raises(CaptureError, match="takes no arguments"):
-    hlo_audit.capture(jax.jit(mlp).lower(X, W), X)
+  lowered = jax.jit(mlp).lower(X, W)
+  compiled = lowered.compile()
+  # Positional or keyword, either is refused by either stage.
+  for stage, args, kwargs in [(lowered, (X,), {}), (lowered, (), {"x": X}),
+                              (compiled, (X,), {}), (compiled, (), {"x": X})]:
+    with pytest.raises(CaptureError, match=f"a {type(stage).__name__} stage takes no arguments"):
+      hlo_audit.capture(stage, *args, **kwargs)
 
 
 def test_a_stage_lowered_already_is_refused_another_target():
@@ -257,6 +262,14 @@ def test_a_stage_lowered_already_is_refused_another_target():
   # with target=, which this refusal says (no CUDA plugin needed to refuse).
   with pytest.raises(CaptureError, match="lowered for its devices already.*target='h200'"):
     hlo_audit.capture(jax.jit(mlp).lower(X, W), target="h200")
+
+
+def test_a_function_with_a_target_is_not_taken_for_a_stage():
+  # Without the CUDA plugin the target's own error; with it, a capture.
+  try:
+    hlo_audit.capture(jax.jit(mlp), X, W, target="h200")
+  except (CaptureError, TargetError) as e:
+    assert "lowered for its devices already" not in str(e)
 
 
 @pytest.mark.parametrize("n, more", [(6, ""), (7, ", ...")])

@@ -1,4 +1,4 @@
-"""TPU targets: names, per-device facts, libtpu's estimate beside ours, and
+"""TPU targets: names, per-device facts, and
 (with libtpu installed) the example audited for a v5e: its HBM peak, its
 step beside libtpu's, and the CLI verbs."""
 
@@ -13,9 +13,7 @@ import sys
 import pytest
 
 import hlo_audit
-from hlo_audit._src.analysis import xla_estimate
 from hlo_audit._src.errors import TargetError
-from hlo_audit._src.hlo.parser import parse_hlo
 from hlo_audit._src.target import tpus, wheels
 from tests.tpu_target import require_tpu_target
 
@@ -103,63 +101,6 @@ def test_a_v5e_chip_matches_googles_page_and_libtpus_rates():
 def test_device_facts_keep_the_on_chip_rate_through_json():
   facts = hlo_audit.device_facts("v6e")
   assert hlo_audit.DeviceFacts.from_dict(json.loads(json.dumps(facts.to_dict()))) == facts
-
-
-# -------------------------------------------------------- libtpu's figure ----
-
-_CONCAT = """HloModule m, is_scheduled=true
-
-ENTRY %e (p: f32[256,128]) -> f32[256,128] {
-  %p = f32[256,128]{1,0} parameter(0)
-  %a = f32[128,128]{1,0} slice(%p), slice={[0:128], [0:128]}
-  %b = f32[128,128]{1,0} slice(%p), slice={[128:256], [0:128]}
-  %c = f32[256,128]{1,0} custom-call(%a, %b), custom_call_target="ConcatBitcast"
-  %d = f32[128,128]{1,0} slice(%c), slice={[0:128], [0:128]}
-  %e = f32[128,128]{1,0} slice(%c), slice={[128:256], [0:128]}
-  ROOT %f = f32[256,128]{1,0} custom-call(%d, %e), custom_call_target="ConcatBitcast"
-}
-"""
-
-
-def test_libtpus_minus_one_per_concat_bitcast_is_undone():
-  module = parse_hlo(_CONCAT)
-  est = xla_estimate.libtpu_step({"optimal_seconds": -1.99986}, module)
-  assert est.uncosted == 2
-  assert est.seconds == pytest.approx(1.4e-4, rel=1e-6)
-  assert est.reported == -1.99986
-
-
-def test_a_total_the_count_does_not_explain_gives_no_estimate():
-  module = parse_hlo(_CONCAT)
-  assert xla_estimate.libtpu_step({"optimal_seconds": -2.5}, module) is None
-  assert xla_estimate.libtpu_step({"flops": 1.0}, module) is None
-  assert xla_estimate.libtpu_step(None, module) is None
-
-
-def test_a_positive_total_without_concat_bitcasts_stands():
-  module = parse_hlo(_CONCAT.replace("ConcatBitcast", "SomethingElse"))
-  est = xla_estimate.libtpu_step({"optimal_seconds": 3e-3}, module)
-  assert (est.seconds, est.uncosted) == (3e-3, 0)
-
-
-def test_the_cycles_spread_is_relative_to_the_median():
-  cycles = {f"k{i}": 1000 for i in range(10)}
-  seconds = {f"k{i}": 1e-6 for i in range(10)}
-  seconds["k0"] = 4e-6  # one kernel we price 4x higher than XLA:TPU does
-  s = xla_estimate.cycles_spread(cycles, seconds)
-  assert s.kernels == 10
-  assert s.seconds_per_cycle == pytest.approx(1e-9)
-  assert s.low == pytest.approx(1.0) and s.high > 1.0
-  assert xla_estimate.cycles_spread({"k": 5}, {"k": 1e-6}) is None
-
-
-def test_estimated_cycles_are_read_from_the_window_config():
-  text = _CONCAT.replace(
-      'custom_call_target="SomethingElse"', "").replace(
-      '%a = f32[128,128]{1,0} slice(%p), slice={[0:128], [0:128]}',
-      '%a = f32[128,128]{1,0} slice(%p), slice={[0:128], [0:128]}, '
-      'backend_config={"window_config":{"estimated_cycles":"1828"}}')
-  assert xla_estimate.estimated_cycles(parse_hlo(text)) == {"a": 1828}
 
 
 # ------------------------------------------------------------- lockfile ----

@@ -96,6 +96,11 @@ ENTRY %main (x: f32[64,32], w: f32[32,128], b: f32[128]) -> f32[64,128] {
 """
 
 
+def test_matmul_names_the_same_kernels_as_dot():
+  testing.assert_fused(row_max, XL, WL, op="reduce_max", into="matmul")
+  testing.assert_fused(hlo_audit.parse_hlo(GPU_FUSED), op="gelu", into="matmul")
+
+
 def test_gelu_epilogue_in_cublaslt_passes_and_a_separate_gelu_fusion_fires():
   testing.assert_fused(hlo_audit.parse_hlo(GPU_FUSED), op="gelu", into="dot")
   testing.assert_no_findings(hlo_audit.parse_hlo(GPU_FUSED), kinds="unfused-epilogue")
@@ -146,6 +151,7 @@ def test_a_library_kernel_runs_a_dot_when_its_detail_names_any_library_word():
 def test_assert_kernel_count_and_peak():
   r = hlo_audit.audit(mlp, X, W, B)
   testing.assert_kernel_count(r, at_most=2)
+  testing.assert_kernel_count(r, at_least=2, at_most=2)  # both bounds inclusive
   with pytest.raises(AssertionError, match=r"2 kernels .* expected at most 1"):
     testing.assert_kernel_count(r, at_most=1)
   testing.assert_peak_below(r, bytes=r.peak_bytes + 1)
