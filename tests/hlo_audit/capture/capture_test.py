@@ -281,3 +281,53 @@ def test_a_failed_trace_names_the_first_six_arguments(n, more):
   with pytest.raises(CaptureError) as e:
     hlo_audit.capture(many, *args)
   assert f"could not trace many({shapes}{more})" in str(e.value)
+
+
+def _lowered_compile(monkeypatch, with_options):
+  """Lowered.compile as an older or failing JAX has it: `with_options(options)`
+  runs for a compile given compiler options, in place of the compile."""
+  original = jax.stages.Lowered.compile
+
+  def compile(self, compiler_options=None):  # pylint: disable=redefined-builtin
+    if compiler_options:
+      with_options(compiler_options)
+    return original(self)
+
+  monkeypatch.setattr(jax.stages.Lowered, "compile", compile)
+
+
+def test_a_jax_without_per_compile_options_captures_and_says_why_no_reports(monkeypatch):
+  def refuse(options):
+    raise TypeError("compile() got an unexpected keyword argument 'compiler_options'")
+  _lowered_compile(monkeypatch, refuse)
+  c = hlo_audit.capture(jax.jit(mlp).lower(X, W), xla_reports=True)
+  assert c.notes == ("this JAX cannot pass per-compile dump options; XLA's live ranges "
+                     "are unavailable",)
+  assert c.live_range is None and c.xla_memory_source != "dump reports"
+  assert c.module.entry.root.shape is not None  # the module itself is there
+
+
+def test_a_dump_compile_that_fails_is_one_line_naming_xla(monkeypatch):
+  def fail(options):
+    assert options["xla_dump_hlo_as_text"] is True and options["xla_dump_to"]
+    raise RuntimeError("INVALID_ARGUMENT: no such flag\n  at some/deep/frame.cc:12")
+  _lowered_compile(monkeypatch, fail)
+  with pytest.raises(CaptureError) as e:
+    hlo_audit.capture(jax.jit(mlp).lower(X, W), xla_reports=True)
+  assert str(e.value) == "XLA failed to compile: RuntimeError: INVALID_ARGUMENT: no such flag"
+
+
+def test_a_wrapper_that_lowers_but_is_not_jaxs_is_lowered_through_its_own_lower():
+  class Staged:  # as a library's jit wrapper: its own `lower`, not jax's Wrapped
+    def __init__(self, f):
+      self.lowered_with = None
+      self._jit = jax.jit(f)
+
+    def lower(self, *args, **kwargs):
+      self.lowered_with = args
+      return self._jit.lower(*args, **kwargs)
+
+  staged = Staged(mlp)
+  c = hlo_audit.capture(staged, X, W)
+  assert staged.lowered_with == (X, W)
+  assert c.module.entry.root.shape.dims == (8, 32)  # mlp(X, W)
