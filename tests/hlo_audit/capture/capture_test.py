@@ -220,6 +220,8 @@ def test_compiled_stage_has_xla_buffer_assignment_but_no_dump():
   assert c.origin == "compiled" and c.buffer_assignment is not None
   assert c.live_range is None and c.notes == ()
   assert c.memory_stats is not None
+  # Nor is its module before optimizations there to read: none, not an error.
+  assert c.pre_optimization_text is None
   with pytest.raises(CaptureError, match="cannot be compiled again"):
     hlo_audit.capture(compiled, xla_reports=True)
 
