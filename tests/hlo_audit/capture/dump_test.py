@@ -90,6 +90,13 @@ def test_errors(tmp_path):
   _write(tmp_path, "module_0001.jit_a.cpu_after_optimizations.txt")
   with pytest.raises(DumpError, match="no module matching 'zzz'.*jit_a"):
     hlo_audit.load_dump(tmp_path, module="zzz")
+  # The modules it lists: each name once (both stages of jit_b are one), sorted.
+  _write(tmp_path, "module_0003.jit_c.cpu_after_optimizations.txt")
+  _write(tmp_path, "module_0002.jit_b.cpu_after_optimizations.txt")
+  _write(tmp_path, "module_0002.jit_b.before_optimizations.txt")
+  with pytest.raises(DumpError) as e:
+    hlo_audit.load_dump(tmp_path, module="zzz")
+  assert str(e.value).endswith("; modules: jit_a, jit_b, jit_c")
   with pytest.raises(DumpError, match="not a valid regular expression"):
     hlo_audit.load_dump(tmp_path, module="(")
 
