@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from hlo_audit._src.hlo.buffer_assignment_proto import (
-    ProtoError, instruction_names, parse_buffer_assignment_proto)
+    ProtoError, allocated_bytes, instruction_names, parse_buffer_assignment_proto)
 
 
 def _varint(v: int) -> bytes:
@@ -53,6 +53,20 @@ def test_allocations_values_and_names():
   assert (v.instruction, v.shape_index, v.offset, v.size) == ("fusion.2", (1,), 128, 4096)
   assert local.is_thread_local and local.kind == "thread-local"
   assert instruction_names(_module(), {UID}) == {UID: "fusion.2"}
+
+
+def test_allocated_bytes_sum_every_allocation_but_thread_local_scratch():
+  # The parameter's 64 and the output's 8192; not the 16 thread-local bytes.
+  assert allocated_bytes(_assignment()) == 64 + 8192
+  assert allocated_bytes(_assignment()) == parse_buffer_assignment_proto(
+      _assignment(), _module()).allocated_bytes()
+  # A thread-local flag written before the size still leaves it out; an
+  # allocation at size 0 (proto3 omits it) adds nothing.
+  flag_first = _field(3, _field(3, 1) + _field(2, 48)) + _field(3, _field(1, 5))
+  assert allocated_bytes(flag_first) == 0
+  assert allocated_bytes(b"") == 0
+  with pytest.raises(ProtoError):
+    allocated_bytes(b"\x1a\x10\x08")  # a length past the end
 
 
 def test_an_allocation_without_an_index_field_is_allocation_0():
