@@ -333,3 +333,16 @@ def test_a_wrapper_that_lowers_but_is_not_jaxs_is_lowered_through_its_own_lower(
   c = hlo_audit.capture(staged, X, W)
   assert staged.lowered_with == (X, W)
   assert c.module.entry.root.shape.dims == (8, 32)  # mlp(X, W)
+
+
+def test_a_capture_s_allocated_bytes_come_from_its_assignment_unless_given():
+  from hlo_audit._src.capture.result import Capture  # pylint: disable=import-outside-toplevel
+  from hlo_audit._src.hlo.xla_reports import Allocation, BufferAssignment  # pylint: disable=import-outside-toplevel
+  module = hlo_audit.parse_hlo("HloModule m\n\nENTRY e {\n  ROOT p = f32[4] parameter(0)\n}\n")
+  ba = BufferAssignment((Allocation(0, 16, parameter_number=0),
+                         Allocation(1, 8, is_thread_local=True)))
+  assert Capture(module, "", xla_buffer_assignment=ba).xla_allocated_bytes == 16
+  # XLA's own figure (the proto's) stands beside a report read elsewhere.
+  given = Capture(module, "", xla_buffer_assignment=ba, xla_allocated_bytes=64)
+  assert given.xla_allocated_bytes == 64
+  assert Capture(module, "", xla_buffer_assignment=lambda: ba).xla_allocated_bytes is None

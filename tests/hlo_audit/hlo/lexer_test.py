@@ -96,6 +96,7 @@ def test_strings_are_unescaped():
     (r"\x41\102", "AB"),  # hex and octal
     (r"q\"q", 'q"q'),
     (r"back\\slash", "back\\slash"),
+    (r"a\qb", "aqb"),  # an escape C does not name: the character itself
 ])
 def test_unescape(body, decoded):
   assert unescape(body) == decoded
