@@ -1,0 +1,88 @@
+"""What a report answers when asked: a buffer or a kernel by name, the bytes
+written between kernels, a class by any of its names, and the what-if's
+refusals. On XLA:CPU's compile of `relu(x @ w + b)` for f32[64,128] x
+f32[128,256]: the dot (a library fusion) writes f32[64,256] (64 KiB) that a
+loop fusion reads for the bias and relu."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import re
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+import hlo_audit
+from hlo_audit import FindingKind
+from hlo_audit._src.analysis.program import WhatIfError
+from hlo_audit._src.report.report import finding_kind
+
+S = jax.ShapeDtypeStruct
+
+
+def mlp(x, w, b):
+  return jax.nn.relu(x @ w + b)
+
+
+@functools.cache
+def rep():
+  return hlo_audit.audit(mlp, S((64, 128), jnp.float32), S((128, 256), jnp.float32),
+                         S((256,), jnp.float32))
+
+
+def test_a_buffer_and_a_kernel_by_name_and_what_is_not_there():
+  r = rep()
+  dot = next(f.boundary for f in r.findings if f.kind is FindingKind.UNFUSED_EPILOGUE)
+  assert r.buffer(dot).shape == "f32[64,256]" and r.kernel(dot).name == dot
+  with pytest.raises(KeyError, match=f"no buffer 'nope' in the audit of {r.module.name}"):
+    r.buffer("nope")
+  with pytest.raises(KeyError, match=f"no kernel 'nope' in the audit of {r.module.name}"):
+    r.kernel("nope")
+
+
+def test_materialized_bytes_leave_out_inputs_outputs_and_kernel_internals():
+  r = rep()
+  # The dot's output alone: the three inputs (160 KiB) and the relu's
+  # output (64 KiB) are the caller's.
+  assert r.materialized_bytes == 64 * 256 * 4
+  dot = r.buffer(r.findings[0].boundary)
+  internal = dataclasses.replace(r, buffers=tuple(
+      dataclasses.replace(b, internal=True) if b is dot else b for b in r.buffers))
+  assert internal.materialized_bytes == 0
+
+
+def test_a_class_by_its_slug_its_title_or_its_enum_name():
+  for name in ("unfused-epilogue", "unfused epilogue", "UNFUSED_EPILOGUE"):
+    assert finding_kind(name) is FindingKind.UNFUSED_EPILOGUE
+  with pytest.raises(ValueError, match=r"unknown finding class 'epilogue'; known: "
+                                       r"standalone-copy, layout-conflict, "):
+    finding_kind("epilogue")
+
+
+def test_what_if_refuses_what_it_cannot_replay_as_a_fusion():
+  r = rep()
+  (f,) = [f for f in r.findings if f.kind is FindingKind.UNFUSED_EPILOGUE]
+  with pytest.raises(WhatIfError, match="fuse: expected findings with a boundary buffer"):
+    r.what_if(fuse=[f.boundary])  # a name, not the finding
+  with pytest.raises(WhatIfError, match="fuse: expected findings with a boundary buffer"):
+    r.what_if(fuse=[dataclasses.replace(f, boundary="")])
+  donate = dataclasses.replace(f, kind=FindingKind.UNDONATED_ARGUMENT)
+  with pytest.raises(WhatIfError, match=re.escape(
+      f"({f.boundary}) is not closed by a fusion; replay it with donate=[{f.boundary!r}]")):
+    r.what_if(fuse=[donate])
+  exposed = dataclasses.replace(f, kind=FindingKind.EXPOSED_COLLECTIVE)
+  with pytest.raises(WhatIfError, match="the replay does not model its change"):
+    r.what_if(fuse=[exposed])
+  # The finding itself replays: its buffer goes.
+  assert r.what_if(fuse=[f]).peak_bytes <= r.peak_bytes
+
+
+def test_a_kept_boundary_is_a_note_not_a_fusion():
+  r = rep()
+  (f,) = [f for f in r.findings if f.kind is FindingKind.UNFUSED_EPILOGUE]
+  kept = r.what_if(fuse=[dataclasses.replace(f, boundary_kept=True)])
+  assert kept.notes[-1] == (f"fuse {f.boundary}: other readers keep the buffer "
+                            "(fewer reads, the same memory)")
+  assert kept.peak_bytes == r.what_if().peak_bytes
