@@ -174,3 +174,25 @@ def test_a_designed_fallback_passes_only_as_designed(clean_fallbacks):
   report = pk.validate(dataclasses.replace(spec, cases=lambda t, s: iter([wrong])),
                        require_kernel=True)
   assert not report.passed  # a fallback, but not the designed one
+
+
+def test_the_guard_s_records_are_read_per_op_or_all_and_a_sink_keeps_its_own():
+  from pallas_kernels._src import guard  # pylint: disable=import-outside-toplevel
+  guard.clear_fallbacks()
+  try:
+    guard.record_choice("softmax", "triton", "", "x=f32[8]")
+    guard.record_choice("rms_norm", "mosaic_gpu", "not on this GPU", "x=f32[8]")
+    guard.record_fallback("softmax", "rows too long", "x=f32[9]")
+    guard.record_fallback("rms_norm", "an int8 input", "x=s8[8]")
+    assert [c.backend for c in guard.choices("rms_norm")] == ["mosaic_gpu"]
+    assert [c.op for c in guard.choices()] == ["softmax", "rms_norm"]
+    assert [f.reason for f in guard.fallbacks("softmax")] == ["rows too long"]
+    assert [f.op for f in guard.fallbacks()] == ["softmax", "rms_norm"]
+    with guard.collect_fallbacks() as sink:
+      guard.record_choice("softmax", "xla", "dry run", "x=f32[8]")
+      guard.record_fallback("softmax", "dry run", "x=f32[8]")
+    assert [c.why for c in sink.choices] == ["dry run"] and len(sink) == 1
+    assert len(guard.choices()) == 2 and len(guard.fallbacks()) == 2
+  finally:
+    guard.clear_fallbacks()
+  assert guard.choices() == () and guard.fallbacks() == ()

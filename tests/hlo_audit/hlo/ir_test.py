@@ -101,6 +101,16 @@ def test_tpu_layout_fields():
   assert str(s) == "bf16[8,128]{1,0:T(8,128)(2,1)S(1)}"
 
 
+def test_split_configs_and_a_physical_shape_are_their_own_fields():
+  s = parse_shape("f32[1024,8]{1,0:T(8,128)SC(0:512,256)(1:)}")
+  assert s.layout.split_configs == ((0, (512, 256)), (1, ()))
+  assert s.layout.physical_shape is None
+  assert str(s) == "f32[1024,8]{1,0:T(8,128)SC(0:512,256)(1:)}"
+  p = parse_shape("f32[1024,8]{1,0:T(8,128)P(f32[2048,8]{1,0})}")
+  assert p.layout.split_configs == ()
+  assert (p.layout.physical_shape.dims, p.layout.physical_shape.element_type) == ((2048, 8), "f32")
+
+
 def test_layout_with_every_common_field():
   s = parse_shape("s4[2,256]{1,0:T(2,128)(4,1)L(4)E(4)S(2)M(16)}")
   lay = s.layout
