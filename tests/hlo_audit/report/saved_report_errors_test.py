@@ -1,0 +1,61 @@
+"""A saved report that is not what the schema says is refused in one line
+that names where: the section, the row, the field."""
+
+from __future__ import annotations
+
+import copy
+import functools
+import json
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+import hlo_audit
+from hlo_audit._src.report.json_report import SCHEMA_VERSION, report_from_dict
+
+S = jax.ShapeDtypeStruct
+
+
+@functools.cache
+def saved() -> dict:
+  r = hlo_audit.audit(lambda x, w: jax.nn.relu(x @ w), S((16, 32), jnp.float32),
+                      S((32, 8), jnp.float32))
+  return json.loads(r.to_json())
+
+
+def _broken(edit) -> dict:
+  d = copy.deepcopy(saved())
+  edit(d)
+  return d
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda d: d.update(schema_version=99),
+     f"schema_version 99; this hlo-audit reads 1 to {SCHEMA_VERSION}"),
+    (lambda d: d.pop("schema_version"), "schema_version None; this hlo-audit reads 1 to"),
+    (lambda d: d.update(module=[1]), "'module': expected an object, got a JSON array"),
+    (lambda d: d.update(kernels={"a": 1}), "'kernels': expected an array, got a JSON object"),
+    (lambda d: d["kernels"].insert(1, "k"), "kernels[1]: expected an object, got a JSON string"),
+    (lambda d: d["kernels"][0].pop("opcode"), "kernels[0]: missing field 'opcode'"),
+    (lambda d: d["kernels"][0].update(kind="warp drive"),
+     "kernels[0]: a field has the wrong type or value"),
+    (lambda d: d["buffers"][0].update(bytes="many"),
+     "buffers[0]: a field has the wrong type or value"),
+    (lambda d: d["buffers"].__setitem__(0, None), "buffers[0]: expected an object, got a JSON null"),
+])
+def test_a_broken_report_names_where(edit, message):
+  with pytest.raises(ValueError) as e:
+    report_from_dict(_broken(edit))
+  assert str(e.value).startswith(message) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("value, kind", [([], "array"), ("r", "string"), (3, "number"),
+                                         (True, "boolean"), (None, "null")])
+def test_what_is_not_an_object_is_not_a_report(value, kind):
+  with pytest.raises(ValueError, match=f"^a JSON {kind}, not a report"):
+    report_from_dict(value)
+
+
+def test_the_unbroken_report_reads_back():
+  assert len(report_from_dict(saved()).kernels) == len(saved()["kernels"])
