@@ -86,3 +86,17 @@ def test_a_kept_boundary_is_a_note_not_a_fusion():
   assert kept.notes[-1] == (f"fuse {f.boundary}: other readers keep the buffer "
                             "(fewer reads, the same memory)")
   assert kept.peak_bytes == r.what_if().peak_bytes
+
+
+def test_the_on_chip_columns_show_when_any_kernel_moves_bytes_on_chip():
+  from hlo_audit._src.report.text import ON_CHIP_COLUMNS, kernel_columns, shows_on_chip  # pylint: disable=import-outside-toplevel
+  r = rep()
+  assert not shows_on_chip(r) and not set(ON_CHIP_COLUMNS) & set(kernel_columns(r))
+  first, *rest = r.timing.kernels
+  assert rest  # one kernel of several: any, not all
+  one = dataclasses.replace(r, timing=dataclasses.replace(
+      r.timing, kernels=(dataclasses.replace(first, on_chip_bytes=4096), *rest)))
+  assert shows_on_chip(one)
+  columns = kernel_columns(one)
+  at = columns.index("Written")
+  assert columns[at + 1:at + 3] == ON_CHIP_COLUMNS
