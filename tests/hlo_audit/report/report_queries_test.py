@@ -100,3 +100,13 @@ def test_the_on_chip_columns_show_when_any_kernel_moves_bytes_on_chip():
   columns = kernel_columns(one)
   at = columns.index("Written")
   assert columns[at + 1:at + 3] == ON_CHIP_COLUMNS
+
+
+def test_the_summary_names_the_device_where_it_is_not_the_platform():
+  from hlo_audit._src.report.terminal import render_text  # pylint: disable=import-outside-toplevel
+  r = rep()
+  assert render_text(r, width=100).splitlines()[0] == f"hlo-audit: {r.module.name} on cpu"
+  gpu = dataclasses.replace(r, module=dataclasses.replace(
+      r.module, platform="cuda", device_kind="NVIDIA H200"))
+  assert render_text(gpu, width=100).splitlines()[0] == (
+      f"hlo-audit: {r.module.name} on cuda (NVIDIA H200)")

@@ -59,3 +59,8 @@ def test_what_is_not_an_object_is_not_a_report(value, kind):
 
 def test_the_unbroken_report_reads_back():
   assert len(report_from_dict(saved()).kernels) == len(saved()["kernels"])
+
+
+def test_a_report_saved_before_collectives_were_recorded_reads_with_none():
+  older = _broken(lambda d: d.pop("collectives"))
+  assert report_from_dict(older).collectives == ()
