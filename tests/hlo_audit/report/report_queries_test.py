@@ -110,3 +110,15 @@ def test_the_summary_names_the_device_where_it_is_not_the_platform():
       r.module, platform="cuda", device_kind="NVIDIA H200"))
   assert render_text(gpu, width=100).splitlines()[0] == (
       f"hlo-audit: {r.module.name} on cuda (NVIDIA H200)")
+
+
+def test_a_saved_what_if_reads_back_as_it_was():
+  import json  # pylint: disable=import-outside-toplevel
+  from hlo_audit._src.report.json_report import report_from_dict  # pylint: disable=import-outside-toplevel
+  r = rep()
+  (f,) = [f for f in r.findings if f.kind is FindingKind.UNFUSED_EPILOGUE]
+  replay = r.what_if(fuse=[f])
+  assert replay.peak_time != replay.peak_bytes  # fields a slip could swap differ
+  with_replay = dataclasses.replace(r, what_if_replay=replay)
+  again = report_from_dict(json.loads(with_replay.to_json())).what_if_replay
+  assert again == replay
