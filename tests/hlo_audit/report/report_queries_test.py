@@ -117,8 +117,11 @@ def test_a_saved_what_if_reads_back_as_it_was():
   from hlo_audit._src.report.json_report import report_from_dict  # pylint: disable=import-outside-toplevel
   r = rep()
   (f,) = [f for f in r.findings if f.kind is FindingKind.UNFUSED_EPILOGUE]
-  replay = r.what_if(fuse=[f])
-  assert replay.peak_time != replay.peak_bytes  # fields a slip could swap differ
+  # Every field apart from its neighbours, so that a field read as another shows.
+  replay = dataclasses.replace(
+      r.what_if(fuse=[f]), peak_bytes=1000, baseline_peak_bytes=2000, peak_time=3,
+      timeline=(10, 1000, 20), baseline_timeline=(30, 2000, 40),
+      baseline_step_time=5e-6, step_time=4e-6)
   with_replay = dataclasses.replace(r, what_if_replay=replay)
   again = report_from_dict(json.loads(with_replay.to_json())).what_if_replay
   assert again == replay
