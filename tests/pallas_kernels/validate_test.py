@@ -196,3 +196,24 @@ def test_the_guard_s_records_are_read_per_op_or_all_and_a_sink_keeps_its_own():
   finally:
     guard.clear_fallbacks()
   assert guard.choices() == () and guard.fallbacks() == ()
+
+
+def test_one_nondeterministic_output_of_two_fails_repeat():
+  counter = itertools.count()
+  base = _broken_spec("two_outputs", lambda y: y)
+
+  def fn(x, *, implementation, interpret=None):
+    y = base.fn(x, implementation=implementation, interpret=interpret)
+    if implementation != "pallas":
+      return y, y
+    return y, y * (1 + 1e-7 * next(counter))  # the first repeats, the second not
+
+  def reference(x, **kwargs):
+    y = base.reference_f32(x, **kwargs)
+    return y, y
+
+  spec = dataclasses.replace(base, fn=fn, reference_f32=reference)
+  report = pk.validate(spec, check_grads=False)
+  [row] = report.rows
+  assert not row.repeat_exact and not report.passed
+  assert row.kernel_err <= row.bound and row.written
