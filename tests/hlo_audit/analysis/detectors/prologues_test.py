@@ -52,3 +52,41 @@ def test_a_scale_before_the_cast_is_named_with_it(body, dtype, ops):
   (pro,) = hlo_audit.audit_hlo(_apply(body, dtype)).findings_of(
       FindingKind.UNFUSED_PROLOGUE)
   assert (pro.boundary, pro.ops) == ("f", ops)
+
+
+# A weight stored narrow, widened and scaled for the dot: a dequantize the
+# matmul's loads could do.
+_DEQUANT = """
+HloModule dequant, is_scheduled=true
+
+%fused_dequant (p0: Q[256,512], p1: S[512]) -> bf16[256,512] {
+  %p0 = Q[256,512]{1,0} parameter(0)
+  %p1 = S[512]{0} parameter(1)
+  %q = f32[256,512]{1,0} convert(%p0)
+  %s = f32[512]{0} convert(%p1)
+  %b = f32[256,512]{1,0} broadcast(%s), dimensions={1}
+  %m = f32[256,512]{1,0} multiply(%q, %b)
+  ROOT %c = bf16[256,512]{1,0} convert(%m)
+}
+
+ENTRY %main (x: bf16[64,256], wq: Q[256,512], scale: S[512]) -> bf16[64,512] {
+  %x = bf16[64,256]{1,0} parameter(0)
+  %wq = Q[256,512]{1,0} parameter(1)
+  %scale = S[512]{0} parameter(2)
+  %w = bf16[256,512]{1,0} fusion(%wq, %scale), kind=kLoop, calls=%fused_dequant
+  ROOT %d = bf16[64,512]{1,0} dot(%x, %w), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+}
+"""
+
+
+@pytest.mark.parametrize("quantized, scale, ops", [
+    ("s8", "f32", ("dequantize:s8",)),
+    ("u8", "bf16", ("dequantize:u8",)),
+    # Two narrow types (fp8 values, int8 scales): the first by name, each time.
+    ("f8e4m3fn", "s8", ("dequantize:f8e4m3fn",)),
+    ("s8", "f8e4m3fn", ("dequantize:f8e4m3fn",)),
+])
+def test_a_narrow_weight_widened_and_scaled_is_a_dequantize(quantized, scale, ops):
+  text = _DEQUANT.replace("Q[", f"{quantized}[").replace("S[", f"{scale}[")
+  (pro,) = hlo_audit.audit_hlo(text).findings_of(FindingKind.UNFUSED_PROLOGUE)
+  assert (pro.boundary, pro.ops) == ("w", ops)
