@@ -90,3 +90,13 @@ def test_a_narrow_weight_widened_and_scaled_is_a_dequantize(quantized, scale, op
   text = _DEQUANT.replace("Q[", f"{quantized}[").replace("S[", f"{scale}[")
   (pro,) = hlo_audit.audit_hlo(text).findings_of(FindingKind.UNFUSED_PROLOGUE)
   assert (pro.boundary, pro.ops) == ("w", ops)
+
+
+def test_a_narrow_weight_only_widened_is_a_cast():
+  text = _DEQUANT.replace("Q[", "s8[").replace("S[", "f32[").replace(
+      "  %m = f32[256,512]{1,0} multiply(%q, %b)\n  ROOT %c = bf16[256,512]{1,0} convert(%m)",
+      "  ROOT %c = bf16[256,512]{1,0} convert(%p0)").replace(
+      "  %s = f32[512]{0} convert(%p1)\n  %b = f32[256,512]{1,0} broadcast(%s), dimensions={1}\n",
+      "")
+  (pro,) = hlo_audit.audit_hlo(text).findings_of(FindingKind.UNFUSED_PROLOGUE)
+  assert (pro.boundary, pro.ops) == ("w", ("cast",))
