@@ -3,6 +3,7 @@ with the offending rows and sources, when the fusion is undone on purpose."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import types
 
@@ -172,3 +173,22 @@ def test_assert_kernel_count_and_peak():
     testing.assert_kernel_count(r, at_least=3, at_most=5)
   with pytest.raises(TypeError, match="at_least=3 is above at_most=2"):
     testing.assert_kernel_count(r, at_least=3, at_most=2)
+
+
+def test_a_failure_names_the_classes_it_found_in_order():
+  report = hlo_audit.audit_hlo(GPU_UNFUSED)
+  (f,) = report.findings_of(hlo_audit.FindingKind.UNFUSED_EPILOGUE)
+  copy = dataclasses.replace(f, kind=hlo_audit.FindingKind.STANDALONE_COPY)
+  both = dataclasses.replace(report, findings=(f, copy))
+  with pytest.raises(AssertionError, match=r"2 finding\(s\) \(standalone-copy, unfused-epilogue\) "
+                                           r"in 2 group\(s\)"):
+    testing.assert_no_findings(both)
+
+
+def test_a_function_may_take_a_target_and_a_report_may_not():
+  with pytest.raises(TypeError, match="target= compiles a function; a AuditReport"):
+    testing.assert_no_findings(hlo_audit.audit_hlo(GPU_UNFUSED), target="h200")
+  try:  # without the CUDA plugin the target's own error; with it, an audit
+    testing.assert_kernel_count(mlp, X, W, B, at_least=1, target="h200")
+  except hlo_audit.HloAuditError as e:
+    assert "compiles a function" not in str(e)
