@@ -100,3 +100,39 @@ def test_a_narrow_weight_only_widened_is_a_cast():
       "")
   (pro,) = hlo_audit.audit_hlo(text).findings_of(FindingKind.UNFUSED_PROLOGUE)
   assert (pro.boundary, pro.ops) == ("w", ("cast",))
+
+
+# int8 weights stored transposed with a zero point: bitcast to unsigned,
+# widen, subtract the zero point, scale, transpose, round to bf16: each of
+# the five ops a load can do, and nothing else.
+_ZERO_POINT = """
+HloModule zp, is_scheduled=true
+
+%fused_dequant (p0: s8[512,256], p1: f32[512], p2: f32[512]) -> bf16[256,512] {
+  %p0 = s8[512,256]{1,0} parameter(0)
+  %p1 = f32[512]{0} parameter(1)
+  %p2 = f32[512]{0} parameter(2)
+  %u = u8[512,256]{1,0} bitcast-convert(%p0)
+  %q = f32[512,256]{1,0} convert(%u)
+  %z = f32[512,256]{1,0} broadcast(%p1), dimensions={0}
+  %d = f32[512,256]{1,0} subtract(%q, %z)
+  %s = f32[512,256]{1,0} broadcast(%p2), dimensions={0}
+  %m = f32[512,256]{1,0} multiply(%d, %s)
+  %t = f32[256,512]{1,0} transpose(%m), dimensions={1,0}
+  ROOT %c = bf16[256,512]{1,0} convert(%t)
+}
+
+ENTRY %main (x: bf16[64,256], wq: s8[512,256], zero: f32[512], scale: f32[512]) -> bf16[64,512] {
+  %x = bf16[64,256]{1,0} parameter(0)
+  %wq = s8[512,256]{1,0} parameter(1)
+  %zero = f32[512]{0} parameter(2)
+  %scale = f32[512]{0} parameter(3)
+  %w = bf16[256,512]{1,0} fusion(%wq, %zero, %scale), kind=kLoop, calls=%fused_dequant
+  ROOT %d = bf16[64,512]{1,0} dot(%x, %w), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+}
+"""
+
+
+def test_a_dequantize_with_a_zero_point_using_every_simple_op_is_still_one():
+  (pro,) = hlo_audit.audit_hlo(_ZERO_POINT).findings_of(FindingKind.UNFUSED_PROLOGUE)
+  assert (pro.boundary, pro.ops) == ("w", ("dequantize:s8", "transpose"))
