@@ -101,6 +101,19 @@ def test_tpu_layout_fields():
   assert str(s) == "bf16[8,128]{1,0:T(8,128)(2,1)S(1)}"
 
 
+@pytest.mark.parametrize("text", [
+    # Every field XLA prints, in its order.
+    "f32[8,128]{1,0:D(D,C)T(8,128)L(2)#(u32)*(u64)E(32)S(1)SC(0:4)P(f32[16,128]{1,0})M(8)}",
+    "s4[256]{0:T(512)(128)(2,1)E(4)}",
+    "f32[8,128]{1,0:#(u16)*(u32)}",
+    "f32[8]{0:M(16)}",
+    "f32[8,4]{0,1:L(4)}",
+    "f32[8,4]{0,1}",
+])
+def test_a_layout_prints_as_xla_wrote_it(text):
+  assert str(parse_shape(text)) == text
+
+
 def test_split_configs_and_a_physical_shape_are_their_own_fields():
   s = parse_shape("f32[1024,8]{1,0:T(8,128)SC(0:512,256)(1:)}")
   assert s.layout.split_configs == ((0, (512, 256)), (1, ()))
