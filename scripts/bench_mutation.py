@@ -69,6 +69,9 @@ _JOBS = flags.DEFINE_integer("jobs", 1, "Mutants judged at once (one scratch cop
 _MUTANTS = flags.DEFINE_list(
     "mutants", [], "Run these mutants (ids as results.json and survivors.md give them, "
     "fnmatch patterns allowed) instead of a sample: to check that new tests kill them.")
+_CONFIRM = flags.DEFINE_bool(
+    "confirm", True, "Run the folder's whole tests on what survives its line's own tests "
+    "(--noconfirm: a quicker look for survivors, whose score is only a floor).")
 _OPERATORS = flags.DEFINE_list(
     "operators", [], "Only these operators' mutants (default: all): with --sample 0, every "
     "mutant of the rarer slips, which a round-robin sample weighs as much as the commonest.")
@@ -702,13 +705,14 @@ def _imports(work: str, folder: Folder, path: str) -> bool:
 
 
 def judge(work: str, folder: Folder, m: Mutant, timeout: float,
-          reach: Reach | None = None) -> dict:
+          reach: Reach | None = None, confirm: bool = True) -> dict:
   """Writes the mutant into the copy at work, runs the folder's tests, puts
   the original back. With `reach`, a line only tests run goes to those tests
   first: killed there, it is killed. Whatever survives them, and a line run
   outside any test (an import) or by none that coverage saw (a subprocess's
   line, say), goes to the folder's whole tests: a test can read what another
-  test's run left (a cached fixture), so only the whole run says survived."""
+  test's run left (a cached fixture), so only the whole run says survived;
+  without `confirm`, the line's own tests say it (a floor on the score)."""
   tests = None if reach is None else reach.tests_of(m)
   full = os.path.join(work, m.path)
   with open(full) as f:
@@ -720,7 +724,7 @@ def judge(work: str, folder: Folder, m: Mutant, timeout: float,
     with open(full, "w") as f:
       f.write(m.apply(original))
     seconds = 0.0
-    runs = [tests, None] if tests and "" not in tests else [None]
+    runs = ([tests, None] if confirm else [tests]) if tests and "" not in tests else [None]
     for run in runs:
       code, took, tail = _pytest(work, folder, timeout, run)
       seconds += took
@@ -757,7 +761,7 @@ def wilson(k: int, n: int) -> tuple[float, float]:
 
 
 def run_folder(folder: Folder, chosen: list[Mutant], everything: list[Mutant], jobs: int,
-               timeout_factor: float, select: bool = False) -> dict:
+               timeout_factor: float, select: bool = False, confirm: bool = True) -> dict:
   total = len(everything)
   t0 = time.perf_counter()
   copies = [tempfile.mkdtemp(prefix=f"mutation-{folder.name}-") for _ in range(jobs)]
@@ -801,7 +805,7 @@ def run_folder(folder: Folder, chosen: list[Mutant], everything: list[Mutant], j
     def one(m: Mutant) -> dict:
       work = free.get()
       try:
-        r = judge(work, folder, m, timeout, reach)
+        r = judge(work, folder, m, timeout, reach, confirm)
       finally:
         free.put(work)
       how = "no test runs it: " if r.get("reached") is False else ""
@@ -822,6 +826,7 @@ def run_folder(folder: Folder, chosen: list[Mutant], everything: list[Mutant], j
           "killed": killed, "judged": judged, "score": killed / judged if judged else None,
           "interval": [lo, hi], "baseline_seconds": round(base, 1),
           "unreached": sum(1 for r in results if r.get("reached") is False),
+          "confirmed": confirm,
           **({"reached": reached} if reached is not None else {}),
           "seconds": round(time.perf_counter() - t0), "results": results}
 
@@ -862,7 +867,7 @@ def main(argv):
   results = []
   for folder, chosen, everything in plan:
     results.append(run_folder(folder, chosen, everything, max(1, _JOBS.value),
-                              _TIMEOUT.value, select))
+                              _TIMEOUT.value, select, _CONFIRM.value or not select))
   print(f"\n{'folder':10s} {'killed':>8s}  score (95% interval)  sample of mutants")
   for r in results:
     lo, hi = r["interval"]
@@ -871,7 +876,8 @@ def main(argv):
           f"({100 * lo:.0f}-{100 * hi:.0f}%)      {r['sampled']} of {r['mutants']}; "
           f"{dict(r['counts'])}; {r['seconds']} s"
           + (f"; lines run by its tests: {100 * r['reached'] / max(1, r['mutants']):.1f}% "
-             f"of all" if "reached" in r else ""))
+             f"of all" if "reached" in r else "")
+          + ("" if r["confirmed"] else "; survivors not confirmed: the score is a floor"))
   if _OUT.value:
     os.makedirs(_OUT.value, exist_ok=True)
     with open(os.path.join(_OUT.value, "results.json"), "w") as f:

@@ -269,6 +269,9 @@ def test_the_line_s_own_tests_kill_and_the_whole_folder_judges_the_rest(tmp_path
   survived = bm.judge(str(tmp_path), folder, made[6], 120, reach)
   assert (survived["status"], survived["tests_run"], survived["reached"]) == (
       "survived", "all", True)
+  # A quick look leaves the survivor to the line's own tests.
+  quick = bm.judge(str(tmp_path), folder, made[6], 120, reach, confirm=False)
+  assert (quick["status"], quick["tests_run"]) == ("survived", 1)
   # A line no test runs in pytest's process (a subprocess's perhaps): the whole folder.
   unreached = bm.judge(str(tmp_path), folder, made[10], 120, reach)
   assert (unreached["status"], unreached["tests_run"], unreached["reached"]) == (
