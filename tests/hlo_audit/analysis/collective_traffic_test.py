@@ -74,3 +74,28 @@ def test_a_single_device_collective_moves_nothing():
   one = _MODULE.replace("replica_groups=[2,2]<=[4]", "replica_groups=[4,1]<=[4]")
   (ar,) = [c for c in hlo_audit.audit_hlo(one).collectives if c.name == "ar"]
   assert (ar.group_size, ar.bytes_sent, ar.bytes_received) == (1, 0, 0)
+
+
+_PRE = """HloModule pre
+
+ENTRY %main (x: f32[1024]) -> f32[1024] {
+  %x = f32[1024]{0} parameter(0), sharding={devices=[4]<=[4]}
+  ROOT %n = f32[1024]{0} negate(%x)
+}
+"""
+
+
+@pytest.mark.parametrize("attributes, read", [
+    ("num_partitions=4", {0: "{devices=[4]<=[4]}"}),
+    ("num_partitions=1", {}),
+    ("", {}),  # no num_partitions at all: one partition
+])
+def test_parameter_shardings_come_from_before_optimization_only_when_partitioned(
+    attributes, read):
+  import types  # pylint: disable=import-outside-toplevel
+  from hlo_audit._src.analysis.collectives import _parameter_shardings  # pylint: disable=import-outside-toplevel
+  header = "HloModule opt, is_scheduled=true" + (f", {attributes}" if attributes else "")
+  optimized = hlo_audit.parse_hlo(_PRE.replace("HloModule pre", header).replace(
+      ", sharding={devices=[4]<=[4]}", ""))
+  program = types.SimpleNamespace(module=optimized, pre_optimization_text=_PRE)
+  assert {k: str(v) for k, v in _parameter_shardings(program).items()} == read
