@@ -7,6 +7,7 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 import pallas_kernels as pk
@@ -130,3 +131,34 @@ def test_a_gradient_error_exactly_at_its_bound_passes():
   # The bound is inclusive, as the table's "grad_err (<= bound)" says.
   assert _bare_row(grad_err=1e-3, grad_bound=1e-3).passed
   assert not _bare_row(grad_err=1.01e-3, grad_bound=1e-3).passed
+
+
+def test_the_fallback_cell_says_what_each_row_s_fallback_is():
+  from pallas_kernels._src.validate import _fallback_cell  # pylint: disable=import-outside-toplevel
+  # A kernel that ran, required or not: nothing to say.
+  assert _fallback_cell(_bare_row()) == "-"
+  assert _fallback_cell(_bare_row(kernel_required=True)) == "-"
+  # The designed fallback missing where kernels are required.
+  assert _fallback_cell(_bare_row(kernel_required=True, expected_fallback="rows")) == (
+      "MISSING DESIGNED FALLBACK")
+  designed = dict(fallback="rows too long", fallback_reasons=("rows too long",))
+  assert _fallback_cell(_bare_row(expected_fallback="rows", **designed)) == (
+      "as designed: rows too long")
+  # A fallback no case designed: said as it is, and loudly where kernels are required.
+  assert _fallback_cell(_bare_row(**designed)) == "rows too long"
+  assert _fallback_cell(_bare_row(kernel_required=True, **designed)) == (
+      "REQUIRED KERNEL FELL BACK: rows too long")
+
+
+def test_an_integer_output_left_at_the_poison_value_is_not_written():
+  from pallas_kernels._src import validate  # pylint: disable=import-outside-toplevel
+  from pallas_kernels._src.tolerances import tolerance  # pylint: disable=import-outside-toplevel
+  bound = tolerance("int8")
+  ref = np.array([-121, 120, -119, 118], np.int8)
+  assert validate._written(ref.copy(), ref, bound)
+  # One element left at int8's minimum, as interpret mode fills an unwritten
+  # integer block: 7 from its reference, within the tolerance, yet not written.
+  assert not validate._written(np.array([-128, 120, -119, 118], np.int8), ref, bound)
+  # Where the reference itself holds the value, it was written.
+  at_min = np.array([-128, 1, 2, 3], np.int8)
+  assert validate._written(at_min.copy(), at_min, bound)
