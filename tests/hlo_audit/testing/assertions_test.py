@@ -97,6 +97,14 @@ ENTRY %main (x: f32[64,32], w: f32[32,128], b: f32[128]) -> f32[64,128] {
 """
 
 
+def test_where_keeps_the_kernels_of_a_source_file():
+  # The row max's kernels come from this file: kept, and fused.
+  testing.assert_fused(row_max, XL, WL, op="reduce_max", into="dot",
+                       where="assertions_test.py")
+  with pytest.raises(AssertionError, match="no kernel runs 'reduce_max'"):
+    testing.assert_fused(row_max, XL, WL, op="reduce_max", into="dot", where="elsewhere.py")
+
+
 def test_matmul_names_the_same_kernels_as_dot():
   testing.assert_fused(row_max, XL, WL, op="reduce_max", into="matmul")
   testing.assert_fused(hlo_audit.parse_hlo(GPU_FUSED), op="gelu", into="matmul")
@@ -154,6 +162,8 @@ def test_assert_kernel_count_and_peak():
   testing.assert_kernel_count(r, at_most=2)
   testing.assert_kernel_count(r, at_least=2, at_most=2)  # both bounds inclusive
   testing.assert_kernel_count(r, at_least=2)  # either bound alone
+  with pytest.raises(AssertionError, match=r"2 kernels .* expected at least 3"):
+    testing.assert_kernel_count(r, at_least=3)
   with pytest.raises(AssertionError, match=r"2 kernels .* expected at most 1"):
     testing.assert_kernel_count(r, at_most=1)
   testing.assert_peak_below(r, bytes=r.peak_bytes + 1)
