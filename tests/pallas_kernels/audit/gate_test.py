@@ -249,3 +249,11 @@ def test_a_validated_and_timed_sweep_point_records_each_phases_seconds_apart():
   assert set(out["seconds"]) == {"audit", "validate", "time"}, out["seconds"]
   assert out["seconds"]["validate"] > 0 and out["seconds"]["time"] > 0
   assert out["timing"]["kernel_ms"] > 0 and out["validation"]["passed"] is True
+
+
+def test_verify_refuses_an_abstract_argument_even_beside_concrete_ones():
+  x = jnp.ones((8, 16), jnp.float32)
+  shape = jax.ShapeDtypeStruct((8, 16), jnp.float32)
+  for args in ((shape,), (x, shape), (x, {"w": shape})):
+    with pytest.raises(ValueError, match="pass concrete arrays, not ShapeDtypeStructs"):
+      pallas_kernels.verify(jnp.tanh, jnp.tanh, *args)
