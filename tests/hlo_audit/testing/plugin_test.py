@@ -67,6 +67,14 @@ def test_snapshot_is_written_then_matches_then_catches_an_unfused_epilogue(pytes
                                # shape is written: donating it would save memory.
                                "*+ undonated-argument f32?64,128? ?x? safe*at test_model.py:6",
                                "*+ unfused-epilogue f32?64,128? ?activation:tanh? safe*at test_model.py:6"])
+  # A gap closed (no epilogue left: nothing to find) fails too: the
+  # snapshot is out of date, and the test says what went.
+  pytester.makepyfile(test_model=MODEL.format(body="x @ w"))
+  closed = run()
+  closed.assert_outcomes(failed=1)
+  closed.stdout.fnmatch_lines(["*findings differ from __hlo_audit__*test_layer.json*",
+                               "*gone (1):*", "*- unfused-epilogue f32?64,256?*"])
+  assert "appeared" not in closed.stdout.str()
 
 
 def test_a_snapshot_line_counts_a_finding_only_when_it_repeats():
