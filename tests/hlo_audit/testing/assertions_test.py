@@ -203,3 +203,44 @@ def test_a_function_may_take_a_target_and_a_report_may_not():
     testing.assert_kernel_count(mlp, X, W, B, at_least=1, target="h200")
   except hlo_audit.HloAuditError as e:
     assert "compiles a function" not in str(e)
+
+
+def test_a_snapshot_keeps_what_it_can_fix_above_the_floor_and_every_verdict_else():
+  from hlo_audit._src.testing import snapshot as snap  # pylint: disable=import-outside-toplevel
+  report = hlo_audit.audit_hlo(GPU_UNFUSED)
+  (f,) = report.findings_of(hlo_audit.FindingKind.UNFUSED_EPILOGUE)
+  keep = dataclasses.replace(f, kind=hlo_audit.FindingKind.KEEP_REUSE, boundary="k")
+  fused = dataclasses.replace(f, kind=hlo_audit.FindingKind.ALREADY_FUSED, boundary="a")
+  three = dataclasses.replace(report, findings=(f, keep, fused))
+
+  def classes(min_bytes):
+    return sorted(e["class"] for e in snap.snapshot_of(three, "/", min_bytes))
+
+  # A buffer worth keeping is advice, never a snapshot's line.
+  assert classes(0) == ["already-fused", "unfused-epilogue"]
+  # Past the floor the fix goes; what is not actionable stays whatever its size.
+  assert classes(f.bytes_saved + 1) == ["already-fused"]
+
+
+def test_an_op_no_kernel_runs_lists_the_names_an_op_may_have():
+  with pytest.raises(AssertionError) as e:
+    testing.assert_fused(row_max, XL, WL, op="no_such_op", into="dot")
+  assert str(e.value).endswith(
+      "one of ['dot', 'gelu', 'matmul', 'relu', 'sigmoid', 'silu', 'softmax'])")
+
+
+def test_an_op_fused_into_its_kernel_still_fails_on_a_finding_naming_it():
+  fused = hlo_audit.audit_hlo(GPU_FUSED)
+  testing.assert_fused(fused, op="gelu", into="dot")
+  (gap,) = hlo_audit.audit_hlo(GPU_UNFUSED).findings_of(hlo_audit.FindingKind.UNFUSED_EPILOGUE)
+  with pytest.raises(AssertionError):
+    testing.assert_fused(dataclasses.replace(fused, findings=(*fused.findings, gap)),
+                         op="gelu", into="dot")
+
+
+def test_an_op_s_kernel_may_run_exactly_its_signature():
+  # A lone logistic, unfused: its kernel runs {logistic}, sigmoid's signature.
+  lone = hlo_audit.parse_hlo("HloModule m, is_scheduled=true\n\nENTRY e {\n"
+                             "  p = f32[64,128]{1,0} parameter(0)\n"
+                             "  ROOT l = f32[64,128]{1,0} logistic(p)\n}\n")
+  testing.assert_fused(lone, op="sigmoid", into="logistic")
