@@ -257,3 +257,13 @@ def test_verify_refuses_an_abstract_argument_even_beside_concrete_ones():
   for args in ((shape,), (x, shape), (x, {"w": shape})):
     with pytest.raises(ValueError, match="pass concrete arrays, not ShapeDtypeStructs"):
       pallas_kernels.verify(jnp.tanh, jnp.tanh, *args)
+
+
+def test_a_leaf_of_another_shape_or_dtype_is_named_by_its_position():
+  a = (jnp.ones((4,), jnp.float32), jnp.ones((2, 3), jnp.float32))
+  b = (jnp.ones((4,), jnp.float32), jnp.ones((3, 2), jnp.bfloat16))
+  worst, lines, ok = verify_mod._compare("outputs", a, b, [jnp.dtype(jnp.float32)], False)
+  assert not ok
+  assert "outputs[1]: bfloat16[3, 2] vs float32[2, 3]" in lines
+  _, lines, ok = verify_mod._compare("outputs", a, a[:1], [jnp.dtype(jnp.float32)], False)
+  assert not ok and lines == ["outputs: 2 vs 1 leaves"]
