@@ -229,3 +229,16 @@ def test_an_audit_alone_makes_no_kernel_inputs():
   assert "validation" not in out and "timing" not in out
   (args,) = seen
   assert [a.shape for a in args][:3] == [(4096, 4096), (4096, 4096), (4096,)]
+
+
+def test_the_target_of_an_audited_module_is_what_it_names_or_none():
+  import types  # pylint: disable=import-outside-toplevel
+  from pallas_kernels._src import backend  # pylint: disable=import-outside-toplevel
+  from pallas_kernels._src.audit.library import _module_target  # pylint: disable=import-outside-toplevel
+  plain = types.SimpleNamespace()
+  assert _module_target(plain) is None  # no device given: this process's
+  assert _module_target(plain, types.SimpleNamespace(platform="rocm", name="mi300")) is None
+  h200 = backend.resolve_target("NVIDIA H200")
+  assert _module_target(types.SimpleNamespace(device_kind="NVIDIA H200")) == h200
+  assert _module_target(plain, types.SimpleNamespace(platform="gpu", name="NVIDIA H200")) == h200
+  assert _module_target(types.SimpleNamespace(device_kind="no such device")) is None
