@@ -244,3 +244,14 @@ def test_an_op_s_kernel_may_run_exactly_its_signature():
                              "  p = f32[64,128]{1,0} parameter(0)\n"
                              "  ROOT l = f32[64,128]{1,0} logistic(p)\n}\n")
   testing.assert_fused(lone, op="sigmoid", into="logistic")
+
+
+@pytest.mark.parametrize("content", ['[{"version": 2}]', '{"version": 0, "findings": []}',
+                                     '{"findings": []}', '"snapshot"'])
+def test_a_file_that_is_not_a_snapshot_of_this_version_is_refused(tmp_path, content):
+  from hlo_audit._src.testing import snapshot as snap  # pylint: disable=import-outside-toplevel
+  path = tmp_path / "s.json"
+  path.write_text(content)
+  with pytest.raises(ValueError, match=f"s.json: not an hlo-audit snapshot of version "
+                                       f"{snap.SNAPSHOT_VERSION}"):
+    snap.read_snapshot(str(path))
