@@ -179,3 +179,16 @@ def test_pallas_kernels_verdicts_on_a_tpu_audit_are_asked_for_the_tpu():
   for name in ("v5e", "TPU v5 lite", "v6e:2x2"):
     assert backend.resolve_target(name).backend is backend.Backend.TPU
   assert backend.resolve_target("h200").backend is backend.Backend.GPU
+
+
+def test_a_chain_without_dimension_numbers_to_read_has_no_shape():
+  import types  # pylint: disable=import-outside-toplevel
+  from pallas_kernels._src.audit.jax_calls import _shape  # pylint: disable=import-outside-toplevel
+  module = hlo_audit.parse_hlo(
+      "HloModule m, is_scheduled=true\n\nENTRY e {\n"
+      "  q = f32[64,32]{1,0} parameter(0)\n  k = f32[32,64]{1,0} parameter(1)\n"
+      "  g = f32[64,64]{1,0} custom-call(q, k), custom_call_target=\"__cublas$gemm\"\n"
+      "  ROOT a = f32[64,64]{1,0} add(g, g)\n}\n")
+  # A library GEMM whose backend config names no dimensions; not a matmul at all.
+  for producer in ("g", "a"):
+    assert _shape(module, types.SimpleNamespace(computation="e", producer=producer)) is None
