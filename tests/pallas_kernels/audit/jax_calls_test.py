@@ -192,3 +192,19 @@ def test_a_chain_without_dimension_numbers_to_read_has_no_shape():
   # A library GEMM whose backend config names no dimensions; not a matmul at all.
   for producer in ("g", "a"):
     assert _shape(module, types.SimpleNamespace(computation="e", producer=producer)) is None
+
+
+def test_only_an_attention_need_is_jaxs_and_a_cross_attention_keeps_its_sides():
+  import types  # pylint: disable=import-outside-toplevel
+  from pallas_kernels._src.audit.jax_calls import _shape  # pylint: disable=import-outside-toplevel
+  assert LIBRARY.kernel_for(types.SimpleNamespace(need=None)).op is None
+  module = hlo_audit.parse_hlo(
+      "HloModule m, is_scheduled=true\n\nENTRY e {\n"
+      "  q = f32[4,64,32]{2,1,0} parameter(0)\n  k = f32[4,128,32]{2,1,0} parameter(1)\n"
+      "  ROOT s = f32[4,64,128]{2,1,0} dot(q, k), lhs_batch_dims={0}, "
+      "lhs_contracting_dims={2}, rhs_batch_dims={0}, rhs_contracting_dims={2}\n}\n")
+  # 64 queries over 128 keys, the softmax along the keys: as the dot has them.
+  for boundary in ("f32[4,64,128]", ""):
+    got = _shape(module, types.SimpleNamespace(computation="e", producer="s",
+                                               boundary_shape=boundary))
+    assert (got.batch, got.queries, got.keys, got.head_dim) == ((4,), 64, 128, 32)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 
 import jax
@@ -242,3 +243,15 @@ def test_the_target_of_an_audited_module_is_what_it_names_or_none():
   assert _module_target(types.SimpleNamespace(device_kind="NVIDIA H200")) == h200
   assert _module_target(plain, types.SimpleNamespace(platform="gpu", name="NVIDIA H200")) == h200
   assert _module_target(types.SimpleNamespace(device_kind="no such device")) is None
+
+
+def test_an_op_that_reads_parts_in_place_is_not_refused_a_concatenate():
+  from pallas_kernels._src.audit.library import _closes  # pylint: disable=import-outside-toplevel
+  from pallas_kernels._src.spec import Closes  # pylint: disable=import-outside-toplevel
+  need = plugins.KernelNeed(FindingKind.MATERIALIZED_SLICE, "dot", ("concatenate",),
+                            reads_parts=True)
+  whole = Closes(kinds=frozenset({"materialized-slice"}), anchors=frozenset({"dot"}))
+  parts = dataclasses.replace(whole, reads_parts=True)
+  assert _closes("pallas_kernels.x", whole, need, False) == (
+      False, "pallas_kernels.x takes whole operands")
+  assert _closes("pallas_kernels.x", parts, need, False)[1] != "pallas_kernels.x takes whole operands"
