@@ -255,3 +255,41 @@ def test_an_op_that_reads_parts_in_place_is_not_refused_a_concatenate():
   assert _closes("pallas_kernels.x", whole, need, False) == (
       False, "pallas_kernels.x takes whole operands")
   assert _closes("pallas_kernels.x", parts, need, False)[1] != "pallas_kernels.x takes whole operands"
+
+
+def test_an_op_without_a_suggestion_or_a_sweep_offers_none(monkeypatch):
+  import types  # pylint: disable=import-outside-toplevel
+  real = dict(registry.specs())
+  quiet = dataclasses.replace(real["softmax"], suggest=None)
+  unswept = dataclasses.replace(real["rms_norm"], sweep_params=())
+  uncased = dataclasses.replace(real["layer_norm"], make_case=None)
+  monkeypatch.setattr(registry, "specs", lambda: types.MappingProxyType(
+      {**real, "softmax": quiet, "rms_norm": unswept, "layer_norm": uncased}))
+  finding = types.SimpleNamespace(kernel="pallas_kernels.softmax")
+  assert LIBRARY.suggest(finding, None) is None
+  assert LIBRARY.suggest(types.SimpleNamespace(kernel="pallas_kernels.nope"), None) is None
+  swept = set(LIBRARY.sweep_targets())
+  assert {"softmax", "matmul"} <= swept and not {"rms_norm", "layer_norm"} & swept
+
+
+def test_a_findings_matmul_is_its_writer_for_an_epilogue_its_reader_for_a_prologue():
+  import types  # pylint: disable=import-outside-toplevel
+  from pallas_kernels._src.audit.library import _facts  # pylint: disable=import-outside-toplevel
+  module = hlo_audit.parse_hlo(
+      "HloModule m, is_scheduled=true\n\nENTRY e {\n"
+      "  x = f32[64,32]{1,0} parameter(0)\n  w = f32[32,16]{1,0} parameter(1)\n"
+      "  v = f32[16,8]{1,0} parameter(2)\n"
+      "  d = f32[64,16]{1,0} dot(x, w), lhs_contracting_dims={1}, rhs_contracting_dims={0}\n"
+      "  t = f32[64,16]{1,0} tanh(d)\n"
+      "  ROOT e2 = f32[64,8]{1,0} dot(t, v), lhs_contracting_dims={1}, rhs_contracting_dims={0}\n"
+      "}\n")
+
+  def facts(kind, producer, consumers):
+    return _facts(types.SimpleNamespace(kind=kind, need=None, computation="e", producer=producer,
+                                        consumers=consumers, ops=(), boundary_shape="f32[64,16]"),
+                  module)
+
+  assert facts(FindingKind.UNFUSED_EPILOGUE, "d", ("t",)).matmul.rhs.dims == (32, 16)
+  assert facts(FindingKind.UNFUSED_PROLOGUE, "t", ("e2",)).matmul.rhs.dims == (16, 8)
+  # Neither: a separate reduction's reader is no matmul of its own.
+  assert facts(FindingKind.SEPARATE_REDUCTION, "t", ("e2",)).matmul is None
