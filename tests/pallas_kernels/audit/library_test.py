@@ -291,5 +291,7 @@ def test_a_findings_matmul_is_its_writer_for_an_epilogue_its_reader_for_a_prolog
 
   assert facts(FindingKind.UNFUSED_EPILOGUE, "d", ("t",)).matmul.rhs.dims == (32, 16)
   assert facts(FindingKind.UNFUSED_PROLOGUE, "t", ("e2",)).matmul.rhs.dims == (16, 8)
-  # Neither: a separate reduction's reader is no matmul of its own.
+  # Neither: a separate reduction's reader is no matmul of its own; nor a
+  # prologue read by nothing the audit names.
   assert facts(FindingKind.SEPARATE_REDUCTION, "t", ("e2",)).matmul is None
+  assert facts(FindingKind.UNFUSED_PROLOGUE, "t", ()).matmul is None
