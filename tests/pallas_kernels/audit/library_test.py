@@ -295,3 +295,20 @@ def test_a_findings_matmul_is_its_writer_for_an_epilogue_its_reader_for_a_prolog
   # prologue read by nothing the audit names.
   assert facts(FindingKind.SEPARATE_REDUCTION, "t", ("e2",)).matmul is None
   assert facts(FindingKind.UNFUSED_PROLOGUE, "t", ()).matmul is None
+
+
+def test_a_convolutions_epilogue_reads_the_convolution_that_writes_it():
+  import types  # pylint: disable=import-outside-toplevel
+  from pallas_kernels._src.audit.library import _facts  # pylint: disable=import-outside-toplevel
+  module = hlo_audit.parse_hlo(
+      "HloModule m, is_scheduled=true\n\nENTRY e {\n"
+      "  x = f32[1,8,8,4]{3,2,1,0} parameter(0)\n  k = f32[3,3,4,16]{3,2,1,0} parameter(1)\n"
+      "  c = f32[1,8,8,16]{3,2,1,0} convolution(x, k), window={size=3x3 pad=1_1x1_1}, "
+      "dim_labels=b01f_01io->b01f\n"
+      "  ROOT t = f32[1,8,8,16]{3,2,1,0} tanh(c)\n}\n")
+  need = plugins.KernelNeed(FindingKind.UNFUSED_EPILOGUE, "convolution", ("activation:tanh",))
+  finding = types.SimpleNamespace(kind=FindingKind.UNFUSED_EPILOGUE, need=need, computation="e",
+                                  producer="c", consumers=("t",), ops=("activation:tanh",),
+                                  boundary_shape="f32[1,8,8,16]")
+  conv = _facts(finding, module).convolution
+  assert conv is not None and conv.kernel.dims == (3, 3, 4, 16)
