@@ -191,6 +191,7 @@ def test_a_template_that_fails_at_a_point_is_one_line_naming_both(
     (["--repeats=0"], "--repeats must be >= 1, got 0"),
     (["--warmup=-1"], "--warmup must be >= 0, got -1"),
     (["--jobs=1", "--point-timeout=nan"], "--point-timeout must be a number of seconds > 0"),
+    (["--jobs=1", "--point-timeout=0"], "--point-timeout must be a number of seconds > 0, got 0"),
     (["--max-points=0"], "--max-points must be >= 1, got 0"),
 ])
 def test_flags_are_checked_before_any_point_runs(tmp_path, capsys, nothing_runs, flags,

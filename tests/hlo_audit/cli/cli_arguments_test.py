@@ -1,5 +1,6 @@
-"""`--what-if KEY=V1,V2;KEY=...`: read into the replay's changes, argument
-paths with commas inside brackets kept whole, findings by their number."""
+"""Arguments the CLI reads itself, in-process: `--what-if KEY=V1,V2;KEY=...`
+into the replay's changes (argument paths with commas inside brackets kept
+whole, findings by their number), and the example's `--set NAME=VALUE`."""
 
 from __future__ import annotations
 
@@ -41,3 +42,16 @@ def test_what_is_not_a_what_if_is_one_line_naming_it(spec, message):
 
 def test_the_last_finding_is_in_range():
   assert replay_what_if(_report(), "fuse=3")["fuse"] == ["f3"]
+
+
+@pytest.mark.parametrize("pair, message", [
+    ("layers", "--set 'layers': expected NAME=VALUE with NAME one of batch, seq, d_model"),
+    ("depth=2", "--set 'depth=2': expected NAME=VALUE with NAME one of batch"),
+    ("layers=two", "--set 'layers=two': layers must be an integer"),
+])
+def test_an_example_setting_is_name_equals_value(pair, message):
+  from hlo_audit._src.cli.example_cmd import config_from  # pylint: disable=import-outside-toplevel
+  with pytest.raises(UsageError) as e:
+    config_from([pair])
+  assert str(e.value).startswith(message)
+  assert config_from(["layers=3", "dtype=bfloat16"]).layers == 3
