@@ -206,6 +206,12 @@ def test_removing_the_targeted_finding_without_changing_the_launch_count_passes_
   assert removed.status == "pass", removed
   assert removed.figures.startswith("1/1 targeted findings gone"), removed.figures
   assert "(launches per run +0)" in removed.figures
+  # A candidate of fewer launches (the dot alone) passes, and is not said
+  # to have grown.
+  fewer = hlo_audit.audit(jax.jit(lambda x, w, b: x @ w), *args)
+  shrunk = verify_mod._removal_gate(before, fewer, before.diff(fewer), None)  # noqa: SLF001
+  assert before.diff(fewer).launches_delta < 0
+  assert shrunk.status == "pass" and not any("grew" in d for d in shrunk.details), shrunk
 
 
 def _sin_times(x, w):
