@@ -212,6 +212,11 @@ def test_removing_the_targeted_finding_without_changing_the_launch_count_passes_
   shrunk = verify_mod._removal_gate(before, fewer, before.diff(fewer), None)  # noqa: SLF001
   assert before.diff(fewer).launches_delta < 0
   assert shrunk.status == "pass" and not any("grew" in d for d in shrunk.details), shrunk
+  # Nothing targeted: no removal to measure, unless launches grew (a failure).
+  assert verify_mod._removal_gate(fewer, fewer, fewer.diff(fewer), None).status == (  # noqa: SLF001
+      verify_mod.NOT_MEASURED)
+  more = verify_mod._removal_gate(fewer, after, fewer.diff(after), None)  # noqa: SLF001
+  assert fewer.diff(after).launches_delta > 0 and more.status == "fail", more
 
 
 def _sin_times(x, w):
