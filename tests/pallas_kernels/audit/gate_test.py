@@ -278,3 +278,8 @@ def test_a_leaf_of_another_shape_or_dtype_is_named_by_its_position():
   assert "outputs[1]: bfloat16[3, 2] vs float32[2, 3]" in lines
   _, lines, ok = verify_mod._compare("outputs", a, a[:1], [jnp.dtype(jnp.float32)], False)
   assert not ok and lines == ["outputs: 2 vs 1 leaves"]
+
+
+def test_only_floating_leaves_with_a_dtype_set_the_bound():
+  tree = (jnp.ones(2, jnp.int32), 3.0, {"w": jnp.ones(2, jnp.bfloat16)}, np.ones(2, np.float16))
+  assert verify_mod._float_dtypes(tree) == [jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)]  # noqa: SLF001
