@@ -271,13 +271,15 @@ def test_verify_refuses_an_abstract_argument_even_beside_concrete_ones():
 
 
 def test_a_leaf_of_another_shape_or_dtype_is_named_by_its_position():
-  a = (jnp.ones((4,), jnp.float32), jnp.ones((2, 3), jnp.float32))
-  b = (jnp.ones((4,), jnp.float32), jnp.ones((3, 2), jnp.bfloat16))
+  a = (jnp.ones((4,), jnp.float32), jnp.ones((2, 3), jnp.float32), jnp.ones((5,), jnp.float32))
+  b = (jnp.ones((4,), jnp.float32), jnp.ones((3, 2), jnp.float32), jnp.ones((5,), jnp.bfloat16))
   worst, lines, ok = verify_mod._compare("outputs", a, b, [jnp.dtype(jnp.float32)], False)
   assert not ok
-  assert "outputs[1]: bfloat16[3, 2] vs float32[2, 3]" in lines
+  # Another shape alone, another dtype alone: each named.
+  assert "outputs[1]: float32[3, 2] vs float32[2, 3]" in lines
+  assert "outputs[2]: bfloat16[5] vs float32[5]" in lines
   _, lines, ok = verify_mod._compare("outputs", a, a[:1], [jnp.dtype(jnp.float32)], False)
-  assert not ok and lines == ["outputs: 2 vs 1 leaves"]
+  assert not ok and lines == ["outputs: 3 vs 1 leaves"]
 
 
 def test_only_floating_leaves_with_a_dtype_set_the_bound():
