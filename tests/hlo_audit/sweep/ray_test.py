@@ -31,7 +31,8 @@ MODEL = """\
 import os, signal, time
 import jax.numpy as jnp
 
-def f(x, w, mode="ok", marker=""):
+def f(x, w, mode="ok", marker="", pause=0.0):
+  time.sleep(float(pause))  # (while tracing: a point of known length)
   if mode == "die_once" and not os.path.exists(marker):
     open(marker, "w").close()
     os.kill(os.getpid(), signal.SIGKILL)
@@ -262,7 +263,9 @@ def test_kernel_points_take_one_gpu_each_and_never_share_it(cluster, tmp_path):
 def test_a_killed_driver_loses_no_finished_point_and_the_rerun_runs_only_the_rest(
     cluster, model, tmp_path, sig):
   out = tmp_path / "out"
-  grid = "b=8,16,24,32,40,48,56,64;d=16,32"
+  # Each point at least 0.3 s: the signal lands mid-sweep however busy the
+  # machine is (finished points reach the results file one at a time).
+  grid = "b=8,16,24,32,40,48,56,64;d=16,32;pause=0.3"
   cmd = [sys.executable, "-m", "hlo_audit", "sweep", model, f"--args={ARGS}",
          f"--grid={grid}", f"--out={out}", "--executor=ray", "--no-progress"]
   env = {**os.environ, "RAY_ADDRESS": cluster}
