@@ -43,6 +43,18 @@ def test_kernel_times_are_medians_over_runs_of_each_runs_sum():
   assert set(only.kernel_times) == {"out"}
 
 
+def test_a_device_s_events_are_grouped_by_the_step_that_launched_them():
+  # A GPU's activity carries the group_id of its step, not XLA:CPU's run_id.
+  def gpu(op, ts, dur, group):
+    return {"ph": "X", "name": op, "ts": ts, "dur": dur,
+            "args": {"hlo_op": op, "hlo_module": "jit_f", "group_id": group}}
+
+  events = [gpu("k", 0, 10, "1"), gpu("k", 10, 10, "1"), gpu("k", 100, 30, "2")]
+  p = kernel_profile(events, "jit_f")
+  assert p.runs == 2 and p.step_times == pytest.approx((20e-6, 30e-6))
+  assert p.launches == {"k": 2}  # per run: the first step's two
+
+
 def test_an_asynchronous_kernel_lasts_until_the_next_starts_or_the_run_ends():
   # XLA:CPU's Eigen dot: its event ends when its work is handed to the
   # thread pool; the next kernel starts 480 us later, and the run's wait for
