@@ -41,6 +41,7 @@ import platform
 import statistics
 import threading
 import types
+from collections.abc import Sequence
 
 from hlo_audit._src.errors import TargetError
 from hlo_audit._src.target.devices import DeviceFacts
@@ -289,20 +290,8 @@ def measure(runs: int = 3, passes: int = 3) -> DeviceFacts:
     return compiled[name][4]
 
   launch = got["chain"].step_time / _CHAIN
-  # Streaming: kernels XLA:CPU runs on one thread give the rate; the two
-  # smallest it splits over threads, less their bytes at that rate, what the
-  # split adds (their median: a thread's wake-up varies from run to run).
-  points = [(8 * n, seconds(f"stream{n}"), split(f"stream{n}")) for n in _BANDWIDTH_SIZES]
-  serial = [(b, t) for b, t, parted in points if not parted]
-  parted = [(b, t) for b, t, p in points if p]
-  overhead = 0.0
-  if serial and parted:
-    b0, t0 = serial[-1]
-    overhead = max(0.0, statistics.median(t - t0 * b / b0 for b, t in parted[:2]))
-  curve = [(b, b / max(t - (overhead if p else 0.0), 1e-9)) for b, t, p in points]
-  # Monotone: a larger working set never streams faster than a smaller one.
-  for i in range(len(curve) - 2, -1, -1):
-    curve[i] = (curve[i][0], max(curve[i][1], curve[i + 1][1]))
+  overhead, curve = streaming_curve(
+      [(8 * n, seconds(f"stream{n}"), split(f"stream{n}")) for n in _BANDWIDTH_SIZES])
   memory = curve[-1][1]
   strided = statistics.median(
       8 * math.prod(shape) / max(seconds(name) - (overhead if split(name) else 0.0), 1e-9)
@@ -384,6 +373,29 @@ def measure(runs: int = 3, passes: int = 3) -> DeviceFacts:
       sources=types.MappingProxyType(sources), measured=True,
       checked=("held against XLA:CPU kernels timed on this machine by "
                "scripts/bench_time_model.py"))
+
+
+def streaming_curve(points: Sequence[tuple[int, float, bool]]
+                    ) -> tuple[float, list[tuple[int, float]]]:
+  """(what splitting a kernel over threads adds, in seconds; (bytes, bytes
+  per second) of each streaming program), from each program's (bytes,
+  seconds, whether XLA:CPU split it over threads), smallest first.
+
+  Kernels XLA:CPU runs on one thread give the rate; the two smallest it
+  splits, less their bytes at the largest serial one's rate, what the split
+  adds (their median: a thread's wake-up varies from run to run). The curve
+  is monotone: a larger working set never streams faster than a smaller one.
+  """
+  serial = [(b, t) for b, t, parted in points if not parted]
+  parted = [(b, t) for b, t, p in points if p]
+  overhead = 0.0
+  if serial and parted:
+    b0, t0 = serial[-1]
+    overhead = max(0.0, statistics.median(t - t0 * b / b0 for b, t in parted[:2]))
+  curve = [(b, b / max(t - (overhead if p else 0.0), 1e-9)) for b, t, p in points]
+  for i in range(len(curve) - 2, -1, -1):
+    curve[i] = (curve[i][0], max(curve[i][1], curve[i + 1][1]))
+  return overhead, curve
 
 
 def _module_name(text: str) -> str:

@@ -212,3 +212,23 @@ def test_a_spec_whose_text_opens_with_a_unit_description_reads_its_rates():
   again = devices.gpu_facts(dataclasses.replace(spec, text=moved))
   assert again.matrix_rate("bf16") == pytest.approx(989e12, rel=0.01)
   assert again.transcendentals_per_second == devices.gpu_facts(spec).transcendentals_per_second
+
+
+def test_the_streaming_curve_takes_the_thread_split_s_overhead_off_split_kernels():
+  # On one thread 8 kB streams at 8 GB/s, 80 kB at 6.4; at the larger one's
+  # rate the two split programs take 20 and 10 us more: the split adds their
+  # median, 15 us.
+  points = [(8_000, 1e-6, False), (80_000, 1.25e-5, False),
+            (800_000, 1.45e-4, True), (8_000_000, 1.26e-3, True)]
+  overhead, curve = calibration.streaming_curve(points)
+  assert overhead == pytest.approx(15e-6)
+  assert [b for b, _ in curve] == [8_000, 80_000, 800_000, 8_000_000]
+  rates = [r for _, r in curve]
+  # 8 MB streams at 6.43 GB/s once the overhead is off; 800 kB at 6.15 and
+  # 80 kB at 6.4 are raised to it (monotone), 8 kB keeps its 8.
+  assert rates[3] == pytest.approx(8e6 / (1.26e-3 - 15e-6))
+  assert rates[2] == rates[1] == rates[3] and rates[0] == pytest.approx(8e9)
+  # No serial program to give a rate: nothing to take off.
+  assert calibration.streaming_curve(points[2:])[0] == 0.0
+  overhead, curve = calibration.streaming_curve(points[:2])
+  assert overhead == 0.0 and [r for _, r in curve] == pytest.approx([8e9, 6.4e9])
