@@ -255,3 +255,24 @@ def test_a_file_that_is_not_a_snapshot_of_this_version_is_refused(tmp_path, cont
   with pytest.raises(ValueError, match=f"s.json: not an hlo-audit snapshot of version "
                                        f"{snap.SNAPSHOT_VERSION}"):
     snap.read_snapshot(str(path))
+
+
+def test_a_kernel_apart_is_shown_the_first_buffer_a_source_kernel_wrote_for_it():
+  from hlo_audit._src.testing.assertions import _inputs_from  # pylint: disable=import-outside-toplevel
+  kind = types.SimpleNamespace(value="library call")
+
+  def kernel(name):
+    return types.SimpleNamespace(name=name, kind=kind)
+
+  def buffer(shape, producer, consumers):
+    return types.SimpleNamespace(shape=shape, producer=producer, consumers=consumers)
+
+  gemm, gemm2, other, apart = map(kernel, ("gemm", "gemm2", "other", "apart"))
+  report = types.SimpleNamespace(
+      kernels=[gemm, gemm2, other, apart],
+      buffers=[buffer("f32[1]", "other", ("apart",)),   # not a source's
+               buffer("f32[2]", "gemm", ("apart",)),    # the first source's
+               buffer("f32[3]", "gemm2", ("apart",)),   # a later one's
+               buffer("f32[4]", None, ("apart",))])     # a parameter
+  got = _inputs_from(report, [apart], lambda k: k.name.startswith("gemm"))
+  assert got == {"apart": ("f32[2]", "library call gemm")}
