@@ -217,6 +217,19 @@ def test_removing_the_targeted_finding_without_changing_the_launch_count_passes_
       verify_mod.NOT_MEASURED)
   more = verify_mod._removal_gate(fewer, after, fewer.diff(after), None)  # noqa: SLF001
   assert fewer.diff(after).launches_delta > 0 and more.status == "fail", more
+  # A swap judged on the lines it replaced: the finding's line, or another
+  # line of its file (nothing targeted there).
+  import types  # pylint: disable=import-outside-toplevel
+  (f,) = before.findings_of(FindingKind.UNFUSED_EPILOGUE)
+
+  def replaced(line):
+    return types.SimpleNamespace(replaced=[types.SimpleNamespace(
+        locations=[(f.source.file, line)])])
+
+  at = verify_mod._removal_gate(before, after, diff, replaced(f.source.line))  # noqa: SLF001
+  assert at.status == "pass" and at.figures.startswith("1/1 targeted"), at
+  off = verify_mod._removal_gate(before, after, diff, replaced(f.source.line + 1))  # noqa: SLF001
+  assert off.status == verify_mod.NOT_MEASURED and off.figures.startswith("0/0 targeted"), off
 
 
 def _sin_times(x, w):
