@@ -222,14 +222,16 @@ def test_removing_the_targeted_finding_without_changing_the_launch_count_passes_
   import types  # pylint: disable=import-outside-toplevel
   (f,) = before.findings_of(FindingKind.UNFUSED_EPILOGUE)
 
-  def replaced(line):
-    return types.SimpleNamespace(replaced=[types.SimpleNamespace(
-        locations=[(f.source.file, line)])])
+  def replaced(line, file=f.source.file):
+    return types.SimpleNamespace(replaced=[types.SimpleNamespace(locations=[(file, line)])])
 
   at = verify_mod._removal_gate(before, after, diff, replaced(f.source.line))  # noqa: SLF001
   assert at.status == "pass" and at.figures.startswith("1/1 targeted"), at
   off = verify_mod._removal_gate(before, after, diff, replaced(f.source.line + 1))  # noqa: SLF001
   assert off.status == verify_mod.NOT_MEASURED and off.figures.startswith("0/0 targeted"), off
+  elsewhere = verify_mod._removal_gate(  # noqa: SLF001
+      before, after, diff, replaced(f.source.line, "/elsewhere/model.py"))
+  assert elsewhere.status == verify_mod.NOT_MEASURED, elsewhere
 
 
 def _sin_times(x, w):
