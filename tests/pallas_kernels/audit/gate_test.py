@@ -311,3 +311,17 @@ def test_a_candidate_within_the_bound_passes_without_being_held_to_the_truth():
   numerics = r.gate("numerics")
   assert numerics.status == "pass", str(r)
   assert "against float32" not in numerics.details[0]
+
+
+@pytest.mark.parametrize("after, status", [
+    (900, "pass"),    # the peak fell
+    (1040, "pass"),   # +4%: within the 5% tolerance
+    (1050, "pass"),   # +5%: at it (the tolerance is inclusive)
+    (1060, "fail"),   # +6%
+])
+def test_the_memory_gate_holds_the_peak_to_its_tolerance(after, status):
+  import types  # pylint: disable=import-outside-toplevel
+  gate = verify_mod._memory_gate(types.SimpleNamespace(peak_bytes=1000),  # noqa: SLF001
+                                 types.SimpleNamespace(peak_bytes=after), 0.05, False)
+  assert gate.status == status, gate
+  assert gate.figures.endswith(f"tolerance +5%): 1000 -> {after} B")
