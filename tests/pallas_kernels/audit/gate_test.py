@@ -48,6 +48,19 @@ def test_a_bf16_input_beside_a_float32_one_is_judged_against_float32():
   assert numerics.figures == "outputs within 1x of the bound"
 
 
+def test_a_candidate_further_from_the_truth_than_the_baseline_fails_on_its_own_ratio():
+  # 5% off the float32 truth, against the baseline's bf16 1.5%: not excused,
+  # and its figure is its error over the bound, not capped at 1x.
+  x = jnp.asarray(np.random.default_rng(0).uniform(0.5, 1.5, 512), jnp.bfloat16)
+  s = jnp.float32(0.5)
+  r = pallas_kernels.verify(_running_sum, lambda x, s: _running_sum_f32(x, s) * 1.05, x, s)
+  numerics = r.gate("numerics")
+  assert numerics.status == "fail", str(r)
+  assert "against float32" in numerics.details[0] and "no worse" not in numerics.details[0]
+  within = float(numerics.figures.removeprefix("outputs within ").split("x")[0])
+  assert within > 2, numerics.figures
+
+
 def test_a_float32_scalar_past_the_bound_fails_on_the_bound_alone():
   # A float32 loss off by 0.1%: no float32 truth is computed (the inputs are
   # float32), so nothing can excuse it.
