@@ -338,3 +338,10 @@ def test_the_memory_gate_holds_the_peak_to_its_tolerance(after, status):
                                  types.SimpleNamespace(peak_bytes=after), 0.05, False)
   assert gate.status == status, gate
   assert gate.figures.endswith(f"tolerance +5%): 1000 -> {after} B")
+
+
+def test_an_exact_candidate_still_names_its_worst_leaf():
+  x = jnp.linspace(0.5, 1.5, 64, dtype=jnp.float32)
+  numerics = pallas_kernels.verify(jnp.tanh, jnp.tanh, x).gate("numerics")
+  assert numerics.status == "pass"
+  assert numerics.details[0].startswith("worst output: leaf 0 float32[64] rel. error 0.00e+00")
