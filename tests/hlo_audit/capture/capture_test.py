@@ -346,3 +346,15 @@ def test_a_capture_s_allocated_bytes_come_from_its_assignment_unless_given():
   given = Capture(module, "", xla_buffer_assignment=ba, xla_allocated_bytes=64)
   assert given.xla_allocated_bytes == 64
   assert Capture(module, "", xla_buffer_assignment=lambda: ba).xla_allocated_bytes is None
+
+
+def test_the_device_is_read_from_the_executable_s_shardings():
+  import types  # pylint: disable=import-outside-toplevel
+  from hlo_audit._src.capture.capture import _device  # pylint: disable=import-outside-toplevel
+  target_device = object()  # a device this process has none of (a target's)
+  sharded = types.SimpleNamespace(device_set={target_device})
+  compiled = types.SimpleNamespace(input_shardings=({"w": None, "x": sharded},),
+                                   output_shardings=sharded)
+  assert _device(compiled) is target_device
+  # Nothing to read: this process's first device.
+  assert _device(types.SimpleNamespace()) is jax.devices()[0]
