@@ -162,3 +162,14 @@ def test_an_integer_output_left_at_the_poison_value_is_not_written():
   # Where the reference itself holds the value, it was written.
   at_min = np.array([-128, 1, 2, 3], np.int8)
   assert validate._written(at_min.copy(), at_min, bound)
+
+
+def test_non_finite_values_must_match_in_place_and_sign():
+  from pallas_kernels._src import validate  # pylint: disable=import-outside-toplevel
+  ref = np.array([-np.inf, 1.0, np.nan, np.inf, 2.0], np.float32)
+  assert validate._nonfinite_match(ref.copy(), ref)
+  assert validate._nonfinite_match(np.array([-np.inf, 1.5, np.nan, np.inf, 2.5], np.float32), ref)
+  for bad in ([np.inf, 1.0, np.nan, np.inf, 2.0],     # a -inf turned +inf
+              [-np.inf, 1.0, 0.0, np.inf, 2.0],       # a NaN lost
+              [-np.inf, np.inf, np.nan, np.inf, 2.0]):  # an inf where ref is finite
+    assert not validate._nonfinite_match(np.array(bad, np.float32), ref), bad
