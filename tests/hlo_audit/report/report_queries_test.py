@@ -7,29 +7,15 @@ loop fusion reads for the bias and relu."""
 from __future__ import annotations
 
 import dataclasses
-import functools
 import re
 
-import jax
-import jax.numpy as jnp
 import pytest
 
-import hlo_audit
 from hlo_audit import FindingKind
 from hlo_audit._src.analysis.program import WhatIfError
 from hlo_audit._src.report.report import finding_kind
 
-S = jax.ShapeDtypeStruct
-
-
-def mlp(x, w, b):
-  return jax.nn.relu(x @ w + b)
-
-
-@functools.cache
-def rep():
-  return hlo_audit.audit(mlp, S((64, 128), jnp.float32), S((128, 256), jnp.float32),
-                         S((256,), jnp.float32))
+from tests.hlo_audit.report.report_test import rep  # relu(x @ w + b), audited once
 
 
 def test_a_buffer_and_a_kernel_by_name_and_what_is_not_there():
