@@ -111,3 +111,18 @@ def test_a_saved_what_if_reads_back_as_it_was():
   with_replay = dataclasses.replace(r, what_if_replay=replay)
   again = report_from_dict(json.loads(with_replay.to_json())).what_if_replay
   assert again == replay
+
+
+def test_the_time_column_shows_when_any_group_has_a_time():
+  from hlo_audit._src.report.grouping import group_findings  # pylint: disable=import-outside-toplevel
+  from hlo_audit._src.report.terminal import group_lines  # pylint: disable=import-outside-toplevel
+  (f,) = [f for f in rep().findings if f.kind is FindingKind.UNFUSED_EPILOGUE]
+  assert f.time_saved is not None
+  untimed = dataclasses.replace(f, kind=FindingKind.STANDALONE_COPY, boundary="copy.1",
+                                time_saved=None)
+
+  def header(findings):
+    return group_lines(group_findings(findings), 160, step=1e-3)[0].split()
+
+  assert header([f, untimed])[:3] == ["#", "time", "step"]
+  assert "time" not in header([untimed])
