@@ -64,3 +64,12 @@ def test_the_unbroken_report_reads_back():
 def test_a_report_saved_before_collectives_were_recorded_reads_with_none():
   older = _broken(lambda d: d.pop("collectives"))
   assert report_from_dict(older).collectives == ()
+
+
+def test_a_finding_saved_before_peaks_were_estimated_reads_as_exact():
+  from tests.hlo_audit.report.report_test import rep  # pylint: disable=import-outside-toplevel
+  d = json.loads(rep().to_json())  # relu(x @ w + b): an unfused epilogue
+  for f in d["findings"]:
+    f.pop("peak_exact", None)
+  older = report_from_dict(d)
+  assert older.findings and all(f.peak_exact for f in older.findings)
