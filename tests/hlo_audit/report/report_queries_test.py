@@ -126,3 +126,19 @@ def test_the_time_column_shows_when_any_group_has_a_time():
 
   assert header([f, untimed])[:3] == ["#", "time", "step"]
   assert "time" not in header([untimed])
+
+
+def test_a_graph_too_large_keeps_the_kernels_findings_name_then_the_heaviest():
+  from hlo_audit._src.report.html import graph_svg  # pylint: disable=import-outside-toplevel
+  r = rep()
+  (f,) = [f for f in r.findings if f.kind is FindingKind.UNFUSED_EPILOGUE]
+  heavy, light = sorted((r.kernel(f.producer), r.kernel(f.consumers[0])),
+                        key=lambda k: -k.bytes_moved)
+  assert heavy.bytes_moved > light.bytes_moved
+  one = graph_svg(r, max_kernels=1)
+  assert heavy.name in one and light.name not in one
+  # A finding's kernel is kept before a heavier one no finding names.
+  unnamed = dataclasses.replace(r, findings=(dataclasses.replace(
+      f, producer=light.name, consumers=()),))
+  one = graph_svg(unnamed, max_kernels=1)
+  assert light.name in one and heavy.name not in one

@@ -73,3 +73,15 @@ def test_a_finding_saved_before_peaks_were_estimated_reads_as_exact():
     f.pop("peak_exact", None)
   older = report_from_dict(d)
   assert older.findings and all(f.peak_exact for f in older.findings)
+
+
+def test_xla_s_own_estimate_and_its_spread_read_back_apart():
+  import dataclasses  # pylint: disable=import-outside-toplevel
+  from hlo_audit._src.analysis.xla_estimate import CyclesSpread, XlaEstimate  # pylint: disable=import-outside-toplevel
+  from tests.hlo_audit.report.report_test import rep  # pylint: disable=import-outside-toplevel
+  estimate = XlaEstimate(seconds=1.4e-4, reported=-1.99986, uncosted=2)
+  spread = CyclesSpread(kernels=3, seconds_per_cycle=1e-9, low=0.8, high=1.3)
+  r = dataclasses.replace(rep(), xla_estimate=estimate, cycles_spread=spread)
+  again = report_from_dict(json.loads(r.to_json()))
+  assert (again.xla_estimate, again.cycles_spread) == (estimate, spread)
+  assert report_from_dict(json.loads(rep().to_json())).cycles_spread is None
