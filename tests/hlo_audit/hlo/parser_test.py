@@ -334,6 +334,10 @@ MALFORMED = [
      "computation f is defined twice (first at line 2)"),
     ("control predecessor not defined", module_with("ROOT r = f32[4] negate(p), control-predecessors={q}"),
      5, 8, "control predecessor q is not defined before it is used"),
+    # One of two undefined: named, not taken on the fast path with the other.
+    ("one control predecessor of two not defined",
+     module_with("ROOT r = f32[4] negate(p), control-predecessors={p, q}"),
+     5, 8, "control predecessor q is not defined before it is used"),
     # Regression: this error pointed into the attribute value (line 1).
     ("control predecessors without braces", module_with("ROOT r = f32[4] negate(p), control-predecessors=p"),
      5, 8, "expected '{' to start control-predecessors"),
