@@ -24,7 +24,9 @@ over the operators (so a small sample still spans them), and each mutant is
 written into a scratch copy of the checkout (one per job; the checkout itself
 is never touched) and judged by `python -m pytest -x -q` over the folder's
 tests: killed (a test fails or the run times out), survived, or invalid (the
-module no longer imports: not counted). The score is killed / (killed +
+module no longer imports: not counted). With coverage installed, the tests
+that run the mutant's line go first (`Reach`); only what survives them runs
+the folder's whole tests. The score is killed / (killed +
 survived) with a Wilson 95% interval; results.json holds every mutant and
 survivors.md each survivor's diff: a test to write, or an equivalent mutant
 to list under `[tool.bench_mutation.equivalent]` with why.
@@ -34,6 +36,8 @@ Example:
       --jobs 1 --out /tmp/mutation
   python scripts/bench_mutation.py --mutants '*/hlo/parser.py:412:*' \\
       --out /tmp/mutation   # re-run survivors after writing their tests
+  python scripts/bench_mutation.py --folders audit --sample 0 \\
+      --operators any_all,sort_order,drop_term   # every mutant of the rarer slips
 """
 
 from __future__ import annotations
