@@ -232,3 +232,16 @@ def test_the_live_bytes_timeline_hovers_up_to_its_step_limit():
   assert 'id="timeline"' in at_limit
   long = html.timeline_svg(dataclasses.replace(base, timeline=(7,) * (html._HOVER_STEPS + 1)))
   assert 'id="timeline"' not in long and "data-series" not in long
+
+
+def test_the_memory_view_grid_marks_zero_half_and_the_top_at_their_heights():
+  svg = html.memory_svg(transformer(), width=960, height=320)
+  grid = [float(m.group(1)) for m in re.finditer(
+      r'<line x1="[\d.]+" x2="[\d.]+" y1="([\d.]+)" y2="\1" stroke="#d0d7de"', svg)]
+  labels = re.findall(r'<text x="[\d.]+" y="([\d.]+)" text-anchor="end">([^<]*)</text>', svg)
+  assert len(grid) == 3 and len(labels) == 3
+  zero, half, top = grid
+  assert zero > half > top and abs((zero - half) - (half - top)) <= 0.2
+  # Each label sits at its line and says its height: 0, half the top, the top.
+  assert [round(float(yy) - 4, 1) for yy, _ in labels] == grid
+  assert labels[0][1] == "0 B"

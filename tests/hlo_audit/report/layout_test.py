@@ -29,6 +29,10 @@ def example_report():
   return hlo_audit.audit(fn, *args)
 
 
+def test_wrap_indents_the_lines_after_the_first():
+  assert layout.wrap("aaa bbb ccc", 8, indent="  ") == ["aaa bbb", "  ccc"]
+
+
 def test_elide_keeps_both_ends_and_wrap_never_splits_words():
   assert layout.elide("copy_bitcast_fusion.15", 12) == "copy_b…on.15"
   assert layout.elide("short", 12) == "short"
@@ -163,6 +167,11 @@ def test_source_paths_are_the_ones_a_user_opens(tmp_path, monkeypatch):
   from hlo_audit._src.report.units import fmt_source
   assert fmt_source(loc) == f"hlo_audit/_src/examples/transformer.py:{loc.line}"
   assert fmt_source(SourceLocation("/x/y.py", 3)) == "/x/y.py:3"
+  # A relative path is the user's own, kept as written, even where it
+  # names a package below this folder.
+  assert openable_path("site/mypkg/sub/model.py", "/elsewhere") == "site/mypkg/sub/model.py"
+  assert openable_path("./site/mypkg/../mypkg/sub/model.py", "/elsewhere") == (
+      "./site/mypkg/../mypkg/sub/model.py")
 
 
 def test_parse_bytes():
@@ -239,3 +248,22 @@ def test_stacked_bands_are_first_fit():
     assert len(drawn) > 200
     assert [b.offset for b in lay.bands] == _first_fit(drawn)
     assert lay.height == max(b.offset + b.buffer.bytes for b in lay.bands)
+
+
+def test_table_drops_the_optional_column_with_the_higher_drop_first_before_the_other():
+  # The terminal's "Scratch" (drop_first=2) goes before "On chip" (1): a
+  # width that leaves room for one of the two keeps the lower one.
+  cols = (Column("name", "name"), Column("On chip", "num", optional=True, drop_first=1),
+          Column("Scratch", "num", optional=True, drop_first=2))
+  rows = [("fusion.1", "12.0 MiB", "3.0 MiB")]
+  both = layout.table(cols, rows, 200)
+  assert "On chip" in both[0] and "Scratch" in both[0]
+  one = len(both[0]) - 3
+  assert one < len(both[0])
+  kept = layout.table(cols, rows, one)
+  assert "On chip" in kept[0] and "Scratch" not in kept[0]
+  # Left to right among equals: the first of two equal columns goes first.
+  same = (cols[0], dataclasses.replace(cols[1], drop_first=0),
+          dataclasses.replace(cols[2], drop_first=0))
+  kept = layout.table(same, rows, one)
+  assert "Scratch" in kept[0] and "On chip" not in kept[0]

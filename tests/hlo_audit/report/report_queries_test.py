@@ -86,6 +86,13 @@ def test_the_on_chip_columns_show_when_any_kernel_moves_bytes_on_chip():
   columns = kernel_columns(one)
   at = columns.index("Written")
   assert columns[at + 1:at + 3] == ON_CHIP_COLUMNS
+  # A kernel's own scratch shows them too, with no estimate at all.
+  k, *others = r.kernels
+  assert others
+  scratch = dataclasses.replace(r, timing=None, kernels=(
+      dataclasses.replace(k, on_chip_scratch=1024), *others))
+  assert shows_on_chip(scratch)
+  assert not shows_on_chip(dataclasses.replace(r, timing=None))
 
 
 def test_the_summary_names_the_device_where_it_is_not_the_platform():
@@ -142,3 +149,59 @@ def test_a_graph_too_large_keeps_the_kernels_findings_name_then_the_heaviest():
       f, producer=light.name, consumers=()),))
   one = graph_svg(unnamed, max_kernels=1)
   assert light.name in one and heavy.name not in one
+
+
+def _ce_head_report():
+  """XLA:GPU's compile of a cross-entropy head for an H200 (committed), on
+  the H200's facts: work groups and two capacity groups (donations)."""
+  import gzip  # pylint: disable=import-outside-toplevel
+  import pathlib  # pylint: disable=import-outside-toplevel
+  import hlo_audit  # pylint: disable=import-outside-toplevel
+  path = (pathlib.Path(__file__).parents[1] / "analysis" / "time_fixtures"
+          / "ce_head_h200.hlo.gz")
+  return hlo_audit.audit_hlo(gzip.decompress(path.read_bytes()).decode(),
+                             options=hlo_audit.AuditOptions(device="h200"))
+
+
+def test_the_summary_counts_each_class_and_the_capacity_title_counts_what_it_shows():
+  from hlo_audit._src.report.grouping import ranked_groups  # pylint: disable=import-outside-toplevel
+  from hlo_audit._src.report.terminal import compact_lines  # pylint: disable=import-outside-toplevel
+  r = _ce_head_report()
+  act = [g for g in ranked_groups(r.findings) if g.actionable]
+  text = " ".join(" ".join(compact_lines(r, 200)).split())
+  m = re.search(r"(\d+) findings: (\d+) propose a change \(([^)]*)\) in (\d+) groups", text)
+  assert m is not None, text
+  classes = dict(reversed(item.split(" ", 1)) for item in m.group(3).split(", "))
+  expected: dict[str, int] = {}
+  for g in act:
+    expected[g.kind.value] = expected.get(g.kind.value, 0) + g.count
+  assert {k: int(n) for k, n in classes.items()} == expected
+  assert int(m.group(2)) == sum(expected.values()) and int(m.group(4)) == len(act)
+  # Both capacity groups shown: no "of 2"; one shown of two: "1 of 2".
+  assert "Memory capacity: 2 finding groups, by peak memory saved" in text
+  one = " ".join(" ".join(compact_lines(r, 200, top=2)).split())
+  assert "Memory capacity: 1 of 2 finding groups" in one
+
+
+def test_a_buffer_kept_for_reuse_says_so_beside_another_kept_finding():
+  from hlo_audit._src.analysis.records import Verdict  # pylint: disable=import-outside-toplevel
+  from hlo_audit._src.report.text import removable  # pylint: disable=import-outside-toplevel
+  r = rep()
+  (f,) = [f for f in r.findings if f.kind is FindingKind.UNFUSED_EPILOGUE]
+  b = r.buffer(f.boundary)
+  reuse = dataclasses.replace(f, kind=FindingKind.KEEP_REUSE, verdict=Verdict.KEEP)
+  fused = dataclasses.replace(f, kind=FindingKind.ALREADY_FUSED, verdict=Verdict.KEEP)
+  assert removable(r, b, [fused, reuse]) == ("no", f"keep: read by {b.reuse_count} kernels")
+  assert removable(r, b, [fused]) == ("-", "")
+
+
+def test_the_table_is_ranked_by_time_when_any_shown_group_has_one():
+  from hlo_audit._src.report.grouping import group_findings  # pylint: disable=import-outside-toplevel
+  from hlo_audit._src.report.terminal import _by  # pylint: disable=import-outside-toplevel
+  (f,) = [f for f in rep().findings if f.kind is FindingKind.UNFUSED_EPILOGUE]
+  untimed = dataclasses.replace(f, kind=FindingKind.STANDALONE_COPY, boundary="copy.1",
+                                time_saved=None)
+  assert _by("time", group_findings([f, untimed])) == "estimated time"
+  assert _by("time", group_findings([untimed])) == "memory traffic"
+  assert _by("bytes", group_findings([f])) == "memory traffic"
+  assert _by("peak", group_findings([f])) == "peak memory"

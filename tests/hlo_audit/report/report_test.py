@@ -172,3 +172,15 @@ def test_html_is_self_contained(tmp_path):
   assert "<svg" in page and "peak" in page
   assert "http://" not in page.replace('xmlns="http://www.w3.org/2000/svg"', "")
   assert "https://" not in page
+
+
+def test_json_round_trip_keeps_every_peak_figure_apart():
+  # Each of the report's peak figures distinct, so that one read from its
+  # neighbour's key shows.
+  r = dataclasses.replace(rep(), peak_bytes=1001, xla_peak_bytes=1002,
+                          xla_reported_peak_bytes=1003, allocation_bytes=1004,
+                          heap_peak_bytes=1005, peak_time=6)
+  again = report_from_dict(json.loads(r.to_json()))
+  fields = ("peak_bytes", "xla_peak_bytes", "xla_reported_peak_bytes", "allocation_bytes",
+            "heap_peak_bytes", "peak_time")
+  assert [getattr(again, k) for k in fields] == [1001, 1002, 1003, 1004, 1005, 6]
