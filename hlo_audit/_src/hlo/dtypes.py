@@ -159,7 +159,11 @@ def is_widening(src: str, dst: str) -> bool:
     return True
   if is_floating(src) and is_floating(dst):
     a, b = _FLOAT_FORMAT.get(src), _FLOAT_FORMAT.get(dst)
-    return a is not None and b is not None and a[0] <= b[0] and a[1] <= b[1]
+    # Two types of one width differ in bias, infinities or NaN encodings
+    # (f8e4m3fn's 448 is past f8e4m3fnuz's 240; f8e5m2's inf is not in
+    # f8e5m2fnuz): neither holds the other.
+    return (a is not None and b is not None and a != b
+            and a[0] <= b[0] and a[1] <= b[1])
   if is_integral(src) and is_integral(dst):
     ks, kd = kind_of(src), kind_of(dst)
     bs, bd = bits_of(src), bits_of(dst)

@@ -144,6 +144,7 @@ _ROLES = frozenset(COMPUTATION_ROLES)
 _STRUCTURAL = (*COMPUTATION_ROLES, "control-predecessors")
 _STRUCTURAL_SET = frozenset(_STRUCTURAL)
 _RESERVED = frozenset(KEYWORDS | dtypes.ELEMENT_TYPES | {"nan"})
+_TYPE_NAMES = dtypes.ELEMENT_TYPES
 _ARITY = opcodes.ARITY
 _COMMENT = re.compile(r"/\*.*?\*/", re.DOTALL)
 #: `, key=` at the start of each attribute, and possibly inside values: a
@@ -787,7 +788,7 @@ class _Parser:
     pending = self.pending_names.append
     ctx = self.ctx
     new = _new
-    reserved = _RESERVED
+    reserved, types = _RESERVED, _TYPE_NAMES  # (`fast_instruction` says why)
     while True:
       m = match(text, pos)
       if m is None:
@@ -808,7 +809,7 @@ class _Parser:
       shape = shapes(shape_text)
       if (spec is None or shape is None or name in names or
           (root_kw and comp.root_name is not None) or
-          (not pct and (name in reserved or text[m.end(3)] == "="))):
+          (not pct and (name in reserved or text[m.end(3)] == "=")) or name in types):
         return comp, pos, m  # (a shape not seen yet, async wrappers: `fast_instruction`)
       opcode, arity = spec
       param = literal = None
@@ -924,8 +925,9 @@ class _Parser:
     This is the hot loop of parsing a dump: keep it free of avoidable calls.
     """
     root_kw, pct, name, shape_text, word, ops, run, _ = m.groups()
-    # (`_FAST_LINE` takes no name starting with "__" that XLA renames.)
-    if not pct and (name in _RESERVED or m.string[m.end(3)] == "="):
+    # (`_FAST_LINE` takes no name starting with "__" that XLA renames.) A
+    # `%` name may be a keyword, but not an element type: XLA renames `%s32`.
+    if not pct and (name in _RESERVED or m.string[m.end(3)] == "=") or name in _TYPE_NAMES:
       return False
     names = comp.names
     if name in names or (root_kw and comp.root_name is not None):

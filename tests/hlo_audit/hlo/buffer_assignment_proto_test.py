@@ -76,6 +76,27 @@ def test_an_allocation_without_an_index_field_is_allocation_0():
   assert (alloc.index, alloc.size, alloc.is_thread_local) == (0, 32, True)
 
 
+def test_an_allocation_without_a_color_is_in_memory_space_0():
+  # proto3 omits color 0 (device memory); a color written is kept.
+  default, other = parse_buffer_assignment_proto(
+      _field(3, _field(1, 1) + _field(2, 32)) + _field(3, _field(1, 2) + _field(2, 32)
+                                                      + _field(8, 1)),
+      _module()).allocations
+  assert (default.index, default.color) == (1, 0)
+  assert (other.index, other.color) == (2, 1)
+
+
+def test_a_shape_index_written_unpacked_is_the_index_not_the_instruction():
+  # proto2 writers send a repeated int64 one varint at a time (wire type 0).
+  location = _field(4, UID) + _field(3, 1) + _field(3, 0)  # shape index {1, 0}
+  logical = _field(1, 9) + _field(2, 64) + _field(3, location)
+  alloc = _field(1, 1) + _field(2, 64) + _field(9, _field(1, 9) + _field(3, 64))
+  (a,) = parse_buffer_assignment_proto(_field(1, logical) + _field(3, alloc),
+                                       _module()).allocations
+  (v,) = a.values
+  assert (v.instruction, v.shape_index) == ("fusion.2", (1, 0))
+
+
 def test_a_value_without_a_buffer_field_is_logical_buffer_0():
   # proto3 leaves out zero values: logical buffer 0 carries no id, and the
   # allocation's `assigned` entry for it no logical_buffer_id; it is still
@@ -95,6 +116,10 @@ def test_a_value_without_a_buffer_field_is_logical_buffer_0():
 def test_unknown_ids_are_named_by_id_and_bad_bytes_raise():
   ba = parse_buffer_assignment_proto(_assignment())  # no module proto
   assert ba.allocations[1].values[0].instruction == f"#{UID}"
+  # A value whose logical buffer the proto does not list: named by its id.
+  alloc = _field(1, 1) + _field(2, 64) + _field(9, _field(1, 42) + _field(3, 64))
+  (a,) = parse_buffer_assignment_proto(_field(3, alloc)).allocations
+  assert [(v.id, v.instruction, v.shape_index) for v in a.values] == [(42, "#buffer42", ())]
   with pytest.raises(ProtoError, match="truncated"):
     parse_buffer_assignment_proto(bytes([0x08, 0x80]))  # a varint cut short
   with pytest.raises(ProtoError, match="past the end"):

@@ -22,6 +22,9 @@ from hlo_audit._src.hlo import dtypes
     ("f8e4m3fn", "bf16", True), ("f8e5m2", "f16", True), ("f8e5m2", "bf16", True),
     ("f8e4m3fn", "f8e5m2", False), ("f8e5m2", "f8e4m3fn", False),
     ("f8e8m0fnu", "f32", True), ("f8e8m0fnu", "bf16", True), ("f8e8m0fnu", "f16", False),
+    # Same widths, other encodings: fnuz's bias halves the range, fn has no inf.
+    ("f8e4m3fn", "f8e4m3fnuz", False), ("f8e4m3", "f8e4m3fn", False),
+    ("f8e5m2", "f8e5m2fnuz", False), ("f8e4m3b11fnuz", "f8e4m3fnuz", False),
     # Integers: the same kind widens; unsigned into a wider signed; never
     # signed into unsigned.
     ("s8", "s32", True), ("s32", "s8", False), ("u8", "u16", True), ("u16", "u8", False),

@@ -589,6 +589,8 @@ def test_op_name_without_decoding_agrees_with_the_decoded_metadata():
     'dimensions={1}, metadata={op_name="a"}, backend_config={"x":1}',
     'dimensions={1}, metadata={op_name="a, backend_config={1},"}',
     'dimensions={1}, metadata={op_name="a\\"b"}, backend_config={"x":1}',
+    # An escaped quote evens the count before a key that only its string holds.
+    'dimensions={1}, metadata={op_name="a\\"}, sharding={replicated}, b"}',
     'dimensions={1}, frontend_attributes={k="}"}, backend_config={"x":1}',
     'dimensions={1}, frontend_attributes={k="{", x={y=1, backend_config={1}, z=2}}',
 ])
@@ -669,6 +671,8 @@ def test_called_computations_read_before_the_run_is_split_agree_with_the_split(r
 
 
 @pytest.mark.parametrize("run", [", dimensions={1}x", ", dimensions={1}, dimensions={2}",
+                                 # A repeated key whose first blanks are not ", ".
+                                 ",  dimensions={1}, dimensions={2}",
                                  ", kind=kLoop, dimensions={1} , metadata={}"])
 def test_an_attribute_of_a_run_the_split_rejects_is_no_value_either(run):
   """An unsplit run the parser did not take whole (built by hand): what the

@@ -316,6 +316,10 @@ MALFORMED = [
     ("NUL byte (XLA)", module_with("ROOT r = f32[4] negate(p)\0"), 5, 28, "NUL character in HLO text"),
     ("illegal name (XLA)", module_with("ROOT __r = f32[4] negate(p)"), 5, 8,
      "illegal instruction name '__r'; XLA would call it 'a_r'"),
+    # A `%` name may be a keyword (`%true`), not an element type.
+    ("element type as a name (XLA)", module_with("%s32 = f32[4] negate(p)",
+                                                 "ROOT r = f32[4] negate(%s32)"),
+     5, 3, "illegal instruction name 's32'; XLA would call it 's32_'"),
     ("layout rank", module_with("ROOT r = f32[4]{1,0} negate(p)"), 5, 18,
      "layout {1,0} has 2 dimensions, shape has 1"),
     ("parameter without shape", module_with("ROOT q = parameter(1)"), 5, 12,
@@ -338,6 +342,10 @@ MALFORMED = [
     ("one control predecessor of two not defined",
      module_with("ROOT r = f32[4] negate(p), control-predecessors={p, q}"),
      5, 8, "control predecessor q is not defined before it is used"),
+    # A keyword names an instruction only after `%` (XLA: "expects name").
+    ("keyword as a control predecessor (XLA)",
+     module_with("%true = f32[4] negate(p)", "ROOT r = f32[4] negate(p), control-predecessors={p, true}"),
+     6, 8, "expected an instruction name in control-predecessors"),
     # Regression: this error pointed into the attribute value (line 1).
     ("control predecessors without braces", module_with("ROOT r = f32[4] negate(p), control-predecessors=p"),
      5, 8, "expected '{' to start control-predecessors"),
@@ -345,6 +353,26 @@ MALFORMED = [
      module_with("ROOT r = f32[4] negate(p), control-predecessors={99999999999999999999999q}"),
      5, 52, "integer out of range"),
 ]
+
+
+@pytest.mark.parametrize("header", ["ENTRY e {", "ENTRY e (p: f32[4]) -> f32[4] {"])
+def test_headers_in_xlas_forms_need_no_lexer(header, monkeypatch):
+  # The fast path reads these lines whole, the last one of the text too:
+  # the lexer (the slow path) reads the module's own header, nothing after.
+  from hlo_audit._src.hlo import parser  # pylint: disable=import-outside-toplevel
+  started = []
+  lexer_at = parser._Parser.lexer_at
+  monkeypatch.setattr(parser._Parser, "lexer_at",
+                      lambda self, pos: started.append(pos) or lexer_at(self, pos))
+  text = f"HloModule m\n\n{header}\n  p = f32[4] parameter(0)\n  ROOT r = f32[4] negate(p)\n}}"
+  assert _parse(text, None, fast=True).entry.root.name == "r"
+  assert started and all(pos < text.index(header) for pos in started)
+
+
+def test_a_keyword_is_a_name_after_percent():
+  # XLA takes `%true` (it renames only element types and "__" names).
+  m = both_paths(module_with("%true = f32[4] negate(p)", "ROOT r = f32[4] negate(%true)"))
+  assert m.entry.root.operands == ("true",)
 
 
 @pytest.mark.parametrize("text, line, column, message",
