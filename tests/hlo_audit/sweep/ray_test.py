@@ -267,7 +267,14 @@ def test_a_killed_driver_loses_no_finished_point_and_the_rerun_runs_only_the_res
          f"--grid={grid}", f"--out={out}", "--executor=ray", "--no-progress"]
   env = {**os.environ, "RAY_ADDRESS": cluster}
   with open(tmp_path / "first.log", "w") as log:
-    first = subprocess.Popen(cmd + ["--jobs=1"], stdout=log, stderr=log, env=env)
+    # A shell starts a background job with SIGINT ignored, and a child
+    # inherits that; a handler here is reset to the default on exec, so the
+    # driver gets Ctrl-C as it would in a terminal however pytest was started.
+    old = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+      first = subprocess.Popen(cmd + ["--jobs=1"], stdout=log, stderr=log, env=env)
+    finally:
+      signal.signal(signal.SIGINT, old)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
       if (out / "results.jsonl").exists() and (

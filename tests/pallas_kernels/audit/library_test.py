@@ -242,6 +242,9 @@ def test_the_target_of_an_audited_module_is_what_it_names_or_none():
   h200 = backend.resolve_target("NVIDIA H200")
   assert _module_target(types.SimpleNamespace(device_kind="NVIDIA H200")) == h200
   assert _module_target(plain, types.SimpleNamespace(platform="gpu", name="NVIDIA H200")) == h200
+  # Facts of a platform the kernels do not target name no target, even by a
+  # chip's name (facts copied from an H200's for a simulator, say).
+  assert _module_target(plain, types.SimpleNamespace(platform="sim", name="NVIDIA H200")) is None
   assert _module_target(types.SimpleNamespace(device_kind="no such device")) is None
 
 
@@ -295,6 +298,35 @@ def test_a_findings_matmul_is_its_writer_for_an_epilogue_its_reader_for_a_prolog
   # prologue read by nothing the audit names.
   assert facts(FindingKind.SEPARATE_REDUCTION, "t", ("e2",)).matmul is None
   assert facts(FindingKind.UNFUSED_PROLOGUE, "t", ()).matmul is None
+
+
+def test_a_pad_before_a_dot_is_no_convolutions_padding():
+  import types  # pylint: disable=import-outside-toplevel
+  from pallas_kernels._src.audit.library import _facts  # pylint: disable=import-outside-toplevel
+  module = hlo_audit.parse_hlo(
+      "HloModule m, is_scheduled=true\n\nENTRY e {\n"
+      "  x = f32[60,32]{1,0} parameter(0)\n  w = f32[32,16]{1,0} parameter(1)\n"
+      "  z = f32[] constant(0)\n"
+      "  p = f32[64,32]{1,0} pad(x, z), padding=0_4x0_0\n"
+      "  ROOT d = f32[64,16]{1,0} dot(p, w), lhs_contracting_dims={1}, rhs_contracting_dims={0}\n"
+      "}\n")
+
+  def facts(anchor, consumers=("d",)):
+    need = plugins.KernelNeed(FindingKind.UNFUSED_PROLOGUE, anchor, ("pad",))
+    return _facts(types.SimpleNamespace(
+        kind=FindingKind.UNFUSED_PROLOGUE, need=need, computation="e", producer="p",
+        consumers=consumers, ops=("pad",), boundary_shape="f32[64,32]"), module)
+
+  # A dot's prologue: its matmul, and no convolution nor padding read for one.
+  dot = facts("dot")
+  assert dot.matmul is not None and (dot.convolution, dot.pad) == (None, None)
+  # The same pad asked as a convolution's prologue: its widths are read.
+  _, widths = facts("convolution").pad
+  assert widths == ((0, 4), (0, 0))
+  # Read by nothing the audit names: the convolution is looked for at the
+  # writer (a pad, so none), and the widths still read.
+  alone = facts("convolution", consumers=())
+  assert alone.convolution is None and alone.pad[1] == ((0, 4), (0, 0))
 
 
 def test_a_convolutions_epilogue_reads_the_convolution_that_writes_it():
