@@ -475,3 +475,22 @@ def test_a_residual_through_a_shape_change_is_the_residual(view):
   text = RESHAPED_RESIDUAL.replace("bitcast(%p1)", f"{view}(%p1)")
   (epi,) = hlo_audit.audit_hlo(text).findings_of(FindingKind.UNFUSED_EPILOGUE)
   assert epi.ops == ("residual",)
+
+
+def test_an_optimizer_update_is_adams_only_where_it_takes_a_square_root():
+  # keras' MobileNetV3 step for an H200 (committed): each weight gradient's
+  # gemm feeds Adam's update (the parameter and both moments, from g * g and
+  # a square root). With the square roots gone, the same three-output
+  # updates square the gradient but are no Adam step.
+  import re  # pylint: disable=import-outside-toplevel
+  from tests.hlo_audit.real_models import h200_support  # pylint: disable=import-outside-toplevel
+  text = h200_support.fixture("keras_mobilenet")
+
+  def updates(t):
+    r = hlo_audit.audit_hlo(t, options=hlo_audit.AuditOptions(device="h200"))
+    return [f.ops for f in r.findings if "outputs:3" in f.ops]
+
+  adam = updates(text)
+  assert adam and all("adam" in ops for ops in adam)
+  plain = updates(re.sub(r" r?sqrt\(", " negate(", text))
+  assert len(plain) == len(adam) and not any("adam" in ops for ops in plain)
