@@ -64,3 +64,15 @@ def test_a_gate_another_reader_needs_is_left_alone():
     return jax.nn.silu(g) * (x @ wu), g.sum()
   report = pk.swap(fn, interpret=True).report(*_args())
   assert not [s for s in report.sites if s.kernel == "pallas_kernels.glu_matmul"]
+
+
+def test_a_product_another_swap_took_is_no_glu():
+  # The finder never takes a node an earlier swap claimed: with the gate's
+  # product taken, neither gemm anchors a GLU.
+  from pallas_kernels._src.swap import glu, program as program_lib  # pylint: disable=import-outside-toplevel
+  prog = program_lib.build(jax.make_jaxpr(swiglu)(*_args()))
+  dots = [n for n in prog.nodes if n.prim == "dot_general"]
+  (mul,) = [n for n in prog.nodes if n.prim == "mul" and n.outs[0] in prog.returned]
+  assert len(dots) == 2
+  assert any(glu.match_glu(prog, d, set()) is not None for d in dots)
+  assert all(glu.match_glu(prog, d, {mul.index}) is None for d in dots)

@@ -123,3 +123,13 @@ def test_on_an_h200_the_lstms_loop_invariant_work_is_gone():
   # (32 steps of 512 KiB); jax 0.11.2's XLA leaves no such work in it.
   if compat.JAX_VERSION >= (0, 12):
     assert before >= 15 << 20
+
+
+def test_each_hoisted_value_names_only_the_work_that_makes_it():
+  # Two values hoisted from one body: the concatenate of the weights reads
+  # them straight, not through the product hoisted beside it.
+  f = _scan(lambda w1, w2, h, x: jnp.tile(x @ (w1 * 2.0), (1, 2))
+            + x @ jnp.concatenate([w1, w2], axis=1) + h)
+  sites = _hoisted(pk.swap(f, ops=("softmax",)), *_ARGS)
+  assert sorted((s.pattern, s.output) for s in sites) == [
+      ("concatenate", "f32[8,16]"), ("mul", "f32[8,8]")]

@@ -132,6 +132,21 @@ def test_a_residual_sum_read_before_the_norm_is_computed_there(keys):
   _close(jax.jit(swapped)(x, r), fn(x, r))
 
 
+def test_a_norm_clamping_its_variance_at_zero_keeps_the_users_epsilon(keys):
+  # flax's LayerNorm: var = max(0, E[x^2] - E[x]^2). The 0.0 of the clamp is
+  # no epsilon; the kernel is called with the user's 1e-06.
+  def fn(x):
+    mean = x.mean(-1, keepdims=True)
+    var = jnp.maximum(0.0, (x * x).mean(-1, keepdims=True) - mean * mean)
+    return (x - mean) * jax.lax.rsqrt(var + 1e-6)
+
+  x = jax.random.normal(keys[0], (4, 8, 32))
+  swapped = pallas_kernels.swap(fn)
+  (site,) = swapped.report(x).sites
+  assert site.kernel == "pallas_kernels.layer_norm" and "eps=1e-06" in site.call, site.call
+  _close(jax.jit(swapped)(x), fn(x))
+
+
 def test_residual_layer_norm(keys):
   x, r = (jax.random.normal(k, (4, 8, 32)) for k in keys[:2])
   g, b = (jax.random.normal(k, (32,)) for k in keys[2:4])
