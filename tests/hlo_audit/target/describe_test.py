@@ -33,3 +33,17 @@ def test_a_device_kind_finds_its_facts_on_its_platform():
   assert facts_for_device_kind("gpu", "") is None
   assert facts_for_device_kind("rocm", spec.device_kind) is None
   assert facts_for_device_kind("tpu", spec.device_kind) is None
+
+
+def test_a_gpu_target_without_its_spec_describes_itself_without_a_capability():
+  # A Target built by hand (a saved report's, say) may carry no spec.
+  from hlo_audit._src.target.target import Target  # pylint: disable=import-outside-toplevel
+  t = Target(name="h200", platform="cuda", device_kind="NVIDIA H200 141GB HBM3e")
+  assert t.describe() == "h200: NVIDIA H200 141GB HBM3e, 1 GPU, compiled without one"
+
+
+def test_a_spec_file_is_found_by_its_path_object():
+  import pathlib  # pylint: disable=import-outside-toplevel
+  from hlo_audit._src.target.specs import find_spec  # pylint: disable=import-outside-toplevel
+  path = pathlib.Path(__file__).parents[1] / "real_models" / "h200" / "h200.txtpb"
+  assert find_spec(path) == find_spec(str(path))
