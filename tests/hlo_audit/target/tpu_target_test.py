@@ -69,6 +69,18 @@ def test_a_v4_device_has_half_a_chip():
   assert facts.matrix_rate("bf16") == pytest.approx(137e12, rel=0.01)
 
 
+@pytest.mark.parametrize("name, bf16, int8", [
+    # Google's pages, per chip: int8 runs at twice bf16's rate but on v4.
+    ("v4", 275e12, 275e12), ("v5e", 197e12, 394e12), ("v5p", 459e12, 918e12),
+    ("v6e", 918e12, 1836e12)])
+def test_a_chips_matrix_rates_are_googles_bf16_and_int8_peaks(name, bf16, int8):
+  gen = tpus.parse_topology(name).generation
+  facts = tpus.tpu_facts(gen)
+  share = gen.devices_per_chip
+  assert facts.matrix_rate("bf16") * share == pytest.approx(bf16)
+  assert facts.matrix_rate("s8") * share == pytest.approx(int8)
+
+
 @pytest.mark.parametrize("name, libtpu", [
     # bytes accessed / optimal_seconds of x * 2 on 512 MiB of f32, one device
     # (libtpu 0.0.42.1 and 0.0.50.1 alike).
