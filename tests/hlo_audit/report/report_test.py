@@ -184,3 +184,12 @@ def test_json_round_trip_keeps_every_peak_figure_apart():
   fields = ("peak_bytes", "xla_peak_bytes", "xla_reported_peak_bytes", "allocation_bytes",
             "heap_peak_bytes", "peak_time")
   assert [getattr(again, k) for k in fields] == [1001, 1002, 1003, 1004, 1005, 6]
+
+
+def test_json_round_trip_keeps_the_target_and_its_notes_apart():
+  r = rep()
+  r = dataclasses.replace(r, module=dataclasses.replace(
+      r.module, target="v5e:2x2", target_notes=("compiled without one", "libtpu 0.0.50")))
+  again = report_from_dict(json.loads(r.to_json()))
+  assert (again.module.target, again.module.target_notes) == (
+      "v5e:2x2", ("compiled without one", "libtpu 0.0.50"))
