@@ -55,3 +55,16 @@ def test_an_example_setting_is_name_equals_value(pair, message):
     config_from([pair])
   assert str(e.value).startswith(message)
   assert config_from(["layers=3", "dtype=bfloat16"]).layers == 3
+
+
+def test_one_device_is_a_count_and_zero_is_refused(monkeypatch):
+  # In-process JAX already runs with its one CPU device: one is enough,
+  # more is refused by what JAX has, none by the count itself.
+  from hlo_audit._src.cli.common import use_devices  # pylint: disable=import-outside-toplevel
+  monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_foo=1")
+  use_devices(1)
+  import os  # pylint: disable=import-outside-toplevel
+  assert os.environ["XLA_FLAGS"].split() == [
+      "--xla_cpu_foo=1", "--xla_force_host_platform_device_count=1"]
+  with pytest.raises(UsageError, match="expected a positive number"):
+    use_devices(0)

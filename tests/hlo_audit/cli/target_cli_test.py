@@ -63,6 +63,18 @@ def test_targets_names_each_spec_source_once_in_order(capsys, monkeypatch):
   assert sources == [h200.source, "jax-cuda12-pjrt 9.9"], sources
 
 
+def test_the_tpu_table_aligns_names_left_and_numbers_right(capsys):
+  from hlo_audit._src.target import tpus  # pylint: disable=import-outside-toplevel
+  assert run(["targets"]) == ExitCode.OK
+  lines = capsys.readouterr().out.splitlines()
+  at = next(i for i, l in enumerate(lines) if l.startswith("tpu "))
+  head, rows = lines[at], lines[at + 2:at + 2 + len(tpus.GENERATIONS)]
+  for g, row in zip(tpus.GENERATIONS, rows):
+    assert row.startswith(f"{g.name} ") and f" {g.device_kind} " in row, row
+    assert row.index(g.device_kind) == head.index("device"), row  # left
+    assert len(row) == len(head), row  # every number ends where its header ends
+
+
 @pytest.mark.parametrize("argv, message", [
     (["example", "--target", "h900"], "unknown target 'h900': known are"),
     (["example", "--gpus", "8"], "--gpus and --autotune-results need --target"),
