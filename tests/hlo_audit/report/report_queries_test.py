@@ -205,3 +205,12 @@ def test_the_table_is_ranked_by_time_when_any_shown_group_has_one():
   assert _by("time", group_findings([untimed])) == "memory traffic"
   assert _by("bytes", group_findings([f])) == "memory traffic"
   assert _by("peak", group_findings([f])) == "peak memory"
+
+
+def test_a_buffer_of_no_bytes_takes_no_place_in_the_memory_columns():
+  from hlo_audit._src.report.memory_view import aggregate_columns  # pylint: disable=import-outside-toplevel
+  r = rep()
+  last = max(b.live_range[1] for b in r.buffers)
+  empty = dataclasses.replace(r.buffers[0], name="empty", bytes=0, live_range=(0, last + 5))
+  n = r.module.schedule_length
+  assert aggregate_columns((*r.buffers, empty), n, 4) == aggregate_columns(r.buffers, n, 4)
