@@ -193,3 +193,19 @@ def test_json_round_trip_keeps_the_target_and_its_notes_apart():
   again = report_from_dict(json.loads(r.to_json()))
   assert (again.module.target, again.module.target_notes) == (
       "v5e:2x2", ("compiled without one", "libtpu 0.0.50"))
+
+
+def test_a_finding_saved_before_findings_had_notes_reads_with_none():
+  r = rep()
+  d = json.loads(r.to_json())
+  for f in d["findings"]:
+    del f["notes"]
+  assert [f.notes for f in report_from_dict(d).findings] == [()] * len(r.findings)
+
+
+def test_a_short_list_names_three_and_counts_the_rest():
+  from hlo_audit._src.report.text import _short_list  # pylint: disable=import-outside-toplevel
+  assert _short_list([]) == "-"
+  assert _short_list(["a", "b"]) == "a, b"
+  assert _short_list(["a", "b", "c"]) == "a, b, c"
+  assert _short_list(["a", "b", "c", "d", "e"]) == "a, b, c +2"
