@@ -273,7 +273,7 @@ def match_group_norm(program: Program, red: Node, taken: set[int]) -> Result:
     return None
   x = view.ins[0]
   xs = tuple(program.aval(x).shape)
-  if xs != zs[:-2] + (zs[-2] * zs[-1],) or zs[-2] < 2 or zs[-1] < 2:
+  if xs != zs[:-2] + (zs[-2] * zs[-1],) or zs[-1] < 2:
     return None
   geo = _Geometry(xs, zs[-2])
   live = backward_lib.live(program)

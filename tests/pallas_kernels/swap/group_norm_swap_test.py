@@ -44,11 +44,12 @@ def _close(got, want, tol):
 class Block(nn.Module):
   activation: object = nn.swish
   epsilon: float = 1e-6
+  groups: int = G
 
   @nn.compact
   def __call__(self, x):
     x = nn.Conv(C, (3, 3))(x)
-    return self.activation(nn.GroupNorm(num_groups=G, epsilon=self.epsilon)(x))
+    return self.activation(nn.GroupNorm(num_groups=self.groups, epsilon=self.epsilon)(x))
 
 
 def _init(block, key=0):
@@ -108,6 +109,22 @@ def test_a_training_step_runs_the_norm_and_its_backward_as_two_calls():
   assert "grads=('x', 'scale', 'bias', 'x_sum')" in sites[1].call, sites[1].call
   assert _grouped_views(step, params, x) and not _grouped_views(swapped, params, x)
   # Loss, the parameters' gradients and the input's, through the kernels.
+  _close(swapped(params, x), step(params, x), 2e-5)
+  assert not pk.fallbacks()
+
+
+def test_a_single_group_is_a_group_norm_too():
+  # flax's GroupNorm(num_groups=1): statistics over every channel and pixel
+  # of a sample, x viewed as [N, H, W, 1, C].
+  pk.clear_fallbacks()
+  block = Block(groups=1)
+  params, x = _init(block)
+  step = _step(block)
+  swapped = pk.swap(step, interpret=True)
+  sites = _sites(swapped, params, x)
+  assert [(s.replaced, s.pattern.endswith("backward")) for s in sites] == [
+      (True, False), (True, True)], sites
+  assert "groups=1" in sites[0].call, sites[0].call
   _close(swapped(params, x), step(params, x), 2e-5)
   assert not pk.fallbacks()
 
