@@ -170,9 +170,9 @@ HloModule rowmax, is_scheduled=true
 ENTRY %main (x: f32[256,4096]) -> f32[256,4096] {
   %x = f32[256,4096]{1,0} parameter(0)
   %l = f32[256,4096]{1,0} fusion(%x), kind=kLoop, calls=%fused_logits
-  %s1 = f32[256,16]{1,0} fusion(%l), kind=kInput, calls=%fused_stage1
-  %s2 = f32[256]{0} fusion(%s1), kind=kInput, calls=%fused_stage2
-  ROOT %a = f32[256,4096]{1,0} fusion(%l, %s2), kind=kLoop, calls=%fused_apply
+  %stage1 = f32[256,16]{1,0} fusion(%l), kind=kInput, calls=%fused_stage1
+  %stage2 = f32[256]{0} fusion(%stage1), kind=kInput, calls=%fused_stage2
+  ROOT %a = f32[256,4096]{1,0} fusion(%l, %stage2), kind=kLoop, calls=%fused_apply
 }
 """
 
