@@ -369,6 +369,27 @@ def test_headers_in_xlas_forms_need_no_lexer(header, monkeypatch):
   assert started and all(pos < text.index(header) for pos in started)
 
 
+def test_a_renamed_module_keeps_every_control_predecessor():
+  # XLA renames the entry's `a` (the called computation has one) to a.1:
+  # operands and control predecessors follow, renamed or not.
+  m = both_paths("""HloModule m
+
+%f (a: f32[]) -> f32[] {
+  %a = f32[] parameter(0)
+  ROOT %n = f32[] negate(%a)
+}
+
+ENTRY %e (a: f32[]) -> f32[] {
+  %a = f32[] parameter(0)
+  %b = f32[] negate(%a), control-predecessors={%a}
+  %c = f32[] call(%a), to_apply=%f
+  ROOT %r = f32[] negate(%a), control-predecessors={%b}
+}
+""")
+  got = {i.name: (i.operands, i.control_predecessors) for i in m.entry.instructions}
+  assert got["b"] == (("a.1",), ("a.1",)) and got["r"] == (("a.1",), ("b",))
+
+
 def test_a_keyword_is_a_name_after_percent():
   # XLA takes `%true` (it renames only element types and "__" names).
   m = both_paths(module_with("%true = f32[4] negate(p)", "ROOT r = f32[4] negate(%true)"))
