@@ -79,6 +79,10 @@ def test_an_asynchronous_kernel_lasts_until_the_next_starts_or_the_run_ends():
   both = kernel_profile(events, "jit_h", asynchronous=True)
   assert both.kernel_runs["a"] == pytest.approx((100e-6,))
   assert both.kernel_runs["b"] == pytest.approx((50e-6,))
+  # A wait that names no run (another executor's) ends no run.
+  unnamed = {"ph": "X", "name": "ThunkExecutor::Execute (wait for completion)", "ts": 0,
+             "dur": 5000, "args": {}}
+  assert kernel_profile([*events, unnamed], "jit_f", asynchronous={"dot", "dot2"}) == p
 
 
 def test_a_folder_without_a_trace_is_one_clear_error(tmp_path):
