@@ -316,3 +316,33 @@ def test_the_gpu_rule_falls_back_to_the_default_for_plain_ops():
   assert _ask(TOP_LEVEL, "dus", 0)[0] is True
   assert _ask(TOP_LEVEL, "dus", 1)[0] is False  # the update is not the output
   assert _ask(TOP_LEVEL, "bc", 0) == (False, False)
+
+
+# A fusion nested in a fused computation reads its operand as its own fused
+# computation does: elementwise here (a negate), at other indices there (a
+# reverse).
+NESTED = """
+HloModule m, is_scheduled=true
+%inner (q: f32[256]) -> f32[256] {
+  %q = f32[256]{0} parameter(0)
+  ROOT %n = f32[256]{0} OP(%q)EXTRA
+}
+%fused (p0: f32[256]) -> f32[256] {
+  %p0 = f32[256]{0} parameter(0)
+  %e = f32[256]{0} fusion(%p0), kind=kLoop, calls=%inner
+  ROOT %a = f32[256]{0} add(%e, %e)
+}
+ENTRY %main (x: f32[256]) -> f32[256] {
+  %x = f32[256]{0} parameter(0)
+  %g = f32[256]{0} exponential(%x)
+  ROOT %f = f32[256]{0} fusion(%g), kind=kLoop, calls=%fused
+}
+"""
+
+
+def test_a_nested_fusion_is_read_as_its_own_computation_reads():
+  elementwise = NESTED.replace("OP", "negate").replace("EXTRA", "")
+  reversed_ = NESTED.replace("OP", "reverse").replace("EXTRA", ", dimensions={0}")
+  # (XLA:GPU's rule: its fusions' paths are walked op by op.)
+  assert _ask(elementwise, "f", 0)[0] is True
+  assert _ask(reversed_, "f", 0)[0] is False
