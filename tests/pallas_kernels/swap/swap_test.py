@@ -147,6 +147,19 @@ def test_a_norm_clamping_its_variance_at_zero_keeps_the_users_epsilon(keys):
   _close(jax.jit(swapped)(x), fn(x))
 
 
+def test_a_second_residual_is_left_to_xla(keys):
+  # The kernel adds one residual: the second add stays after the call.
+  def fn(x, w, b, r1, r2):
+    return x @ w + b + r1 + r2
+
+  x, w = jax.random.normal(keys[0], (16, 32)), jax.random.normal(keys[1], (32, 64))
+  b, r1, r2 = (jax.random.normal(k, s) for k, s in zip(keys[2:5], [(64,), (16, 64), (16, 64)]))
+  swapped = pallas_kernels.swap(fn)
+  (site,) = swapped.report(x, w, b, r1, r2).sites
+  assert site.replaced and site.pattern.count("residual") == 1, site.pattern
+  _close(jax.jit(swapped)(x, w, b, r1, r2), fn(x, w, b, r1, r2))
+
+
 def test_residual_layer_norm(keys):
   x, r = (jax.random.normal(k, (4, 8, 32)) for k in keys[:2])
   g, b = (jax.random.normal(k, (32,)) for k in keys[2:4])
