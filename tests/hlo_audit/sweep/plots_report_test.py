@@ -76,6 +76,20 @@ def test_plots_are_pngs_with_something_drawn(tmp_path):
   assert plots.plot_sweep([RECORDS[-1]], str(tmp_path / "none"), NAMES) == []
 
 
+def test_the_speedup_plot_warns_when_any_point_was_interpreted(tmp_path, monkeypatch):
+  titles = {}
+  save = plots._save
+  monkeypatch.setattr(plots, "_save", lambda fig, out, name: titles.__setitem__(
+      name, fig.axes[0].get_title()) or save(fig, out, name))
+  timed = [rec(i, s, "float32", saved=100, speedup=1.0 + i) for i, s in enumerate((8, 16))]
+  timed[0]["timing"]["interpret"] = False  # one point on the chip, one emulated
+  plots.plot_sweep(timed, str(tmp_path), NAMES)
+  assert "interpret mode: the kernel was emulated" in titles["speedup.png"]
+  timed[1]["timing"]["interpret"] = False
+  plots.plot_sweep(timed, str(tmp_path), NAMES)
+  assert "interpret mode" not in titles["speedup.png"]
+
+
 def test_tick_bytes():
   assert plots.tick_bytes(512) == "512 B"
   assert plots.tick_bytes(1536) == "1.5 KiB"
