@@ -424,3 +424,16 @@ def test_a_cluster_whose_tasks_cannot_start_stops_the_sweep_after_three(monkeypa
   assert [r["error"] for r in records] == [
       "RayTaskError: ModuleNotFoundError: No module named 'hlo_audit'"] * 3
   assert len(fake.cancelled) == 1  # the other point in flight when it stopped
+
+
+def test_a_cluster_that_lists_no_gpu_has_none():
+  # Ray lists only the resources a cluster has: no "GPU" key, no GPU, and
+  # measured points run interpreted on its CPUs.
+  fake = _FakeRay(lambda ex: None)
+  line = None
+  with pytest.MonkeyPatch.context() as m:
+    m.setitem(sys.modules, "ray", fake)
+    pool = RayPool(Executor("ray"), measured=True)
+    line = pool.connect()
+  assert "2 CPU(s), 0 GPU(s)" in line and "it has no GPU" in line, line
+  assert not pool._gpu
