@@ -141,6 +141,11 @@ def test_tick_time():
 def test_report_shows_the_estimated_step_where_there_is_one():
   md = report.render_markdown("example", TIMED, NAMES, [])
   assert "- estimated step on h200: 1.50 us to 32.0 us (4 of 5 ok points estimated)" in md
+  # Results merged from runs on two devices name both, in name order.
+  mixed = [dict(r, audit=dict(r["audit"], time_device="b200")) if i == 1 else r
+           for i, r in enumerate(TIMED)]
+  assert "- estimated step on b200, h200: " in report.render_markdown(
+      "example", mixed, NAMES, [])
   header = next(line for line in md.splitlines() if line.startswith("| id |"))
   assert header.endswith("| compile s | est. step | bound by |")
   assert "| p1 | 1 | 32 | float32 | ok |" in md
