@@ -136,6 +136,13 @@ def test_heuristic_config_is_jaxs_for_16_bit_and_adapts():
                                            w_dtype=jnp.float32, out_dtype=jnp.float32,
                                            compute_dtype=jnp.float32)
   assert f32.tile_k == 32
+  # A fused quantize keeps each row in one tile: N up to 256 in one tile_n.
+  quant = config_lib.heuristic_mosaic_config(4096, 200, 4096, x_dtype=BF, w_dtype=BF,
+                                             fused_quantize=True, **common)
+  assert (quant.tile_m, quant.tile_n, quant.wg_dimension) == (64, 256, "m")
+  wide = config_lib.heuristic_mosaic_config(4096, 1024, 4096, x_dtype=BF, w_dtype=BF,
+                                            fused_quantize=True, **common)
+  assert wide.tile_n == cfg.tile_n
   assert config_lib.mosaic_smem_bytes(
       f32, x_dtype=jnp.float32, w_dtype=jnp.float32, compute_dtype=jnp.float32,
       out_dtype=jnp.float32) <= config_lib.gpu.shared_memory_bytes_of("H200")
