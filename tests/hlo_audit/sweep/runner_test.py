@@ -44,6 +44,20 @@ def options(model, out, grid, **kw) -> SweepOptions:
   return SweepOptions(target=model, out=str(out), grid=grid, args=ARGS, jobs=0, **kw)
 
 
+def test_points_are_labelled_by_the_names_that_vary(model, tmp_path):
+  # d takes one value in the grid: only b and mode tell the points apart.
+  from hlo_audit._src.sweep.runner import Reporter  # pylint: disable=import-outside-toplevel
+  started = []
+
+  class Recorder(Reporter):
+    def start(self, total, skipped, description, label_names=()):
+      started.append((total, skipped, list(label_names)))
+
+  run_sweep(options(model, tmp_path / "out", "b=8,16;d=64;mode=ok,raise", report=False),
+            Recorder())
+  assert started == [(4, 0, ["b", "mode"])]
+
+
 def test_in_process_sweep_records_every_point_and_a_rerun_skips_them(model, tmp_path):
   out = tmp_path / "out"
   # b=8 twice: 2 of the 6 grid points are duplicates.
