@@ -21,7 +21,7 @@ def _sites(swapped, *args):
   return [s for s in swapped.report(*args).sites if s.kernel == KERNEL]
 
 
-def _grouped_views(fn, *args) -> list[str]:
+def _grouped_views(fn, *args, groups: int = G) -> list[str]:
   """The step's own equations (in its jit calls too, not inside a kernel)
   writing x viewed as [N, H, W, G, C/G]."""
   def walk(jaxpr):
@@ -29,7 +29,7 @@ def _grouped_views(fn, *args) -> list[str]:
       if e.primitive.name == "pallas_call":
         continue
       yield from (str(v.aval) for v in e.outvars
-                  if tuple(getattr(v.aval, "shape", ())) == (N, HW, HW, G, C // G))
+                  if tuple(getattr(v.aval, "shape", ())) == (N, HW, HW, groups, C // groups))
       for sub in jax.extend.core.jaxprs_in_params(e.params):
         yield from walk(sub)
   return list(walk(jax.make_jaxpr(fn)(*args).jaxpr))
@@ -94,37 +94,27 @@ def _step(block):
   return jax.jit(jax.value_and_grad(loss_fn, argnums=(0, 1)))
 
 
-def test_a_training_step_runs_the_norm_and_its_backward_as_two_calls():
+# One group too: flax's GroupNorm(num_groups=1) normalizes over every
+# channel and pixel of a sample, x viewed as [N, H, W, 1, C].
+@pytest.mark.parametrize("groups", [G, 1])
+def test_a_training_step_runs_the_norm_and_its_backward_as_two_calls(groups):
   pk.clear_fallbacks()
-  block = Block()
+  block = Block(groups=groups)
   params, x = _init(block)
   step = _step(block)
   swapped = pk.swap(step, interpret=True)
   sites = _sites(swapped, params, x)
   assert [(s.replaced, s.pattern.endswith("backward")) for s in sites] == [
       (True, False), (True, True)], sites
-  assert "statistics=(2, 3)" in sites[0].call, sites[0].call
-  assert "mean=f32[2,3], var=f32[2,3], cotangent=f32[2,6,6,12]" in sites[1].call, sites[1]
+  assert f"groups={groups}" in sites[0].call, sites[0].call
+  assert f"statistics=({N}, {groups})" in sites[0].call, sites[0].call
+  assert (f"mean=f32[{N},{groups}], var=f32[{N},{groups}], cotangent=f32[{N},{HW},{HW},{C}]"
+          in sites[1].call), sites[1]
   # The convolution's bias gradient, dx summed, comes from the kernel too.
   assert "grads=('x', 'scale', 'bias', 'x_sum')" in sites[1].call, sites[1].call
-  assert _grouped_views(step, params, x) and not _grouped_views(swapped, params, x)
+  assert _grouped_views(step, params, x, groups=groups) and \
+      not _grouped_views(swapped, params, x, groups=groups)
   # Loss, the parameters' gradients and the input's, through the kernels.
-  _close(swapped(params, x), step(params, x), 2e-5)
-  assert not pk.fallbacks()
-
-
-def test_a_single_group_is_a_group_norm_too():
-  # flax's GroupNorm(num_groups=1): statistics over every channel and pixel
-  # of a sample, x viewed as [N, H, W, 1, C].
-  pk.clear_fallbacks()
-  block = Block(groups=1)
-  params, x = _init(block)
-  step = _step(block)
-  swapped = pk.swap(step, interpret=True)
-  sites = _sites(swapped, params, x)
-  assert [(s.replaced, s.pattern.endswith("backward")) for s in sites] == [
-      (True, False), (True, True)], sites
-  assert "groups=1" in sites[0].call, sites[0].call
   _close(swapped(params, x), step(params, x), 2e-5)
   assert not pk.fallbacks()
 
