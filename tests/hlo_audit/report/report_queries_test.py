@@ -213,4 +213,49 @@ def test_a_buffer_of_no_bytes_takes_no_place_in_the_memory_columns():
   last = max(b.live_range[1] for b in r.buffers)
   empty = dataclasses.replace(r.buffers[0], name="empty", bytes=0, live_range=(0, last + 5))
   n = r.module.schedule_length
-  assert aggregate_columns((*r.buffers, empty), n, 4) == aggregate_columns(r.buffers, n, 4)
+  columns = aggregate_columns(r.buffers, n, 4)
+  assert any(c.largest for c in columns)  # the real buffers are drawn
+  assert aggregate_columns((*r.buffers, empty), n, 4) == columns
+
+
+def test_the_full_findings_table_heads_its_time_column():
+  text = rep().to_text(200, all=True).splitlines()
+  at = next(i for i, l in enumerate(text) if l.startswith("Findings (fusion decision records)"))
+  header = next(l for l in text[at + 1:] if l.strip().startswith("#"))
+  assert header.split()[:8] == ["#", "Class", "Boundary", "Shape", "Time", "saved", "Bytes",
+                                "saved"], header
+
+
+def test_the_peak_column_shows_when_any_group_saves_peak():
+  from hlo_audit._src.report.grouping import group_findings  # pylint: disable=import-outside-toplevel
+  from hlo_audit._src.report.terminal import group_lines  # pylint: disable=import-outside-toplevel
+  (f,) = [f for f in rep().findings if f.kind is FindingKind.UNFUSED_EPILOGUE]
+  with_peak = dataclasses.replace(f, peak_saved=4096)
+  without = dataclasses.replace(f, kind=FindingKind.STANDALONE_COPY, boundary="copy.1",
+                                peak_saved=None)
+
+  def header(findings):
+    return group_lines(group_findings(findings), 200)[0]
+
+  assert "peak" in header([with_peak, without]).split()
+  assert "peak" not in header([without]).split()
+  # The layer column likewise, where any group names its layer.
+  layered = dataclasses.replace(f, layer="Dense_0")
+  assert "layer" in header([layered, without]).split()
+  assert "layer" not in header([without]).split()
+
+
+def test_a_diff_names_both_modules():
+  r = rep()
+  other = dataclasses.replace(r, module=dataclasses.replace(r.module, name="jit_other"))
+  d = r.diff(other)
+  assert (d.before, d.after) == (r.module.name, "jit_other")
+
+
+def test_the_memory_view_outlines_every_band_live_at_the_peak():
+  from hlo_audit._src.report.html import memory_svg  # pylint: disable=import-outside-toplevel
+  r = rep()
+  live = [b for b in r.buffers if not b.internal and b.bytes > 0
+          and b.live_range[0] <= r.peak_time <= b.live_range[1]]
+  assert any(b.live_range[0] == r.peak_time for b in live)  # one written at the peak
+  assert memory_svg(r).count('class="atpeak"') == len(live)

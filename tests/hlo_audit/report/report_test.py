@@ -209,3 +209,11 @@ def test_a_short_list_names_three_and_counts_the_rest():
   assert _short_list(["a", "b"]) == "a, b"
   assert _short_list(["a", "b", "c"]) == "a, b, c"
   assert _short_list(["a", "b", "c", "d", "e"]) == "a, b, c +2"
+
+
+def test_json_round_trip_keeps_a_module_before_optimizations_so():
+  r = rep()
+  r = dataclasses.replace(r, module=dataclasses.replace(r.module, optimized=False,
+                                                        xla_peak_source="buffer assignment"))
+  again = report_from_dict(json.loads(r.to_json()))
+  assert (again.module.optimized, again.module.xla_peak_source) == (False, "buffer assignment")
