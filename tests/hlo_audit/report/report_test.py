@@ -217,3 +217,13 @@ def test_json_round_trip_keeps_a_module_before_optimizations_so():
                                                         xla_peak_source="buffer assignment"))
   again = report_from_dict(json.loads(r.to_json()))
   assert (again.module.optimized, again.module.xla_peak_source) == (False, "buffer assignment")
+
+
+def test_a_source_location_saved_without_a_column_has_column_0():
+  d = json.loads(rep().to_json())
+  located = [f for f in d["findings"] if f.get("source_location")]
+  assert located
+  for f in located:
+    del f["source_location"]["column"]
+  again = report_from_dict(d)
+  assert all(f.source.column == 0 for f in again.findings if f.source is not None)
