@@ -174,6 +174,13 @@ def test_source_paths_are_the_ones_a_user_opens(tmp_path, monkeypatch):
       "./site/mypkg/../mypkg/sub/model.py")
 
 
+def test_bytes_change_unit_at_1024():
+  from hlo_audit._src.report.units import fmt_bytes  # pylint: disable=import-outside-toplevel
+  assert (fmt_bytes(1023), fmt_bytes(1024), fmt_bytes(-1024)) == ("1023 B", "1.00 KiB",
+                                                                   "-1.00 KiB")
+  assert fmt_bytes(2 ** 20) == "1.00 MiB" and fmt_bytes(2 ** 50) == "1024.00 TiB"
+
+
 def test_parse_bytes():
   assert parse_bytes("1MiB") == 2 ** 20 and parse_bytes("1.5 KiB") == 1536
   assert parse_bytes("2GB") == 2 * 10 ** 9 and parse_bytes("4096") == 4096

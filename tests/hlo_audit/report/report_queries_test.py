@@ -259,3 +259,19 @@ def test_the_memory_view_outlines_every_band_live_at_the_peak():
           and b.live_range[0] <= r.peak_time <= b.live_range[1]]
   assert any(b.live_range[0] == r.peak_time for b in live)  # one written at the peak
   assert memory_svg(r).count('class="atpeak"') == len(live)
+
+
+def test_the_summary_counts_the_users_buffers_not_a_kernels_own():
+  from hlo_audit._src.report.terminal import compact_lines  # pylint: disable=import-outside-toplevel
+  r = rep()
+
+  def written(report):
+    m = re.search(r"written to memory between kernels in (\d+) buffers",
+                  " ".join(" ".join(compact_lines(report, 200)).split()))
+    return int(m.group(1))
+
+  from hlo_audit._src.report.text import is_transient  # pylint: disable=import-outside-toplevel
+  b = next(b for b in r.buffers if not b.internal and is_transient(b))
+  inner = dataclasses.replace(r, buffers=tuple(
+      dataclasses.replace(x, internal=True) if x is b else x for x in r.buffers))
+  assert written(inner) == written(r) - 1
