@@ -221,6 +221,7 @@ def test_lowers_for_an_h200_as_one_triton_kernel(clean_fallbacks, window):
     (dict(padding="FULL"), "padding must be"),
     (dict(padding=((1, 1),)), "padding must be"),
     (dict(stride=0), "stride must be a positive int"),
+    (dict(stride=(1, 0)), "stride must be a positive int"),  # every one, not any
     (dict(kernel_size=(3,)), "kernel_size must be"),
     (dict(x_shape=(5, 5, 3)), "x must be NHWC"),
     (dict(column_sum=1), "column_sum must be a bool"),
