@@ -788,7 +788,7 @@ class _Parser:
     pending = self.pending_names.append
     ctx = self.ctx
     new = _new
-    reserved, types = _RESERVED, _TYPE_NAMES  # (`fast_instruction` says why)
+    reserved, type_names = _RESERVED, _TYPE_NAMES  # (`fast_instruction` says why)
     while True:
       m = match(text, pos)
       if m is None:
@@ -809,7 +809,7 @@ class _Parser:
       shape = shapes(shape_text)
       if (spec is None or shape is None or name in names or
           (root_kw and comp.root_name is not None) or
-          (not pct and (name in reserved or text[m.end(3)] == "=")) or name in types):
+          (not pct and (name in reserved or text[m.end(3)] == "=")) or name in type_names):
         return comp, pos, m  # (a shape not seen yet, async wrappers: `fast_instruction`)
       opcode, arity = spec
       param = literal = None
