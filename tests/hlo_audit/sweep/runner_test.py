@@ -44,6 +44,17 @@ def options(model, out, grid, **kw) -> SweepOptions:
   return SweepOptions(target=model, out=str(out), grid=grid, args=ARGS, jobs=0, **kw)
 
 
+def test_a_point_line_says_its_validation_and_speedup():
+  record = {"id": "p0", "status": "ok", "params": {"b": 8}, "seconds": {"total": 1.25},
+            "audit": {"kernels": 3, "peak_bytes": 2048, "xla_peak_bytes": 2048,
+                      "bytes_saved": 1024},
+            "validation": {"passed": True}, "timing": {"speedup": 1.5, "interpret": True}}
+  assert point_line(record) == ("ok   b=8 (1.2 s): 3 kernels, peak 2.00 KiB (XLA 2.00 KiB), "
+                                "saves 1.00 KiB, valid, 1.50x vs XLA (interpret)")
+  record.update(validation={"passed": False}, timing={"speedup": 0.5, "interpret": False})
+  assert point_line(record).endswith(", INVALID, 0.50x vs XLA")
+
+
 def test_points_are_labelled_by_the_names_that_vary(model, tmp_path):
   # d takes one value in the grid: only b and mode tell the points apart.
   from hlo_audit._src.sweep.runner import Reporter  # pylint: disable=import-outside-toplevel
