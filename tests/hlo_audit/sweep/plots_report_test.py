@@ -172,3 +172,11 @@ def test_a_byte_axis_labels_its_top_when_the_top_is_a_round_value():
   ax.set_ylim(0, 4 * mib)
   plots._style_axes(ax, "seq", [1, 2], None, "bytes", True, [mib, 4 * mib])
   assert [t / mib for t in ax.get_yticks()] == [0.0, 1.0, 2.0, 3.0, 4.0]
+
+
+def test_classes_rank_by_most_traffic_saved_then_by_findings():
+  assert report.class_totals(RECORDS) == [("unfused-epilogue", 5, 10, 16384),
+                                          ("layout-conflict", 5, 5, 0)]
+  tie = [{"audit": {"findings_by_class": {"a": 1, "b": 3},
+                    "bytes_saved_by_class": {"a": 64, "b": 64}}}]
+  assert [c for c, *_ in report.class_totals(tie)] == ["b", "a"]
