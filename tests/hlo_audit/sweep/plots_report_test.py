@@ -180,3 +180,9 @@ def test_classes_rank_by_most_traffic_saved_then_by_findings():
   tie = [{"audit": {"findings_by_class": {"a": 1, "b": 3},
                     "bytes_saved_by_class": {"a": 64, "b": 64}}}]
   assert [c for c, *_ in report.class_totals(tie)] == ["b", "a"]
+
+
+def test_the_table_has_a_valid_column_when_any_point_was_validated():
+  validated = [dict(RECORDS[0], validation={"passed": True}), RECORDS[1]]
+  assert "valid" in report.table(validated, NAMES)[0]
+  assert "valid" not in report.table(RECORDS[1:3], NAMES)[0]

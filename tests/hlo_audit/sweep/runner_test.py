@@ -53,6 +53,8 @@ def test_a_point_line_says_its_validation_and_speedup():
                                 "saves 1.00 KiB, valid, 1.50x vs XLA (interpret)")
   record.update(validation={"passed": False}, timing={"speedup": 0.5, "interpret": False})
   assert point_line(record).endswith(", INVALID, 0.50x vs XLA")
+  del record["seconds"]  # a record written before points were timed
+  assert point_line(record).startswith("ok   b=8 (0.0 s): ")
 
 
 def test_points_are_labelled_by_the_names_that_vary(model, tmp_path):
