@@ -4,6 +4,7 @@ whole, findings by their number), and the example's `--set NAME=VALUE`."""
 
 from __future__ import annotations
 
+import os
 import types
 
 import pytest
@@ -63,7 +64,6 @@ def test_one_device_is_a_count_and_zero_is_refused(monkeypatch):
   from hlo_audit._src.cli.common import use_devices  # pylint: disable=import-outside-toplevel
   monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_foo=1")
   use_devices(1)
-  import os  # pylint: disable=import-outside-toplevel
   assert os.environ["XLA_FLAGS"].split() == [
       "--xla_cpu_foo=1", "--xla_force_host_platform_device_count=1"]
   with pytest.raises(UsageError, match="expected a positive number"):

@@ -154,12 +154,9 @@ def test_a_graph_too_large_keeps_the_kernels_findings_name_then_the_heaviest():
 def _ce_head_report():
   """XLA:GPU's compile of a cross-entropy head for an H200 (committed), on
   the H200's facts: work groups and two capacity groups (donations)."""
-  import gzip  # pylint: disable=import-outside-toplevel
-  import pathlib  # pylint: disable=import-outside-toplevel
   import hlo_audit  # pylint: disable=import-outside-toplevel
-  path = (pathlib.Path(__file__).parents[1] / "analysis" / "time_fixtures"
-          / "ce_head_h200.hlo.gz")
-  return hlo_audit.audit_hlo(gzip.decompress(path.read_bytes()).decode(),
+  from tests.hlo_audit.analysis.time_model_test import fixture  # pylint: disable=import-outside-toplevel
+  return hlo_audit.audit_hlo(fixture("ce_head_h200.hlo.gz"),
                              options=hlo_audit.AuditOptions(device="h200"))
 
 

@@ -430,7 +430,6 @@ def test_a_cluster_that_lists_no_gpu_has_none():
   # Ray lists only the resources a cluster has: no "GPU" key, no GPU, and
   # measured points run interpreted on its CPUs.
   fake = _FakeRay(lambda ex: None)
-  line = None
   with pytest.MonkeyPatch.context() as m:
     m.setitem(sys.modules, "ray", fake)
     pool = RayPool(Executor("ray"), measured=True)
