@@ -203,7 +203,7 @@ class RayPool:
     cpus, gpus = int(res.get("CPU", 0)), int(res.get("GPU", 0))
     nodes = sum(1 for n in ray.nodes() if n.get("Alive"))
     self._gpu = self.measured and gpus > 0
-    self._read_slots(force=True)
+    self._read_slots()  # (the first read: _slots_read starts at -inf)
     line = (f"Ray cluster {self.executor.address or ray.get_runtime_context().gcs_address}: "
             f"{nodes} node(s), {cpus} CPU(s), {gpus} GPU(s)")
     if self.measured and not gpus:
@@ -211,9 +211,9 @@ class RayPool:
                "(interpret mode)")
     return line
 
-  def _read_slots(self, force: bool = False) -> int:
+  def _read_slots(self) -> int:
     now = time.monotonic()
-    if force or now - self._slots_read >= _RESOURCE_POLL_S:
+    if now - self._slots_read >= _RESOURCE_POLL_S:
       res = self._ray.cluster_resources()
       have = int(res.get("GPU" if self._gpu else "CPU", 0))
       self._slots = max(1, have if self.jobs is None else min(self.jobs, have or 1))

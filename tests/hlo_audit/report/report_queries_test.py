@@ -272,3 +272,31 @@ def test_the_summary_counts_the_users_buffers_not_a_kernels_own():
   inner = dataclasses.replace(r, buffers=tuple(
       dataclasses.replace(x, internal=True) if x is b else x for x in r.buffers))
   assert written(inner) == written(r) - 1
+
+
+def test_the_kernel_tables_time_and_bound_sit_under_their_heads():
+  from hlo_audit._src.analysis.time_model import Bound  # pylint: disable=import-outside-toplevel
+  text = rep().to_text(250, all=True).splitlines()
+  at = next(i for i, l in enumerate(text) if l.startswith("Kernels by estimated time"))
+  header, rows = text[at + 1], text[at + 2:at + 4]
+  assert header.split()[-3:] == ["Time", "Bound", "Source"], header
+  for row in rows:
+    *_, number, unit, bound, _source = row.split()
+    assert float(number) > 0 and unit in ("ns", "us", "ms", "s"), row
+    assert bound in {b.value for b in Bound}, row
+    # Each value ends (a number) or starts (a word) under its own head.
+    assert row.index(f"{number} {unit}") + len(f"{number} {unit}") == \
+        header.index("Time") + len("Time"), (header, row)
+    assert row.index(f" {bound} ") + 1 == header.index("Bound"), (header, row)
+
+
+def test_the_peaks_buffer_list_says_it_is_cut_only_when_it_is(monkeypatch):
+  from hlo_audit._src.report import html  # pylint: disable=import-outside-toplevel
+  r = rep()
+  n = html.memory_svg(r).count('class="atpeak"')
+  assert n >= 2
+  monkeypatch.setattr(html, "MAX_LIVE_LISTED", n)  # every one listed
+  assert f"{n} buffers live at the peak (step {r.peak_time})</summary>" in html.memory_svg(r)
+  monkeypatch.setattr(html, "MAX_LIVE_LISTED", n - 1)
+  assert f"{n} buffers live at the peak (step {r.peak_time}) (the {n - 1} largest)</summary>" \
+      in html.memory_svg(r)

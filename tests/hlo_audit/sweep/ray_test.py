@@ -436,3 +436,30 @@ def test_a_cluster_that_lists_no_gpu_has_none():
     line = pool.connect()
   assert "2 CPU(s), 0 GPU(s)" in line and "it has no GPU" in line, line
   assert not pool._gpu
+
+
+@pytest.mark.parametrize("message, said", [
+    # A server's traceback: its first line ends with a colon, its last says
+    # what went wrong; the frames between say nothing.
+    ("Failed to start the GCS server:\n  File \"gcs.py\", line 12, in start\n"
+     "    serve()\nOSError: [Errno 98] Address already in use\n",
+     "Failed to start the GCS server: OSError: [Errno 98] Address already in use"),
+    # A message that says what on its first line keeps that line alone.
+    ("Ray is already running here.\nSee the logs in /tmp/ray/session_latest.",
+     "Ray is already running here."),
+])
+def test_a_failed_start_is_reported_by_the_lines_that_say_what(message, said):
+  fake = _FakeRay(lambda ex: None)
+  fake.is_initialized = lambda: False
+
+  def init(**_):
+    raise RuntimeError(message)
+
+  fake.init = init
+  with pytest.MonkeyPatch.context() as m:
+    m.setitem(sys.modules, "ray", fake)
+    m.delenv("RAY_ADDRESS", raising=False)
+    with pytest.raises(ExecutorError) as e:
+      RayPool(Executor("ray"), measured=False).connect()
+  assert str(e.value) == f"cannot start or reach a Ray cluster at this machine: {said}", \
+      str(e.value)
