@@ -469,7 +469,8 @@ def memory_svg(report, width: int = 960, height: int = 320) -> str:
   return "".join(legend) + note + "".join(out) + listed
 
 
-#: Bar colours by what bounds a kernel's estimated time.
+#: Bar colours by what bounds a kernel's estimated time: a colour for every
+#: Bound value, "compute" and "communication" being the two tracks too.
 BOUND_COLORS = {"memory": "#0969da", "compute": "#8250df", "launch": "#8c959f",
                 "communication": "#1a7f37"}
 #: Bars narrower than this many pixels merge with their neighbours.
@@ -635,7 +636,7 @@ def _bar(out: list[str], marks: set[int], x0: float, width: float, y: float, h: 
   cls = " ".join(c for c, on in (("found", found), ("wide", width >= 4)) if on)
   cls = f' class="{cls}"' if cls else ""
   out.append(f'<rect x="{x0:.1f}" y="{y}" width="{width:.2f}" height="{h}" '
-             f'fill="{BOUND_COLORS.get(bound, "#0969da")}"{cls} data-n="{count}">'
+             f'fill="{BOUND_COLORS[bound]}"{cls} data-n="{count}">'
              f"<title>{_e(tip)}</title></rect>")
   cx = round(x0 + width / 2)
   if found and cx not in marks:

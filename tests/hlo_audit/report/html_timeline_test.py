@@ -245,3 +245,36 @@ def test_the_memory_view_grid_marks_zero_half_and_the_top_at_their_heights():
   # Each label sits at its line and says its height: 0, half the top, the top.
   assert [round(float(yy) - 4, 1) for yy, _ in labels] == grid
   assert labels[0][1] == "0 B"
+
+
+_SHORT = [Launch("short", i * 1e-7, 1e-7) for i in range(50)]  # under a pixel together
+
+
+@pytest.mark.parametrize("launches, names", [
+    # before a wide bar
+    (_SHORT + [Launch("long", 5e-6, 1e-2)], ["short", "long"]),
+    # before a gap, then a narrow one, then a wide one
+    (_SHORT + [Launch("other", 1e-3, 1e-7), Launch("long", 2e-3, 1e-2)],
+     ["short", "other", "long"]),
+    # at the row's end
+    ([Launch("long", 0.0, 1e-2)] + [Launch(l.kernel, 1e-2 + l.start, l.duration)
+                                    for l in _SHORT], ["long", "short"]),
+], ids=["before-a-wide-bar", "before-a-gap", "at-the-end"])
+def test_narrow_launches_of_one_kernel_keep_that_kernels_tooltip(launches, names):
+  # Narrow launches of one kernel merged into one bar: drawn as the
+  # kernel's own bar, with its tooltip, wherever the merged bar ends.
+  r = _by_hand(gathers(), ["short", "other", "long"], launches)
+  drawn = bars(r.to_html())
+  assert [b.title.split(": ", 1)[0] for b in drawn] == names, [b.title for b in drawn]
+  assert [b.attrs["data-n"] for b in drawn] == [
+      "50" if n == "short" else "1" for n in names]
+  assert not any("launches of" in b.title for b in drawn)
+
+
+@pytest.mark.parametrize("counts, folded", [((1, 1), False), ((1, 8), True), ((8, 8), True)])
+def test_the_launch_count_says_loops_were_folded_when_any_bar_stands_for_several(
+    counts, folded):
+  launches = [Launch("a", 0.0, 1e-3, count=counts[0]), Launch("b", 1e-3, 1e-3, count=counts[1])]
+  page = _by_hand(gathers(), ["a", "b"], launches).to_html()
+  assert f"<p class=\"muted\">{sum(counts):,} launches" in page
+  assert ("in 2 bars (loops folded: one bar per kernel" in page) == folded

@@ -300,3 +300,23 @@ def test_the_peaks_buffer_list_says_it_is_cut_only_when_it_is(monkeypatch):
   monkeypatch.setattr(html, "MAX_LIVE_LISTED", n - 1)
   assert f"{n} buffers live at the peak (step {r.peak_time}) (the {n - 1} largest)</summary>" \
       in html.memory_svg(r)
+
+
+def test_an_internal_buffer_takes_no_place_in_the_memory_columns():
+  from hlo_audit._src.report.memory_view import aggregate_columns  # pylint: disable=import-outside-toplevel
+  r = rep()
+  last = max(b.live_range[1] for b in r.buffers)
+  scratch = dataclasses.replace(r.buffers[0], name="scratch", internal=True, bytes=1 << 30,
+                                live_range=(0, last + 5))
+  n = r.module.schedule_length
+  assert aggregate_columns((*r.buffers, scratch), n, 4) == aggregate_columns(r.buffers, n, 4)
+
+
+def test_the_kernel_graph_draws_its_longest_arcs_first():
+  # Short arcs drawn last stay on top of the long ones they cross.
+  from hlo_audit._src.report.html import graph_svg  # pylint: disable=import-outside-toplevel
+  from tests.hlo_audit.report.trace_test import transformer  # pylint: disable=import-outside-toplevel
+  spans = [abs(float(y2) - float(y1)) for y1, y2 in re.findall(
+      r'<path d="M\d+,(\d+) C\S+ \S+ \d+,(\d+)"', graph_svg(transformer()))]
+  assert len(set(spans)) >= 3, spans
+  assert spans == sorted(spans, reverse=True), spans

@@ -87,6 +87,20 @@ def test_json_writes_each_frame_once_and_reads_schema_2_inline_stacks():
   assert r.diff(again).unchanged
 
 
+def test_schema_3_reads_its_frame_table_and_no_time_estimate():
+  # What schema 3 wrote: the frame table of 4, no time estimates.
+  r = rep()
+  d = json.loads(r.to_json())
+  old = {**d, "schema_version": 3, "findings": [
+      {k: v for k, v in f.items() if k != "time_saved"} for f in d["findings"]]}
+  del old["timing"]
+  again = report_from_dict(old)
+  assert again.timing is None and all(f.time_saved is None for f in again.findings)
+  stacks = [k.source_stack for k in again.kernels]
+  assert any(stacks) and stacks == [k.source_stack for k in r.kernels]
+  assert [b.source_stack for b in again.buffers] == [b.source_stack for b in r.buffers]
+
+
 def test_a_finding_saved_without_boundary_kept_reads_as_not_kept():
   # A report saved before findings said whether later readers keep their
   # boundary: none is read as kept (a kept boundary would change the fix).

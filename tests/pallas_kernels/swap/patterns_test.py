@@ -72,6 +72,11 @@ _EPILOGUES = {
         lambda x, w, b, r: jnp.minimum(jax.nn.relu(x @ w), 6.0),
         "dot_general + activation:relu + clamp",
         "matmul(x=f32[8,16], w=f32[16,24], activation='relu', clamp=(None, 6.0))"),
+    # (Outside (0, 1) a sigmoid or relu clipped once gives that constant first.)
+    "a clip to one value in (0, 1) is a clamp": (
+        lambda x, w, b, r: jnp.clip(x @ w + b, 0.5, 0.5),
+        "dot_general + bias + clamp",
+        "matmul(x=f32[8,16], w=f32[16,24], bias=f32[24], clamp=(0.5, 0.5))"),
     "tanh clipped both ways": (
         lambda x, w, b, r: jnp.clip(jnp.tanh(x @ w), -0.5, 0.5),
         "dot_general + activation:tanh + clamp",
