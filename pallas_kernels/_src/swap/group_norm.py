@@ -322,7 +322,9 @@ def match_group_norm(program: Program, red: Node, taken: set[int]) -> Result:
           "the chain's intermediates are read elsewhere, so they would still be "
           f"written ({follow})"), red.index, frozenset(nodes))
     outputs = (y, mean, var)
-    static += (("statistics", tuple(program.aval(mean).shape)),)
+    # (Each as the program held it: a keepdims variance beside a flat mean.)
+    static += (("statistics", (tuple(program.aval(mean).shape),
+                               tuple(program.aval(var).shape))),)
   else:
     nodes = nodes | dead
   if pool is not None:
@@ -478,16 +480,17 @@ def _cotangents(program: Program, out: Val, area: set[int], stops: set[Val],
 
 def group_norm(x, scale, bias, *, groups: int, epsilon: float = 1e-6, activation=None,
                shape: tuple[int, ...] | None = None,
-               statistics: tuple[int, ...] | None = None, mean=None, var=None,
+               statistics: tuple[tuple[int, ...], tuple[int, ...]] | None = None,
+               mean=None, var=None,
                cotangent=None, grads: tuple[str, ...] = (), dtypes: tuple[str, ...] = (),
                shapes: tuple[tuple[int, ...], ...] = (), pooled: bool = False, **kwargs):
   """`pallas_kernels.group_norm` as the swap calls it (called as the op,
   the op): y shaped as the program held it (with `pooled`, its sum over the
-  middle axes instead), and with `statistics` (the program's shape of them) the
-  group mean and variance too; with `cotangent`, the gradients `grads`
-  names instead ("x", "scale", "bias", and "x_sum": dx summed over all but
-  its last axis), from the forward's `mean` and `var`, in `dtypes` and
-  `shapes`."""
+  middle axes instead), and with `statistics` (the program's shapes of them,
+  mean's then variance's) the group mean and variance too; with `cotangent`,
+  the gradients `grads` names instead ("x", "scale", "bias", and "x_sum":
+  dx summed over all but its last axis), from the forward's `mean` and
+  `var`, in `dtypes` and `shapes`."""
   from pallas_kernels._src.ops.group_norm import api  # noqa: PLC0415
   common = dict(groups=groups, epsilon=epsilon, activation=activation, **kwargs)
   if cotangent is None:
@@ -496,8 +499,8 @@ def group_norm(x, scale, bias, *, groups: int, epsilon: float = 1e-6, activation
       return api.group_norm(x, scale, bias, **common).reshape(shape)
     y, mean, var = api.group_norm_with_statistics(x, scale, bias, pooled=pooled, **common)
     y = y.astype(jnp.asarray(x).dtype).reshape(shape)
-    return y if statistics is None else (y, mean.reshape(statistics),
-                                         var.reshape(statistics))
+    return y if statistics is None else (y, mean.reshape(statistics[0]),
+                                         var.reshape(statistics[1]))
   got = dict(zip(("x", "scale", "bias", "x_sum"), api.group_norm_backward(
       x, scale, bias, mean, var, cotangent, dx_sum="x_sum" in grads, **common)))
   return tuple(got[k].astype(t).reshape(s) for k, t, s in zip(grads, dtypes, shapes,

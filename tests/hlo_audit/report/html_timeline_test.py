@@ -278,3 +278,21 @@ def test_the_launch_count_says_loops_were_folded_when_any_bar_stands_for_several
   page = _by_hand(gathers(), ["a", "b"], launches).to_html()
   assert f"<p class=\"muted\">{sum(counts):,} launches" in page
   assert ("in 2 bars (loops folded: one bar per kernel" in page) == folded
+
+
+def test_the_timeline_ends_just_below_its_time_axis():
+  # Two rows (compute, communication): under them the axis's times, its
+  # caption just below, and the drawing's end just below that.
+  page = gathers().to_html()
+  svg = page[page.index('id="step-timeline"'):]
+  svg = svg[:svg.index("</svg>")]
+  height = float(re.search(r'height="([\d.]+)"', svg).group(1))
+  rows = [float(y) + float(h) for y, h in re.findall(
+      r'<rect x="[\d.]+" y="([\d.]+)" width="[\d.]+" height="([\d.]+)" fill="#f6f8fa"/>', svg)]
+  ends = [float(y) for y in re.findall(  # (a row's name is at an integer x)
+      r'<text x="\d+\.\d" y="([\d.]+)" text-anchor="(?:start|end)">', svg)]
+  caption = float(re.search(r'<text x="[\d.]+" y="([\d.]+)" text-anchor="middle">estimated time from',
+                            svg).group(1))
+  assert len(rows) == 2 and len(set(ends)) == 1, (rows, ends)
+  assert max(rows) < ends[0] < caption <= ends[0] + 24 and caption < height <= caption + 8, (
+      rows, ends, caption, height)

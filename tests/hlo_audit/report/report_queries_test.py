@@ -320,3 +320,14 @@ def test_the_kernel_graph_draws_its_longest_arcs_first():
       r'<path d="M\d+,(\d+) C\S+ \S+ \d+,(\d+)"', graph_svg(transformer()))]
   assert len(set(spans)) >= 3, spans
   assert spans == sorted(spans, reverse=True), spans
+
+
+def test_an_intermediate_exactly_at_the_fraction_of_peak_is_listed():
+  r = rep()
+  (b,) = r.intermediates[:1]
+  at = dataclasses.replace(r, peak_bytes=4 * b.bytes,
+                           options=dataclasses.replace(r.options, intermediate_fraction=0.25))
+  assert b in at.intermediates
+  smaller = dataclasses.replace(at, buffers=tuple(
+      dataclasses.replace(x, bytes=b.bytes - 1) if x is b else x for x in r.buffers))
+  assert b.name not in [x.name for x in smaller.intermediates]

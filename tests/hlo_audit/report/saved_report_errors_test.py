@@ -43,6 +43,11 @@ def _broken(edit) -> dict:
     (lambda d: d["buffers"][0].update(bytes="many"),
      "buffers[0]: a field has the wrong type or value"),
     (lambda d: d["buffers"].__setitem__(0, None), "buffers[0]: expected an object, got a JSON null"),
+    # A pair's items checked one by one against theirs.
+    (lambda d: d["buffers"][0].update(live_range=["start", 3]),
+     "buffers[0]: a field has the wrong type or value"),
+    (lambda d: d["buffers"][0].update(live_range=[0, 1, 2]),
+     "buffers[0]: a field has the wrong type or value"),
 ])
 def test_a_broken_report_names_where(edit, message):
   with pytest.raises(ValueError) as e:
@@ -85,3 +90,9 @@ def test_xla_s_own_estimate_and_its_spread_read_back_apart():
   again = report_from_dict(json.loads(r.to_json()))
   assert (again.xla_estimate, again.cycles_spread) == (estimate, spread)
   assert report_from_dict(json.loads(rep().to_json())).cycles_spread is None
+
+
+def test_a_report_saved_before_on_chip_scratch_reads_zero_bytes_of_it():
+  older = _broken(lambda d: [k.pop("on_chip_scratch") for k in d["kernels"]])
+  assert [k.on_chip_scratch for k in report_from_dict(older).kernels] == \
+      [0] * len(saved()["kernels"])

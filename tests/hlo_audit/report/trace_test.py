@@ -219,3 +219,13 @@ def test_without_an_estimate_to_trace_says_why_in_one_sentence():
   assert read.timing is not None and not read.timing.launches
   with pytest.raises(HloAuditError, match=r"^no trace: the report was read from JSON, "):
     trace.to_trace(read)
+
+
+def test_a_launch_the_estimate_lacks_is_filed_under_its_track():
+  launches = [Launch("known", 0.0, 1e-6), Launch("lost", 1e-6, 1e-6),
+              Launch("lost_c", 0.0, 1e-6, "communication")]
+  r = _by_hand(gathers(), ["known"], launches)
+  events = {e["name"]: e for e in strict(r.to_trace())["traceEvents"] if e["ph"] == "X"}
+  assert events["known"]["cat"] == r.timing.kernel("known").bound.value == "memory"
+  assert (events["lost"]["cat"], events["lost_c"]["cat"]) == ("compute", "communication")
+  assert "bound" not in events["lost"]["args"]

@@ -1,6 +1,6 @@
 """`min_time`: the assertions' threshold on estimated time saved per step,
 checked against fixed device facts so the estimates do not depend on this
-machine; and the time formatter and parser behind it."""
+machine (the time formatter and parser behind it: report/units_test.py)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import pytest
 import hlo_audit
 from hlo_audit import testing
 from hlo_audit._src.analysis.records import with_changes
-from hlo_audit._src.report.units import fmt_time, parse_time
+from hlo_audit._src.report.units import fmt_time
 from hlo_audit._src.target.devices import DeviceFacts
 from hlo_audit._src.testing import assertions
 from hlo_audit._src.testing import snapshot as snap
@@ -39,29 +39,6 @@ def saved() -> float:
   (group,) = [g for g in priced().groups if g.actionable]
   assert group.kind.slug == "unfused-epilogue" and group.time_saved > 0
   return group.time_saved
-
-
-@pytest.mark.parametrize("seconds, text", [
-    (1.23e-5, "12.3 us"), (1.25e-3, "1.25 ms"), (2, "2.00 s"), (8.5e-7, "850 ns"),
-    (0.5, "500 ms"), (9.996e-6, "10.0 us"), (999.96e-6, "1.00 ms"),
-    (-3e-6, "-3.00 us"), (0, "0 s"), (None, "n/a")])
-def test_fmt_time_keeps_three_figures_in_the_largest_unit(seconds, text):
-  assert fmt_time(seconds) == text
-
-
-@pytest.mark.parametrize("text, seconds", [
-    ("5us", 5e-6), ("1.5ms", 1.5e-3), ("2s", 2.0), ("850 ns", 8.5e-7),
-    ("5\u00b5s", 5e-6), (" 3 MS ", 3e-3), ("1e-3", 1e-3), (".5ms", 5e-4), (2e-6, 2e-6),
-    (3, 3.0)])
-def test_parse_time_reads_numbers_and_units(text, seconds):
-  assert parse_time(text) == seconds
-
-
-@pytest.mark.parametrize("text", ["5 mins", "-1us", "fast", "", "1e999", -1e-6,
-                                  math.nan, True])
-def test_parse_time_names_the_bad_text(text):
-  with pytest.raises(ValueError, match="^" + re.escape(repr(text)) + " is not a time: expected"):
-    parse_time(text)
 
 
 def test_groups_below_min_time_are_ignored_and_the_rest_listed_with_their_time():

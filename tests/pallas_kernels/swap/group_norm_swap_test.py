@@ -107,7 +107,7 @@ def test_a_training_step_runs_the_norm_and_its_backward_as_two_calls(groups):
   assert [(s.replaced, s.pattern.endswith("backward")) for s in sites] == [
       (True, False), (True, True)], sites
   assert f"groups={groups}" in sites[0].call, sites[0].call
-  assert f"statistics=({N}, {groups})" in sites[0].call, sites[0].call
+  assert f"statistics=(({N}, {groups}), ({N}, {groups}))" in sites[0].call, sites[0].call
   assert (f"mean=f32[{N},{groups}], var=f32[{N},{groups}], cotangent=f32[{N},{HW},{HW},{C}]"
           in sites[1].call), sites[1]
   # The convolution's bias gradient, dx summed, comes from the kernel too.
@@ -270,3 +270,26 @@ def test_on_an_h200_the_group_norms_findings_are_gone():
 
   assert len(group_norm_findings(fn)) >= 5
   assert not group_norm_findings(jax.jit(pk.swap(fn, target="h200")))
+
+
+def test_the_forward_writes_the_first_value_holding_the_mean():
+  # The mean as [N, G], then broadcast back for the chain: the step returns
+  # the [N, G] one, which the forward call must write itself, not the
+  # broadcast made from it (that would leave the [N, G] mean read elsewhere).
+  def by_hand(x, scale, bias, eps=1e-5):
+    xg = x.reshape(N, HW, HW, G, C // G)
+    mean = xg.mean(axis=(1, 2, 4))
+    centred = xg - mean[:, None, None, :, None]
+    var = jnp.square(centred).mean(axis=(1, 2, 4), keepdims=True)
+    y = (centred / jnp.sqrt(var + eps)).reshape(x.shape) * scale + bias
+    return jax.nn.gelu(y, approximate=False), mean
+
+  def loss(x, s, b):
+    y, mean = by_hand(x, s, b)
+    return jnp.mean(jnp.square(y)), mean
+
+  args, step = _hand_args(), jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True)
+  swapped = pk.swap(step, interpret=True)
+  sites = _sites(swapped, *args)
+  assert [s.replaced for s in sites] == [True, True], [(s.replaced, s.reason) for s in sites]
+  _close(swapped(*args), step(*args), 2e-5)
