@@ -9,6 +9,7 @@ import types
 
 import jax
 import jax.numpy as jnp
+import pytest
 from rich.console import Console
 
 import hlo_audit
@@ -52,6 +53,24 @@ def test_json_round_trip_and_diff_with_itself_is_empty():
   again = report_from_dict(json.loads(r.to_json()))
   assert again.findings == r.findings and again.buffers == r.buffers
   assert r.diff(again).unchanged
+
+
+#: What a saved report does not hold: the parsed module, the options of the
+#: audit and the kernel libraries it looked for.
+NOT_SAVED = {"program", "options", "kernel_libraries"}
+
+
+@pytest.mark.parametrize("audit", ["mlp", "transformer", "async-gathers"])
+def test_a_saved_report_reads_back_field_for_field(audit):
+  from tests.hlo_audit.report.trace_test import gathers, transformer  # pylint: disable=import-outside-toplevel
+  r = {"mlp": rep, "transformer": transformer, "async-gathers": gathers}[audit]()
+  again = report_from_dict(json.loads(r.to_json()))
+  differ = [f.name for f in dataclasses.fields(r)
+            if f.name not in NOT_SAVED and getattr(again, f.name) != getattr(r, f.name)]
+  assert not differ, differ
+  assert r.timing is not None and again.timing.kernels == r.timing.kernels
+  if audit == "async-gathers":
+    assert again.collectives and again.collectives == r.collectives
 
 
 def test_json_round_trip_keeps_allocations_and_heap_apart():

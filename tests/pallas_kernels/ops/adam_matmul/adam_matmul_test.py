@@ -215,6 +215,13 @@ def test_guard_reasons_name_the_shape_or_dtype():
   assert "M=0" in reason(x=_struct((0, 4), "float32"), dy=_struct((0, 6), "float32"))
   big = reason(x=_struct((2**20, 2**12), "bfloat16"), dy=_struct((2**20, 6), "bfloat16"))
   assert "x has 4294967296 > 2**31-1 elements" in big
+  # The parameter is [K, N]: counted as K * N, whatever K * K is.
+  tall = _struct((2**16, 6), "float32")
+  assert reason(x=_struct((8, 2**16), "float32"), param=tall, mu=tall, nu=tall) is None
+  wide = _struct((2**20, 2**12), "float32")
+  assert "param has 4294967296 > 2**31-1 elements" in reason(
+      x=_struct((8, 2**20), "float32"), dy=_struct((8, 2**12), "float32"),
+      param=wide, mu=wide, nu=wide)
 
 
 def test_a_fallback_runs_the_reference_and_is_recorded(clean_fallbacks):
@@ -427,3 +434,24 @@ def test_lowers_for_a_gpu_with_nothing_left_to_xla(clean_fallbacks):
   assert len(_TRITON_CALL.findall(text)) == 1
   assert "stablehlo.dot_general" not in text
   assert_no_fallback()
+
+
+def test_on_a_gpu_the_guard_holds_tiles_and_shared_memory_to_their_bounds(monkeypatch):
+  # Compiled for a GPU (faked here: no GPU runs this): tiles at Triton's
+  # minimum pass and one below it is refused; shared memory likewise.
+  monkeypatch.setattr(guard.gpu, "unavailable_reason", lambda interpret: None)
+  monkeypatch.setattr(backend, "current_backend", lambda: backend.Backend.GPU)
+  x, dy, w = _struct((64, 64), "float32"), _struct((64, 64), "float32"), _struct((64, 64), "float32")
+  lo = config_lib.GPU_MIN_BLOCK
+
+  def reason(cfg, limit):
+    monkeypatch.setattr(guard.matmul_gpu, "shared_memory_bytes", lambda: limit)
+    return guard.unsupported_reason(x, dy, w, w, w, transpose_x=True, interpret=False,
+                                    config=cfg)
+
+  at = Config(block_k=lo, block_n=2 * lo, block_m=2 * lo)
+  need = config_lib.smem_bytes(at, 4)
+  assert reason(at, need) is None
+  assert f"Triton dots need tiles >= {lo}" in reason(Config(block_k=lo // 2, block_n=2 * lo,
+                                                            block_m=2 * lo), need)
+  assert f"needs ~{need // 1024} KiB of shared memory" in reason(at, need - 1)

@@ -491,3 +491,21 @@ def test_lowers_for_a_gpu_to_one_kernel(clean_fallbacks, groups, c, f):
   for op in ("stablehlo.convolution", "stablehlo.pad", "chlo.erf", "stablehlo.maximum"):
     assert op not in text, op
   assert_no_fallback()
+
+
+def test_on_a_gpu_shared_memory_is_held_to_its_bound(monkeypatch):
+  # Compiled for a GPU (faked here: no GPU runs this): a config needing
+  # exactly the shared memory there is passes; one byte less is refused.
+  monkeypatch.setattr(guard.gpu, "unavailable_reason", lambda interpret: None)
+  monkeypatch.setattr(backend, "current_backend", lambda: backend.Backend.GPU)
+  x, w = _struct((2, 8, 8, 32), "bfloat16"), _struct((3, 3, 32, 32), "bfloat16")
+  cfg = Config(block_p=64, block_f=32, block_c=32)
+  need = config_lib.smem_bytes(cfg, 2, False)
+
+  def reason(limit):
+    monkeypatch.setattr(guard.matmul_gpu, "shared_memory_bytes", lambda: limit)
+    return guard.unsupported_reason(x, w, config=cfg, out_dtype=jnp.bfloat16, groups=1,
+                                    out_hw=(8, 8), interpret=False)
+
+  assert reason(need) is None
+  assert f"needs ~{need // 1024} KiB of shared memory" in reason(need - 1)

@@ -313,3 +313,20 @@ def test_validate_ci_with_kernels_required(clean_fallbacks):
   report = pk.validate("conv2d_weight_grad", tags=("ci",), interpret=True,
                        require_kernel=True)
   assert report.passed, str(report)
+
+
+def test_on_a_gpu_shared_memory_is_held_to_its_bound(monkeypatch):
+  # Compiled for a GPU (faked here: no GPU runs this): a config needing
+  # exactly the shared memory there is passes; one byte less is refused.
+  monkeypatch.setattr(guard.gpu, "unavailable_reason", lambda interpret: None)
+  monkeypatch.setattr(backend, "current_backend", lambda: backend.Backend.GPU)
+  cfg = Config(block_p=64, block_c=32, block_f=32)
+  need = config_lib.smem_bytes(cfg, 2, False)
+
+  def reason(limit):
+    monkeypatch.setattr(guard.matmul_gpu, "shared_memory_bytes", lambda: limit)
+    return _reason((2, 8, 8, 32), (2, 8, 8, 32), dtype="bfloat16", config=cfg,
+                   interpret=False)
+
+  assert reason(need) is None
+  assert f"needs ~{need // 1024} KiB of shared memory" in reason(need - 1)

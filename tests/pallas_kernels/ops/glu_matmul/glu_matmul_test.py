@@ -345,3 +345,24 @@ def test_lowers_for_a_gpu_with_nothing_left_to_xla(clean_fallbacks):
   for text in texts:
     assert "stablehlo.dot_general" not in text and "chlo.erf" not in text
   assert_no_fallback()
+
+
+def test_on_a_gpu_the_guard_holds_tiles_and_shared_memory_to_their_bounds(monkeypatch):
+  # Compiled for a GPU (faked here: no GPU runs this): tiles at Triton's
+  # minimum pass and one below it is refused; shared memory likewise.
+  monkeypatch.setattr(guard.gpu, "unavailable_reason", lambda interpret: None)
+  monkeypatch.setattr(backend, "current_backend", lambda: backend.Backend.GPU)
+  x, w = _struct((64, 64), "float32"), _struct((64, 64), "float32")
+  lo = config_lib.GPU_MIN_BLOCK
+
+  def reason(cfg, limit):
+    monkeypatch.setattr(guard.matmul_gpu, "shared_memory_bytes", lambda: limit)
+    return guard.unsupported_reason(x, w, w, out_dtype=jnp.float32, interpret=False,
+                                    config=cfg)
+
+  at = Config(block_m=2 * lo, block_n=2 * lo, block_k=lo)
+  need = config_lib.smem_bytes(at, 4)
+  assert reason(at, need) is None
+  assert f"Triton dots need tiles >= {lo}" in reason(
+      Config(block_m=2 * lo, block_n=2 * lo, block_k=lo // 2), need)
+  assert f"needs ~{need // 1024} KiB of shared memory" in reason(at, need - 1)

@@ -474,3 +474,15 @@ def test_the_forward_kernel_masks_both_ragged_edges_of_its_stores(monkeypatch):
                              interpret=True, config=cfg, **extra).sum()
   jax.grad(loss)(x)
   assert seen[:2] == [((16, 16), (16, 16))] * 2, seen  # the aux, then the output
+
+
+def test_shared_memory_is_held_to_its_bound(gpu_available, monkeypatch):
+  # A config needing exactly the shared memory there is passes; one byte
+  # less is refused.
+  x, w = S((100, 256), jnp.bfloat16), S((256, 200), jnp.bfloat16)
+  cfg = Config(64, 64, 64, num_stages=3)
+  need = gpu.pipeline_smem_bytes(64, 64, 64, 2, 2, 3, compute_itemsize=2)
+  monkeypatch.setattr(gpu, "shared_memory_bytes", lambda: need)
+  assert _reason(x, w, cfg) is None
+  monkeypatch.setattr(gpu, "shared_memory_bytes", lambda: need - 1)
+  assert f"needs ~{need // 1024} KiB of shared memory" in _reason(x, w, cfg)
