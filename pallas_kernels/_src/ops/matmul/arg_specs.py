@@ -387,12 +387,11 @@ def bytes_moved(case: Case) -> int:
 def flops(case: Case) -> int:
   """2 * batch * M * N * K (the epilogue's O(M * N) is left out)."""
   x, w = case.args[0], case.args[1]
-  tx = case.kwargs.get("transpose_x", False)
   tw = case.kwargs.get("transpose_w", False)
-  m, k = (x.shape[-1], x.shape[-2]) if tx else (x.shape[-2], x.shape[-1])
   n = w.shape[-2] if tw else w.shape[-1]
   batch = math.prod(jnp.broadcast_shapes(x.shape[:-2], w.shape[:-2]))
-  return int(2 * batch * m * n * k)
+  # x holds M x K either way round (transpose_x only swaps which is which).
+  return int(2 * batch * x.shape[-2] * x.shape[-1] * n)
 
 
 # --------------------------------------------------------- sweeps ----

@@ -241,6 +241,11 @@ def test_gpu_guard_checks_triton_tiles_and_shared_memory():
     cfg = config_lib.choose_config(4096, 1024, 1024, jnp.bfloat16, interpret=False)
     assert min(cfg.block_k, cfg.block_n, cfg.block_m) >= config_lib.GPU_MIN_BLOCK
     assert cfg.block_k * cfg.block_n <= 64 * 128
+    # The largest tile the update's four f32 accumulators allow takes 8
+    # warps; a smaller one (a narrow weight) 4.
+    assert (cfg.block_k * cfg.block_n, cfg.num_warps) == (64 * 128, 8), cfg
+    narrow = config_lib.heuristic_config(4096, 1024, 32, jnp.bfloat16, backend.Backend.GPU)
+    assert narrow.block_k * narrow.block_n < 64 * 128 and narrow.num_warps == 4, narrow
     if guard.gpu.unavailable_reason(False) is None:
       assert guard.unsupported_reason(x, dy, w, w, w, transpose_x=True, interpret=False,
                                       config=cfg) is None

@@ -309,6 +309,10 @@ def test_gpu_guard_checks_triton_tiles_and_shared_memory():
     (dict(groups=3), "must divide C=4"),
     (dict(padding="FULL"), "padding must be"),
     (dict(stride=0), "stride must be a positive int"),
+    # Each of a pair must be positive, and an int (True is no stride).
+    (dict(stride=(2, 0)), r"stride must be a positive int or a pair of them, got \(2, 0\)"),
+    (dict(dilation=(True, 1)), "dilation must be a positive int"),
+    (dict(stride=(1, 1, 1)), "stride must be a positive int"),
     (dict(activation="softplus"), "unknown activation"),
     (dict(prologue_activation="elu"), "unknown activation"),
     (dict(bias_shape=(7,)), r"bias must have shape \[8\]"),

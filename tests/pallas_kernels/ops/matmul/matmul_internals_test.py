@@ -365,6 +365,10 @@ def test_spec_is_registered_with_well_formed_cases():
 def test_spec_formulas_and_bench_cases():
   c = _case(_QUANT_CASE)
   assert arg_specs.flops(c) == 2 * 17 * 50 * 64
+  # M, K and N read through either transpose, or none named; batch counted.
+  for kw in ({}, dict(transpose_x=True), dict(transpose_w=True)):
+    t = arg_specs.make_case(seed=0, m=8, k=16, n=24, batch=2, **kw)
+    assert arg_specs.flops(t) == 2 * 2 * 8 * 24 * 16, (kw, [a.shape for a in t.args])
   # x, w, bias (bf16), int8 values and f32 per-row scales of the result.
   assert arg_specs.bytes_moved(c) == 2 * (17 * 64 + 64 * 50 + 50) + 17 * 50 + 4 * 17
   assert _case_def("x=bf16[7,129]").grad and _case_def("x=bf16[7,129]").bias
