@@ -139,3 +139,20 @@ def test_tpu_guard_reasons():
   (vmem,) = _reasons(call(x=(4096, 4096), w=(4096, 4096), config=big))
   assert f"over the {tpu_lib.VMEM_BUDGET_BYTES // 2**20} MiB budget" in vmem
   assert _reasons(call(x=(4096, 4096), w=(4096, 4096))) == []  # the heuristic shrinks
+
+
+@pytest.mark.parametrize("transpose_w, transpose_out, refused", [
+    # rows are M = 4096: a requested bm of 2048 is taken whole, past VMEM.
+    (True, False, "tiles bm=2048 bn=256 bk=256 need 26.8 MiB of VMEM"),
+    # transposed out, rows are N = 256: one 256-row block, which fits.
+    (False, True, None),
+])
+def test_the_tpu_guard_tiles_the_call_as_its_transposes_lay_it_out(
+    transpose_w, transpose_out, refused):
+  from pallas_kernels._src.ops.matmul import guard as matmul_guard  # pylint: disable=import-outside-toplevel
+  x = jax.ShapeDtypeStruct((4096, 256), jnp.float32)
+  w = jax.ShapeDtypeStruct((256, 256), jnp.float32)
+  reason = matmul_guard.tpu_unsupported_reason(
+      x, w, out_dtype=jnp.float32, transpose_w=transpose_w, transpose_out=transpose_out,
+      requested=(2048, 512, 2048))
+  assert (reason is None) if refused is None else refused in reason, reason
