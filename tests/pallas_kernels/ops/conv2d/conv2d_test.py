@@ -308,6 +308,8 @@ def test_gpu_guard_checks_triton_tiles_and_shared_memory():
     (dict(w_shape=(3, 3, 5, 8)), "input channels"),
     (dict(groups=3), "must divide C=4"),
     (dict(padding="FULL"), "padding must be"),
+    # int() would take 1.0 and "1": each must already be an int.
+    (dict(padding=((1, 1), (1, 1.0))), "explicit padding must hold ints"),
     (dict(stride=0), "stride must be a positive int"),
     # Each of a pair must be positive, and an int (True is no stride).
     (dict(stride=(2, 0)), r"stride must be a positive int or a pair of them, got \(2, 0\)"),

@@ -245,9 +245,11 @@ def test_invalid_calls_raise(change, match):
                config=change.get("config"))
 
 
-def test_config_rejects_non_powers_of_two():
-  with pytest.raises(ValueError, match="block_k must be a power of two"):
-    Config(block_k=48)
+@pytest.mark.parametrize("field, value", [("block_k", 48), ("block_m", 64.0)])
+def test_config_rejects_non_powers_of_two(field, value):
+  # A float equal to a power of two is no int block size either.
+  with pytest.raises(ValueError, match=f"{field} must be a power of two, got {value!r}"):
+    Config(**{field: value})
 
 
 # --------------------------------------------------------- the spec ----

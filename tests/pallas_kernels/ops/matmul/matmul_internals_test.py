@@ -359,6 +359,11 @@ def test_spec_is_registered_with_well_formed_cases():
   for a in case.args:
     assert np.all(np.asarray(a).astype(np.float32) != 0)  # Random normal: no zeros.
     assert np.asarray(a).astype(np.float32).std() > 0.5
+  # A float w's dequantization scales are about 1/sqrt(K) (1/8 here): the
+  # scaled product's entries stay O(1), neither zero nor huge.
+  scales = np.asarray(arg_specs.make_case(seed=0, m=16, k=64, n=32,
+                                          w_scale="channel").kwargs["w_scale"])
+  assert scales.shape == (32,) and 0.05 < scales.min() <= scales.max() < 0.25, scales
   assert case.kwargs["activation"] == "gelu" and case.args[2].shape == (50,)
 
 

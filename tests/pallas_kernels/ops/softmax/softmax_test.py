@@ -97,3 +97,12 @@ def test_the_result_takes_the_inputs_dtype_unless_out_dtype_says(implementation)
   assert_close(out, ref_f32(x))
   wide = pk.softmax(x, out_dtype="float32", implementation=implementation, interpret=True)
   assert wide.dtype == jax.numpy.float32
+
+
+def test_the_guard_names_the_dtypes_it_takes_in_order():
+  from pallas_kernels._src.ops.softmax import guard  # pylint: disable=import-outside-toplevel
+  reason = guard.unsupported_reason(x_shape=(4, 128), x_dtype="int8", mask_dtype=None,
+                                    interpret=True)
+  assert reason == ("x dtype int8 is not one of "
+                    f"{sorted(guard.SUPPORTED_DTYPES)}"), reason
+  assert len(guard.SUPPORTED_DTYPES) > 1  # (so that their order shows)
