@@ -364,3 +364,25 @@ def test_validate_runs_the_derivative_cases_with_their_gradients():
   assert report.passed, str(report)
   assert len(report.rows) == len(cases) >= 6
   assert sum(r.grad_err is not None for r in report.rows) >= 4
+
+
+@pytest.mark.parametrize("x_dims, w_dims, boundary, want", [
+    # The converted operand is x, or w; the call reads it in its source dtype.
+    ((64, 128), (128, 32), (64, 128), "x: bf16[64,128], w: f32[128,32] -> f32[64,32]"),
+    ((64, 128), (128, 32), (128, 32), "x: f32[64,128], w: bf16[128,32] -> f32[64,32]"),
+    # Both operands of its dims: the tie goes to x.
+    ((64, 64), (64, 64), (64, 64), "x: bf16[64,64], w: f32[64,64] -> f32[64,64]"),
+    # The dot reads the boundary reshaped (dims of neither operand): it is x,
+    # the side a prologue's tokens come from (the result as the dot wrote it).
+    ((128, 128), (128, 32), (8, 16, 128),
+     "x: bf16[8,16,128], w: f32[128,32] -> f32[128,32]"),
+])
+def test_a_prologues_call_reads_the_converted_operand_in_its_source_dtype(
+    x_dims, w_dims, boundary, want):
+  facts = CallFacts(kind="unfused-prologue", ops=("convert",),
+                    boundary=_Array("f32", boundary), shape=f"f32{list(boundary)}",
+                    matmul=_Dot(_Array("f32", x_dims), _Array("f32", w_dims),
+                                (x_dims[0], w_dims[1]), (1,), (0,)),
+                    sources=(_Array("bf16", boundary),),
+                    numpy_name=lambda n: {"bf16": "bfloat16", "f32": "float32"}.get(n, n))
+  assert arg_specs.suggest(facts).text().endswith(want)
