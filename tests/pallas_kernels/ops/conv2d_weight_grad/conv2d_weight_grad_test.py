@@ -330,3 +330,16 @@ def test_on_a_gpu_shared_memory_is_held_to_its_bound(monkeypatch):
 
   assert reason(need) is None
   assert f"needs ~{need // 1024} KiB of shared memory" in reason(need - 1)
+
+
+@pytest.mark.parametrize("kwargs, dw_bytes", [
+    ({}, 3 * 3 * 4 * 6 * 4),                                  # one group, f32 dw
+    (dict(groups=2), 3 * 3 * 2 * 6 * 4),                      # C/G input channels
+    (dict(out_dtype="bfloat16"), 3 * 3 * 4 * 6 * 2),          # dw in its dtype
+    (dict(column_sum=True), 3 * 3 * 4 * 6 * 4 + 4 * 6),       # and db, f32
+])
+def test_bytes_moved_reads_x_and_dy_and_writes_what_is_asked(kwargs, dw_bytes):
+  from pallas_kernels._src.spec import Case  # pylint: disable=import-outside-toplevel
+  x, dy = jnp.zeros((2, 8, 8, 4)), jnp.zeros((2, 8, 8, 6))
+  case = Case(name="by hand", args=(x, dy), kwargs=dict(kernel_size=(3, 3), **kwargs))
+  assert arg_specs.bytes_moved(case) == (2 * 8 * 8 * 4 + 2 * 8 * 8 * 6) * 4 + dw_bytes
