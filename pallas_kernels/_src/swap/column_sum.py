@@ -38,7 +38,7 @@ def _column_sum(program: Program, dy: Val, lead: tuple[int, ...], taken: set[int
       nodes.add(nxt.index)
       node = nxt
     if node.prim == "reduce_sum" and not nodes & taken and \
-        tuple(node.params.get("axes", ())) == lead:
+        tuple(node.params["axes"]) == lead:
       return node, nodes
   return None
 

@@ -275,7 +275,7 @@ def _backward(program: Program, dot: Node, logits: Val, labels: Val, loss: Val,
   for i in sorted(frontier):
     node = program.nodes[i]
     if node.prim == "reduce_sum":
-      if bias is None or tuple(node.params.get("axes", ())) != lead or "bias" in outputs:
+      if bias is None or tuple(node.params["axes"]) != lead or "bias" in outputs:
         return "a sum of the logits' gradient is not the bias gradient"
       outputs["bias"] = (node.outs[0], i)
       continue

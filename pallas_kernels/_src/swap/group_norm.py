@@ -147,10 +147,14 @@ def _epsilons(program: Program, nodes: set[int]) -> list[float]:
   for i in nodes:
     for v in program.nodes[i].ins:
       value = program.value_of(v)
-      if value is not None and np.ndim(value) == 0 and np.issubdtype(
-          np.asarray(value).dtype, np.floating) and 0 < float(value) <= _MAX_EPS:
-        # As written (1e-06), not as float32 holds it (9.99999997e-07).
-        found.add(float(str(np.asarray(value)[()])))
+      if value is None or np.ndim(value) != 0 or not np.issubdtype(
+          np.asarray(value).dtype, np.floating):
+        continue
+      # As written (1e-06), not as float32 holds it (9.99999997e-07): 0.1
+      # held in float32 is past 0.1.
+      written = float(str(np.asarray(value)[()]))
+      if 0 < written <= _MAX_EPS:
+        found.add(written)
   return sorted(found)
 
 

@@ -198,7 +198,7 @@ def _node_kinds(program: Program, node: Node, geo: Geometry, kinds,
   if elementwise_only:
     raise NotRowwise(f"{prim} is not elementwise")
   if prim in REDUCTIONS:
-    axes = tuple(node.params.get("axes", ()))
+    axes = tuple(node.params["axes"])
     if axes != (geo.rank - 1,) or in_kinds[0] is not Kind.FULL:
       raise NotRowwise(f"{prim} over axes {axes}, not the last axis")
     return [Kind.STAT], ext
@@ -234,7 +234,7 @@ def _jaxpr_kinds(jaxpr, geo: Geometry, kinds: dict, elementwise_only: bool) -> N
       for o in eqn.outvars:
         kinds[o] = geo.kind_of(tuple(o.aval.shape), row)
     elif prim in REDUCTIONS and not elementwise_only:
-      if tuple(eqn.params.get("axes", ())) != (geo.rank - 1,):
+      if tuple(eqn.params["axes"]) != (geo.rank - 1,):
         raise NotRowwise("reduction over another axis")
       kinds[eqn.outvars[0]] = Kind.STAT
     elif prim in CALLS:

@@ -80,12 +80,14 @@ def test_a_forward_is_one_call_with_its_activation(activation, name):
   assert not pk.fallbacks()
 
 
-def test_epsilon_is_read_off_the_chain():
-  block = Block(epsilon=1e-2)
+# 0.1: the largest epsilon read as one, taken too.
+@pytest.mark.parametrize("epsilon", [1e-2, 0.1])
+def test_epsilon_is_read_off_the_chain(epsilon):
+  block = Block(epsilon=epsilon)
   params, x = _init(block)
   fn = lambda p, x: block.apply({"params": p}, x)  # noqa: E731
   (site,) = _sites(pk.swap(fn, interpret=True), params, x)
-  assert "epsilon=0.01" in site.call, site.call
+  assert f"epsilon={epsilon}" in site.call, site.call
 
 
 def _step(block):
