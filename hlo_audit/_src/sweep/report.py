@@ -88,7 +88,7 @@ def table(records: Sequence[Mapping], params: Sequence[str], out_dir: str | None
     a = r.get("audit")
     secs = r.get("seconds", {})
     if r.get("status") == "ok" and a:
-      by_class = a.get("findings_by_class", {})
+      by_class = a.get("findings_by_class")
       saved = a.get("bytes_saved_by_class", {})
       top = max(saved, key=saved.get) if saved else (
           max(by_class, key=by_class.get) if by_class else "-")

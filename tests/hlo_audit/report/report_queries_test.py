@@ -331,3 +331,14 @@ def test_an_intermediate_exactly_at_the_fraction_of_peak_is_listed():
   smaller = dataclasses.replace(at, buffers=tuple(
       dataclasses.replace(x, bytes=b.bytes - 1) if x is b else x for x in r.buffers))
   assert b.name not in [x.name for x in smaller.intermediates]
+
+
+def test_the_buffers_live_at_a_step_come_largest_first():
+  from hlo_audit._src.report.memory_view import live_at  # pylint: disable=import-outside-toplevel
+  r = rep()
+  live = live_at(r.buffers, r.peak_time)
+  sizes = [b.bytes for b in live]
+  assert len(set(sizes)) >= 2 and sizes == sorted(sizes, reverse=True), sizes
+  assert {b.name for b in live} == {
+      b.name for b in r.buffers if not b.internal and b.bytes > 0
+      and b.live_range[0] <= r.peak_time <= b.live_range[1]}

@@ -75,6 +75,8 @@ def test_json_file_bare_table_and_cli_grid_replaces_its_lists(tmp_path):
     ("g.json", "{not json", "g.json"),
     ("g.json", '{"grid": {"b": [[1]]}}', "is not a number, boolean or string"),
     ("g.json", '{"grid": {}, "extra": 1}', "unknown top-level keys"),
+    ("g.json", '{"zeta": 1, "grid": {}, "alpha": 2}',
+     r"unknown top-level keys \['alpha', 'zeta'\] \(expected 'grid' and/or 'points'\)"),
     ("g.toml", "points = 3", "'points' must be a list of tables"),
     # A bare value: the file, the name, and that a list is expected.
     ("g.toml", '[grid]\nb = "notalist"',

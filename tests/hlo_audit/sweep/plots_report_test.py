@@ -185,4 +185,19 @@ def test_classes_rank_by_most_traffic_saved_then_by_findings():
 def test_the_table_has_a_valid_column_when_any_point_was_validated():
   validated = [dict(RECORDS[0], validation={"passed": True}), RECORDS[1]]
   assert "valid" in report.table(validated, NAMES)[0]
+
+
+def test_the_table_has_timing_columns_when_any_point_was_timed():
+  timed = [rec(0, 16, "float32", saved=1024, speedup=2.0), RECORDS[1]]
+  columns, rows, _ = report.table(timed, NAMES)
+  assert columns[-3:] == ["kernel ms", "XLA ms", "speedup"], columns
+  assert "timing" not in RECORDS[1] and len(rows[1]) == len(columns)
+
+
+def test_a_record_without_params_has_no_plot_x():
+  # A point that failed before its parameters were recorded.
+  bare = {k: v for k, v in RECORDS[-1].items() if k != "params"}
+  assert plots.choose_x([*RECORDS, bare], NAMES, plot_x="seq") == "seq"
+  with pytest.raises(GridError, match="not a parameter"):
+    plots.choose_x([bare], NAMES, plot_x="seq")
   assert "valid" not in report.table(RECORDS[1:3], NAMES)[0]

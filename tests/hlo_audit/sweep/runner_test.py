@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import dataclasses
 import io
 import json
 import os
@@ -11,6 +12,7 @@ import pytest
 
 from hlo_audit._src.sweep.grid import GridError
 from hlo_audit._src.sweep import grid as grid_lib
+from hlo_audit._src.sweep import runner
 from hlo_audit._src.sweep.runner import (PlannedPoint, RichReporter, SweepOptions, Task,
                                          WorkerPool, plan, point_line, run_sweep,
                                          shard_size)
@@ -108,6 +110,10 @@ def test_in_process_sweep_records_every_point_and_a_rerun_skips_them(model, tmp_
 
   again = run_sweep(opts)
   assert (again.ran, again.skipped) == (0, 4)
+  # Nothing left to run: no worker pool is started for it, whatever --jobs.
+  with pytest.MonkeyPatch.context() as m:
+    m.setattr(runner, "WorkerPool", lambda *a: pytest.fail("a pool for no points"))
+    assert run_sweep(dataclasses.replace(opts, jobs=2)).skipped == 4
   retried = run_sweep(options(model, out, "b=8,16;d=64;mode=ok,raise", retry_failed=True))
   assert (retried.ran, retried.skipped, retried.failed) == (2, 2, 2)
   assert len(read_jsonl(str(out / "results.jsonl"))[0]) == 4
