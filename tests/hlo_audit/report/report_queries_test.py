@@ -342,3 +342,31 @@ def test_the_buffers_live_at_a_step_come_largest_first():
   assert {b.name for b in live} == {
       b.name for b in r.buffers if not b.internal and b.bytes > 0
       and b.live_range[0] <= r.peak_time <= b.live_range[1]}
+
+
+def test_the_time_line_sums_the_fixes_saving_most():
+  import types  # pylint: disable=import-outside-toplevel
+  from hlo_audit._src.report.terminal import TOP_FIXES, time_lines  # pylint: disable=import-outside-toplevel
+  from hlo_audit._src.report.units import fmt_time  # pylint: disable=import-outside-toplevel
+  r = rep()
+  groups = [types.SimpleNamespace(actionable=True, capacity=False, time_saved=t * 1e-7)
+            for t in (3, 7, 1, 6, 2, 5, 4)]
+  want = sum(sorted((g.time_saved for g in groups), reverse=True)[:TOP_FIXES])
+  assert TOP_FIXES < len(groups)
+  line = next(l for l in time_lines(r, groups) if "fixes:" in l)
+  assert line.startswith(f"top {TOP_FIXES} fixes: ~{fmt_time(want)} of "), line
+
+
+def test_the_summary_counts_no_findings_without_empty_brackets():
+  from hlo_audit._src.report.text import summary  # pylint: disable=import-outside-toplevel
+  line = next(l for l in summary(dataclasses.replace(rep(), findings=())).splitlines()
+              if "findings:" in l)
+  assert line.startswith("  findings: 0; fusing the gaps"), line
+  line = next(l for l in summary(rep()).splitlines() if "findings:" in l)
+  assert line.startswith("  findings: 1 (1 unfused epilogue); "), line
+
+
+def test_the_kernels_by_kind_table_heads_its_columns():
+  text = rep().to_text(200, all=True).splitlines()
+  at = text.index("Kernels by kind")
+  assert text[at + 1].split() == ["Kind", "Count"], text[at + 1]
