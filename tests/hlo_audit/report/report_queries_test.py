@@ -370,3 +370,15 @@ def test_the_kernels_by_kind_table_heads_its_columns():
   text = rep().to_text(200, all=True).splitlines()
   at = text.index("Kernels by kind")
   assert text[at + 1].split() == ["Kind", "Count"], text[at + 1]
+
+
+def test_a_memory_columns_largest_buffers_are_those_live_at_its_step():
+  # A buffer written at the column's step is live there: with it, the
+  # largest are live_at's first.
+  from hlo_audit._src.report.memory_view import aggregate_columns, live_at  # pylint: disable=import-outside-toplevel
+  r = rep()
+  columns = aggregate_columns(r.buffers, r.module.schedule_length, 64, top=3)
+  starting = [c for c in columns if any(b.live_range[0] == c.step for b in c.largest)]
+  assert starting, columns
+  for c in columns:
+    assert [b.name for b in c.largest] == [b.name for b in live_at(r.buffers, c.step)[:3]], c

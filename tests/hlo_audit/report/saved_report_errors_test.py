@@ -43,6 +43,9 @@ def _broken(edit) -> dict:
     (lambda d: d["buffers"][0].update(bytes="many"),
      "buffers[0]: a field has the wrong type or value"),
     (lambda d: d["buffers"].__setitem__(0, None), "buffers[0]: expected an object, got a JSON null"),
+    # A null where the schema has a value.
+    (lambda d: d["kernels"][0].update(name=None),
+     "kernels[0]: a field has the wrong type or value"),
     # A pair's items checked one by one against theirs.
     (lambda d: d["buffers"][0].update(live_range=["start", 3]),
      "buffers[0]: a field has the wrong type or value"),
