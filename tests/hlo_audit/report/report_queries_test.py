@@ -382,3 +382,36 @@ def test_a_memory_columns_largest_buffers_are_those_live_at_its_step():
   assert starting, columns
   for c in columns:
     assert [b.name for b in c.largest] == [b.name for b in live_at(r.buffers, c.step)[:3]], c
+
+
+def test_the_kernel_graph_draws_each_buffer_from_its_producer_to_each_consumer():
+  from hlo_audit._src.report.html import _LIFETIME_COLORS, graph_svg  # pylint: disable=import-outside-toplevel
+  from hlo_audit import Verdict  # pylint: disable=import-outside-toplevel
+  from tests.hlo_audit.report.trace_test import transformer  # pylint: disable=import-outside-toplevel
+  base = transformer()
+  names = {k.name for k in base.kernels}
+  drawn = next(b for b in base.buffers if not b.internal and b.producer in names
+               and any(c in names and c != b.producer for c in b.consumers))
+  # A kernel's own scratch and a buffer its producer reads back draw no arc.
+  r = dataclasses.replace(base, buffers=base.buffers + (
+      dataclasses.replace(drawn, name="scratch", internal=True),
+      dataclasses.replace(drawn, name="again", consumers=(drawn.producer,))))
+  want = {(b.name, b.producer, c) for b in base.buffers if not b.internal
+          and b.producer in names for c in b.consumers if c in names and c != b.producer}
+  arcs = re.findall(r'stroke="(#[0-9a-f]+)" stroke-opacity="([\d.]+)" stroke-width="([\d.]+)">'
+                    r'<title>(\S+) \S+ [^:]+: (\S+) -&gt; (\S+) \(', graph_svg(r))
+  assert {(b, p, c) for *_, b, p, c in arcs} == want and len(arcs) == len(want)
+  removed = {f.boundary for f in r.findings if f.verdict is not Verdict.KEEP}
+  by_name = {b.name: b for b in r.buffers}
+  assert any(b in removed for *_, b, _, _ in arcs)
+  for color, opacity, width, b, _, _ in arcs:
+    if b in removed:  # a boundary a finding removes: red, drawn strong
+      assert (color, opacity) == ("#cf222e", "0.9"), b
+    else:
+      assert (color, opacity) == (_LIFETIME_COLORS[by_name[b].lifetime], "0.45"), b
+  # Width grows with the buffer's bytes, 4 px for the largest.
+  widths = {b: float(w) for _, _, w, b, _, _ in arcs}
+  biggest = max(widths, key=lambda b: by_name[b].bytes)
+  assert widths[biggest] == 4.0 == max(widths.values())
+  small = min(widths, key=lambda b: by_name[b].bytes)
+  assert widths[small] < widths[biggest]
