@@ -415,3 +415,38 @@ def test_the_kernel_graph_draws_each_buffer_from_its_producer_to_each_consumer()
   assert widths[biggest] == 4.0 == max(widths.values())
   small = min(widths, key=lambda b: by_name[b].bytes)
   assert widths[small] < widths[biggest]
+
+
+def test_a_capped_kernel_graph_keeps_the_named_kernels_then_the_heaviest():
+  from hlo_audit._src.report.html import graph_svg  # pylint: disable=import-outside-toplevel
+  from tests.hlo_audit.report.trace_test import transformer  # pylint: disable=import-outside-toplevel
+  r = transformer()
+  named = {f.producer for f in r.findings} | {c for f in r.findings for c in f.consumers}
+  named &= {k.name for k in r.kernels}
+  cap = len(named) + 2
+  assert cap < len(r.kernels)
+  rest = sorted((k for k in r.kernels if k.name not in named), key=lambda k: -k.bytes_moved)
+  assert rest[1].bytes_moved > rest[-1].bytes_moved
+  svg = graph_svg(r, max_kernels=cap)
+  shown = set(re.findall(r'<text x="\d+" y="[\d.]+" text-anchor="end"><title>(\S+) ', svg))
+  assert shown == named | {rest[0].name, rest[1].name}, shown
+  assert f"Showing {cap} of {len(r.kernels)} kernels" in svg
+  # Labels: in schedule order, each "name  [kind]", a long one cut to 52.
+  order = [k.name for k in r.kernels if k.name in shown]
+  assert re.findall(r'<title>(\S+) ', svg.split("</path>")[-1])[:len(order)] == order
+  for k in r.kernels:
+    if k.name in shown:
+      label = f"{k.name}  [{k.kind.value}]"
+      assert (label if len(label) <= 52 else label[:49] + "...") in svg, label
+
+
+def test_a_kernels_label_in_the_graph_is_cut_to_52_characters():
+  from hlo_audit._src.report.html import graph_svg  # pylint: disable=import-outside-toplevel
+  r = rep()
+  k = r.kernels[0]
+  suffix = f"  [{k.kind.value}]"
+  fits, cut = "a" * (52 - len(suffix)), "b" * (53 - len(suffix))
+  svg = graph_svg(dataclasses.replace(r, kernels=(
+      dataclasses.replace(k, name=fits), dataclasses.replace(k, name=cut))))
+  assert f">{fits}{suffix}</text>" in svg
+  assert f">{(cut + suffix)[:49]}...</text>" in svg
