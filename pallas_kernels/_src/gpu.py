@@ -94,9 +94,14 @@ def dtype_reason(arrays: Iterable[tuple[str, Any]], supported: Collection[str]) 
   are `supported`."""
   for label, a in arrays:
     if a is not None and dtype_name(a.dtype) not in supported:
-      return (f"{describe(label, a)}: dtype {dtype_name(a.dtype)} is not one of "
-              f"{sorted(supported)}")
+      return f"{describe(label, a)}: dtype {dtype_name(a.dtype)} {not_one_of(supported)}"
   return None
+
+
+def not_one_of(supported: Collection[str]) -> str:
+  """How a guard says a dtype is not among those a kernel takes:
+  "is not one of ['bfloat16', 'float32']" (sorted, so reasons are stable)."""
+  return f"is not one of {sorted(supported)}"
 
 
 def describe(label: str, a: Any) -> str:

@@ -93,8 +93,8 @@ def state_reason(param: Any, mu: Any, nu: Any) -> str | None:
   `STATE_DTYPES`, one dtype for all three."""
   for label, a in (("param", param), ("mu", mu), ("nu", nu)):
     if gpu.dtype_name(a.dtype) not in STATE_DTYPES:
-      return (f"{gpu.describe(label, a)}: dtype {gpu.dtype_name(a.dtype)} is not one of "
-              f"{sorted(STATE_DTYPES)}")
+      return (f"{gpu.describe(label, a)}: dtype {gpu.dtype_name(a.dtype)} "
+              f"{gpu.not_one_of(STATE_DTYPES)}")
   if len({gpu.dtype_name(a.dtype) for a in (param, mu, nu)}) > 1:
     return (f"mixed state dtypes: {gpu.describe('param', param)}, {gpu.describe('mu', mu)}, "
             f"{gpu.describe('nu', nu)}; the kernel takes one dtype for all three")

@@ -61,7 +61,7 @@ def unsupported_reason(x: Any, w: Any, *, scale: Any = None, shift: Any = None,
     return (f"mismatched dtypes: {gpu.describe('x', x)} with {gpu.describe('w', w)}; "
             "cast them to one dtype")
   if gpu.dtype_name(out_dtype) not in SUPPORTED_DTYPES:
-    return f"out_dtype {gpu.dtype_name(out_dtype)} is not one of {sorted(SUPPORTED_DTYPES)}"
+    return f"out_dtype {gpu.dtype_name(out_dtype)} {gpu.not_one_of(SUPPORTED_DTYPES)}"
 
   n, h, wd, c = (int(d) for d in x.shape)
   kh, kw, _, f = (int(d) for d in w.shape)

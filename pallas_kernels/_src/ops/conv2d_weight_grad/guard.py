@@ -65,7 +65,7 @@ def unsupported_reason(x: Any, dy: Any, win: Window, *, out_dtype, interpret: bo
       return (f"the Adam update needs each program to sum every pixel of its tile: "
               f"splits=1, got {config}")
   elif gpu.dtype_name(out_dtype) not in SUPPORTED_DTYPES:
-    return f"out_dtype {gpu.dtype_name(out_dtype)} is not one of {sorted(SUPPORTED_DTYPES)}"
+    return f"out_dtype {gpu.dtype_name(out_dtype)} {gpu.not_one_of(SUPPORTED_DTYPES)}"
   if min(x.shape) == 0 or min(dy.shape) == 0:
     return f"empty dimension in {gpu.describe('x', x)} or {gpu.describe('dy', dy)}"
 

@@ -53,7 +53,7 @@ def unsupported_reason(x: Any, w_gate: Any, w_up: Any, *, bias_gate: Any = None,
       return (f"mismatched dtypes: {gpu.describe('x', x)} with {gpu.describe(label, w)}; "
               "cast them to one dtype")
   if gpu.dtype_name(out_dtype) not in SUPPORTED_DTYPES:
-    return f"out_dtype {gpu.dtype_name(out_dtype)} is not one of {sorted(SUPPORTED_DTYPES)}"
+    return f"out_dtype {gpu.dtype_name(out_dtype)} {gpu.not_one_of(SUPPORTED_DTYPES)}"
 
   k, f = int(w_gate.shape[0]), int(w_gate.shape[1])
   m = math.prod(x.shape[:-1])

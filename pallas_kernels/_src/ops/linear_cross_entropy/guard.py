@@ -42,11 +42,11 @@ def unsupported_reason(*, x_shape: tuple[int, ...], x_dtype, w_shape: tuple[int,
   for name, dt, dims in (("x", x_dtype, x_shape), ("w", w_dtype, w_shape),
                          ("bias", bias_dtype, w_shape[-1:])):
     if dt is not None and jnp.dtype(dt).name not in SUPPORTED_DTYPES:
-      return (f"{name} dtype {jnp.dtype(dt).name} (shape {_shape(dims)}) is not one "
-              f"of {sorted(SUPPORTED_DTYPES)}")
+      return (f"{name} dtype {jnp.dtype(dt).name} (shape {_shape(dims)}) "
+              f"{gpu.not_one_of(SUPPORTED_DTYPES)}")
   if compute_dtype is not None and jnp.dtype(compute_dtype).name not in SUPPORTED_DTYPES:
-    return (f"compute dtype {jnp.dtype(compute_dtype).name} is not one of "
-            f"{sorted(SUPPORTED_DTYPES)}")
+    return (f"compute dtype {jnp.dtype(compute_dtype).name} "
+            f"{gpu.not_one_of(SUPPORTED_DTYPES)}")
   if not jnp.issubdtype(labels_dtype, jnp.integer):
     return (f"labels dtype {jnp.dtype(labels_dtype).name} (shape "
             f"{_shape(x_shape[:-1])}) is not an integer type")

@@ -43,12 +43,12 @@ def _operand_dtypes_reason(x_dtype, w_dtype) -> str | None:
   """Why x, w or their compute dtype is out of every matmul kernel's reach."""
   xd, wd = tiles.dtype_name(x_dtype), tiles.dtype_name(w_dtype)
   if xd not in X_DTYPES:
-    return f"x dtype {xd} is not one of {sorted(X_DTYPES)}"
+    return f"x dtype {xd} {tiles.not_one_of(X_DTYPES)}"
   if wd not in W_DTYPES:
-    return f"w dtype {wd} is not one of {sorted(W_DTYPES)}"
+    return f"w dtype {wd} {tiles.not_one_of(W_DTYPES)}"
   cdt = tiles.dtype_name(reference.compute_dtype(x_dtype, w_dtype))
   if cdt not in COMPUTE_DTYPES:
-    return f"compute dtype {cdt} is not one of {sorted(COMPUTE_DTYPES)}"
+    return f"compute dtype {cdt} {tiles.not_one_of(COMPUTE_DTYPES)}"
   return None
 
 
@@ -118,9 +118,9 @@ def unsupported_reason(x: Any, w: Any, *, out_dtype, bias: Any = None,
   for label, a in (("bias", bias), ("residual", residual), ("scale", scale),
                    ("preactivation", preactivation)):
     if a is not None and tiles.dtype_name(a.dtype) not in EPILOGUE_DTYPES:
-      return f"{label} dtype {tiles.dtype_name(a.dtype)} is not one of {sorted(EPILOGUE_DTYPES)}"
+      return f"{label} dtype {tiles.dtype_name(a.dtype)} {tiles.not_one_of(EPILOGUE_DTYPES)}"
   if quantize is None and tiles.dtype_name(out_dtype) not in OUT_DTYPES:
-    return f"out_dtype {tiles.dtype_name(out_dtype)} is not one of {sorted(OUT_DTYPES)}"
+    return f"out_dtype {tiles.dtype_name(out_dtype)} {tiles.not_one_of(OUT_DTYPES)}"
   fp8 = {xd, wd, tiles.dtype_name(out_dtype) if quantize is None else quantize}
   if "float8_e4m3fn" in fp8:
     reason = gpu.float8_reason(interpret)
@@ -242,10 +242,10 @@ def mosaic_unsupported_reason(x: Any, w: Any, *, out_dtype, bias: Any = None,
             "(the Triton kernel's FMA path computes IEEE float32)")
   for label, a in (("bias", bias), ("residual", residual), ("scale", scale)):
     if a is not None and tiles.dtype_name(a.dtype) not in EPILOGUE_DTYPES:
-      return f"{label} dtype {tiles.dtype_name(a.dtype)} is not one of {sorted(EPILOGUE_DTYPES)}"
+      return f"{label} dtype {tiles.dtype_name(a.dtype)} {tiles.not_one_of(EPILOGUE_DTYPES)}"
   odt = quantize or tiles.dtype_name(out_dtype)
   if quantize is None and odt not in OUT_DTYPES:
-    return f"out_dtype {odt} is not one of {sorted(OUT_DTYPES)}"
+    return f"out_dtype {odt} {tiles.not_one_of(OUT_DTYPES)}"
   if transpose_out:
     return "transpose_out: the Mosaic GPU matmul stores row-major tiles"
   if cdt == "float32" and (transpose_x or not transpose_w):

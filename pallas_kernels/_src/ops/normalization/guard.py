@@ -33,7 +33,7 @@ def unsupported_reason(*, x_shape: tuple[int, ...], dtypes: tuple, quantize: str
     return reason
   for dt in dtypes:
     if jnp.dtype(dt).name not in SUPPORTED_DTYPES:
-      return f"dtype {jnp.dtype(dt).name} is not one of {sorted(SUPPORTED_DTYPES)}"
+      return f"dtype {jnp.dtype(dt).name} {gpu.not_one_of(SUPPORTED_DTYPES)}"
   reason = rows.rows_reason(x_shape)
   if reason:
     return reason

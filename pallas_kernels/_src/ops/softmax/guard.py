@@ -30,7 +30,7 @@ def unsupported_reason(*, x_shape: tuple[int, ...], x_dtype, mask_dtype,
     if dt is None or jnp.dtype(dt) == jnp.bool_:
       continue
     if jnp.dtype(dt).name not in SUPPORTED_DTYPES:
-      return f"{name} dtype {jnp.dtype(dt).name} is not one of {sorted(SUPPORTED_DTYPES)}"
+      return f"{name} dtype {jnp.dtype(dt).name} {gpu.not_one_of(SUPPORTED_DTYPES)}"
   reason = rows.rows_reason(x_shape)
   if reason:
     return reason
