@@ -264,8 +264,8 @@ def test_ops_restricts_kernels(mlp_args):
   report = pallas_kernels.swap(mlp, ops=["softmax"]).report(*mlp_args)
   (site,) = report.sites
   assert not site.replaced and "not among ops" in site.reason
-  with pytest.raises(ValueError, match="unknown ops"):
-    pallas_kernels.swap(mlp, ops=["conv"])
+  with pytest.raises(ValueError, match=r"unknown ops \['conv', 'mlp'\]; expected some of \['"):
+    pallas_kernels.swap(mlp, ops=["mlp", "conv"])
 
 
 def test_transformer_block_forward_and_gradients(example):

@@ -343,3 +343,14 @@ def test_bytes_moved_reads_x_and_dy_and_writes_what_is_asked(kwargs, dw_bytes):
   x, dy = jnp.zeros((2, 8, 8, 4)), jnp.zeros((2, 8, 8, 6))
   case = Case(name="by hand", args=(x, dy), kwargs=dict(kernel_size=(3, 3), **kwargs))
   assert arg_specs.bytes_moved(case) == (2 * 8 * 8 * 4 + 2 * 8 * 8 * 6) * 4 + dw_bytes
+
+
+@pytest.mark.parametrize("padding, said", [
+    (((0, 0), (0, 0)), "'VALID'"),
+    (((1, 1), (0, 0)), "((1, 1), (0, 0))"),   # only the rows padded
+    (((0, 0), (0, 2)), "((0, 0), (0, 2))"),   # one side of one axis
+])
+def test_the_calls_padding_is_explicit_where_any_side_is_padded(padding, said):
+  options = dict((k, text) for k, text, _ in arg_specs._window_options(
+      (3, 3), (1, 1), padding, (1, 1), 1))
+  assert options["padding"] == said, options
