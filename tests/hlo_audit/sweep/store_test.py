@@ -196,3 +196,11 @@ def test_a_failed_point_leaves_its_counts_blank_and_an_audited_one_counts_zero()
   assert row_ok["findings_standalone_copy"] == "0"   # audited: none of this class
   assert row_failed["findings_unfused_epilogue"] == row_failed["findings_standalone_copy"] == ""
   assert row_failed["error"] == "boom"
+
+
+def test_the_unsharded_file_is_read_before_the_shards(tmp_path):
+  # A sweep run whole, then sharded into the same folder: the whole run's
+  # points come first (glob alone would sort its file after the shards').
+  (tmp_path / "results.jsonl").write_text(json.dumps(rec(1)) + "\n")
+  (tmp_path / "results-000-of-002.jsonl").write_text(json.dumps(rec(0)) + "\n")
+  assert [r["id"] for r in load_records(str(tmp_path))] == ["p1", "p0"]
