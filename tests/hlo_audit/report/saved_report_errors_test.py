@@ -99,3 +99,29 @@ def test_a_report_saved_before_on_chip_scratch_reads_zero_bytes_of_it():
   older = _broken(lambda d: [k.pop("on_chip_scratch") for k in d["kernels"]])
   assert [k.on_chip_scratch for k in report_from_dict(older).kernels] == \
       [0] * len(saved()["kernels"])
+
+
+def test_a_report_saved_before_its_optional_fields_reads_them_as_their_defaults():
+  # Every key a later schema added, dropped at once: each reads as the value
+  # an audit that had nothing to say of it would hold.
+  from tests.hlo_audit.report.report_test import rep  # pylint: disable=import-outside-toplevel
+  d = json.loads(rep().to_json())
+  for f in d["findings"]:
+    for key in ("boundary_kept", "guard_verdict", "layer", "notes", "peak_exact",
+                "suggestion"):
+      f.pop(key)
+  for key in ("optimized", "xla_peak_source"):
+    d["module"].pop(key)
+  for frame in d["frames"]:
+    frame.pop("column"), frame.pop("function")
+  d.pop("collectives")
+  older = report_from_dict(d)
+  assert older.findings
+  for f in older.findings:
+    assert (f.boundary_kept, f.guard_verdict, f.layer, f.notes, f.peak_exact,
+            f.suggestion) == (False, "", "", (), True, ""), f
+  m = older.module
+  assert (m.optimized, m.xla_peak_source) == (True, "")
+  frames = [loc for k in older.kernels for loc in k.source_stack]
+  assert frames and all((loc.column, loc.function) == (0, "") for loc in frames)
+  assert older.collectives == ()
