@@ -133,3 +133,16 @@ def test_each_hoisted_value_names_only_the_work_that_makes_it():
   sites = _hoisted(pk.swap(f, ops=("softmax",)), *_ARGS)
   assert sorted((s.pattern, s.output) for s in sites) == [
       ("concatenate", "f32[8,16]"), ("mul", "f32[8,8]")]
+
+
+def test_dead_loop_invariant_work_is_no_value_to_hoist():
+  # An invariant product nothing reads (jax keeps it in the scan's body):
+  # nothing to hoist, and the swapped program computes what the body does.
+  def body(w1, w2, h, x):
+    _ = w1 * w2
+    return jnp.tanh(x @ w1 + h[:, :8]).repeat(2, axis=1)
+  f = _scan(body)
+  assert "mul" in str(jax.make_jaxpr(f)(*_ARGS))
+  swapped = pk.swap(f, ops=("softmax",))
+  assert not _hoisted(swapped, *_ARGS)
+  np.testing.assert_allclose(jax.jit(swapped)(*_ARGS)[0], f(*_ARGS)[0], rtol=1e-6)

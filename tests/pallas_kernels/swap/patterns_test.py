@@ -64,6 +64,12 @@ _EPILOGUES = {
         lambda x, w, b, r: jax.nn.relu(x @ w + r),
         "dot_general + residual + clamp",
         "matmul(x=f32[8,16], w=f32[16,24], residual=f32[8,24], clamp=(0.0, None))"),
+    # relu with an upper clamp after the residual: no kernel stage takes
+    # both there (clamping at 0 alone would drop the 6), so XLA keeps it.
+    "relu6 after a residual stays XLA's": (
+        lambda x, w, b, r: jnp.minimum(jax.nn.relu(x @ w + b + r), 6.0),
+        "dot_general + bias + residual",
+        "matmul(x=f32[8,16], w=f32[16,24], bias=f32[24], residual=f32[8,24])"),
     "an activation then an upper clamp": (
         lambda x, w, b, r: jnp.minimum(jax.nn.gelu(x @ w), 1.0),
         "dot_general + activation:gelu_tanh + clamp",

@@ -437,3 +437,15 @@ def test_a_norm_that_upcasts_its_input_reads_it_in_its_own_dtype():
       S((64, 256), jnp.bfloat16), S((256,), jnp.float32), S((256,), jnp.float32)).sites
   assert site.replaced and site.kernel == "pallas_kernels.layer_norm"
   assert site.call.startswith("layer_norm(x=bf16[64,256], gamma=f32[256]"), site.call
+
+
+def test_only_a_side_output_in_float32_is_cast_to_the_programs_float():
+  # A column sum (output 1 on) the kernel writes in float32 where the
+  # program summed in bfloat16 is cast; the main result (output 0) never is,
+  # and neither is a float32 sum the program kept, or an integer one.
+  from pallas_kernels._src.swap.rewrite import _side_cast  # pylint: disable=import-outside-toplevel
+  f32, bf16 = jnp.float32, jnp.bfloat16
+  assert _side_cast(1, f32, bf16) and _side_cast(2, f32, jnp.float16)
+  assert not _side_cast(0, f32, bf16)
+  assert not _side_cast(1, f32, f32) and not _side_cast(1, bf16, f32)
+  assert not _side_cast(1, f32, jnp.int32)
