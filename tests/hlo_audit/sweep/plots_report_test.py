@@ -201,3 +201,13 @@ def test_a_record_without_params_has_no_plot_x():
   with pytest.raises(GridError, match="not a parameter"):
     plots.choose_x([bare], NAMES, plot_x="seq")
   assert "valid" not in report.table(RECORDS[1:3], NAMES)[0]
+
+
+def test_an_x_with_any_value_not_a_number_is_placed_by_order():
+  # seq=16, seq="auto", seq=32: categories in order of appearance.
+  records = [rec(0, 16, "float32", saved=1), rec(1, "auto", "float32", saved=2),
+             rec(2, 32, "float32", saved=3)]
+  data = plots.plot_data(records, NAMES, plot_x="seq")
+  assert data == {"all points": [(0, 1), (1, 2), (2, 3)]}, data
+  numbers = [rec(0, 16, "float32", saved=1), rec(2, 32, "float32", saved=3)]
+  assert plots.plot_data(numbers, NAMES, plot_x="seq") == {"all points": [(16, 1), (32, 3)]}

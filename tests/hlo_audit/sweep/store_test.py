@@ -71,9 +71,11 @@ def test_retry_failed_drops_failed_records_so_none_is_doubled(tmp_path):
 
 def test_merge_prefers_a_finished_point_then_the_later_one():
   merged = merge([rec(1, "ok", "2026-01-01"), rec(1, "error", "2026-01-03"),
-                  rec(2, "error", "2026-01-01"), rec(2, "error", "2026-01-02")])
+                  rec(2, "error", "2026-01-01"), rec(2, "error", "2026-01-02"),
+                  rec(3, "error", "2026-01-03"), rec(3, "error", "2026-01-02")])
   assert [(r["id"], r["status"], r["finished_at"]) for r in merged] == [
-      ("p1", "ok", "2026-01-01"), ("p2", "error", "2026-01-02")]
+      ("p1", "ok", "2026-01-01"), ("p2", "error", "2026-01-02"),
+      ("p3", "error", "2026-01-03")]  # the later one, whichever came first
 
 
 def test_shards_write_their_own_files_and_readers_merge_them(tmp_path):

@@ -439,3 +439,19 @@ def test_constants_fold_up_to_the_limit_and_no_further():
   at = made(prog.FOLD_LIMIT)
   assert at is not None and at.shape == (prog.FOLD_LIMIT,) and at[-1] == prog.FOLD_LIMIT - 1
   assert made(prog.FOLD_LIMIT + 1) is None
+
+
+def test_a_narrowing_cast_after_a_norm_or_softmax_is_written_by_its_kernel():
+  k = jax.random.split(jax.random.key(5), 2)
+  x, g = jax.random.normal(k[0], (2, 8, 16)), 1 + 0.1 * jax.random.normal(k[1], (16,))
+  for f, pattern, call in (
+      (lambda x, g: (_x_hat(x) * g).astype(jnp.bfloat16), "layer_norm + cast",
+       "layer_norm(x=f32[2,8,16], gamma=f32[16], beta=constant f32[16], eps=1e-05)"),
+      (lambda x, g: jax.nn.softmax(x * g).astype(jnp.bfloat16), "softmax",
+       "softmax(x=f32[2,8,16])")):
+    site = _only_site(f, _S, _sds(16))
+    assert (site.pattern, site.call, site.output, site.replaced) == (
+        pattern, call, "bf16[2,8,16]", True), site
+    got = jax.jit(pallas_kernels.swap(f, interpret=True))(x, g)
+    assert got.dtype == jnp.bfloat16
+    assert relative_error(got, f(x, g)) <= tolerance(jnp.bfloat16)
