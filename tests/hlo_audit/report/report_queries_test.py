@@ -450,3 +450,34 @@ def test_a_kernels_label_in_the_graph_is_cut_to_52_characters():
       dataclasses.replace(k, name=fits), dataclasses.replace(k, name=cut))))
   assert f">{fits}{suffix}</text>" in svg
   assert f">{(cut + suffix)[:49]}...</text>" in svg
+
+
+def test_the_summary_names_a_device_kind_only_where_it_says_more_than_the_platform():
+  from hlo_audit._src.report.text import summary  # pylint: disable=import-outside-toplevel
+  r = rep()
+  assert (r.module.platform, r.module.device_kind) == ("cpu", "cpu")
+  assert summary(r).splitlines()[0] == "module jit_mlp on cpu"
+  gpu = dataclasses.replace(r, module=dataclasses.replace(r.module, platform="gpu",
+                                                          device_kind="NVIDIA H200"))
+  assert summary(gpu).splitlines()[0] == "module jit_mlp on gpu (NVIDIA H200)"
+
+
+def test_an_aggregated_memory_view_draws_each_class_live_in_any_column(monkeypatch):
+  from hlo_audit._src.analysis.buffers import Lifetime  # pylint: disable=import-outside-toplevel
+  from hlo_audit._src.report import html  # pylint: disable=import-outside-toplevel
+  from hlo_audit._src.report.memory_view import aggregate_columns  # pylint: disable=import-outside-toplevel
+  from tests.hlo_audit.report.trace_test import transformer  # pylint: disable=import-outside-toplevel
+  r = transformer()
+  monkeypatch.setattr(html, "MAX_BANDS", 1)  # more buffers than bands: columns
+  svg = html.memory_svg(r)
+  drawn = re.findall(r'<polygon [^>]*><title>([^<]+)</title></polygon>', svg)
+  assert drawn and len(drawn) == len(set(drawn))
+  kinds = list(Lifetime)
+  # The columns the view drew (its width's worth), by class.
+  n = int(re.search(r"(\d+) buffers over (\d+) steps", svg).group(2))
+  w = int(re.search(r"the (\d+) pixel columns", svg).group(1))
+  drawable = [b for b in r.buffers if not b.internal and b.bytes > 0]
+  cols = aggregate_columns(drawable, n, w)
+  live = {kinds[k].value for c in cols for k, v in enumerate(c.by_lifetime) if v}
+  assert set(drawn) == live
+  assert any(not all(c.by_lifetime[kinds.index(Lifetime(v))] for c in cols) for v in live)
