@@ -151,6 +151,12 @@ def test_markdown_and_terminal_show_tables_and_records():
   assert md.startswith("# hlo-audit: `jit_mlp`")
   assert "| Buffer | Shape | Dtype | Bytes |" in md
   assert "**logical bytes saved**: 128.00 KiB of HBM traffic per run" in md
+  # One finding in its group: no members line; two at one line: both listed.
+  assert "**members**" not in md
+  (f,) = rep().findings
+  two = dataclasses.replace(rep(), findings=(f, dataclasses.replace(f, boundary="copy.9")))
+  members = [l for l in two.to_markdown().splitlines() if l.startswith("- **members**")]
+  assert members == [f"- **members**: {f.boundary} (128.00 KiB), copy.9 (128.00 KiB)"], members
   console = Console(record=True, width=160)
   rep().print(console, all=True)
   text = console.export_text()
