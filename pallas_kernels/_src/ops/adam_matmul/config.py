@@ -19,7 +19,7 @@ from pallas_kernels._src import backend as backend_lib
 from pallas_kernels._src.ops import adam
 from pallas_kernels._src.ops.matmul import config as matmul_config
 from pallas_kernels._src.ops.matmul import gpu as matmul_gpu
-from pallas_kernels._src.ops.tiling import is_pow2
+from pallas_kernels._src.ops.tiling import fit_stages, is_pow2
 
 #: Smallest tile edge Triton's `tt.dot` accepts.
 GPU_MIN_BLOCK = matmul_config.GPU_MIN_BLOCK
@@ -84,9 +84,7 @@ def heuristic_config(m: int, k: int, n: int, dtype, backend: backend_lib.Backend
     budget = matmul_gpu.shared_memory_bytes_of(device_kind)
     itemsize = jnp.dtype(dtype).itemsize
     cfg = Config(block_k=bk, block_n=bn, block_m=bm, num_warps=warps, num_stages=stages)
-    while cfg.num_stages > 1 and smem_bytes(cfg, itemsize) > budget:
-      cfg = dataclasses.replace(cfg, num_stages=cfg.num_stages - 1)
-    return cfg
+    return fit_stages(cfg, lambda c: smem_bytes(c, itemsize), budget)
   return Config(block_k=bk, block_n=bn, block_m=bm, num_warps=warps, num_stages=stages)
 
 

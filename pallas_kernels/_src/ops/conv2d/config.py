@@ -16,7 +16,7 @@ import jax.numpy as jnp
 
 from pallas_kernels._src import backend as backend_lib
 from pallas_kernels._src.ops.matmul import gpu as matmul_gpu
-from pallas_kernels._src.ops.tiling import is_pow2, next_pow2
+from pallas_kernels._src.ops.tiling import fit_stages, is_pow2, next_pow2
 
 #: Smallest tile edge Triton's `tt.dot` accepts.
 GPU_MIN_BLOCK = 16
@@ -101,9 +101,7 @@ def heuristic_config(pixels: int, f_group: int, c_group: int, dtype,
   warps = 8 if bp * bf >= 128 * 128 else 4
   budget = matmul_gpu.shared_memory_bytes_of(device_kind)
   cfg = Config(block_p=bp, block_f=bf, block_c=bc, num_warps=warps, num_stages=3)
-  while cfg.num_stages > 1 and smem_bytes(cfg, itemsize, False) > budget:
-    cfg = dataclasses.replace(cfg, num_stages=cfg.num_stages - 1)
-  return cfg
+  return fit_stages(cfg, lambda c: smem_bytes(c, itemsize, False), budget)
 
 
 def choose_config(pixels: int, f_group: int, c_group: int, dtype, interpret: bool, *,

@@ -23,7 +23,7 @@ import jax.numpy as jnp
 
 from pallas_kernels._src import backend as backend_lib
 from pallas_kernels._src.ops.matmul import gpu as matmul_gpu
-from pallas_kernels._src.ops.tiling import is_pow2, next_pow2
+from pallas_kernels._src.ops.tiling import fit_stages, is_pow2, next_pow2
 
 #: Smallest tile edge Triton's `tt.dot` accepts.
 GPU_MIN_BLOCK = 16
@@ -130,9 +130,7 @@ def heuristic_config(pixels: int, cg: int, fg: int, taps: int, groups: int, dtyp
   cfg = Config(block_p=bp, block_c=bc, block_f=bf, splits=splits,
                num_warps=4, num_stages=3 if itemsize < 4 else 2)
   budget = matmul_gpu.shared_memory_bytes_of(device_kind)
-  while cfg.num_stages > 1 and smem_bytes(cfg, itemsize, depthwise, update) > budget:
-    cfg = dataclasses.replace(cfg, num_stages=cfg.num_stages - 1)
-  return cfg
+  return fit_stages(cfg, lambda c: smem_bytes(c, itemsize, depthwise, update), budget)
 
 
 def choose_config(pixels: int, cg: int, fg: int, taps: int, groups: int, dtype,

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 
 from pallas_kernels._src import backend as backend_lib
 from pallas_kernels._src.ops.matmul import gpu as matmul_gpu
-from pallas_kernels._src.ops.tiling import is_pow2, next_pow2
+from pallas_kernels._src.ops.tiling import fit_stages, is_pow2, next_pow2
 
 #: Smallest tile edge Triton's `tt.dot` accepts.
 GPU_MIN_BLOCK = 16
@@ -89,9 +89,7 @@ def heuristic_config(m: int, f: int, k: int, dtype, backend: backend_lib.Backend
   stages = 4 if itemsize < 4 else 3
   budget = matmul_gpu.shared_memory_bytes_of(device_kind)
   cfg = Config(block_m=bm, block_n=bn, block_k=bk, num_warps=warps, num_stages=stages)
-  while cfg.num_stages > 1 and smem_bytes(cfg, itemsize) > budget:
-    cfg = dataclasses.replace(cfg, num_stages=cfg.num_stages - 1)
-  return cfg
+  return fit_stages(cfg, lambda c: smem_bytes(c, itemsize), budget)
 
 
 def choose_config(m: int, f: int, k: int, dtype, interpret: bool) -> Config:

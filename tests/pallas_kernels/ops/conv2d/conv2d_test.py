@@ -515,3 +515,17 @@ def test_on_a_gpu_shared_memory_is_held_to_its_bound(monkeypatch):
 
   assert reason(need) is None
   assert f"needs ~{need // 1024} KiB of shared memory" in reason(need - 1)
+
+
+def test_the_heuristic_sheds_pipeline_stages_to_fit_shared_memory_down_to_one(monkeypatch):
+  gpu_backend = backend.Backend.GPU
+  full = config_lib.heuristic_config(4096, 128, 128, jnp.bfloat16, gpu_backend,
+                                     depthwise=False)
+  assert full.num_stages == 3
+  need = {s: config_lib.smem_bytes(dataclasses.replace(full, num_stages=s), 2, False)
+          for s in (1, 2, 3)}
+  for budget, stages in ((need[3], 3), (need[2], 2), (need[2] - 1, 1), (1, 1)):
+    monkeypatch.setattr(config_lib.matmul_gpu, "shared_memory_bytes_of", lambda kind: budget)
+    cfg = config_lib.heuristic_config(4096, 128, 128, jnp.bfloat16, gpu_backend,
+                                      depthwise=False)
+    assert cfg.num_stages == stages, (budget, cfg)
