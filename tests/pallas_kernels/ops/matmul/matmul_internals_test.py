@@ -495,3 +495,14 @@ def test_shared_memory_is_held_to_its_bound(gpu_available, monkeypatch):
   assert _reason(x, w, cfg) is None
   monkeypatch.setattr(gpu, "shared_memory_bytes", lambda: need - 1)
   assert f"needs ~{need // 1024} KiB of shared memory" in _reason(x, w, cfg)
+
+
+@pytest.mark.parametrize("cc, kib", [
+    (90, 227), (89, 99),   # listed: Hopper, Ada
+    (103, 227),            # not listed: its family's (100, Blackwell)
+    (120, 163),            # no family listed: A100's, the default
+    (None, 163),           # no GPU at all
+])
+def test_shared_memory_per_program_by_compute_capability(monkeypatch, cc, kib):
+  monkeypatch.setattr(gpu, "compute_capability", lambda: cc)
+  assert gpu.shared_memory_bytes() == kib * 1024
