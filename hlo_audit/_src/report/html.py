@@ -169,6 +169,7 @@ FINDINGS_SCRIPT = """
 })();
 """
 
+#: A colour for every lifetime class (indexed: a class added without one fails).
 _LIFETIME_COLORS = {
     Lifetime.TRANSIENT: "#0969da", Lifetime.SAVED_FOR_BACKWARD: "#8250df",
     Lifetime.EXPANDED_BROADCAST: "#bf8700", Lifetime.LAYOUT_CONVERSION: "#bf3989",
@@ -309,7 +310,7 @@ def graph_svg(report, max_kernels: int = 220) -> str:
       span = abs(y2 - y1)
       bulge = min(arc_room - 20, 18 + span * 0.6)
       width = 0.6 + 3.4 * math.log1p(b.bytes) / math.log1p(biggest)
-      color = "#cf222e" if b.name in boundaries else _LIFETIME_COLORS.get(b.lifetime, "#0969da")
+      color = "#cf222e" if b.name in boundaries else _LIFETIME_COLORS[b.lifetime]
       opacity = 0.9 if b.name in boundaries else 0.45
       arcs.append((span, f'<path d="M{label_w},{y1} C{label_w + bulge},{y1} {label_w + bulge},{y2} {label_w},{y2}" '
                   f'fill="none" stroke="{color}" stroke-opacity="{opacity}" stroke-width="{width:.2f}">'
@@ -395,7 +396,7 @@ def memory_svg(report, width: int = 960, height: int = 320) -> str:
         lower += [f"{x1:.1f},{y(lo):.1f}", f"{x0:.1f},{y(lo):.1f}"]
         base[j] = hi
       marks.append(f'<polygon points="{" ".join(upper + lower[::-1])}" '
-                   f'fill="{_LIFETIME_COLORS.get(lt, "#0969da")}" fill-opacity="0.75" '
+                   f'fill="{_LIFETIME_COLORS[lt]}" fill-opacity="0.75" '
                    f'pointer-events="none"><title>{_e(lt.value)}</title></polygon>')
     for j, c in enumerate(cols):
       x0 = pad_l + j * w / len(cols)
@@ -414,7 +415,7 @@ def memory_svg(report, width: int = 960, height: int = 320) -> str:
       stroke = ' class="atpeak" stroke="#cf222e" stroke-width="0.8"' if at_peak else ""
       marks.append(f'<rect x="{x0:.1f}" y="{y1:.1f}" width="{max(0.6, x1 - x0):.1f}" '
                    f'height="{max(0.6, y0 - y1):.1f}" '
-                   f'fill="{_LIFETIME_COLORS.get(b.lifetime, "#0969da")}" fill-opacity="0.75"'
+                   f'fill="{_LIFETIME_COLORS[b.lifetime]}" fill-opacity="0.75"'
                    f'{stroke} data-i="{i}"/>')
       tips.append(_band_tip(b))
   out = ['<div id="mem-tip">hover the view for the buffers there</div>',

@@ -481,3 +481,18 @@ def test_an_aggregated_memory_view_draws_each_class_live_in_any_column(monkeypat
   live = {kinds[k].value for c in cols for k, v in enumerate(c.by_lifetime) if v}
   assert set(drawn) == live
   assert any(not all(c.by_lifetime[kinds.index(Lifetime(v))] for c in cols) for v in live)
+
+
+def test_every_lifetime_class_has_a_colour():
+  from hlo_audit._src.analysis.buffers import Lifetime  # pylint: disable=import-outside-toplevel
+  from hlo_audit._src.report.html import _LIFETIME_COLORS  # pylint: disable=import-outside-toplevel
+  assert set(_LIFETIME_COLORS) == set(Lifetime)
+  assert len(set(_LIFETIME_COLORS.values())) == len(Lifetime)  # told apart
+
+
+def test_no_timed_fix_means_no_top_fixes_line():
+  import types  # pylint: disable=import-outside-toplevel
+  from hlo_audit._src.report.terminal import time_lines  # pylint: disable=import-outside-toplevel
+  untimed = [types.SimpleNamespace(actionable=True, capacity=False, time_saved=None)]
+  lines = time_lines(rep(), untimed)
+  assert lines and not any("fix" in l for l in lines), lines
