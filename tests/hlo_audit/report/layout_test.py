@@ -31,6 +31,8 @@ def example_report():
 
 def test_wrap_indents_the_lines_after_the_first():
   assert layout.wrap("aaa bbb ccc", 8, indent="  ") == ["aaa bbb", "  ccc"]
+  # A line exactly as wide as the width is full, not over.
+  assert layout.wrap("aaa bbb ccc", 7) == ["aaa bbb", "ccc"]
 
 
 def test_elide_keeps_both_ends_and_wrap_never_splits_words():

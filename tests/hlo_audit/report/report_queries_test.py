@@ -496,3 +496,20 @@ def test_no_timed_fix_means_no_top_fixes_line():
   untimed = [types.SimpleNamespace(actionable=True, capacity=False, time_saved=None)]
   lines = time_lines(rep(), untimed)
   assert lines and not any("fix" in l for l in lines), lines
+
+
+def test_a_step_estimated_at_no_time_gets_no_top_fixes_line():
+  import types  # pylint: disable=import-outside-toplevel
+  from hlo_audit._src.report.terminal import time_lines  # pylint: disable=import-outside-toplevel
+  r = rep()
+  zero = dataclasses.replace(r, timing=dataclasses.replace(r.timing, step_time=0.0))
+  timed = [types.SimpleNamespace(actionable=True, capacity=False, time_saved=1e-6)]
+  assert not any("fix" in l for l in time_lines(zero, timed))
+
+
+def test_the_intermediate_table_heads_its_columns():
+  text = rep().to_text(250, all=True).splitlines()
+  at = next(i for i, l in enumerate(text) if l.startswith("Intermediate tensors"))
+  assert text[at + 1].split() == [
+      "Buffer", "Shape", "Dtype", "Bytes", "Producer", "Consumer(s)", "Reuse", "Live",
+      "Lifetime", "Removable?", "Strategy", "Source"], text[at + 1]
