@@ -101,7 +101,8 @@ def test_report_gathers_table_plots_classes_and_failures():
                               missing=2, command="hlo-audit sweep example")
   assert "points: 6 recorded (5 ok, 1 failed); 2 of the grid not yet run" in md
   assert "![bytes.png](bytes.png)" in md and "![peak.png](peak.png)" in md
-  assert "| p2 | 1 | 64 | float32 | ok | 12 | 32.00 KiB | 48.00 KiB |" in md
+  assert ("| p2 | 1 | 64 | float32 | ok | 12 | 32.00 KiB | 48.00 KiB | 48.06 KiB | -0.10% "
+          "| 16.00 KiB | 3 (2 actionable) | unfused-epilogue | 1.00 |") in md
   assert "| p5 | 1 | 64 | bfloat16 | FAILED |" in md
   assert "| unfused-epilogue | 5 | 10 | 16.00 KiB |" in md
   assert "- `p5` batch=1 seq=64 dtype=bfloat16: ValueError: d_model=33" in md
