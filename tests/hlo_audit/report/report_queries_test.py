@@ -513,3 +513,13 @@ def test_the_intermediate_table_heads_its_columns():
   assert text[at + 1].split() == [
       "Buffer", "Shape", "Dtype", "Bytes", "Producer", "Consumer(s)", "Reuse", "Live",
       "Lifetime", "Removable?", "Strategy", "Source"], text[at + 1]
+
+
+def test_a_buffer_of_no_bytes_is_not_drawn_in_the_memory_view():
+  from hlo_audit._src.report.html import memory_svg  # pylint: disable=import-outside-toplevel
+  r = rep()
+  last = max(b.live_range[1] for b in r.buffers)
+  empty = dataclasses.replace(r.buffers[0], name="empty", bytes=0, live_range=(0, last))
+  assert memory_svg(dataclasses.replace(r, buffers=(*r.buffers, empty))) == memory_svg(r)
+  assert memory_svg(dataclasses.replace(r, buffers=(empty,))) == \
+      '<p class="muted">No buffers.</p>'
