@@ -523,3 +523,20 @@ def test_a_buffer_of_no_bytes_is_not_drawn_in_the_memory_view():
   assert memory_svg(dataclasses.replace(r, buffers=(*r.buffers, empty))) == memory_svg(r)
   assert memory_svg(dataclasses.replace(r, buffers=(empty,))) == \
       '<p class="muted">No buffers.</p>'
+
+
+@pytest.mark.parametrize("capacity, saved, shown", [
+    (True, 0.0, ""),          # a capacity change that costs no time says none
+    (True, -2e-6, "-2.00 us"),  # one that costs time says so
+    (False, 0.0, "0 s"),
+])
+def test_a_groups_time_cell(capacity, saved, shown):
+  import types  # pylint: disable=import-outside-toplevel
+  from hlo_audit._src.report.terminal import group_cells  # pylint: disable=import-outside-toplevel
+  (f,) = rep().findings
+  g = types.SimpleNamespace(peak_saved=None, time_saved=saved, capacity=capacity,
+                            bytes_saved=1024, kind=f.kind, count=1, boundary_shape="f32[8]",
+                            kernel="", verdict=f.verdict, source=None, layer="")
+  cells = group_cells(g, step=1e-5)
+  assert cells["time"] == shown, cells
+  assert cells["share"] == ("" if not shown else f"{100 * saved / 1e-5:.1f}%"), cells
