@@ -148,7 +148,7 @@ def parse_time(text: str | float | int) -> float:
     m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]*)?(?:[eE][-+]?[0-9]+)?|\.[0-9]+)\s*"
                      r"([A-Za-z\u00b5\u03bc]*)\s*", str(text))
     unit = m.group(2).lower() if m else None
-    if m is None or unit not in _PER_SECOND:
+    if unit not in _PER_SECOND:  # (None, no match, is no unit either)
       raise bad
     value = float(m.group(1)) / _PER_SECOND[unit]
   if not math.isfinite(value) or value < 0:

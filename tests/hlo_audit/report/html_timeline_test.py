@@ -323,3 +323,14 @@ def test_a_merged_bars_tooltip_splits_its_time_by_bound():
                if " launches of " in b.title]
   assert "40 launches of 2 kernels in 4.00 us (memory 75%, compute 25%)" in merged.title
   assert merged.attrs["fill"] == html.BOUND_COLORS["memory"]
+
+
+def test_bars_fill_their_rows_height():
+  # Compute's row first, then communication's: each bar as tall as its row.
+  page = gathers().to_html()
+  rows = re.findall(r'<rect x="[\d.]+" y="([\d.]+)" width="[\d.]+" height="([\d.]+)" '
+                    r'fill="#f6f8fa"/>', page)
+  drawn = bars(page)
+  assert len(rows) == 2 and drawn
+  for b in drawn:
+    assert (b.attrs["y"], b.attrs["height"]) in rows, (b.attrs, rows)

@@ -540,3 +540,13 @@ def test_a_groups_time_cell(capacity, saved, shown):
   cells = group_cells(g, step=1e-5)
   assert cells["time"] == shown, cells
   assert cells["share"] == ("" if not shown else f"{100 * saved / 1e-5:.1f}%"), cells
+
+
+def test_a_hint_exactly_as_wide_as_the_width_stays_on_one_line():
+  from hlo_audit._src.report.terminal import _aligned  # pylint: disable=import-outside-toplevel
+  hints = [("hlo-audit run f.py", "audits it"), ("x", "the shorter one")]
+  lines = _aligned(hints, 200)
+  assert lines == ["  hlo-audit run f.py  audits it", "  x                   the shorter one"]
+  assert _aligned(hints, len(lines[1])) == lines
+  narrower = _aligned(hints, len(lines[1]) - 1)
+  assert narrower[0] == lines[0] and len(narrower) > 2

@@ -137,7 +137,10 @@ def test_markdown_text_renders_as_the_characters_it_holds():
 
 
 def test_code_span_and_fence_hold_any_backtick_run():
-  for s in ("evil", "ev`il", "``x``", "` a `", "a```b", "\x1b[2J`"):
+  # A span that starts (or only ends) with a backtick is padded at both ends.
+  assert safe.code_span("`x") == "`` `x ``" and safe.code_span("x`") == "`` x` ``"
+  assert safe.code_span("x") == "`x`"
+  for s in ("evil", "ev`il", "``x``", "` a `", "a```b", "\x1b[2J`", "`x"):
     span = safe.code_span(s)
     page = rendered(span)
     assert page == f"<p><code>{html.escape(safe.printable(s), quote=False)}</code></p>\n", s
