@@ -244,3 +244,18 @@ def test_point_reports_are_written_under_out_points_and_linked_by_id(model, tmp_
   page = (out / "report.html").read_text()
   for i in ids:
     assert f'<a href="points/{i}.html">{i}</a>' in page
+
+
+def test_a_pool_of_one_runs_every_point_in_its_one_worker(model):
+  ref = TargetRef(model, ARGS)
+  tasks = []
+  for i in range(3):
+    params = {"b": 2 + i, "d": 8, "mode": "ok", "args": f"f32[{2 + i},8];f32[8,16]"}
+    tasks.append(Task(target=ref, point=PlannedPoint(id=f"p{i}", index=i, values=params,
+                                                     params=params),
+                      measure=Measure()))
+  records = []
+  WorkerPool(1, point_timeout=60).run(tasks, records.append)
+  assert sorted(r["id"] for r in records) == ["p0", "p1", "p2"]
+  assert all(r["status"] == "ok" for r in records)
+  assert len({r["pid"] for r in records}) == 1 and records[0]["pid"] != os.getpid()
