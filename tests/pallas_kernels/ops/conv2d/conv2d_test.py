@@ -529,3 +529,19 @@ def test_the_heuristic_sheds_pipeline_stages_to_fit_shared_memory_down_to_one(mo
     cfg = config_lib.heuristic_config(4096, 128, 128, jnp.bfloat16, gpu_backend,
                                       depthwise=False)
     assert cfg.num_stages == stages, (budget, cfg)
+
+
+@pytest.mark.parametrize("padding, said", [
+    (((1, 1), (0, 0)), "padding=((1, 1), (0, 0))"),   # only the rows padded
+    (((0, 0), (0, 0)), "padding='VALID'"),
+])
+def test_a_call_read_off_a_convolution_pads_explicitly_where_any_side_is(padding, said):
+  out_w = 26 + padding[1][0] + padding[1][1]
+  conv = types.SimpleNamespace(
+      role="forward", input=_array("bf16", (8, 28, 28, 32)),
+      kernel=_array("bf16", (3, 3, 32, 64)), output=_array("bf16", (8, 28, out_w, 64)),
+      stride=(1, 1), padding=padding, dilation=(1, 1), input_dilation=(1, 1), groups=1)
+  facts = CallFacts(kind="unfused-epilogue", ops=("activation:relu",),
+                    boundary=_array("bf16", (8, 28, out_w, 64)), shape="",
+                    convolution=conv, numpy_name={"bf16": "bfloat16"}.get)
+  assert said in arg_specs.suggest(facts).text()
