@@ -295,3 +295,15 @@ def test_the_forward_writes_the_first_value_holding_the_mean():
   sites = _sites(swapped, *args)
   assert [s.replaced for s in sites] == [True, True], [(s.replaced, s.reason) for s in sites]
   _close(swapped(*args), step(*args), 2e-5)
+
+
+def test_a_group_norm_over_features_alone_is_swapped():
+  # flax's GroupNorm on [N, C] (no spatial axes): x viewed as [N, G, C/G].
+  gn = nn.GroupNorm(num_groups=G)
+  x = jax.random.normal(jax.random.key(0), (N, C))
+  params = gn.init(jax.random.key(1), x)
+  fn = lambda p, x: gn.apply(p, x)  # noqa: E731
+  swapped = pk.swap(fn, interpret=True)
+  (site,) = _sites(swapped, params, x)
+  assert site.replaced and f"x=f32[{N},{C}]" in site.call, site
+  _close(swapped(params, x), fn(params, x), 1e-5)
