@@ -219,7 +219,7 @@ def shard(items: Sequence, num_shards: int, index: int) -> list:
   Raises:
     GridError: unless 0 <= index < num_shards.
   """
-  if num_shards < 1 or not 0 <= index < num_shards:
+  if not 0 <= index < num_shards:  # (no index passes for num_shards < 1)
     raise GridError(f"need 0 <= shard_index < num_shards, got shard_index={index}, "
                     f"num_shards={num_shards}")
   return list(items[index::num_shards])

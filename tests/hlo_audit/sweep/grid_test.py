@@ -105,8 +105,9 @@ def test_shards_are_disjoint_complete_and_balanced():
   parts = [shard(items, 3, i) for i in range(3)]
   assert sorted(sum(parts, [])) == items
   assert [len(p) for p in parts] == [7, 7, 6]
-  with pytest.raises(GridError, match="shard_index"):
-    shard(items, 3, 3)
+  for num_shards, index in ((3, 3), (3, -1), (0, 0), (-1, 0)):
+    with pytest.raises(GridError, match=f"got shard_index={index}, num_shards={num_shards}"):
+      shard(items, num_shards, index)
 
 
 def test_point_id_is_stable_and_order_free():
