@@ -107,6 +107,10 @@ def test_in_process_sweep_records_every_point_and_a_rerun_skips_them(model, tmp_
   assert {os.path.basename(p) for p in result.files} == {
       "bytes.png", "peak.png", "time.png", "report.md", "report.html"}
   assert "est. step" in point_line(ok[0]) and "on cpu" in point_line(ok[0])
+  # The report's table, sorted by the parameters that vary (b, then mode).
+  rows = [l.split(" | ")[1:3] for l in (out / "report.md").read_text().splitlines()
+          if l.startswith("| ") and " | f32" in l]
+  assert rows == [["8", "ok"], ["8", "raise"], ["16", "ok"], ["16", "raise"]], rows
 
   again = run_sweep(opts)
   assert (again.ran, again.skipped) == (0, 4)
