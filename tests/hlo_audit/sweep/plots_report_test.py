@@ -212,3 +212,21 @@ def test_an_x_with_any_value_not_a_number_is_placed_by_order():
   assert data == {"all points": [(0, 1), (1, 2), (2, 3)]}, data
   numbers = [rec(0, 16, "float32", saved=1), rec(2, 32, "float32", saved=3)]
   assert plots.plot_data(numbers, NAMES, plot_x="seq") == {"all points": [(16, 1), (32, 3)]}
+
+
+@pytest.mark.parametrize("seqs, log_x, ticked", [
+    ((1, 2, 4), False, True),                 # a span under 8x: a linear axis
+    ((1, 8), True, True),                     # 8x: log2
+    (tuple(range(1, 13)), True, True),        # 12 values: each one ticked
+    (tuple(range(1, 14)), True, False),       # 13: the locator's ticks
+])
+def test_a_numeric_x_axis_goes_log_at_8x_and_ticks_each_value_up_to_12(
+    tmp_path, monkeypatch, seqs, log_x, ticked):
+  axes = {}
+  monkeypatch.setattr(plots, "_save", lambda fig, out, name: axes.__setitem__(
+      name, (fig.axes[0].get_xscale(), list(fig.axes[0].get_xticks()))))
+  records = [rec(i, s, "float32", saved=100 * (i + 1)) for i, s in enumerate(seqs)]
+  plots.plot_sweep(records, str(tmp_path), NAMES)
+  scale, ticks = axes["bytes.png"]
+  assert scale == ("log" if log_x else "linear"), scale
+  assert (ticks == [float(s) for s in seqs]) == ticked, ticks
