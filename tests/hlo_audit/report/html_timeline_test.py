@@ -78,10 +78,12 @@ def bars(page: str) -> list[Mark]:
   return [m for m in timeline(page).marks if m.tag == "rect"]
 
 
-def _by_hand(report, names: list[str], launches: list[Launch]):
-  """`report` with a hand-made estimate: kernels `names`, the `launches`."""
+def _by_hand(report, names: list[str], launches: list[Launch], compute_bound=()):
+  """`report` with a hand-made estimate: kernels `names` (memory-bound, but
+  those in `compute_bound`), the `launches`."""
   kernels = tuple(KernelTime(name=n, bytes=1 << 20, matrix_flops=0, vector_flops=1 << 18,
-                             transcendentals=0, launches=1, memory_time=2e-6,
+                             transcendentals=0, launches=1,
+                             memory_time=1e-7 if n in compute_bound else 2e-6,
                              compute_time=1e-6, launch_time=1e-7) for n in names)
   step = max(l.start + l.duration for l in launches)
   timing = StepTime(facts=report.timing.facts, kernels=kernels, step_time=step,
@@ -301,26 +303,11 @@ def test_the_timeline_ends_just_below_its_time_axis():
 def test_a_merged_bars_tooltip_splits_its_time_by_bound():
   # Memory-bound "m" and compute-bound "c" launches, each under a pixel,
   # alternating: one merged bar, 3 us of memory-bound time to 1 us.
-  base = gathers()
-  kernels = (KernelTime(name="m", bytes=1 << 20, matrix_flops=0, vector_flops=0,
-                        transcendentals=0, launches=1, memory_time=2e-6, compute_time=1e-6,
-                        launch_time=1e-7),
-             KernelTime(name="c", bytes=1 << 10, matrix_flops=1 << 30, vector_flops=0,
-                        transcendentals=0, launches=1, memory_time=1e-7, compute_time=1e-6,
-                        launch_time=1e-7),
-             KernelTime(name="long", bytes=1 << 20, matrix_flops=0, vector_flops=0,
-                        transcendentals=0, launches=1, memory_time=2e-6, compute_time=1e-6,
-                        launch_time=1e-7))
   launches = [Launch("m" if i % 4 else "c", i * 1e-7, 1e-7) for i in range(40)]
   launches.append(Launch("long", 4e-6, 1e-2))
-  step = 4e-6 + 1e-2
-  timing = StepTime(facts=base.timing.facts, kernels=kernels, step_time=step,
-                    memory_time=step, compute_time=0.0, launch_time=0.0,
-                    communication_time=0.0, launches=tuple(launches),
-                    _by_name=types.MappingProxyType({k.name: k for k in kernels}))
-  assert [timing.kernel(n).bound.value for n in ("m", "c")] == ["memory", "compute"]
-  (merged,) = [b for b in bars(dataclasses.replace(base, timing=timing).to_html())
-               if " launches of " in b.title]
+  r = _by_hand(gathers(), ["m", "c", "long"], launches, compute_bound=("c",))
+  assert [r.timing.kernel(n).bound.value for n in ("m", "c")] == ["memory", "compute"]
+  (merged,) = [b for b in bars(r.to_html()) if " launches of " in b.title]
   assert "40 launches of 2 kernels in 4.00 us (memory 75%, compute 25%)" in merged.title
   assert merged.attrs["fill"] == html.BOUND_COLORS["memory"]
 

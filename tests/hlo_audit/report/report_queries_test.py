@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import types
 
 import pytest
 
@@ -344,13 +345,16 @@ def test_the_buffers_live_at_a_step_come_largest_first():
       and b.live_range[0] <= r.peak_time <= b.live_range[1]}
 
 
+def _work_group(time_saved):
+  """What `time_lines` reads of an actionable group that changes the work."""
+  return types.SimpleNamespace(actionable=True, capacity=False, time_saved=time_saved)
+
+
 def test_the_time_line_sums_the_fixes_saving_most():
-  import types  # pylint: disable=import-outside-toplevel
   from hlo_audit._src.report.terminal import TOP_FIXES, time_lines  # pylint: disable=import-outside-toplevel
   from hlo_audit._src.report.units import fmt_time  # pylint: disable=import-outside-toplevel
   r = rep()
-  groups = [types.SimpleNamespace(actionable=True, capacity=False, time_saved=t * 1e-7)
-            for t in (3, 7, 1, 6, 2, 5, 4)]
+  groups = [_work_group(t * 1e-7) for t in (3, 7, 1, 6, 2, 5, 4)]
   want = sum(sorted((g.time_saved for g in groups), reverse=True)[:TOP_FIXES])
   assert TOP_FIXES < len(groups)
   line = next(l for l in time_lines(r, groups) if "fixes:" in l)
@@ -491,19 +495,17 @@ def test_every_lifetime_class_has_a_colour():
 
 
 def test_no_timed_fix_means_no_top_fixes_line():
-  import types  # pylint: disable=import-outside-toplevel
   from hlo_audit._src.report.terminal import time_lines  # pylint: disable=import-outside-toplevel
-  untimed = [types.SimpleNamespace(actionable=True, capacity=False, time_saved=None)]
+  untimed = [_work_group(None)]
   lines = time_lines(rep(), untimed)
   assert lines and not any("fix" in l for l in lines), lines
 
 
 def test_a_step_estimated_at_no_time_gets_no_top_fixes_line():
-  import types  # pylint: disable=import-outside-toplevel
   from hlo_audit._src.report.terminal import time_lines  # pylint: disable=import-outside-toplevel
   r = rep()
   zero = dataclasses.replace(r, timing=dataclasses.replace(r.timing, step_time=0.0))
-  timed = [types.SimpleNamespace(actionable=True, capacity=False, time_saved=1e-6)]
+  timed = [_work_group(1e-6)]
   assert not any("fix" in l for l in time_lines(zero, timed))
 
 
@@ -531,7 +533,6 @@ def test_a_buffer_of_no_bytes_is_not_drawn_in_the_memory_view():
     (False, 0.0, "0 s"),
 ])
 def test_a_groups_time_cell(capacity, saved, shown):
-  import types  # pylint: disable=import-outside-toplevel
   from hlo_audit._src.report.terminal import group_cells  # pylint: disable=import-outside-toplevel
   (f,) = rep().findings
   g = types.SimpleNamespace(peak_saved=None, time_saved=saved, capacity=capacity,
