@@ -285,8 +285,9 @@ class _SchemaError(ValueError):
 
 
 def _json_kind(v) -> str:
-  return {dict: "object", list: "array", str: "string", bool: "boolean", int: "number",
-          float: "number", type(None): "null"}.get(type(v), type(v).__name__)
+  # A row's builder turns arrays into tuples before they are checked.
+  return {dict: "object", list: "array", tuple: "array", str: "string", bool: "boolean",
+          int: "number", float: "number", type(None): "null"}.get(type(v), type(v).__name__)
 
 
 def _rows(d: dict, section: str, build) -> tuple:
@@ -445,7 +446,10 @@ def _typed(cls, **fields):
 
 
 def _hint_text(hint) -> str:
-  return getattr(hint, "__name__", None) or str(hint).replace("typing.", "")
+  # A generic alias's __name__ drops its arguments ("tuple" for tuple[int, ...]).
+  if typing.get_origin(hint) is None and getattr(hint, "__name__", None):
+    return hint.__name__
+  return str(hint).replace("typing.", "")
 
 
 def _finding_kind(kinds: dict, slug):

@@ -41,4 +41,11 @@ def test_a_group_of_loop_findings_sums_its_members_once():
   (row,) = [row for row in r.to_dict()["groups"] if row["class"] == "unfused-epilogue"]
   assert row["bytes_saved"] == g.bytes_saved and row["count"] == 2
   assert sum(r.findings[i].bytes_saved for i in row["members"]) == row["bytes_saved"]
-  assert "640.00 KiB" in r.to_text(160) and "x2" in r.to_text(160)
+  text = r.to_text(160)
+  assert "640.00 KiB" in text and "x2" in text
+  # Under the group's row, a row per member with its own boundary and bytes.
+  from hlo_audit._src.report.text import group_rows  # pylint: disable=import-outside-toplevel
+  rows = group_rows([g])
+  assert [row[2] for row in rows] == ["x2 buffers"] + [
+      "- " + (m.boundary or m.producer) for m in g.members]
+  assert [row[5] for row in rows[1:]] == ["320.00 KiB"] * 2

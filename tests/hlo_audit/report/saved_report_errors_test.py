@@ -51,6 +51,11 @@ def _broken(edit) -> dict:
      "buffers[0]: a field has the wrong type or value"),
     (lambda d: d["buffers"][0].update(live_range=[0, 1, 2]),
      "buffers[0]: a field has the wrong type or value"),
+    # A tuple of any length: each item against the one type.
+    (lambda d: d["buffers"][0].update(dims=[16, "32"]),
+     "buffers[0]: a field has the wrong type or value (field 'dims': expected tuple[int, ...]"),
+    (lambda d: d["buffers"][0].update(consumers=[3]),
+     "buffers[0]: a field has the wrong type or value (field 'consumers'"),
 ])
 def test_a_broken_report_names_where(edit, message):
   with pytest.raises(ValueError) as e:
@@ -63,6 +68,17 @@ def test_a_broken_report_names_where(edit, message):
 def test_what_is_not_an_object_is_not_a_report(value, kind):
   with pytest.raises(ValueError, match=f"^a JSON {kind}, not a report"):
     report_from_dict(value)
+
+
+def test_a_report_saved_in_schema_1_reads_its_rows_with_no_source_stack():
+  # Schema 1 had no stacks and no frame table; its rows read as stackless.
+  def schema_1(d):
+    d.update(schema_version=1)
+    for row in d["kernels"] + d["buffers"] + d["findings"]:
+      row.pop("source_stack")
+  r = report_from_dict(_broken(schema_1))
+  assert r.kernels and r.buffers
+  assert all(row.source_stack == () for row in r.kernels + r.buffers + r.findings)
 
 
 def test_the_unbroken_report_reads_back():
