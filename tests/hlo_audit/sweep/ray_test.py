@@ -25,6 +25,7 @@ from hlo_audit._src.sweep.ray_pool import (Executor, ExecutorError, RayPool,
                                            parse_executor, sent_environment)
 from hlo_audit._src.sweep.runner import SweepOptions, plan, point_line, run_sweep
 from hlo_audit._src.sweep.store import read_jsonl
+from hlo_audit._src.target import calibration
 from hlo_audit._src.sweep.targets import Measure
 
 MODEL = """\
@@ -171,6 +172,9 @@ def test_bad_executor_flags_are_one_line(model, tmp_path, capsys, flags, message
 
 def test_a_ray_sweep_records_the_same_rows_as_the_local_pool(cluster, model, tmp_path):
   grid = "b=8,16,24;d=32,64;mode=ok,raise"
+  # The CPU's facts cached first: with none cached, the pool's and Ray's
+  # workers would each measure them, and two measures differ in their times.
+  calibration.cpu_facts()
   local = run_sweep(_options(model, tmp_path / "local", grid, jobs=2))
   on_ray = run_sweep(_options(model, tmp_path / "ray", grid, executor="ray", jobs=None))
   assert (on_ray.total, on_ray.ran, on_ray.failed) == (local.total, local.ran,
