@@ -30,10 +30,10 @@ def varying(records: Sequence[Mapping], names: Sequence[str]) -> list[str]:
   between records."""
   all_names = list(names)
   for r in records:
-    all_names += [n for n in r.get("params", {}) if n not in all_names]
+    all_names += [n for n in r["params"] if n not in all_names]
   out = []
   for n in all_names:
-    values = {repr(r.get("params", {}).get(n)) for r in records}
+    values = {repr(r["params"].get(n)) for r in records}
     if len(values) > 1:
       out.append(n)
   return out
@@ -49,7 +49,7 @@ def choose_x(records: Sequence[Mapping], names: Sequence[str],
   """
   vary = varying(records, names)
   if plot_x is not None:
-    if not any(plot_x in r.get("params", {}) for r in records):
+    if not any(plot_x in r["params"] for r in records):
       raise GridError(f"--plot_x {plot_x!r} is not a parameter of the sweep's points")
     return plot_x
   numeric = [n for n in vary

@@ -80,7 +80,7 @@ def table(records: Sequence[Mapping], params: Sequence[str], out_dir: str | None
     columns += ["kernel ms", "XLA ms", "speedup"]
   rows, sort_values = [], {}
   for i, r in enumerate(records):
-    p = r.get("params", {})
+    p = r["params"]
     link = r["id"]
     if out_dir and os.path.exists(os.path.join(out_dir, "points", r["id"] + ".html")):
       link = Raw(f'<a href="points/{_e(r["id"])}.html">{_e(r["id"])}</a>')
@@ -206,7 +206,7 @@ def render_markdown(target: str, records, params, pngs, missing: int = 0,
   if failures:
     lines += ["## Failed points", ""]
     for r in failures:
-      label = " ".join(f"{k}={v}" for k, v in r.get("params", {}).items())
+      label = " ".join(f"{k}={v}" for k, v in r["params"].items())
       lines.append(f"- {code_span(r['id'])} {markdown_text(label)}: "
                    f"{markdown_text(r.get('error'))}")
     lines.append("")
@@ -244,7 +244,7 @@ def render_html(target: str, records, params, pngs, out_dir: str | None = None,
   if failures:
     parts.append(f"<h2>Failed points ({len(failures)})</h2>")
     for r in failures:
-      label = " ".join(f"{k}={v}" for k, v in r.get("params", {}).items())
+      label = " ".join(f"{k}={v}" for k, v in r["params"].items())
       parts.append(f"<details><summary><code>{_e(r['id'])}</code> {_e(label)}: "
                    f"{_e(r.get('error'))}</summary><pre>{_e(r.get('traceback') or '')}"
                    "</pre></details>")
@@ -271,7 +271,7 @@ def write_sweep_outputs(options, plan) -> list[str]:
   names = list(plan.names)
   vary = plots_lib.varying(records, names)
   params = vary or names
-  records.sort(key=lambda r: tuple(_order(r.get("params", {}).get(n)) for n in params))
+  records.sort(key=lambda r: tuple(_order(r["params"].get(n)) for n in params))
   fixed = {n: records[0]["params"].get(n) for n in names if n not in vary} if records else {}
   done = {r["id"] for r in records}
   missing = sum(pt.id not in done for pt in plan.points)

@@ -392,7 +392,7 @@ def point_line(record: Mapping, label_names: Sequence[str] | None = None) -> str
 def _point_line(record: Mapping, label_names: Sequence[str] | None) -> str:
   from hlo_audit._src.report.units import fmt_bytes, fmt_time
 
-  params = record.get("params", {})
+  params = record["params"]
   names = [k for k in params if k != "args"] if label_names is None else label_names
   label = " ".join(f"{k}={params.get(k)}" for k in names) or record["id"]
   secs = record.get("seconds", {}).get("total", 0.0)

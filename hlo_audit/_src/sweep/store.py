@@ -199,7 +199,7 @@ def _get(record: Mapping, path: Sequence[str]):
 
 def csv_row(record: Mapping, param_names: Sequence[str]) -> list[str]:
   """One CSV row: id, status, parameters, then `METRIC_COLUMNS`."""
-  params = record.get("params", {})
+  params = record["params"]
   cells: list[Any] = [record["id"], record.get("status", "")]
   cells += [params.get(n) for n in param_names]
   for name, path in METRIC_COLUMNS:
@@ -298,7 +298,7 @@ class ResultStore:
       everything = [r for r in everything if r.get("status") == "ok"]
     # Parameter columns: this run's, then any older records' in order.
     for r in kept:
-      for name in r.get("params", {}):
+      for name in r["params"]:
         if name not in self.param_names:
           self.param_names.append(name)
     buf = io.StringIO()
