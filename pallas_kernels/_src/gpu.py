@@ -76,6 +76,29 @@ def store(ref: Any, value: Any, mask: Any) -> None:
   _plgpu.store(ref, value.astype(ref.dtype), mask=mask)
 
 
+#: Shared memory one block may use (the opt-in maximum), bytes, by compute
+#: capability major * 10 + minor: the CUDA C++ Programming Guide, "Technical
+#: Specifications per Compute Capability".
+SHARED_MEMORY_PER_BLOCK = {
+    70: 96 * 1024, 75: 64 * 1024,                                       # V100, T4
+    80: 163 * 1024, 86: 99 * 1024, 87: 163 * 1024, 89: 99 * 1024,      # A100, A10, Orin, L4
+    90: 227 * 1024,                                                     # H100, H200
+    100: 227 * 1024, 103: 227 * 1024, 120: 99 * 1024,                  # B200, B300, RTX 50
+}
+#: What every CUDA GPU gives a block without opting in: for a capability
+#: the table has neither itself nor its family of, a kernel that fits it
+#: launches (a larger config is refused and falls back to XLA).
+PORTABLE_SHARED_MEMORY = 48 * 1024
+
+
+def shared_memory_per_block(compute_capability: int) -> int:
+  """Bytes of shared memory one block may use on a GPU of that capability:
+  its entry, else its family's (103 reads 100's), else the portable 48 KiB."""
+  table = SHARED_MEMORY_PER_BLOCK
+  return table.get(compute_capability,
+                   table.get(compute_capability // 10 * 10, PORTABLE_SHARED_MEMORY))
+
+
 #: Pallas' Triton lowering computes element offsets in int32: an array of
 #: more elements is out of a kernel's reach.
 MAX_ELEMENTS = 2**31 - 1

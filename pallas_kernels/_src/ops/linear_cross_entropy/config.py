@@ -62,18 +62,6 @@ def padded_d(cfg: Config, d: int) -> int:
   return rows_lib.padded_cols(d, block_d(cfg, d))
 
 
-#: Opt-in dynamic shared memory per block, bytes, by compute capability
-#: (CUDA programming guide, "Technical Specifications per Compute Capability").
-_SMEM_BY_CC = {75: 64 * 1024, 80: 163 * 1024, 86: 99 * 1024, 87: 163 * 1024, 89: 99 * 1024,
-               90: 227 * 1024, 100: 227 * 1024, 103: 227 * 1024, 120: 99 * 1024}
-
-
-def shared_memory_limit(compute_capability: int) -> int:
-  """Bytes of shared memory one block may use on a GPU of that capability
-  (48 KiB, the portable floor, where the table has no entry)."""
-  return _SMEM_BY_CC.get(compute_capability, 48 * 1024)
-
-
 def shared_memory(cfg: Config, d: int, itemsize: int) -> int:
   """Upper bound, in bytes, on the shared memory of the largest kernel (the
   backward).

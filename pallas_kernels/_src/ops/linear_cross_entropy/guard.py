@@ -67,7 +67,7 @@ def unsupported_reason(*, x_shape: tuple[int, ...], x_dtype, w_shape: tuple[int,
   cc = None if interpret else gpu.compute_capability()
   if cc is not None:
     need = config_lib.shared_memory(cfg, d, tiles.itemsize)
-    limit = config_lib.shared_memory_limit(cc)
+    limit = gpu.shared_memory_per_block(cc)
     if need > limit:
       return (f"{cfg} for x {_shape(x_shape)}, w {_shape(w_shape)} "
               f"({tiles.name} tiles) needs up to "

@@ -38,12 +38,8 @@ from pallas_kernels._src import backend as backend_lib
 from pallas_kernels._src import compat
 from pallas_kernels._src import gpu as shared_gpu
 
-#: Shared memory per block (bytes) that Triton may use, by compute capability
-#: major.minor (opt-in maximum, minus a little for Triton's own bookkeeping).
-_SMEM_BYTES = {90: 227 * 1024, 100: 227 * 1024, 80: 163 * 1024, 87: 163 * 1024,
-               86: 99 * 1024, 89: 99 * 1024, 75: 64 * 1024, 70: 96 * 1024}
-#: Used when the capability is unknown (lowering without a GPU): A100's value.
-_DEFAULT_SMEM_BYTES = 163 * 1024
+#: Used when there is no GPU to ask (lowering without one): A100's value.
+_DEFAULT_SMEM_BYTES = shared_gpu.SHARED_MEMORY_PER_BLOCK[80]
 
 
 def unavailable_reason(interpret: bool) -> str | None:
@@ -99,7 +95,7 @@ def shared_memory_bytes() -> int:
   cc = compute_capability()
   if cc is None:
     return _DEFAULT_SMEM_BYTES
-  return _SMEM_BYTES.get(cc, _SMEM_BYTES.get(cc // 10 * 10, _DEFAULT_SMEM_BYTES))
+  return shared_gpu.shared_memory_per_block(cc)
 
 
 def shared_memory_bytes_of(device_kind: str) -> int:
@@ -109,11 +105,12 @@ def shared_memory_bytes_of(device_kind: str) -> int:
     device_kind: e.g. "NVIDIA H200"; unknown or empty names get A100's value.
   """
   kind = device_kind.upper()
+  smem = shared_gpu.SHARED_MEMORY_PER_BLOCK
   if any(tag in kind for tag in ("H100", "H200", "H800", "H20", "B100", "B200")):
-    return _SMEM_BYTES[90]
+    return smem[90]
   if any(tag in kind for tag in ("A100", "A800", "A30")) or not kind:
-    return _SMEM_BYTES[80]
-  return _SMEM_BYTES[86]
+    return smem[80]
+  return smem[86]
 
 
 def pipeline_smem_bytes(block_m: int, block_n: int, block_k: int, x_itemsize: float,

@@ -229,6 +229,31 @@ def test_guard_names_the_shared_memory_a_config_needs_on_a_gpu():
                                         "[8192,4096]")), over.reason
 
 
+@pytest.mark.parametrize("cc, kib", [(90, 227), (75, 64), (61, 48)])
+def test_the_guard_holds_a_config_to_the_shared_memory_of_the_gpus_capability(
+    monkeypatch, cc, kib):
+  # The same table as the matmul's (one place): an older or unknown GPU's
+  # smaller blocks refuse a config an H200 takes. The guard itself is asked
+  # (check_guard keys its answers by target, which names no such GPU).
+  from pallas_kernels._src import backend, gpu  # pylint: disable=import-outside-toplevel
+  from pallas_kernels._src.ops.linear_cross_entropy import config as config_lib  # pylint: disable=import-outside-toplevel
+  from pallas_kernels._src.ops.linear_cross_entropy import guard  # pylint: disable=import-outside-toplevel
+  cfg = Config(block_t=64, block_v=128, block_d=64, num_stages=1)
+  need = config_lib.shared_memory(cfg, 4096, 2)
+  assert need == 64 * 1024  # a T4's whole block: fits there, exactly
+  monkeypatch.setattr(gpu, "compute_capability", lambda: cc)
+  with backend.targeting(backend.resolve_target("h200")):
+    reason = guard.unsupported_reason(
+        x_shape=(8192, 4096), x_dtype=jnp.bfloat16, w_shape=(4096, 32768),
+        w_dtype=jnp.bfloat16, bias_dtype=None, labels_dtype=jnp.int32, interpret=False,
+        config=cfg)
+  if need <= kib * 1024:
+    assert reason is None, reason
+  else:
+    assert f"64 KiB of shared memory per block, over the {kib} KiB a block may use on " \
+        f"sm_{cc}" in reason, reason
+
+
 @pytest.mark.parametrize("kw,match", [
     (dict(labels=np.zeros((12,), np.int32)), r"labels.shape \(12,\)"),
     (dict(labels=np.zeros((13,), np.float32)), "labels must be integers"),

@@ -499,9 +499,10 @@ def test_shared_memory_is_held_to_its_bound(gpu_available, monkeypatch):
 
 @pytest.mark.parametrize("cc, kib", [
     (90, 227), (89, 99),   # listed: Hopper, Ada
-    (103, 227),            # not listed: its family's (100, Blackwell)
-    (120, 163),            # no family listed: A100's, the default
-    (None, 163),           # no GPU at all
+    (120, 99),             # listed: a consumer Blackwell's is not B200's
+    (101, 227),            # not listed: its family's (100, Blackwell)
+    (61, 48),              # no family listed: what every GPU gives a block
+    (None, 163),           # no GPU at all: A100's
 ])
 def test_shared_memory_per_program_by_compute_capability(monkeypatch, cc, kib):
   monkeypatch.setattr(gpu, "compute_capability", lambda: cc)
