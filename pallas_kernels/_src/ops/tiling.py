@@ -13,8 +13,9 @@ _Config = TypeVar("_Config")
 
 
 def is_pow2(n: int) -> bool:
-  """Whether `n` is a positive power of two."""
-  return n >= 1 and (n & (n - 1)) == 0
+  """Whether `n` is an int (not a bool, which Python counts as one) and a
+  positive power of two: what every block size and warp count must be."""
+  return isinstance(n, int) and not isinstance(n, bool) and n >= 1 and (n & (n - 1)) == 0
 
 
 def next_pow2(n: int) -> int:

@@ -204,6 +204,21 @@ def test_plot_x_need_only_be_a_parameter_of_some_points():
   assert "valid" not in report.table(RECORDS[1:3], NAMES)[0]
 
 
+def test_x_prefers_a_name_whose_every_value_is_a_number():
+  # seq has more values, one of them not a number; batch's are all numbers.
+  records = [{**rec(i, seq, "float32", saved=1), "params": {"batch": b, "seq": seq}}
+             for i, (b, seq) in enumerate([(1, 16), (2, "auto"), (1, 32), (2, 64)])]
+  assert plots.varying(records, ["batch", "seq"]) == ["batch", "seq"]
+  assert plots.choose_x(records, ["batch", "seq"]) == "batch"
+
+
+def test_a_record_saved_without_its_seconds_has_a_row_with_none_spent():
+  # readers rely on an id, a status and the parameters only.
+  older = {k: v for k, v in RECORDS[0].items() if k != "seconds"}
+  columns, rows, _ = report.table([older], NAMES)
+  assert rows[0][columns.index("compile s")] == "0.00"
+
+
 def test_an_x_with_any_value_not_a_number_is_placed_by_order():
   # seq=16, seq="auto", seq=32: categories in order of appearance.
   records = [rec(0, 16, "float32", saved=1), rec(1, "auto", "float32", saved=2),

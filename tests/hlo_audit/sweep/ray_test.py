@@ -25,8 +25,8 @@ from hlo_audit._src.sweep.ray_pool import (Executor, ExecutorError, RayPool,
                                            parse_executor, sent_environment)
 from hlo_audit._src.sweep.runner import SweepOptions, plan, point_line, run_sweep
 from hlo_audit._src.sweep.store import read_jsonl
-from hlo_audit._src.target import calibration
 from hlo_audit._src.sweep.targets import Measure
+from hlo_audit._src.target import calibration
 
 MODEL = """\
 import os, signal, time
@@ -440,6 +440,26 @@ def test_a_cluster_that_lists_no_gpu_has_none():
     line = pool.connect()
   assert "2 CPU(s), 0 GPU(s)" in line and "it has no GPU" in line, line
   assert not pool._gpu
+
+
+def test_the_raylets_own_messages_are_kept_off_the_progress_bar_and_no_others(
+    monkeypatch):
+  import types  # pylint: disable=import-outside-toplevel
+  from hlo_audit._src.sweep import ray_pool  # pylint: disable=import-outside-toplevel
+  printed = []
+  worker = types.SimpleNamespace(print_to_stdstream=lambda data, *a, **k: printed.append(data))
+  monkeypatch.setitem(sys.modules, "ray", types.SimpleNamespace(__path__=[]))
+  monkeypatch.setitem(sys.modules, "ray._private", types.SimpleNamespace(worker=worker))
+  original = worker.print_to_stdstream
+  quiet = ray_pool._QuietRayletErrors()
+  raylet = {"pid": "raylet", "ip": "127.0.0.1", "lines": ["A worker died"]}
+  assert worker.print_to_stdstream(raylet) is None
+  worker_line = {"pid": 4242, "ip": "127.0.0.1", "lines": ["hello"]}
+  worker.print_to_stdstream(worker_line)
+  worker.print_to_stdstream("plain text")
+  assert printed == [worker_line, "plain text"]
+  quiet.restore()
+  assert worker.print_to_stdstream is original
 
 
 @pytest.mark.parametrize("message, said", [

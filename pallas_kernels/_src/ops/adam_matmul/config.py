@@ -48,7 +48,7 @@ class Config:
   def __post_init__(self):
     for name in ("block_k", "block_n", "block_m", "num_warps"):
       value = getattr(self, name)
-      if not isinstance(value, int) or not is_pow2(value):
+      if not is_pow2(value):
         raise ValueError(f"Config.{name} must be a power of two, got {value!r}")
     if not isinstance(self.num_stages, int) or self.num_stages < 1:
       raise ValueError(f"Config.num_stages must be >= 1: {self}")

@@ -60,7 +60,7 @@ class Config:
   def __post_init__(self):
     for name in ("block_p", "block_c", "block_f", "num_warps"):
       value = getattr(self, name)
-      if not isinstance(value, int) or not is_pow2(value):
+      if not is_pow2(value):
         raise ValueError(f"Config.{name} must be a power of two, got {value!r}")
     for name in ("splits", "num_stages"):
       value = getattr(self, name)

@@ -51,7 +51,7 @@ class Config:
   def __post_init__(self):
     for name in ("block_m", "block_n", "block_k", "num_warps"):
       value = getattr(self, name)
-      if not isinstance(value, int) or not is_pow2(value):
+      if not is_pow2(value):
         raise ValueError(f"Config.{name} must be a power of two, got {value!r}")
     if self.num_stages < 1 or self.group_m < 1:
       raise ValueError(f"Config.num_stages and group_m must be >= 1: {self}")
@@ -79,7 +79,7 @@ class BackwardConfig:
   def __post_init__(self):
     for name in ("block_m", "block_n", "num_warps"):
       value = getattr(self, name)
-      if not isinstance(value, int) or not is_pow2(value):
+      if not is_pow2(value):
         raise ValueError(f"BackwardConfig.{name} must be a power of two, got {value!r}")
     if self.rows_per_program < self.block_m or self.rows_per_program % self.block_m:
       raise ValueError("BackwardConfig.rows_per_program must be a positive multiple "
