@@ -87,6 +87,12 @@ def test_the_on_chip_columns_show_when_any_kernel_moves_bytes_on_chip():
   columns = kernel_columns(one)
   at = columns.index("Written")
   assert columns[at + 1:at + 3] == ON_CHIP_COLUMNS
+  # The terminal's kernel table heads them so, between Written and Runs.
+  from hlo_audit._src.report.terminal import render_text  # pylint: disable=import-outside-toplevel
+  (head,) = [l for l in render_text(one, width=240, all=True).splitlines()
+             if l.lstrip().startswith("Kernel ") and "Written" in l]
+  assert head.split()[head.split().index("Written") + 1:][:4] == ["On", "chip", "Scratch",
+                                                                  "Runs"], head
   # A kernel's own scratch shows them too, with no estimate at all.
   k, *others = r.kernels
   assert others

@@ -115,6 +115,7 @@ def test_printable_escapes_what_acts_on_a_terminal_and_keeps_the_rest():
   assert safe.printable("a\u202eb\u2066c\u202a") == r"a\u202eb\u2066c\u202a"
   # A byte read with surrogateescape: shown as that byte, and printable.
   assert safe.printable("f\udcff.py") == r"f\xff.py"
+  assert safe.printable("f\udc80.py") == r"f\x80.py"  # the first such byte
   assert safe.printable("\ud800") == r"\ud800"
   assert safe.printable("a\nb") == r"a\x0ab"
   assert safe.printable_lines("a\x1b\nb") == "a\\x1b\nb"
