@@ -170,6 +170,19 @@ def test_a_dot_contracting_xs_first_dimension_is_transpose_x():
   assert relative_error(out, f(x, w)) <= tolerance(jnp.float32)
 
 
+def test_a_batched_w_transposed_over_its_last_two_axes_is_transpose_w():
+  # [B, N, K] swapped to [B, K, N] before the dot: the kernel reads it as is.
+  k = jax.random.split(jax.random.key(8), 2)
+  x, wt = jax.random.normal(k[0], (2, 8, 16)), jax.random.normal(k[1], (2, 24, 16)) / 4
+  f = lambda x, wt: jnp.tanh(x @ jnp.swapaxes(wt, -1, -2))
+  site = _only_site(f, x, wt)
+  assert (site.pattern, site.call) == (
+      "dot_general + w transpose + activation:tanh",
+      "matmul(x=f32[2,8,16], w=f32[2,24,16], activation='tanh', transpose_w=True)")
+  out = jax.jit(pallas_kernels.swap(f))(x, wt)
+  assert relative_error(out, f(x, wt)) <= tolerance(jnp.float32)
+
+
 _REJECTED = {
     "two contracting dimensions": (
         lambda x, w: jnp.tanh(jnp.einsum("bmk,bkn->mn", x, w)),
