@@ -204,3 +204,20 @@ def test_a_gradient_the_step_returns_is_left_to_xla():
 def test_a_plain_gradient_descent_step_is_no_adam():
   report = pk.swap(_step, interpret=True).report(*_state(optax.sgd(1e-2), 0))
   assert not _adam_sites(report)
+
+
+def test_the_update_must_match_the_kernels_own_reference_in_each_result(monkeypatch):
+  # The kernel computes adam_reference.update's terms: a step matching the
+  # swap's float64 mirror but not the kernel's reference in one of its three
+  # results (here mu') is no Adam update the kernel can run.
+  from pallas_kernels._src.ops import adam_reference  # pylint: disable=import-outside-toplevel
+  update = adam_reference.update
+
+  def mu_off(*args, **kwargs):
+    p, mu, nu = update(*args, **kwargs)
+    return p, mu * 1.01, nu
+
+  args = _state(optax.adam(1e-3), 0)
+  assert len(_adam_sites(pk.swap(_step, interpret=True).report(*args))) == 2
+  monkeypatch.setattr(adam_reference, "update", mu_off)
+  assert not _adam_sites(pk.swap(_step, interpret=True).report(*args))
