@@ -154,6 +154,16 @@ def test_plan_merges_identical_points_and_checks_up_front(model, tmp_path):
                             measure=Measure(time=True)))
   plain = plan(SweepOptions(target="softmax", out=str(tmp_path), grid="rows=8"))
   assert timed.points[0].id != plain.points[0].id
+  # One timed run and no warmup is the least a timing takes (the API's
+  # options, which no flag parser checked first).
+  least = plan(SweepOptions(target="softmax", out=str(tmp_path), grid="rows=8",
+                            measure=Measure(time=True, repeats=1, warmup=0)))
+  assert len(least.points) == 1
+  for repeats, warmup in ((0, 0), (1, -1)):
+    with pytest.raises(GridError, match=f"need --repeats >= 1 and --warmup >= 0, got "
+                                        f"{repeats}, {warmup}"):
+      plan(SweepOptions(target="softmax", out=str(tmp_path), grid="rows=8",
+                        measure=Measure(time=True, repeats=repeats, warmup=warmup)))
 
 
 def test_workers_survive_crashes_and_hangs(model, tmp_path):
