@@ -93,6 +93,11 @@ def test_in_process_sweep_records_every_point_and_a_rerun_skips_them(model, tmp_
   assert a["bytes_saved"] == 2 * ok[0]["params"]["b"] * 128 * 4
   assert a["bytes_saved_by_class"] == {"unfused-epilogue": a["bytes_saved"]}
   assert a["peak_bytes"] == a["xla_peak_bytes"]
+  # The point's own seconds, each part and the whole (a failed point: the whole).
+  secs = ok[0]["seconds"]
+  assert set(secs) == {"compile", "analysis", "total"}
+  assert secs["total"] >= secs["compile"] + secs["analysis"] > 0
+  assert all(set(r["seconds"]) == {"total"} for r in bad)
   assert ok[0]["params"]["args"] == f"f32[{ok[0]['params']['b']},64];f32[64,128]"
   # The step estimated on this machine's CPU, split into parts that sum to it.
   assert a["time_device"] == "cpu" and a["step_time"] > 0
