@@ -440,6 +440,11 @@ def test_a_cluster_that_lists_no_gpu_has_none():
     line = pool.connect()
   assert "2 CPU(s), 0 GPU(s)" in line and "it has no GPU" in line, line
   assert not pool._gpu
+  # An audit-only sweep measures no kernel: a GPU's absence is no news.
+  with pytest.MonkeyPatch.context() as m:
+    m.setitem(sys.modules, "ray", fake)
+    line = RayPool(Executor("ray"), measured=False).connect()
+  assert line.endswith("2 CPU(s), 0 GPU(s)"), line
 
 
 def test_the_raylets_own_messages_are_kept_off_the_progress_bar_and_no_others(
