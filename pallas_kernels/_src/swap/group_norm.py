@@ -45,8 +45,6 @@ _CHAIN = probe.ELEMENTWISE | _SHAPE | frozenset({
     "reduce_sum", "reduce_max", "logistic", "integer_pow", "custom_jvp_call", "add_any"})
 #: Chains of more elements than this are not replayed (left to XLA, saying so).
 MAX_REPLAY = 1 << 24
-#: The largest constant taken for epsilon.
-_MAX_EPS = 1e-1
 
 
 def _float(program: Program, v: Val) -> bool:
@@ -150,10 +148,8 @@ def _epsilons(program: Program, nodes: set[int]) -> list[float]:
       if value is None or np.ndim(value) != 0 or not np.issubdtype(
           np.asarray(value).dtype, np.floating):
         continue
-      # As written (1e-06), not as float32 holds it (9.99999997e-07): 0.1
-      # held in float32 is past 0.1.
-      written = float(str(np.asarray(value)[()]))
-      if 0 < written <= _MAX_EPS:
+      written = probe.epsilon_as_written(value)
+      if written is not None:
         found.add(written)
   return sorted(found)
 

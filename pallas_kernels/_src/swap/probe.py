@@ -413,6 +413,17 @@ def _agrees(out, ref, tol: float) -> bool:
 #: Probes agree with a reference within this relative error (float32 math;
 #: reductions reassociate).
 ROW_TOL = 2e-5
+#: The largest constant a norm's epsilon is read off from (its other
+#: constants, 0.5 or 1/n, are larger).
+MAX_EPS = 0.1
+
+
+def epsilon_as_written(value) -> float | None:
+  """A scalar constant as the user wrote it (1e-06, not float32's
+  9.99999997e-07), if it can be a norm's epsilon; else None. Compared as
+  written: 0.1 held in float32 is past 0.1."""
+  written = float(str(np.asarray(value)[()]))
+  return written if 0.0 < written <= MAX_EPS else None
 #: Activations are probed point by point: tanh-GELU differs from exact GELU
 #: by ~1e-4 relatively, far above float32 rounding.
 ELEMENTWISE_TOL = 2e-6
@@ -465,10 +476,8 @@ class RowProbe:
     scalars = {float(np.asarray(program.value_of(v)).reshape(())) for i in nodes
                for v in program.nodes[i].ins
                if program.value_of(v) is not None and np.size(program.value_of(v)) == 1}
-    # The shortest decimal that rounds to the same float32 (1e-06, not
-    # 9.999999974752427e-07): the value the kernel uses, as the user wrote it.
-    eps_candidates = sorted({float(str(np.float32(s))) for s in scalars
-                             if 0.0 < s < 0.1}) or [0.0]
+    eps_candidates = sorted({e for e in map(epsilon_as_written, map(np.float32, scalars))
+                             if e is not None}) or [0.0]
     outs = [self.env(k, r).get(out) for k, r in enumerate(self.rows)]
     if any(o is None for o in outs):
       return None

@@ -365,6 +365,17 @@ def test_softmax_masks_and_scales_keep_xlas_values():
     assert relative_error(out, ref) <= tolerance(ref.dtype)
 
 
+def test_what_agrees_with_softmax_on_some_rows_only_is_no_softmax():
+  # Softmax with each term floored at 0.05: the same as softmax on a row of
+  # a narrow range, not on a wide one. Every probe row must agree.
+  def floored(x):
+    e = jnp.maximum(jnp.exp(x - x.max(-1, keepdims=True)), 0.05)
+    return e / e.sum(-1, keepdims=True)
+  x = jax.random.normal(jax.random.key(0), (8, 16)) * 2
+  assert relative_error(floored(x), jax.nn.softmax(x)) > 0.01
+  assert not pallas_kernels.swap(floored, interpret=True).report(x).sites
+
+
 # ------------------------------------------------------------------ norms ----
 
 
@@ -396,6 +407,10 @@ _NORMS = {
     "a layer norm with beta only": (
         lambda x, b: _x_hat(x, 1e-3) + b, _sds(16),
         "layer_norm(x=f32[2,8,16], gamma=constant f32[16], beta=f32[16], eps=0.001)"),
+    # 0.1, the largest epsilon read off: float32's 0.1 is past 0.1.
+    "a layer norm with the largest epsilon": (
+        lambda x, b: _x_hat(x, 0.1) + b, _sds(16),
+        "layer_norm(x=f32[2,8,16], gamma=constant f32[16], beta=f32[16], eps=0.1)"),
     "a beta computed from another parameter": (
         lambda x, g: _x_hat(x) * g + g * g, _sds(16),
         "layer_norm(x=f32[2,8,16], gamma=f32[16], beta=f32[16], eps=1e-05)"),
