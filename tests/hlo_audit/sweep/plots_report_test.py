@@ -217,6 +217,9 @@ def test_a_record_saved_without_its_seconds_has_a_row_with_none_spent():
   older = {k: v for k, v in RECORDS[0].items() if k != "seconds"}
   columns, rows, _ = report.table([older], NAMES)
   assert rows[0][columns.index("compile s")] == "0.00"
+  # Its time counts as none in the summary: RECORDS[1]'s 1.5 s over two.
+  lines = report._summary_lines("example", [older, RECORDS[1]], 0, "")
+  assert "time in points: 1.5 s (0.75 s per point)" in lines, lines
 
 
 def test_an_x_with_any_value_not_a_number_is_placed_by_order():
