@@ -15,6 +15,7 @@ import pytest
 from hlo_audit import FindingKind
 from hlo_audit._src.analysis.program import WhatIfError
 from hlo_audit._src.report.report import finding_kind
+from hlo_audit._src.report.units import fmt_bytes
 
 from tests.hlo_audit.report.report_test import rep  # relu(x @ w + b), audited once
 
@@ -303,7 +304,21 @@ def test_the_peaks_buffer_list_says_it_is_cut_only_when_it_is(monkeypatch):
   n = html.memory_svg(r).count('class="atpeak"')
   assert n >= 2
   monkeypatch.setattr(html, "MAX_LIVE_LISTED", n)  # every one listed
-  assert f"{n} buffers live at the peak (step {r.peak_time})</summary>" in html.memory_svg(r)
+  page = html.memory_svg(r)
+  assert f"{n} buffers live at the peak (step {r.peak_time})</summary>" in page
+  # A table of them under its heads, largest first, each row its buffer's.
+  listed = page.split("buffers live at the peak", 1)[1]
+  heads = re.findall(r"<th>([^<]*)</th>", listed)
+  assert heads == ["Buffer", "Shape", "Bytes", "Lifetime", "Source"], heads
+  by_name = {b.name: b for b in r.buffers}
+  rows = [re.findall(r"<td[^>]*>([^<]*)</td>", row)
+          for row in listed.split("<tbody>", 1)[1].split("</tbody>", 1)[0].split("</tr>")[:-1]]
+  assert len(rows) == n
+  for name, shape, size, lifetime, _ in rows:
+    b = by_name[name]
+    assert (shape, size, lifetime) == (b.shape, fmt_bytes(b.bytes), b.lifetime.value)
+  assert [by_name[row[0]].bytes for row in rows] == sorted(
+      (by_name[row[0]].bytes for row in rows), reverse=True)
   monkeypatch.setattr(html, "MAX_LIVE_LISTED", n - 1)
   assert f"{n} buffers live at the peak (step {r.peak_time}) (the {n - 1} largest)</summary>" \
       in html.memory_svg(r)
