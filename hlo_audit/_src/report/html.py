@@ -698,8 +698,9 @@ def findings_html(report) -> str:
     out.append(_group_html(i, g, full=i <= MAX_GROUP_RECORDS))
   out.append("</div>")
   if len(groups) > MAX_GROUPS:
-    out.append(f'<p class="muted">{len(groups) - MAX_GROUPS} more groups (the smallest) '
-               "are in the JSON report.</p>")
+    more = len(groups) - MAX_GROUPS
+    out.append(f'<p class="muted">{more} more group{"s" if more > 1 else ""} (the smallest) '
+               f'{"are" if more > 1 else "is"} in the JSON report.</p>')
   return "".join(out)
 
 

@@ -49,3 +49,44 @@ def test_a_group_of_loop_findings_sums_its_members_once():
   assert [row[2] for row in rows] == ["x2 buffers"] + [
       "- " + (m.boundary or m.producer) for m in g.members]
   assert [row[5] for row in rows[1:]] == ["320.00 KiB"] * 2
+
+
+def test_the_groups_left_out_say_their_time_when_any_of_them_has_one():
+  import dataclasses  # pylint: disable=import-outside-toplevel
+  from hlo_audit._src.report.terminal import render_text  # pylint: disable=import-outside-toplevel
+  S = jax.ShapeDtypeStruct
+  r = hlo_audit.audit(jax.jit(_layers), S((N, N), jnp.float32),
+                      S((STEPS, N, N), jnp.float32), S((STEPS, N), jnp.float32))
+
+  def more_line(report):
+    text = render_text(report, width=400, top=1)
+    (line,) = [l for l in text.splitlines() if " more groups (" in l]
+    return line
+
+  assert " more and ~" in more_line(r)
+  # The copy's estimate unknown: the others' time is still said.
+  copy = next(f for f in r.findings if f.kind is FindingKind.STANDALONE_COPY)
+  one_unknown = dataclasses.replace(r, findings=tuple(
+      dataclasses.replace(f, time_saved=None) if f is copy else f for f in r.findings))
+  assert " more and ~" in more_line(one_unknown)
+  none_known = dataclasses.replace(r, findings=tuple(
+      dataclasses.replace(f, time_saved=None) for f in r.findings))
+  assert more_line(none_known).endswith(" more."), more_line(none_known)
+
+
+def test_the_html_lists_groups_up_to_its_cap_and_counts_the_rest(monkeypatch):
+  from hlo_audit._src.report import html  # pylint: disable=import-outside-toplevel
+  S = jax.ShapeDtypeStruct
+  r = hlo_audit.audit(jax.jit(_layers), S((N, N), jnp.float32),
+                      S((STEPS, N, N), jnp.float32), S((STEPS, N), jnp.float32))
+  n = len(r.groups)
+  assert n >= 3
+  monkeypatch.setattr(html, "MAX_GROUPS", n)  # exactly as many: all listed
+  page = html.findings_html(r)
+  assert "(the smallest)" not in page
+  monkeypatch.setattr(html, "MAX_GROUPS", n - 1)
+  assert '<p class="muted">1 more group (the smallest) is in the JSON report.</p>' in \
+      html.findings_html(r)
+  monkeypatch.setattr(html, "MAX_GROUPS", n - 2)
+  assert '<p class="muted">2 more groups (the smallest) are in the JSON report.</p>' in \
+      html.findings_html(r)

@@ -572,3 +572,22 @@ def test_a_hint_exactly_as_wide_as_the_width_stays_on_one_line():
   assert _aligned(hints, len(lines[1])) == lines
   narrower = _aligned(hints, len(lines[1]) - 1)
   assert narrower[0] == lines[0] and len(narrower) > 2
+
+
+def test_the_memory_views_live_bytes_line_has_a_point_per_step_or_per_stride():
+  from hlo_audit._src.report import html  # pylint: disable=import-outside-toplevel
+  r = rep()
+
+  def points(report):
+    line = re.search(r'<polyline points="([^"]*)"', html.memory_svg(report)).group(1)
+    return [tuple(map(float, p.split(","))) for p in line.split()]
+
+  n = len(r.timeline)
+  assert 2 <= n < 100  # fewer steps than the view has pixels: one point each
+  pts = points(r)
+  assert len(pts) == n and [x for x, _ in pts] == sorted(x for x, _ in pts)
+  # Highest where the live bytes are most (y grows downwards).
+  assert min(pts, key=lambda p: p[1]) == pts[max(range(n), key=r.timeline.__getitem__)]
+  # A long timeline: a point per stride of steps, its highest.
+  long = dataclasses.replace(r, timeline=tuple(r.timeline) * 2000)
+  assert 1 < len(points(long)) < len(long.timeline) // 2
