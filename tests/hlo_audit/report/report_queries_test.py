@@ -577,17 +577,24 @@ def test_a_hint_exactly_as_wide_as_the_width_stays_on_one_line():
 def test_the_memory_views_live_bytes_line_has_a_point_per_step_or_per_stride():
   from hlo_audit._src.report import html  # pylint: disable=import-outside-toplevel
   r = rep()
+  peak = max(r.timeline)
 
-  def points(report):
-    line = re.search(r'<polyline points="([^"]*)"', html.memory_svg(report)).group(1)
+  def points(timeline):
+    page = html.memory_svg(dataclasses.replace(r, timeline=tuple(timeline)))
+    line = re.search(r'<polyline points="([^"]*)"', page).group(1)
     return [tuple(map(float, p.split(","))) for p in line.split()]
 
-  n = len(r.timeline)
-  assert 2 <= n < 100  # fewer steps than the view has pixels: one point each
-  pts = points(r)
-  assert len(pts) == n and [x for x, _ in pts] == sorted(x for x, _ in pts)
-  # Highest where the live bytes are most (y grows downwards).
-  assert min(pts, key=lambda p: p[1]) == pts[max(range(n), key=r.timeline.__getitem__)]
-  # A long timeline: a point per stride of steps, its highest.
-  long = dataclasses.replace(r, timeline=tuple(r.timeline) * 2000)
-  assert 1 < len(points(long)) < len(long.timeline) // 2
+  # Fewer steps than the view has pixels: a point each, left to right,
+  # highest (least y) where the live bytes are most.
+  short = [peak // 4, peak, peak // 2, peak // 8, peak // 3]
+  pts = points(short)
+  assert len(pts) == len(short) and [x for x, _ in pts] == sorted(x for x, _ in pts)
+  steps = range(len(short))
+  assert sorted(steps, key=lambda i: pts[i][1]) == sorted(steps, key=lambda i: -short[i])
+  # Many more: a point per stride, at the stride's most (a sawtooth whose
+  # every stride holds its peak draws a flat line at the top; the last
+  # stride may be one step).
+  saw = [peak, peak // 10] * 10000
+  long = points(saw)
+  assert 1 < len(long) < len(saw) // 2
+  assert {y for _, y in long[:-1]} == {pts[1][1]}
