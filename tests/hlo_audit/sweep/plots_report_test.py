@@ -181,6 +181,9 @@ def test_classes_rank_by_most_traffic_saved_then_by_findings():
   tie = [{"audit": {"findings_by_class": {"a": 1, "b": 3},
                     "bytes_saved_by_class": {"a": 64, "b": 64}}}]
   assert [c for c, *_ in report.class_totals(tie)] == ["b", "a"]
+  # A point's audit saved before the bytes by class were: its findings count.
+  older = [{"audit": {"findings_by_class": {"a": 2}}}]
+  assert report.class_totals(older) == [("a", 1, 2, 0)]
 
 
 def test_the_table_has_a_valid_column_when_any_point_was_validated():

@@ -191,3 +191,14 @@ ENTRY %main (x: f32[8]) -> f32[8] {{
   # A Ray worker's stack, and an op_name with a brace and an escaped quote.
   assert program_fingerprint(module("/ray/default_worker.py", 'jit(f)/a}\\"{b')) == here
   assert program_fingerprint(module("/work/model.py", "jit(f)/tanh", op="exp")) != here
+
+
+@pytest.mark.parametrize("measure, keys", [
+    (Measure(), {"validate", "time"}),
+    (Measure(validate=True), {"validate", "time", "seed"}),
+    # Timing draws its inputs from the seed too: another seed, another point.
+    (Measure(time=True), {"validate", "time", "seed", "repeats", "warmup"}),
+])
+def test_a_points_identity_holds_what_its_measure_reads(measure, keys):
+  assert set(measure.identity) == keys
+
