@@ -221,6 +221,16 @@ def test_a_merged_bars_tooltip_names_its_longest_kernels_first():
   for title in merged:
     longest = title.split("longest: ")[1].split(";")[0].split(", ")
     assert [k.split(" ")[0] for k in longest][:2] == ["k4", "k3"], title
+  # Each kernel's time is its launches' in the bar: five kernels, all
+  # listed, add up to the bar's whole (to the printed digits).
+  from hlo_audit._src.report.units import parse_time  # pylint: disable=import-outside-toplevel
+  whole_bars = [t for t in merged if " of 5 kernels in " in t]
+  assert whole_bars
+  for title in whole_bars:
+    whole = parse_time(title.split(" kernels in ")[1].split(" (")[0])
+    parts = [parse_time(k.split(" ", 1)[1])
+             for k in title.split("longest: ")[1].split(";")[0].split(", ")]
+    assert sum(parts) == pytest.approx(whole, rel=0.02), title
 
 
 def test_the_live_bytes_timeline_hovers_up_to_its_step_limit():

@@ -260,6 +260,8 @@ def test_a_fallback_is_recorded_and_runs_the_reference(clean_fallbacks):
     (dict(x=jnp.ones(12)), "rank >= 2"),
     (dict(scale=jnp.ones(3)), r"scale.shape \(3,\) must be"),
     (dict(epsilon=-1.0), "epsilon must be finite and >= 0"),
+    (dict(epsilon=float("inf")), "epsilon must be finite and >= 0, got inf"),
+    (dict(epsilon=float("nan")), "epsilon must be finite and >= 0, got nan"),
     (dict(activation="softplus"), "unknown activation"),
 ])
 def test_invalid_calls_raise(kwargs, message):
