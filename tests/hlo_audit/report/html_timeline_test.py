@@ -331,3 +331,15 @@ def test_bars_fill_their_rows_height():
   assert len(rows) == 2 and drawn
   for b in drawn:
     assert (b.attrs["y"], b.attrs["height"]) in rows, (b.attrs, rows)
+
+
+def test_the_peak_label_reads_away_from_the_edge_it_is_near():
+  # A peak in the right part of the drawing is labelled to its left.
+  base = gathers()
+
+  def anchor(timeline):
+    svg = html.timeline_svg(dataclasses.replace(base, timeline=timeline))
+    return re.search(r'text-anchor="(\w+)" fill="#cf222e">peak ', svg).group(1)
+
+  assert anchor((1, 9, 2, 2, 2, 2, 2, 2, 2, 2)) == "start"
+  assert anchor((2, 2, 2, 2, 2, 2, 2, 2, 9, 1)) == "end"

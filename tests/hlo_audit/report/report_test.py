@@ -268,3 +268,23 @@ def test_a_source_location_saved_without_a_column_has_column_0():
     del f["source_location"]["column"]
   again = report_from_dict(d)
   assert all(f.source.column == 0 for f in again.findings if f.source is not None)
+
+
+def test_kernel_rows_run_longest_first_and_the_table_says_when_it_is_cut():
+  import io  # pylint: disable=import-outside-toplevel
+  from hlo_audit._src.report.terminal import render_terminal  # pylint: disable=import-outside-toplevel
+  from hlo_audit._src.report.text import kernel_rows  # pylint: disable=import-outside-toplevel
+  r = rep()
+  times = [r.timing.kernel(row[0]).time for row in kernel_rows(r)]
+  assert len(times) >= 2 and times == sorted(times, reverse=True)
+  untimed = dataclasses.replace(r, timing=None)
+  moved = {k.name: k.bytes_moved for k in r.kernels}
+  order = [moved[row[0]] for row in kernel_rows(untimed)]
+  assert order == sorted(order, reverse=True)
+  # To a text stream (no rich Console): the same text. The title counts
+  # "n of all" only when the table is cut.
+  out = io.StringIO()
+  render_terminal(r, out, all=True, width=200)
+  n = len(r.kernels)
+  assert f"Kernels by estimated time ({n})" in out.getvalue()
+  assert f"({n} of {n})" not in out.getvalue()
