@@ -460,3 +460,27 @@ def test_on_a_gpu_the_guard_holds_tiles_and_shared_memory_to_their_bounds(monkey
   assert f"Triton dots need tiles >= {lo}" in reason(Config(block_k=lo // 2, block_n=2 * lo,
                                                             block_m=2 * lo), need)
   assert f"needs ~{need // 1024} KiB of shared memory" in reason(at, need - 1)
+
+
+def test_the_kernel_tells_xla_its_flops_and_bytes():
+  # XLA prices the call by its CostEstimate: x^T @ dy's 2 M K N, the
+  # update's 16 per weight, a root each, and x, dy and three f32 states.
+  m, k, n = 24, 16, 40
+  S = jax.ShapeDtypeStruct
+  w = S((k, n), jnp.float32)
+  jaxpr = jax.make_jaxpr(lambda x, dy, p, mu, nu: adam_matmul(
+      x, dy, p, mu, nu, jnp.int32(3), learning_rate=1e-3, implementation="pallas",
+      interpret=True))(S((m, k), jnp.float32), S((m, n), jnp.float32), w, w, w)
+
+  def calls(j):
+    for e in j.eqns:
+      if e.primitive.name == "pallas_call":
+        yield e
+      for v in e.params.values():
+        inner = getattr(v, "jaxpr", v)
+        if hasattr(inner, "eqns"):
+          yield from calls(inner)
+
+  (call,) = calls(jaxpr.jaxpr)
+  cost = call.params["cost_estimate"]
+  assert (cost.flops, cost.transcendentals) == (2 * m * k * n + 16 * k * n, k * n)
