@@ -354,3 +354,15 @@ def test_the_calls_padding_is_explicit_where_any_side_is_padded(padding, said):
   options = dict((k, text) for k, text, _ in arg_specs._window_options(
       (3, 3), (1, 1), padding, (1, 1), 1))
   assert options["padding"] == said, options
+
+
+@pytest.mark.parametrize("groups", [1, 4])
+def test_a_cases_flops_are_the_dots_over_its_groups(groups):
+  # 2 * N*HO*WO * KH*KW * C/groups * F: SAME keeps 8x8, a 3x3 kernel.
+  case = arg_specs.make_case(seed=0, n=2, h=8, w=8, c=16, f=8, groups=groups)
+  if groups == 1:  # a case built without the key reads as one group
+    import dataclasses  # pylint: disable=import-outside-toplevel
+    case = dataclasses.replace(case, kwargs={k: v for k, v in case.kwargs.items()
+                                             if k != "groups"})
+    assert "groups" not in case.kwargs
+  assert arg_specs.flops(case) == 2 * (2 * 8 * 8) * 9 * (16 // groups) * 8
