@@ -14,6 +14,7 @@ import types
 import pytest
 
 import hlo_audit
+from hlo_audit import FindingKind
 from hlo_audit._src.analysis.time_model import KernelTime, Launch, StepTime
 from hlo_audit._src.report import html, text, trace
 from hlo_audit._src.report.json_report import report_from_dict
@@ -216,8 +217,11 @@ def test_a_merged_bars_tooltip_names_its_longest_kernels_first():
     launches.append(Launch(f"k{i % 5}", clock, d))
     clock += d
   r = _by_hand(gathers(), [f"k{i}" for i in range(5)], launches)
-  merged = [b.title for b in bars(r.to_html()) if "longest: " in b.title]
+  drawn = bars(r.to_html())
+  merged = [b.title for b in drawn if "longest: " in b.title]
   assert merged
+  # Merged or not, every bar of the one row sits at the row's y and height.
+  assert len({(b.attrs["y"], b.attrs["height"]) for b in drawn}) == 1, drawn[:3]
   for title in merged:
     longest = title.split("longest: ")[1].split(";")[0].split(", ")
     assert [k.split(" ")[0] for k in longest][:2] == ["k4", "k3"], title
@@ -343,3 +347,10 @@ def test_the_peak_label_reads_away_from_the_edge_it_is_near():
 
   assert anchor((1, 9, 2, 2, 2, 2, 2, 2, 2, 2)) == "start"
   assert anchor((2, 2, 2, 2, 2, 2, 2, 2, 9, 1)) == "end"
+
+
+def test_a_finding_that_saves_no_time_is_not_said_to_cost_it():
+  f = types.SimpleNamespace(time_saved=0.0, kind=FindingKind.UNFUSED_EPILOGUE,
+                            boundary="fusion.1", producer="fusion.1")
+  assert html._finding_tip([f]) == "unfused epilogue at fusion.1 (saves ~0 s per step)"
+
