@@ -74,6 +74,10 @@ def test_plots_are_pngs_with_something_drawn(tmp_path):
   written = plots.plot_sweep(timed, str(tmp_path), NAMES)
   assert written[-1].endswith("speedup.png") and _ink(written[-1]) > 0.02
   assert plots.plot_sweep([RECORDS[-1]], str(tmp_path / "none"), NAMES) == []
+  # An ok point with no audit (a record kept from elsewhere) is not drawn.
+  bare = {k: v for k, v in RECORDS[0].items() if k != "audit"}
+  assert plots.plot_sweep([bare], str(tmp_path / "bare"), NAMES) == []
+  assert len(plots.plot_sweep([bare, *RECORDS], str(tmp_path), NAMES)) == 2
 
 
 def test_the_speedup_plot_warns_when_any_point_was_interpreted(tmp_path, monkeypatch):
