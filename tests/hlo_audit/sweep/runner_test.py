@@ -223,6 +223,10 @@ def test_a_grid_over_max_points_stops_before_any_point_is_made(model, tmp_path,
                      r"10,000-point grid: b 100 x d 100; over --max-points 3,000\)"):
     run_sweep(options(model, tmp_path / "out", grid, max_points=3_000, num_shards=3))
   assert not (tmp_path / "out").exists()
+  # Exactly --max-points, the whole grid or a shard's, is allowed.
+  for kw in (dict(max_points=10_000), dict(max_points=3_334, num_shards=3)):
+    opts = options(model, tmp_path / "out", grid, **kw)
+    runner.check_size(opts, runner.build_grid(opts))
 
 
 def test_shard_size_is_the_length_of_the_shard():
