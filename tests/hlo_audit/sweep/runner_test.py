@@ -86,6 +86,9 @@ def test_in_process_sweep_records_every_point_and_a_rerun_skips_them(model, tmp_
   assert {r["params"]["b"] for r in ok} == {8, 16}
   assert all(r["error"].startswith("CaptureError") and "boom" in r["error"] for r in bad)
   assert "RuntimeError" in bad[0]["traceback"]
+  # Run here: each record names this machine.
+  import socket  # pylint: disable=import-outside-toplevel
+  assert {r["host"] for r in records} == {socket.gethostname()}
   a = ok[0]["audit"]
   # tanh(x @ w + 1): the add and tanh are an epilogue XLA leaves unfused on CPU.
   assert a["findings_by_class"] == {"unfused-epilogue": 1}
