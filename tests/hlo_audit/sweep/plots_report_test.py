@@ -255,3 +255,11 @@ def test_a_numeric_x_axis_goes_log_at_8x_and_ticks_each_value_up_to_12(
   scale, ticks = axes["bytes.png"]
   assert scale == ("log" if log_x else "linear"), scale
   assert (ticks == [float(s) for s in seqs]) == ticked, ticks
+
+
+def test_the_time_line_counts_estimated_points_only_when_some_are_not():
+  every = [rec(i, 16, "float32", saved=1, step=1e-3 * (i + 1)) for i in range(2)]
+  assert report._time_line(every, 2).endswith("1.00 ms to 2.00 ms")
+  some = every + [rec(2, 16, "float32", saved=1)]
+  assert report._time_line(some, 3).endswith("2.00 ms (2 of 3 ok points estimated)")
+
