@@ -492,3 +492,12 @@ def test_a_failed_start_is_reported_by_the_lines_that_say_what(message, said):
       RayPool(Executor("ray"), measured=False).connect()
   assert str(e.value) == f"cannot start or reach a Ray cluster at this machine: {said}", \
       str(e.value)
+
+
+@pytest.mark.parametrize("jobs", [0, -1])
+def test_a_ray_pool_takes_one_job_or_more_or_none(jobs):
+  assert RayPool(Executor("ray"), measured=False, jobs=1).jobs == 1
+  assert RayPool(Executor("ray"), measured=False, jobs=4).jobs == 4
+  with pytest.raises(ValueError, match=f"a Ray pool needs jobs >= 1 or None, got {jobs}"):
+    RayPool(Executor("ray"), measured=False, jobs=jobs)
+
