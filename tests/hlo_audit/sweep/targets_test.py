@@ -109,6 +109,18 @@ def test_function_target_ids_follow_shapes_and_keywords(tmp_path):
   assert other["hlo_fingerprint"] != out["hlo_fingerprint"]
 
 
+@pytest.mark.parametrize("measure", [Measure(validate=True), Measure(time=True)],
+                         ids=["validate", "time"])
+def test_a_model_target_refuses_kernel_measurements_before_compiling(tmp_path, measure):
+  # The API's own check, for a caller that runs a target without a plan.
+  path = _module(tmp_path, "def f(x):\n  raise AssertionError('compiled')\n")
+  t = make_target(TargetRef(f"{path}:f", args="f32[{b}]"))
+  example = make_target(TargetRef("example"))
+  for target, params in ((t, t.resolve({"b": 4})), (example, example.resolve({}))):
+    with pytest.raises(GridError, match="validate/time apply to kernel targets only"):
+      target.run(params, measure)
+
+
 def test_function_target_rejects_keywords_the_function_lacks(tmp_path):
   path = _module(tmp_path, "def f(x):\n  return x\n")
   t = make_target(TargetRef(f"{path}:f", args="f32[{b}]"))
