@@ -450,6 +450,17 @@ def test_suggest_depthwise_groups():
   assert "groups=72" in arg_specs.suggest(facts).text()
 
 
+@pytest.mark.parametrize("h, padding", [
+    (20, ((2, 2), (2, 2))),   # a full convolution's: k - 1 a side, the window's reach
+    (19, ((1, 2), (1, 2))),   # odd: the extra row and column at the end
+])
+def test_a_prologue_pads_up_to_the_windows_reach(h, padding):
+  facts = _facts("unfused-prologue", ("pad",), lhs=(8, h, h, 16), rhs=(16, 3, 3, 1),
+                 result=(), sources=(_array("f32", (8, 16, 16, 16)),))
+  call = arg_specs.suggest(facts)
+  assert call is not None and {k: v for k, _, v in call.options}["padding"] == padding
+
+
 @pytest.mark.parametrize("facts", [
     _facts("unfused-epilogue", ("bias",)).__class__(  # no anchor: XLA's convolution op
         kind="unfused-epilogue", ops=("bias",), boundary=_array("bf16", (8, 28, 28, 64)),
