@@ -232,6 +232,20 @@ def test_weight_scale_cases_pass_the_scale_as_w_scale(kind, shape):
   assert ("w_group_size" in kwargs) == (kind == "group")
 
 
+@pytest.mark.parametrize("field, kind, key, shape", [
+    ("x_scale", "scalar", "x_scale", ()), ("x_scale", "row", "x_scale", (4,)),
+    ("scale", "scalar", "scale", ()), ("scale", "vector", "scale", (6,)),
+])
+def test_input_and_output_scale_cases_pass_each_under_its_own_name(field, kind, key, shape):
+  # An output scale is the epilogue's `scale`, an input's `x_scale`: a case
+  # that passed one as the other would validate an op it does not name.
+  d = arg_specs.CaseDef(m=4, k=8, n=6, w_dtype="float8_e4m3fn", w_scale="scalar",
+                        **{field: kind})
+  kwargs = arg_specs.build_case(d, seed=0).kwargs
+  assert tuple(kwargs[key].shape) == shape
+  assert ({"x_scale", "scale"} - {key}).isdisjoint(kwargs)
+
+
 @pytest.fixture
 def gpu_available(monkeypatch):
   """Lets the guard apply its GPU rules on a machine without a GPU."""
