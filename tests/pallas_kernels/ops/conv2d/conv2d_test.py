@@ -307,6 +307,10 @@ def test_gpu_guard_checks_triton_tiles_and_shared_memory():
 @pytest.mark.parametrize("change,match", [
     (dict(w_shape=(3, 3, 5, 8)), "input channels"),
     (dict(groups=3), "must divide C=4"),
+    # Not a zero division, nor a window read as C/-2 channels.
+    (dict(groups=0), "groups must be a positive int, got 0"),
+    (dict(groups=-2), "groups must be a positive int, got -2"),
+    (dict(groups=True), "groups must be a positive int, got True"),
     (dict(padding="FULL"), "padding must be"),
     # int() would take 1.0 and "1": each must already be an int.
     (dict(padding=((1, 1), (1, 1.0))), "explicit padding must hold ints"),

@@ -153,5 +153,10 @@ def test_mosaic_config_checks_itself():
     MosaicConfig(tile_m=96)
   with pytest.raises(ValueError, match="compute_wgs must be 1 or 2"):
     MosaicConfig(compute_wgs=3)
+  # Each bound apart: a config failing two would pass a check that dropped one.
+  for bad in (dict(stages=0), dict(grid_tile_width=0)):
+    with pytest.raises(ValueError, match="stages and grid_tile_width must be >= 1"):
+      MosaicConfig(**bad)
+  assert MosaicConfig(stages=1, grid_tile_width=1).stages == 1
   with pytest.raises(ValueError, match="a MosaicConfig configures the Mosaic GPU kernel"):
     pk.matmul(jnp.ones((8, 8)), jnp.ones((8, 8)), config=MosaicConfig(), backend="triton")
