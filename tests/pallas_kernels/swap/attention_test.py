@@ -147,8 +147,12 @@ def test_a_bottom_right_causal_mask_is_left_to_xla_and_says_why():
     keep = jnp.arange(S)[None, :] <= jnp.arange(T)[:, None] + (S - T)
     s = jnp.where(keep, jnp.einsum("bqhd,bkhd->bhqk", q, k), -1e9)
     return jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(s, axis=-1), v)
-  _, result = _match(fn, *_args())
+  program, result = _match(fn, *_args())
   assert isinstance(result, Rejection) and "top-left" in result.reason
+  # Said at the first gemm (the report's line), and the chain is left whole
+  # to XLA: no other pattern takes either gemm.
+  dots = [n.index for n in program.nodes if n.prim == "dot_general"]
+  assert result.anchor == dots[0] and set(dots) <= result.consumed
 
 
 def test_a_gemm_reading_the_probabilities_over_queries_is_no_attention():

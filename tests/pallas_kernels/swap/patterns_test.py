@@ -326,6 +326,9 @@ _SOFTMAX = {
     "a mask broadcast over the queries": (
         lambda s, m: jax.nn.softmax(s + m[:, None, :]), "softmax + mask",
         "softmax(x=f32[2,8,16], mask=f32[2,1,16])", _sds(2, 16)),
+    "an additive mask of one number": (
+        lambda s, m: jax.nn.softmax(s + m), "softmax + mask",
+        "softmax(x=f32[2,8,16], mask=f32[])", _sds()),
     "a full additive mask": (
         lambda s, m: jax.nn.softmax(s + m), "softmax + mask",
         "softmax(x=f32[2,8,16], mask=f32[2,8,16])", _S),
