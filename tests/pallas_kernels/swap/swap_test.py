@@ -209,9 +209,10 @@ def test_scan_body_is_swapped_with_gradients(keys):
   assert site.where == "scan body" and site.replaced
   assert site.pattern == "dot_general + bias + residual + clamp"  # relu after + x
   # An op left out by `ops=` is reported where it is too.
-  (skipped,) = pallas_kernels.swap(scan_relu, ops=("softmax",)).report(c, xs, w, b).sites
+  (skipped,) = pallas_kernels.swap(scan_relu, ops=("softmax", "layer_norm")
+                                   ).report(c, xs, w, b).sites
   assert (skipped.where, skipped.replaced) == ("scan body", False)
-  assert skipped.reason == "not among ops=['softmax']"
+  assert skipped.reason == "not among ops=['layer_norm', 'softmax']"  # sorted, as a set
   _close(jax.jit(swapped)(c, xs, w, b), scan_relu(c, xs, w, b))
   loss = lambda f: jax.jit(jax.grad(lambda c, w: f(c, xs, w, b)[0].sum(), argnums=(0, 1)))
   _close(loss(swapped)(c, w), loss(scan_relu)(c, w), grad=True)
