@@ -316,6 +316,9 @@ _MOSAIC_DEFS: tuple[CaseDef, ...] = (
             residual=True, bias=True, tags=_MOSAIC),
     CaseDef(72, 128, 192, "bfloat16", w_dtype="float8_e4m3fn", w_scale="scalar",
             tags=_MOSAIC),
+    # x converted to w's dtype beside the accumulator (its staging buffer).
+    CaseDef(72, 128, 192, "float8_e4m3fn", w_dtype="bfloat16", x_scale="row", bias=True,
+            activation="relu", tags=_MOSAIC),
     CaseDef(40, 256, 64, "int8", w_dtype="int8", x_scale="row", w_scale="channel",
             out_dtype="float32", transpose_w=True, tags=_MOSAIC),
     CaseDef(40, 128, 128, "float8_e4m3fn", w_dtype="float8_e4m3fn", x_scale="row",
