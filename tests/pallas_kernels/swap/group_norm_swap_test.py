@@ -90,6 +90,19 @@ def test_epsilon_is_read_off_the_chain(epsilon):
   assert f"epsilon={epsilon}" in site.call, site.call
 
 
+@pytest.mark.parametrize("groups, swapped", [(C // 2, True), (C, False)])
+def test_two_channels_a_group_are_a_group_norm_and_one_is_not(groups, swapped):
+  # One channel a group is an instance norm (a [..., G, 1] view): the swap
+  # leaves it to XLA; two channels are the least group it takes.
+  block = Block(groups=groups)
+  params, x = _init(block)
+  fn = lambda p, x: block.apply({"params": p}, x)  # noqa: E731
+  sites = _sites(pk.swap(fn, interpret=True), params, x)
+  assert bool(sites) == swapped, sites
+  if swapped:
+    assert f"groups={groups}" in sites[0].call, sites[0].call
+
+
 def _step(block):
   def loss_fn(params, x):
     return jnp.mean(jnp.square(block.apply({"params": params}, x) - 0.5))
