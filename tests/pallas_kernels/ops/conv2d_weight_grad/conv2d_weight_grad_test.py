@@ -220,6 +220,9 @@ def test_lowers_for_an_h200_as_one_triton_kernel(clean_fallbacks, window):
     (dict(groups=2), "groups=2 must divide"),
     (dict(padding="FULL"), "padding must be"),
     (dict(padding=((1, 1),)), "padding must be"),
+    # Every side an int: one float (or True) among ints is refused too.
+    (dict(padding=((1, 1), (1, 1.0))), "padding must be"),
+    (dict(padding=((1, True), (1, 1))), "padding must be"),
     (dict(stride=0), "stride must be a positive int"),
     (dict(stride=(1, 0)), "stride must be a positive int"),  # every one, not any
     (dict(kernel_size=(3,)), "kernel_size must be"),
