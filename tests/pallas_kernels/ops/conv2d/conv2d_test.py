@@ -311,6 +311,7 @@ def test_gpu_guard_checks_triton_tiles_and_shared_memory():
     (dict(groups=0), "groups must be a positive int, got 0"),
     (dict(groups=-2), "groups must be a positive int, got -2"),
     (dict(groups=True), "groups must be a positive int, got True"),
+    (dict(groups=2.0), "groups must be a positive int, got 2.0"),
     (dict(padding="FULL"), "padding must be"),
     # int() would take 1.0 and "1": each must already be an int.
     (dict(padding=((1, 1), (1, 1.0))), "explicit padding must hold ints"),
