@@ -255,8 +255,9 @@ def test_a_point_whose_worker_dies_runs_once_more_and_then_fails_alone(
 def test_a_point_past_its_timeout_is_cancelled_and_the_others_run(
     cluster, model, tmp_path):
   # The timeout counts from a point's hand-over to Ray, a cold worker's
-  # start (a process importing JAX) included (docs/sweeps.md): under CI's
-  # load that start alone once took longer than 45 s. The "ok" points run
+  # start (a process importing JAX) included (docs/sweeps.md): with five
+  # suites on two cores that start alone once took longer than 45 s, and at
+  # 20 s beside CI's other two. The "ok" points run
   # first, untimed, so that they find warm workers and the timeout measures
   # the points, not the machine's load.
   run_sweep(_options(model, tmp_path / "warm", "b=8,16;d=16;mode=ok", executor="ray",
